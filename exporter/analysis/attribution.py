@@ -1,0 +1,509 @@
+"""Who owns each GPU process and each allocated device.
+
+The join: NVML processes, procfs identities, pod metadata and kubelet PodResources.
+Pod metadata is optional: without it an exclusively allocated device still names its
+pod through PodResources, while a shared device stays "unknown" rather than guessed.
+Pure: everything comes from the snapshot, so the same snapshot gives the same result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.model import (
+    Allocation,
+    AttributedProcess,
+    Attribution,
+    ContainerGpuUsage,
+    GpuProcess,
+    GpuSample,
+    MigInstance,
+    NodeSnapshot,
+    PodMeta,
+    PodMetaSnapshot,
+    PodResourcesSnapshot,
+    ProcessIdentity,
+    UnallocatedUse,
+    UnattributedUse,
+)
+
+OWNER_POD = "pod"
+OWNER_HOST = "host"
+OWNER_UNKNOWN = "unknown"
+OWNER_DEAD = "dead"
+
+REASON_NO_POD_META = "no pod metadata"
+REASON_POD_NOT_ON_NODE = "pod not on this node"
+REASON_CONTAINER_UNKNOWN = "container id unknown"
+REASON_SHARED_NO_META = "shared GPU without pod metadata"
+REASON_AMBIGUOUS_NO_META = "several pods on an exclusive GPU without pod metadata"
+
+_REPLICA_SEPARATOR = "::"
+_SHARED_RESOURCE_SUFFIX = ".shared"
+_LEGACY_MIG_PREFIX = "MIG-GPU-"  # pre-R470 MIG device ids: MIG-GPU-<uuid>/<gi>/<ci>
+
+_ContainerKey = tuple[str, str, str]  # namespace, pod, container
+_DeviceKey = tuple[str, str | None]  # physical GPU UUID, MIG UUID
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    """Where a process runs: a physical GPU and, on MIG, the instance."""
+
+    gpu: int
+    uuid: str
+    mig: MigInstance | None
+    mig_unresolved: bool = False  # NVML gave MIG ids that match no listed instance
+
+    @property
+    def key(self) -> _DeviceKey:
+        return (self.uuid, self.mig.uuid if self.mig else None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    device: _Device
+    process: GpuProcess
+    sm_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    owner: str
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """The lookup tables one snapshot needs, built once per call."""
+
+    identities: Mapping[int, ProcessIdentity]
+    pods: Mapping[str, PodMeta] | None  # by uid; None when pod metadata is unusable
+    allocations: Mapping[str, Sequence[Allocation]] | None  # by GPU UUID; None: no data
+    sharers: Mapping[_DeviceKey, frozenset[tuple[str, str | None]]]
+
+
+def attribute(
+    snapshot: NodeSnapshot,
+    *,
+    terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"}),
+) -> Attribution:
+    """Attribute every NVML process and every PodResources device of one snapshot."""
+    gpus = snapshot.nvml.gpus
+    allocations = _allocations(snapshot.pod_resources, snapshot.pod_meta, gpus, terminal_phases)
+    listed = _listed_processes(gpus)
+    identities = {identity.pid: identity for identity in snapshot.processes}
+    context = _Context(
+        identities=identities,
+        pods=_pods_by_uid(snapshot.pod_meta),
+        allocations=None if allocations is None else _by_uuid(allocations),
+        sharers=_sharers(listed, identities),
+    )
+    processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
+    return Attribution(
+        processes=processes,
+        containers=_container_usage(processes),
+        allocations=allocations or (),
+        unallocated_use=_unallocated_use(processes),
+        unattributed=_unattributed(processes),
+    )
+
+
+# ---------------------------------------------------------------------------
+# NVML processes
+# ---------------------------------------------------------------------------
+
+
+def _listed_processes(gpus: Iterable[GpuSample]) -> list[_Listed]:
+    """One entry per (pid, device); the MIG-resolved listing wins over a bare GPU one."""
+    merged: dict[tuple[str, str | None, int], _Listed] = {}
+    for gpu in gpus:
+        samples = _latest_sm_ratios(gpu)
+        for device, process in _raw_processes(gpu):
+            key = (*device.key, process.pid)
+            entry = _Listed(device, process, samples.get(process.pid))
+            merged[key] = _merge(merged[key], entry) if key in merged else entry
+    on_mig = {(uuid, pid) for uuid, mig_uuid, pid in merged if mig_uuid is not None}
+    return [
+        entry
+        for (uuid, mig_uuid, pid), entry in merged.items()
+        if mig_uuid is not None or (uuid, pid) not in on_mig
+    ]
+
+
+def _raw_processes(gpu: GpuSample) -> Iterator[tuple[_Device, GpuProcess]]:
+    by_ids: dict[tuple[int | None, int | None], MigInstance] = {
+        (m.gpu_instance_id, m.compute_instance_id): m for m in gpu.mig_instances
+    }
+    for process in gpu.processes:
+        mig = by_ids.get((process.gpu_instance_id, process.compute_instance_id))
+        unresolved = mig is None and process.gpu_instance_id is not None
+        yield _Device(gpu.index, gpu.uuid, mig, unresolved), process
+    for mig in gpu.mig_instances:
+        for process in mig.processes:
+            yield _Device(gpu.index, gpu.uuid, mig), process
+
+
+def _merge(first: _Listed, second: _Listed) -> _Listed:
+    """Keep the first listing but fill in memory or instance ids it lacked."""
+    a, b = first.process, second.process
+    process = GpuProcess(
+        pid=a.pid,
+        used_memory_bytes=a.used_memory_bytes
+        if a.used_memory_bytes is not None
+        else b.used_memory_bytes,
+        kind=a.kind,
+        gpu_instance_id=a.gpu_instance_id if a.gpu_instance_id is not None else b.gpu_instance_id,
+        compute_instance_id=(
+            a.compute_instance_id if a.compute_instance_id is not None else b.compute_instance_id
+        ),
+    )
+    return _Listed(first.device, process, first.sm_ratio)
+
+
+def _latest_sm_ratios(gpu: GpuSample) -> dict[int, float]:
+    """Latest SM sample per pid as a 0..1 ratio; NVML may return several per window."""
+    latest: dict[int, tuple[int, float]] = {}
+    for sample in gpu.process_utilization:
+        ratio = min(max(sample.sm_percent / 100.0, 0.0), 1.0)
+        seen = latest.get(sample.pid)
+        if seen is None or sample.timestamp_us >= seen[0]:
+            latest[sample.pid] = (sample.timestamp_us, ratio)
+    return {pid: ratio for pid, (_, ratio) in latest.items()}
+
+
+def _sharers(
+    listed: Iterable[_Listed], identities: Mapping[int, ProcessIdentity]
+) -> dict[_DeviceKey, frozenset[tuple[str, str | None]]]:
+    """Distinct live (pod uid, container id) per device, to refuse ambiguous fallbacks."""
+    found: dict[_DeviceKey, set[tuple[str, str | None]]] = defaultdict(set)
+    for entry in listed:
+        identity = identities.get(entry.process.pid)
+        if identity is not None and identity.alive and identity.pod_uid is not None:
+            found[entry.device.key].add((identity.pod_uid, identity.container_id))
+    return {key: frozenset(value) for key, value in found.items()}
+
+
+# ---------------------------------------------------------------------------
+# Ownership
+# ---------------------------------------------------------------------------
+
+
+def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
+    device, process = entry.device, entry.process
+    identity = context.identities.get(process.pid)
+    owner = _owner(identity, device, context)
+    return AttributedProcess(
+        gpu=device.gpu,
+        uuid=device.uuid,
+        mig_uuid=device.key[1],
+        gpu_instance_id=device.mig.gpu_instance_id if device.mig else process.gpu_instance_id,
+        compute_instance_id=(
+            device.mig.compute_instance_id if device.mig else process.compute_instance_id
+        ),
+        pid=process.pid,
+        used_memory_bytes=process.used_memory_bytes,
+        sm_ratio=entry.sm_ratio,
+        kind=process.kind,
+        owner=owner.owner,
+        namespace=owner.namespace,
+        pod=owner.pod,
+        container=owner.container,
+        reason=owner.reason,
+        allocated=_is_allocated(owner, device, context.allocations),
+        pod_uid=identity.pod_uid if identity is not None and identity.alive else None,
+    )
+
+
+def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context) -> _Owner:
+    if identity is None or not identity.alive:
+        return _Owner(OWNER_DEAD)
+    if identity.pod_uid is None:
+        return _Owner(OWNER_HOST)
+    if context.pods is None:
+        sharers = context.sharers.get(device.key, frozenset())
+        return _owner_from_allocation(device, context.allocations, sharers)
+    meta = context.pods.get(identity.pod_uid)
+    if meta is None:
+        return _Owner(OWNER_UNKNOWN, reason=REASON_POD_NOT_ON_NODE)
+    container = dict(meta.containers).get(identity.container_id or "")
+    if container is None:
+        container = _sole_allocated_container(meta, device, context.allocations)
+    if container is None:
+        return _Owner(OWNER_UNKNOWN, meta.namespace, meta.name, reason=REASON_CONTAINER_UNKNOWN)
+    return _Owner(OWNER_POD, meta.namespace, meta.name, container)
+
+
+def _owner_from_allocation(
+    device: _Device,
+    allocations: Mapping[str, Sequence[Allocation]] | None,
+    sharers: frozenset[tuple[str, str | None]],
+) -> _Owner:
+    """Without pod metadata only an exclusive allocation names the pod with certainty."""
+    covering = [a for a in _allocations_on(device, allocations) if _covers(a, device)]
+    if not covering:
+        return _Owner(OWNER_UNKNOWN, reason=REASON_NO_POD_META)
+    containers = {(a.namespace, a.pod, a.container) for a in covering}
+    if len(containers) > 1 or any(a.shared for a in covering):
+        return _Owner(OWNER_UNKNOWN, reason=REASON_SHARED_NO_META)
+    if len(sharers) > 1:  # another pod uses the device too: one of them is a leak
+        return _Owner(OWNER_UNKNOWN, reason=REASON_AMBIGUOUS_NO_META)
+    namespace, pod, container = containers.pop()
+    return _Owner(OWNER_POD, namespace, pod, container)
+
+
+def _sole_allocated_container(
+    meta: PodMeta, device: _Device, allocations: Mapping[str, Sequence[Allocation]] | None
+) -> str | None:
+    """Name a container the pod status does not list yet (e.g. just restarted)."""
+    names = {
+        a.container
+        for a in _allocations_on(device, allocations)
+        if a.namespace == meta.namespace and a.pod == meta.name and _covers(a, device)
+    }
+    return names.pop() if len(names) == 1 else None
+
+
+def _is_allocated(
+    owner: _Owner, device: _Device, allocations: Mapping[str, Sequence[Allocation]] | None
+) -> bool | None:
+    if owner.owner != OWNER_POD or allocations is None or device.mig_unresolved:
+        return None
+    return any(
+        (a.namespace, a.pod, a.container) == (owner.namespace, owner.pod, owner.container)
+        and _covers(a, device)
+        for a in _allocations_on(device, allocations)
+    )
+
+
+def _allocations_on(
+    device: _Device, allocations: Mapping[str, Sequence[Allocation]] | None
+) -> Sequence[Allocation]:
+    return () if allocations is None else allocations.get(device.uuid, ())
+
+
+def _covers(allocation: Allocation, device: _Device) -> bool:
+    """A whole-GPU (or replica) allocation covers the GPU and its MIG instances."""
+    return allocation.uuid == device.uuid and allocation.mig_uuid in (None, device.key[1])
+
+
+def _pods_by_uid(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
+    if pod_meta is None or not pod_meta.ok:
+        return None
+    return {pod.uid: pod for pod in pod_meta.pods}
+
+
+# ---------------------------------------------------------------------------
+# PodResources allocations
+# ---------------------------------------------------------------------------
+
+
+def _allocations(
+    pod_resources: PodResourcesSnapshot | None,
+    pod_meta: PodMetaSnapshot | None,
+    gpus: Sequence[GpuSample],
+    terminal_phases: frozenset[str],
+) -> tuple[Allocation, ...] | None:
+    """Resolved allocations of running pods; None when PodResources gave no data."""
+    if pod_resources is None or not pod_resources.ok:
+        return None
+    finished = _finished_pods(pod_meta, terminal_phases)
+    found = {
+        _allocation(
+            entry.namespace, entry.pod, entry.container, entry.resource_name, device_id, gpus
+        )
+        for entry in pod_resources.containers
+        if (entry.namespace, entry.pod) not in finished
+        for device_id in entry.device_ids
+    }
+    return tuple(sorted(found, key=_allocation_order))
+
+
+def _finished_pods(
+    pod_meta: PodMetaSnapshot | None, terminal_phases: frozenset[str]
+) -> frozenset[tuple[str, str]]:
+    """Pods whose every incarnation is terminal: a recreated same-name pod keeps its devices."""
+    if pod_meta is None or not pod_meta.ok:
+        return frozenset()
+    running = {(p.namespace, p.name) for p in pod_meta.pods if p.phase not in terminal_phases}
+    return frozenset(
+        (p.namespace, p.name)
+        for p in pod_meta.pods
+        if p.phase in terminal_phases and (p.namespace, p.name) not in running
+    )
+
+
+def _allocation(
+    namespace: str,
+    pod: str,
+    container: str,
+    resource_name: str,
+    device_id: str,
+    gpus: Sequence[GpuSample],
+) -> Allocation:
+    base, separator, _ = device_id.partition(_REPLICA_SEPARATOR)
+    gpu, uuid, mig_uuid = _resolve_device(base, gpus)
+    return Allocation(
+        namespace=namespace,
+        pod=pod,
+        container=container,
+        gpu=gpu,
+        uuid=uuid,
+        device_id=device_id,
+        mig_uuid=mig_uuid,
+        resource_name=resource_name,
+        shared=bool(separator) or resource_name.endswith(_SHARED_RESOURCE_SUFFIX),
+    )
+
+
+def _resolve_device(
+    device_id: str, gpus: Sequence[GpuSample]
+) -> tuple[int | None, str, str | None]:
+    """(GPU index, physical UUID, MIG UUID) of a kubelet device id without replica suffix."""
+    legacy = _parse_legacy_mig(device_id)
+    for gpu in gpus:
+        if gpu.uuid == device_id:
+            return gpu.index, gpu.uuid, None
+        for mig in gpu.mig_instances:
+            if mig.uuid == device_id or (
+                legacy == (gpu.uuid, mig.gpu_instance_id, mig.compute_instance_id)
+            ):
+                return gpu.index, gpu.uuid, mig.uuid
+    return None, device_id, None
+
+
+def _parse_legacy_mig(device_id: str) -> tuple[str, int, int] | None:
+    if not device_id.startswith(_LEGACY_MIG_PREFIX):
+        return None
+    parts = device_id.removeprefix("MIG-").split("/")
+    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _by_uuid(allocations: Iterable[Allocation]) -> dict[str, list[Allocation]]:
+    grouped: dict[str, list[Allocation]] = defaultdict(list)
+    for allocation in allocations:
+        grouped[allocation.uuid].append(allocation)
+    return dict(grouped)
+
+
+# ---------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------
+
+
+def _pod_container(row: AttributedProcess) -> _ContainerKey | None:
+    if row.owner != OWNER_POD or row.namespace is None or row.pod is None:
+        return None
+    if row.container is None:
+        return None
+    return (row.namespace, row.pod, row.container)
+
+
+def _group_by_container(
+    rows: Iterable[AttributedProcess],
+) -> dict[tuple[_ContainerKey, int, str, str | None], list[AttributedProcess]]:
+    groups: dict[tuple[_ContainerKey, int, str, str | None], list[AttributedProcess]]
+    groups = defaultdict(list)
+    for row in rows:
+        container = _pod_container(row)
+        if container is not None:
+            groups[(container, row.gpu, row.uuid, row.mig_uuid)].append(row)
+    return groups
+
+
+def _container_usage(processes: Sequence[AttributedProcess]) -> tuple[ContainerGpuUsage, ...]:
+    groups = _group_by_container(processes)
+    usage = (
+        ContainerGpuUsage(
+            namespace=namespace,
+            pod=pod,
+            container=container,
+            gpu=gpu,
+            uuid=uuid,
+            mig_uuid=mig_uuid,
+            memory_used_bytes=_memory(rows),
+            sm_ratio=_sm_sum(rows),
+            processes=len(rows),
+        )
+        for ((namespace, pod, container), gpu, uuid, mig_uuid), rows in groups.items()
+    )
+    return tuple(sorted(usage, key=_container_order))
+
+
+def _unallocated_use(processes: Sequence[AttributedProcess]) -> tuple[UnallocatedUse, ...]:
+    groups = _group_by_container(row for row in processes if row.allocated is False)
+    leaks = (
+        UnallocatedUse(
+            namespace=namespace,
+            pod=pod,
+            container=container,
+            gpu=gpu,
+            uuid=uuid,
+            mig_uuid=mig_uuid,
+            memory_used_bytes=_memory(rows),
+            processes=len(rows),
+        )
+        for ((namespace, pod, container), gpu, uuid, mig_uuid), rows in groups.items()
+    )
+    return tuple(sorted(leaks, key=_container_order))
+
+
+def _unattributed(processes: Sequence[AttributedProcess]) -> tuple[UnattributedUse, ...]:
+    groups: dict[tuple[int, str, str | None, str, str | None], list[AttributedProcess]]
+    groups = defaultdict(list)
+    for row in processes:
+        if row.owner != OWNER_POD:
+            groups[(row.gpu, row.uuid, row.mig_uuid, row.owner, row.reason)].append(row)
+    usage = (
+        UnattributedUse(
+            gpu=gpu,
+            uuid=uuid,
+            mig_uuid=mig_uuid,
+            owner=owner,
+            reason=reason,
+            memory_used_bytes=_memory(rows),
+            processes=len(rows),
+        )
+        for (gpu, uuid, mig_uuid, owner, reason), rows in groups.items()
+    )
+    return tuple(sorted(usage, key=_unattributed_order))
+
+
+def _memory(rows: Iterable[AttributedProcess]) -> int:
+    return sum(row.used_memory_bytes or 0 for row in rows)
+
+
+def _sm_sum(rows: Iterable[AttributedProcess]) -> float | None:
+    """Processes of one container add up, but a device cannot be more than fully busy."""
+    ratios = [row.sm_ratio for row in rows if row.sm_ratio is not None]
+    return min(sum(ratios), 1.0) if ratios else None
+
+
+# ---------------------------------------------------------------------------
+# Ordering: exposition renders tuples as they are, so they must be stable
+# ---------------------------------------------------------------------------
+
+
+def _row_order(row: AttributedProcess) -> tuple[int, str, int]:
+    return (row.gpu, row.mig_uuid or "", row.pid)
+
+
+def _container_order(
+    row: ContainerGpuUsage | UnallocatedUse,
+) -> tuple[str, str, str, int, str]:
+    return (row.namespace, row.pod, row.container, row.gpu, row.mig_uuid or "")
+
+
+def _allocation_order(row: Allocation) -> tuple[str, str, str, str, str]:
+    return (row.namespace, row.pod, row.container, row.resource_name, row.device_id)
+
+
+def _unattributed_order(row: UnattributedUse) -> tuple[int, str, str, str]:
+    return (row.gpu, row.mig_uuid or "", row.owner, row.reason or "")

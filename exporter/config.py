@@ -1,0 +1,217 @@
+"""Flags and environment variables -> a validated ``Config``.
+
+Every flag ``--some-flag`` can also be set with ``GPU_EXPORTER_SOME_FLAG``; the flag wins.
+Bad input never half-starts the exporter: ``ConfigError`` carries one line saying what
+was wrong and how to fix it, and the CLI exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from exporter import __version__
+from exporter.sources.podresources.client import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET_PATH
+
+ENV_PREFIX = "GPU_EXPORTER_"
+MIN_INTERVAL_S = 0.1
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """One line for the operator: what was wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_host: str
+    listen_port: int
+    interval_s: float
+    proc_root: Path
+    pod_resources_socket: Path
+    pod_resources_interval_s: float
+    resource_names: tuple[str, ...]
+    node_name: str
+    kube_api: str  # "auto" | "off"
+    kubeconfig: str | None
+    simulate: str | None
+    per_process_metrics: bool
+    log_level: str
+    log_format: str  # "text" | "json"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see --help)")
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpu-occupancy-exporter",
+        description=(
+            "Node-level GPU telemetry for Kubernetes: true SM occupancy next to GPU-Util, "
+            "GPU memory and time per pod and container, orphaned memory and GPU health, "
+            "served to Prometheus. Every flag can also be set with the environment "
+            f"variable shown after it ({ENV_PREFIX}<FLAG>); the flag wins."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="subcommands: none yet. Docs: README.md and docs/ in the source tree.",
+    )
+
+    def add(flag: str, help_text: str, **kwargs: object) -> None:
+        name = _env_name(flag)
+        if "choices" in kwargs and "default" in kwargs:
+            help_text += " Choices: %(choices)s."
+        if kwargs.get("action") == "store_true":
+            kwargs["default"] = env.get(name, "").lower() in {"1", "true", "yes", "on"}
+            parser.add_argument(flag, help=f"{help_text} [env {name}]", **kwargs)  # type: ignore[arg-type]
+            return
+        if name in env:
+            kwargs["default"] = env[name]
+        parser.add_argument(
+            flag,
+            help=f"{help_text} (default: %(default)s) [env {name}]",
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    add(
+        "--listen",
+        "HOST:PORT to serve /metrics, /healthz and /readyz on.",
+        default="0.0.0.0:9445",
+        metavar="HOST:PORT",
+    )
+    add(
+        "--interval", "Seconds between sample cycles (minimum 0.1).", default="5", metavar="SECONDS"
+    )
+    add(
+        "--proc-root",
+        "Where the host's /proc is mounted; pids are read under it.",
+        default="/proc",
+        metavar="PATH",
+    )
+    add(
+        "--pod-resources-socket",
+        "The kubelet PodResources API unix socket.",
+        default=DEFAULT_SOCKET_PATH,
+        metavar="PATH",
+    )
+    add(
+        "--pod-resources-interval",
+        "Seconds between PodResources refreshes.",
+        default="10",
+        metavar="SECONDS",
+    )
+    add(
+        "--resource-names",
+        "Comma-separated extended resource names that are GPUs; a trailing * matches a prefix.",
+        default=",".join(DEFAULT_RESOURCE_NAMES),
+        metavar="LIST",
+    )
+    add(
+        "--node-name",
+        "This node's Kubernetes name (default: $NODE_NAME, else the hostname).",
+        default=env.get("NODE_NAME") or socket.gethostname(),
+        metavar="NAME",
+    )
+    add(
+        "--kube-api",
+        "Watch this node's pods through the Kubernetes API for pod and "
+        "container names ('off': never contact it).",
+        default="auto",
+        choices=("auto", "off"),
+    )
+    add(
+        "--kubeconfig",
+        "Kubeconfig for the pod watch; default: in-cluster config, else ~/.kube/config.",
+        default=None,
+        metavar="PATH",
+    )
+    add(
+        "--simulate",
+        "Run on a simulated GPU node instead of the real NVML: a shipped "
+        "scenario (single-gpu, node-8gpu, no-gpu) or a YAML file.",
+        default=None,
+        metavar="SCENARIO",
+    )
+    add(
+        "--per-process-metrics",
+        "Also export per-pid series (cardinality grows with processes).",
+        action="store_true",
+    )
+    add("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS)
+    add("--log-format", "Log line format.", default="text", choices=("text", "json"))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def _positive_float(text: str, flag: str, minimum: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a number of seconds") from None
+    if not value >= minimum:  # also rejects NaN
+        raise ConfigError(f"{flag}: {text} is below the minimum of {minimum} seconds")
+    return value
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"--listen: {text!r} is not HOST:PORT (e.g. 0.0.0.0:9445)")
+    return host.strip("[]"), int(port_text)
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    parser = build_parser(env)
+    args = parser.parse_args(list(argv))
+    for flag, choices in (
+        ("kube_api", ("auto", "off")),
+        ("log_level", LOG_LEVELS),
+        ("log_format", ("text", "json")),
+    ):
+        value = getattr(args, flag)
+        if value not in choices:  # an environment variable bypasses argparse's check
+            raise ConfigError(
+                f"{_env_name('--' + flag.replace('_', '-'))}: {value!r} is not "
+                f"one of {', '.join(choices)}"
+            )
+    host, port = parse_listen(args.listen)
+    names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
+    if not names:
+        raise ConfigError("--resource-names: give at least one resource name")
+    return Config(
+        listen_host=host,
+        listen_port=port,
+        interval_s=_positive_float(args.interval, "--interval", MIN_INTERVAL_S),
+        proc_root=Path(args.proc_root),
+        pod_resources_socket=Path(args.pod_resources_socket),
+        pod_resources_interval_s=_positive_float(
+            args.pod_resources_interval, "--pod-resources-interval", 1.0
+        ),
+        resource_names=names,
+        node_name=args.node_name,
+        kube_api=args.kube_api,
+        kubeconfig=args.kubeconfig,
+        simulate=args.simulate,
+        per_process_metrics=bool(args.per_process_metrics),
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+
+
+def fail(message: str) -> NoReturn:
+    print(f"gpu-occupancy-exporter: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

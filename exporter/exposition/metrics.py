@@ -1,0 +1,356 @@
+"""Metric families built from one analysed snapshot.
+
+``CATALOGUE`` is the single list of every metric the exporter can emit (name, type,
+help); docs/metrics.md is checked against it and against real output by the tests.
+Unknown values (``None``) produce no sample at all: "not supported" must never read as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from exporter.model import (
+    Analysis,
+    AttributedProcess,
+    GpuSample,
+    MigInstance,
+    Occupancy,
+)
+
+GAUGE, COUNTER = "gauge", "counter"
+
+CATALOGUE: dict[str, tuple[str, str]] = {
+    # exporter self-metrics (the histogram, errors and build info live in the agent)
+    "gpu_exporter_nvml_up": (GAUGE, "1 when NVML initialised and answered this cycle."),
+    "gpu_exporter_source_up": (GAUGE, "1 when the named source answered its last refresh."),
+    "gpu_exporter_last_sample_timestamp_seconds": (
+        GAUGE,
+        "Unix time at which the last sample cycle started.",
+    ),
+    # identity and state
+    "gpu_info": (GAUGE, "Static GPU identity; always 1."),
+    "gpu_up": (GAUGE, "1 when the GPU answered NVML this cycle, 0 when it failed (lost)."),
+    "gpu_mig_mode_enabled": (GAUGE, "1 when the GPU is in MIG mode."),
+    "gpu_mig_info": (GAUGE, "Static MIG instance identity; always 1."),
+    # memory
+    "gpu_memory_total_bytes": (GAUGE, "Device (or MIG instance) memory."),
+    "gpu_memory_used_bytes": (
+        GAUGE,
+        "Memory in use, excluding driver-reserved memory (NVML memory info v2).",
+    ),
+    "gpu_memory_free_bytes": (GAUGE, "Memory free for allocation."),
+    "gpu_memory_reserved_bytes": (GAUGE, "Memory the driver reserves for itself."),
+    # utilisation and occupancy
+    "gpu_utilization_ratio": (
+        GAUGE,
+        "NVML GPU-Util: share of the sample window in which any kernel ran (not occupancy).",
+    ),
+    "gpu_memory_utilization_ratio": (
+        GAUGE,
+        "Share of the sample window in which device memory was read or written.",
+    ),
+    "gpu_graphics_active_ratio": (
+        GAUGE,
+        "GPM: share of time the graphics/compute engine was active.",
+    ),
+    "gpu_sm_active_ratio": (GAUGE, "GPM: share of SMs busy, averaged over the cycle."),
+    "gpu_sm_occupancy_ratio": (GAUGE, "GPM: resident warps relative to the SMs' maximum."),
+    "gpu_tensor_active_ratio": (GAUGE, "GPM: share of time tensor pipes were active."),
+    "gpu_dram_active_ratio": (GAUGE, "GPM: DRAM bandwidth used relative to the maximum."),
+    "gpu_fp64_active_ratio": (GAUGE, "GPM: share of time the FP64 pipe was active."),
+    "gpu_fp32_active_ratio": (GAUGE, "GPM: share of time the FP32 pipe was active."),
+    "gpu_fp16_active_ratio": (GAUGE, "GPM: share of time the FP16 pipe was active."),
+    # physical
+    "gpu_temperature_celsius": (GAUGE, "GPU die temperature."),
+    "gpu_power_watts": (GAUGE, "Power draw."),
+    "gpu_power_limit_watts": (GAUGE, "Enforced power limit."),
+    "gpu_energy_joules": (COUNTER, "Energy consumed since the driver loaded."),
+    "gpu_sm_clock_hertz": (GAUGE, "SM clock."),
+    "gpu_memory_clock_hertz": (GAUGE, "Memory clock."),
+    "gpu_clock_event_active": (
+        GAUGE,
+        "1 while the named clock-event (throttle) reason holds clocks down.",
+    ),
+    # reliability
+    "gpu_pcie_replays": (COUNTER, "PCIe replay counter."),
+    "gpu_ecc_errors": (COUNTER, "ECC errors since the last reset of the aggregate counters."),
+    "gpu_remapped_rows": (COUNTER, "Memory rows remapped, by cause."),
+    "gpu_row_remap_pending": (GAUGE, "1 when a row remap waits for a GPU reset."),
+    "gpu_row_remap_failed": (GAUGE, "1 when a row remap failed (replace the GPU)."),
+    # processes and attribution
+    "gpu_processes": (GAUGE, "Processes NVML lists on the device, by kind."),
+    "gpu_container_memory_used_bytes": (GAUGE, "GPU memory used by a container's processes."),
+    "gpu_container_sm_utilization_ratio": (
+        GAUGE,
+        "Container's share of SM time from NVML per-process samples (sum, capped at 1).",
+    ),
+    "gpu_container_processes": (GAUGE, "Processes of a container on the device."),
+    "gpu_container_allocated": (GAUGE, "1 for every device the kubelet allocated to a container."),
+    "gpu_unallocated_use_memory_bytes": (
+        GAUGE,
+        "Memory a container uses on a device it was not allocated (isolation leak).",
+    ),
+    "gpu_unattributed_memory_used_bytes": (
+        GAUGE,
+        "Memory of processes no container owns (host, dead or unknown), with why.",
+    ),
+    "gpu_unattributed_processes": (GAUGE, "Processes no container owns, with why."),
+    "gpu_process_memory_used_bytes": (GAUGE, "Per-process memory (--per-process-metrics)."),
+    "gpu_process_sm_utilization_ratio": (
+        GAUGE,
+        "Per-process SM share from NVML samples (--per-process-metrics).",
+    ),
+}
+
+# NVML clock-event reason bits, by the name used in the ``reason`` label.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+_OCCUPANCY_FIELDS = {
+    "gpu_graphics_active_ratio": "graphics_active",
+    "gpu_sm_active_ratio": "sm_active",
+    "gpu_sm_occupancy_ratio": "sm_occupancy",
+    "gpu_tensor_active_ratio": "tensor_active",
+    "gpu_dram_active_ratio": "dram_active",
+    "gpu_fp64_active_ratio": "fp64_active",
+    "gpu_fp32_active_ratio": "fp32_active",
+    "gpu_fp16_active_ratio": "fp16_active",
+}
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ExpositionOptions:
+    per_process_metrics: bool = False
+
+
+class FamilyBuilder:
+    """Collects samples into families named by ``CATALOGUE``; skips ``None`` values."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def add(self, name: str, labels: Labels, value: float | None) -> None:
+        if value is None:
+            return
+        family = self._families.get(name)
+        if family is None:
+            kind, doc = CATALOGUE[name]
+            family = self._families[name] = Metric(name, doc, kind)
+        sample = f"{name}_total" if family.type == COUNTER else name
+        family.add_sample(sample, dict(labels), float(value))
+
+    def families(self) -> list[Metric]:
+        return list(self._families.values())
+
+
+def _gpu_labels(gpu: GpuSample | int, uuid: str | None = None) -> dict[str, str]:
+    if isinstance(gpu, GpuSample):
+        return {"gpu": str(gpu.index), "uuid": gpu.uuid}
+    return {"gpu": str(gpu), "uuid": uuid or ""}
+
+
+def _mig_labels(mig: MigInstance) -> dict[str, str]:
+    return {
+        "gpu_instance": str(mig.gpu_instance_id),
+        "compute_instance": str(mig.compute_instance_id),
+        "mig_profile": mig.profile,
+        "mig_uuid": mig.uuid,
+    }
+
+
+def _ratio(percent: int | None) -> float | None:
+    return None if percent is None else percent / 100.0
+
+
+def _scaled(value: int | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metric]:
+    out = FamilyBuilder()
+    node = analysis.node
+    nvml = node.nvml
+    out.add("gpu_exporter_nvml_up", {}, 1 if nvml.ok else 0)
+    out.add("gpu_exporter_last_sample_timestamp_seconds", {}, nvml.timestamp)
+    for source in node.sources:
+        out.add("gpu_exporter_source_up", {"source": source.name}, 1 if source.up else 0)
+    migs: dict[str, dict[str, str]] = {}
+    for gpu in nvml.gpus:
+        _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")
+        for mig in gpu.mig_instances:
+            migs[mig.uuid] = _mig_labels(mig)
+            _add_mig(out, gpu, mig)
+    _add_attribution(out, analysis, migs, options)
+    return out.families()
+
+
+def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None:
+    labels = _gpu_labels(gpu)
+    out.add("gpu_up", labels, 0 if gpu.error else 1)
+    out.add(
+        "gpu_info",
+        {
+            **labels,
+            "model": gpu.name or "",
+            "pci_bus_id": gpu.pci_bus_id or "",
+            "minor_number": "" if gpu.minor_number is None else str(gpu.minor_number),
+            "driver_version": driver,
+            "cuda_driver_version": cuda,
+        },
+        1,
+    )
+    if gpu.error:
+        return
+    out.add(
+        "gpu_mig_mode_enabled", labels, None if gpu.mig_enabled is None else int(gpu.mig_enabled)
+    )
+    out.add("gpu_memory_total_bytes", labels, gpu.memory_total_bytes)
+    out.add("gpu_memory_used_bytes", labels, gpu.memory_used_bytes)
+    out.add("gpu_memory_free_bytes", labels, gpu.memory_free_bytes)
+    out.add("gpu_memory_reserved_bytes", labels, gpu.memory_reserved_bytes)
+    out.add("gpu_utilization_ratio", labels, _ratio(gpu.utilization_gpu_percent))
+    out.add("gpu_memory_utilization_ratio", labels, _ratio(gpu.utilization_memory_percent))
+    _add_occupancy(out, labels, gpu.occupancy)
+    out.add("gpu_temperature_celsius", labels, gpu.temperature_celsius)
+    out.add("gpu_power_watts", labels, _scaled(gpu.power_milliwatts, 1e-3))
+    out.add("gpu_power_limit_watts", labels, _scaled(gpu.power_limit_milliwatts, 1e-3))
+    out.add("gpu_energy_joules", labels, _scaled(gpu.energy_millijoules, 1e-3))
+    out.add("gpu_sm_clock_hertz", labels, _scaled(gpu.clock_sm_mhz, 1e6))
+    out.add("gpu_memory_clock_hertz", labels, _scaled(gpu.clock_memory_mhz, 1e6))
+    if gpu.clock_event_reasons is not None:
+        for reason, bit in CLOCK_EVENT_REASONS.items():
+            out.add(
+                "gpu_clock_event_active",
+                {**labels, "reason": reason},
+                1 if gpu.clock_event_reasons & bit else 0,
+            )
+    out.add("gpu_pcie_replays", labels, gpu.pcie_replay_count)
+    out.add("gpu_ecc_errors", {**labels, "type": "corrected"}, gpu.ecc_corrected_total)
+    out.add("gpu_ecc_errors", {**labels, "type": "uncorrected"}, gpu.ecc_uncorrected_total)
+    rows = gpu.remapped_rows
+    if rows is not None:
+        out.add("gpu_remapped_rows", {**labels, "cause": "correctable"}, rows.correctable)
+        out.add("gpu_remapped_rows", {**labels, "cause": "uncorrectable"}, rows.uncorrectable)
+        out.add("gpu_row_remap_pending", labels, int(rows.pending))
+        out.add("gpu_row_remap_failed", labels, int(rows.failure))
+    _add_process_counts(out, labels, (p.kind for p in gpu.processes))
+
+
+def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:
+    labels = {**_gpu_labels(gpu), **_mig_labels(mig)}
+    out.add("gpu_mig_info", labels, 1)
+    out.add("gpu_memory_total_bytes", labels, mig.memory_total_bytes)
+    out.add("gpu_memory_used_bytes", labels, mig.memory_used_bytes)
+    _add_occupancy(out, labels, mig.occupancy)
+    _add_process_counts(out, labels, (p.kind for p in mig.processes))
+
+
+def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | None) -> None:
+    if occupancy is None:
+        return
+    for name, attr in _OCCUPANCY_FIELDS.items():
+        out.add(name, labels, getattr(occupancy, attr))
+
+
+def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[str]) -> None:
+    counts = dict.fromkeys(("compute", "graphics", "mps"), 0)
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    for kind, count in counts.items():
+        out.add("gpu_processes", {**labels, "kind": kind}, count)
+
+
+def _add_attribution(
+    out: FamilyBuilder,
+    analysis: Analysis,
+    migs: dict[str, dict[str, str]],
+    options: ExpositionOptions,
+) -> None:
+    attribution = analysis.attribution
+
+    def where(gpu: int | None, uuid: str, mig_uuid: str | None) -> dict[str, str]:
+        labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid}
+        return {**labels, **migs.get(mig_uuid, {})} if mig_uuid else labels
+
+    for c in attribution.containers:
+        labels = {
+            "namespace": c.namespace,
+            "pod": c.pod,
+            "container": c.container,
+            **where(c.gpu, c.uuid, c.mig_uuid),
+        }
+        out.add("gpu_container_memory_used_bytes", labels, c.memory_used_bytes)
+        out.add("gpu_container_sm_utilization_ratio", labels, c.sm_ratio)
+        out.add("gpu_container_processes", labels, c.processes)
+    for a in attribution.allocations:
+        out.add(
+            "gpu_container_allocated",
+            {
+                "namespace": a.namespace,
+                "pod": a.pod,
+                "container": a.container,
+                **where(a.gpu, a.uuid, a.mig_uuid),
+                "device_id": a.device_id,
+                "resource": a.resource_name,
+            },
+            1,
+        )
+    for leak in attribution.unallocated_use:
+        out.add(
+            "gpu_unallocated_use_memory_bytes",
+            {
+                "namespace": leak.namespace,
+                "pod": leak.pod,
+                "container": leak.container,
+                **where(leak.gpu, leak.uuid, leak.mig_uuid),
+            },
+            leak.memory_used_bytes,
+        )
+    for u in attribution.unattributed:
+        labels = {**where(u.gpu, u.uuid, u.mig_uuid), "owner": u.owner, "reason": u.reason or ""}
+        out.add("gpu_unattributed_memory_used_bytes", labels, u.memory_used_bytes)
+        out.add("gpu_unattributed_processes", labels, u.processes)
+    if options.per_process_metrics:
+        for p in attribution.processes:
+            labels = _process_labels(p, where(p.gpu, p.uuid, p.mig_uuid))
+            out.add("gpu_process_memory_used_bytes", labels, p.used_memory_bytes)
+            out.add("gpu_process_sm_utilization_ratio", labels, p.sm_ratio)
+
+
+def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, str]:
+    return {
+        **device,
+        "pid": str(p.pid),
+        "kind": p.kind,
+        "owner": p.owner,
+        "namespace": p.namespace or "",
+        "pod": p.pod or "",
+        "container": p.container or "",
+    }
+
+
+class SnapshotCollector(Collector):
+    """Serves the families of the latest cycle; replaced wholesale each cycle."""
+
+    def __init__(self) -> None:
+        self._families: list[Metric] = []
+
+    def set(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

@@ -1,0 +1,138 @@
+"""aiohttp front end: serves bytes rendered once per sample cycle.
+
+A scrape never touches NVML or re-renders: it returns the cached text or OpenMetrics
+bytes (gzip-compressed once per cycle, on first demand), so scrape cost does not grow
+with GPU count and a slow driver never stalls Prometheus.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import generate_latest as generate_text
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import CollectorRegistry
+
+OPENMETRICS_MEDIA = "application/openmetrics-text"
+
+
+@dataclass
+class _Rendered:
+    body: bytes
+    gzipped: bytes | None = None
+
+    def compressed(self) -> bytes:
+        if self.gzipped is None:
+            self.gzipped = gzip.compress(self.body, compresslevel=6, mtime=0)
+        return self.gzipped
+
+
+@dataclass
+class MetricsCache:
+    """The latest cycle's exposition in both formats."""
+
+    text: _Rendered | None = None
+    openmetrics: _Rendered | None = None
+    cycles: int = field(default=0)
+
+    def render(self, registry: CollectorRegistry) -> None:
+        """Render both formats now; called once per sample cycle (in a worker thread)."""
+        self.text = _Rendered(generate_text(registry))
+        self.openmetrics = _Rendered(generate_openmetrics(registry))  # type: ignore[no-untyped-call]
+        self.cycles += 1
+
+    @property
+    def ready(self) -> bool:
+        return self.text is not None
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    for part in accept.split(","):
+        media, _, params = part.strip().partition(";")
+        if media.strip() == OPENMETRICS_MEDIA:
+            quality = 1.0
+            for param in params.split(";"):
+                key, _, value = param.strip().partition("=")
+                if key == "q":
+                    try:
+                        quality = float(value)
+                    except ValueError:
+                        quality = 0.0
+            return quality > 0
+    return False
+
+
+def _accepts_gzip(accept_encoding: str) -> bool:
+    return any(
+        p.split(";")[0].strip() == "gzip" and "q=0" not in p.replace(" ", "")
+        for p in accept_encoding.split(",")
+    )
+
+
+LANDING = """<!doctype html>
+<html><head><title>gpu-occupancy-exporter</title></head>
+<body><h1>gpu-occupancy-exporter</h1>
+<p>Node {node}: GPU occupancy, attribution and health for Prometheus.</p>
+<ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li>
+<li><a href="/readyz">/readyz</a></li></ul></body></html>
+"""
+
+
+def build_app(cache: MetricsCache, node_name: str) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        if not cache.ready or cache.text is None or cache.openmetrics is None:
+            return web.Response(status=503, text="no sample yet\n")
+        openmetrics = _wants_openmetrics(request.headers.get("Accept", ""))
+        rendered = cache.openmetrics if openmetrics else cache.text
+        content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST
+        headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+        if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=rendered.compressed(), headers=headers)
+        return web.Response(body=rendered.body, headers=headers)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if cache.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="waiting for the first sample\n")
+
+    async def landing(request: web.Request) -> web.Response:
+        return web.Response(
+            text=LANDING.format(node=html.escape(node_name)), content_type="text/html"
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", landing)
+    return app
+
+
+async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Bind and start serving; raises OSError when the address is taken."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port actually bound (useful with port 0 in tests)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    raise RuntimeError("server is not bound to a TCP port")

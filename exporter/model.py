@@ -1,0 +1,345 @@
+"""Frozen dataclasses that flow from the sources through analysis to exposition.
+
+Every field a driver may not support is ``None`` when unsupported: exposition emits
+no series for ``None`` (never a zero), so "not supported" and "zero" stay distinct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ---------------------------------------------------------------------------
+# NVML
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process NVML lists on a device (or MIG instance)."""
+
+    pid: int
+    used_memory_bytes: int | None  # None: driver cannot say (e.g. WDDM)
+    kind: str  # "compute" | "graphics" | "mps"
+    gpu_instance_id: int | None = None  # set on MIG devices
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUtilization:
+    """One per-process utilisation sample (percent over the driver's sample window)."""
+
+    pid: int
+    sm_percent: int
+    memory_percent: int
+    timestamp_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """What the SMs really did between two samples (ratios 0..1), from GPM or DCGM.
+
+    GPU-Util only says a kernel was resident at some point in the window; these say
+    how many SMs were busy, how full they were, and which pipes worked.
+    """
+
+    source: str  # "gpm" | "dcgm"
+    graphics_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG device: a GPU instance + compute instance with its own UUID."""
+
+    mig_index: int
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "3g.40gb"
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    processes: tuple[GpuProcess, ...] = ()
+    occupancy: Occupancy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """Everything read from one physical GPU in one cycle.
+
+    ``error`` is set when the GPU failed as a whole (lost, unknown error): then only the
+    identity fields are meaningful and the GPU is reported unhealthy.
+    """
+
+    index: int
+    uuid: str
+    name: str | None = None
+    pci_bus_id: str | None = None
+    minor_number: int | None = None
+    error: str | None = None  # e.g. "GpuIsLost"; None when the GPU answered
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None  # v2 semantics: excludes driver-reserved
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_gpu_percent: int | None = None
+    utilization_memory_percent: int | None = None
+    temperature_celsius: int | None = None
+    power_milliwatts: int | None = None
+    power_limit_milliwatts: int | None = None
+    energy_millijoules: int | None = None
+    clock_sm_mhz: int | None = None
+    clock_memory_mhz: int | None = None
+    clock_event_reasons: int | None = None  # NVML bitmask
+    pcie_replay_count: int | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    remapped_rows: RemappedRows | None = None
+    mig_enabled: bool | None = None
+    # On a MIG-enabled GPU the processes live in ``mig_instances[*].processes``.
+    processes: tuple[GpuProcess, ...] = ()
+    process_utilization: tuple[ProcessUtilization, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    occupancy: Occupancy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlSnapshot:
+    """One NVML sample cycle. ``ok`` False means NVML itself is unavailable."""
+
+    ok: bool
+    timestamp: float  # wall-clock seconds when the cycle started
+    error: str | None = None
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    errors: tuple[tuple[str, str], ...] = ()  # (query, error class) that failed this cycle
+
+
+# ---------------------------------------------------------------------------
+# Host processes (procfs)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """What ``<proc-root>/<pid>`` says about a pid.
+
+    ``alive`` False: the directory is missing. A live pid with ``pod_uid`` None is a
+    host process (outside kubepods).
+    """
+
+    pid: int
+    alive: bool
+    pod_uid: str | None = None  # normalised with dashes, lower case
+    container_id: str | None = None  # bare 64-hex id, no runtime prefix
+    comm: str | None = None
+    state: str | None = None  # single letter from /proc/<pid>/stat, e.g. "R", "D", "Z"
+
+
+# ---------------------------------------------------------------------------
+# kubelet PodResources
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    """Devices the kubelet allocated to one container, for one resource name."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource_name: str  # e.g. "nvidia.com/gpu"
+    device_ids: tuple[str, ...]  # GPU UUID, MIG UUID, or replica id "GPU-...::N"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatableDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesSnapshot:
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    containers: tuple[ContainerDevices, ...] = ()
+    allocatable: tuple[AllocatableDevices, ...] = ()
+    allocatable_ok: bool = False  # GetAllocatableResources answered
+
+
+# ---------------------------------------------------------------------------
+# Kubernetes pod metadata
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    uid: str
+    namespace: str
+    name: str
+    phase: str | None = None
+    deletion_timestamp: float | None = None  # epoch seconds when deletion was requested
+    containers: tuple[tuple[str, str], ...] = ()  # (bare container id, container name)
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetaSnapshot:
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    pods: tuple[PodMeta, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# Whole-node snapshot handed to analysis
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Health of one source for ``gpu_exporter_source_up``."""
+
+    name: str
+    up: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node_name: str
+    nvml: NvmlSnapshot
+    processes: tuple[ProcessIdentity, ...] = ()
+    pod_resources: PodResourcesSnapshot | None = None
+    pod_meta: PodMetaSnapshot | None = None
+    sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
+
+
+# ---------------------------------------------------------------------------
+# Attribution results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedProcess:
+    """One NVML-listed process with its owner, ready for per-pod and orphan series.
+
+    ``owner`` is "pod" | "host" | "unknown" | "dead". ``reason`` says why an owner is
+    "unknown"; ``allocated`` is None when PodResources cannot tell (or owner is not a pod).
+    """
+
+    gpu: int
+    uuid: str  # physical GPU UUID
+    mig_uuid: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    pid: int
+    used_memory_bytes: int | None
+    sm_ratio: float | None  # latest per-process sample / 100; None: no sample for the pid
+    kind: str  # "compute" | "graphics" | "mps"
+    owner: str
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    reason: str | None = None
+    allocated: bool | None = None
+    pod_uid: str | None = None  # from procfs; lets orphan analysis spot deleted pods
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGpuUsage:
+    """What one container uses on one device; time-sliced sharers each get their own row."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: int
+    uuid: str
+    mig_uuid: str | None
+    memory_used_bytes: int  # unknown per-process memory counts 0
+    sm_ratio: float | None  # sum over its processes, capped at 1.0; None: no samples
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One device id the kubelet allocated to a container, resolved against NVML.
+
+    ``gpu`` is None when NVML does not know the device; ``uuid`` is then the device id
+    with any replica suffix stripped.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: int | None
+    uuid: str
+    device_id: str  # as the kubelet gives it: GPU UUID, MIG UUID or replica "GPU-...::N"
+    mig_uuid: str | None
+    resource_name: str
+    shared: bool  # replica id or a ".shared" resource
+
+
+@dataclass(frozen=True, slots=True)
+class UnallocatedUse:
+    """A container using a device it was not allocated: an isolation leak."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: int
+    uuid: str
+    mig_uuid: str | None
+    memory_used_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedUse:
+    """Processes on one device that no pod container owns, per owner kind and reason."""
+
+    gpu: int
+    uuid: str
+    mig_uuid: str | None
+    owner: str  # "host" | "unknown" | "dead"
+    reason: str | None
+    memory_used_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """The attribution of one NodeSnapshot; every tuple is sorted for stable exposition."""
+
+    processes: tuple[AttributedProcess, ...] = ()
+    containers: tuple[ContainerGpuUsage, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    unallocated_use: tuple[UnallocatedUse, ...] = ()
+    unattributed: tuple[UnattributedUse, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# What exposition renders
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """One cycle's snapshot together with everything analysis derived from it."""
+
+    node: NodeSnapshot
+    attribution: Attribution

@@ -1,0 +1,152 @@
+"""Runs a simulated node's outer edge: NVML library, proc tree, kubelet, API server.
+
+Only the things that cannot exist here are simulated; the exporter then reads them
+through its normal code paths: pynvml over the simulated library object, files under a
+temporary ``--proc-root``, the real gRPC client against a real gRPC server on a unix
+socket, and the real ``kubernetes`` client against a small HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
+from exporter.sim.node import SimNode
+from exporter.sim.nvml_library import install
+from exporter.sim.podresources_server import start_podresources_server
+from exporter.sim.proctree import host_cgroup, kubepods_cgroup, remove_process, write_process
+from exporter.sim.scenario import Scenario
+
+log = logging.getLogger(__name__)
+SYNC_PERIOD_S = 0.2
+
+
+@dataclass(frozen=True)
+class SimPaths:
+    """Where the exporter should look instead of the host's real paths."""
+
+    proc_root: Path
+    pod_resources_socket: Path
+    kubeconfig: Path | None
+    node_name: str
+
+
+class SimEnvironment:
+    def __init__(
+        self, scenario: Scenario, *, clock: Callable[[], float] | None = None, kube_api: bool = True
+    ) -> None:
+        self.node = SimNode(scenario, clock)
+        self._with_kube_api = kube_api
+        # unix socket paths must stay under 108 bytes, so keep the root short
+        self._root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
+        self.paths = SimPaths(
+            proc_root=self._root / "proc",
+            pod_resources_socket=self._root / "kubelet.sock",
+            kubeconfig=self._root / "kubeconfig" if kube_api else None,
+            node_name=scenario.node_name,
+        )
+        self.kube_api: FakeKubeApi | None = None
+        self._grpc: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._written_pids: set[int] = set()
+        self._kube_pods: dict[str, dict[str, Any]] = {}
+
+    async def start(self) -> SimPaths:
+        install(self.node)
+        self.paths.proc_root.mkdir(parents=True)
+        self.sync()
+        self._grpc = await start_podresources_server(
+            self.paths.pod_resources_socket,
+            lambda: (self.node.container_devices(), self.node.allocatable_devices()),
+        )
+        if self._with_kube_api and self.paths.kubeconfig is not None:
+            self.kube_api = FakeKubeApi()
+            url = self.kube_api.start_in_thread()
+            write_kubeconfig(self.paths.kubeconfig, url)
+            self._sync_kube()
+        self._task = asyncio.create_task(self._keep_in_sync(), name="sim-sync")
+        log.info(
+            "simulated node %s: %d GPU(s), %d pod(s), proc root %s",
+            self.node.scenario.node_name,
+            len(self.node.gpus),
+            len(self.node.pods),
+            self.paths.proc_root,
+        )
+        return self.paths
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=None)
+        if self.kube_api is not None:
+            self.kube_api.stop_in_thread()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    async def _keep_in_sync(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_PERIOD_S)
+            try:
+                await asyncio.to_thread(self.sync)
+            except Exception:  # the simulator must not take the exporter down
+                log.exception("simulator sync failed")
+
+    def sync(self) -> None:
+        """Bring the proc tree and the API server in line with the node's timeline."""
+        node = self.node
+        with node.lock:
+            node.advance()
+            pods = {f"{p.namespace}/{p.name}": p for p in node.pods}
+            alive = {p.pid: p for p in node.processes if p.alive}
+            for pid in self._written_pids - set(alive):
+                remove_process(self.paths.proc_root, pid)
+            for pid, proc in alive.items():
+                if pid in self._written_pids:
+                    continue
+                pod = pods.get(proc.pod or "")
+                container = (
+                    next((c for c in pod.containers if c.name == proc.container), None)
+                    if pod
+                    else None
+                )
+                cgroup = (
+                    kubepods_cgroup(pod.uid, container.container_id, qos=pod.qos)
+                    if pod and container
+                    else host_cgroup("gpu-workload.service")
+                )
+                write_process(
+                    self.paths.proc_root, pid, comm=proc.comm, state=proc.state, cgroup=cgroup
+                )
+            self._written_pids = set(alive)
+        if self.kube_api is not None:
+            self._sync_kube()
+
+    def _sync_kube(self) -> None:
+        assert self.kube_api is not None
+        node = self.node
+        with node.lock:
+            wanted = {
+                pod.uid: pod_dict(
+                    pod.namespace,
+                    pod.name,
+                    pod.uid,
+                    node.scenario.node_name,
+                    phase=pod.phase,
+                    containers=[(c.name, c.container_id) for c in pod.containers],
+                )
+                for pod in node.pods
+            }
+        for uid in set(self._kube_pods) - set(wanted):
+            self.kube_api.delete_pod(uid)
+        for uid, pod in wanted.items():
+            if self._kube_pods.get(uid) != pod:
+                self.kube_api.set_pod(pod)
+        self._kube_pods = wanted

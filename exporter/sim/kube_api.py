@@ -1,0 +1,493 @@
+"""A small stand-in for the Kubernetes API server's pod list/watch endpoint.
+
+The exporter's pod-metadata source is the real ``kubernetes`` client; faking the HTTP
+server rather than the client keeps its whole code path (config loading, urllib3,
+chunked watch streams, 410 handling) under test. Only what ``PodWatcher`` uses is
+served: ``GET /api/v1/pods`` as a list or a watch, with ``fieldSelector``.
+
+Mutators (``set_pod``, ``delete_pod``, ``expire_history``, ``disconnect_watchers``) are
+thread-safe and may be called from any thread, so a test can drive the fake while its
+event loop runs in a background thread (``start_in_thread``) — needed because the
+watcher under test does blocking HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from aiohttp import web
+
+# Real API servers close a watch after 30-60 min unless the client asks for less.
+DEFAULT_WATCH_TIMEOUT_S = 1800.0
+# Like etcd compaction: older events are forgotten and watches from before them get 410.
+DEFAULT_MAX_HISTORY = 1000
+
+_SELECTABLE_FIELDS: dict[str, tuple[str, str]] = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "metadata.uid": ("metadata", "uid"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "status.phase": ("status", "phase"),
+}
+
+_Selector = tuple[tuple[str, str, bool], ...]  # (field, value, equal)
+_QueueItem = tuple[Literal["event", "gone", "drop"], dict[str, Any] | None]
+
+
+@dataclass(slots=True)
+class LoggedRequest:
+    """One request the fake answered.
+
+    A watch is logged when it opens and updated when it ends: ``outcome`` goes from
+    ``"open"`` to ``"timeout"``, ``"expired"`` (``status`` becomes 410, as the in-stream
+    ERROR event says), ``"dropped"`` (``disconnect_watchers``) or ``"closed"`` (the
+    client went away). A list is ``"done"``.
+    """
+
+    method: str
+    path: str
+    params: dict[str, str]
+    watch: bool
+    status: int
+    outcome: str = "done"
+
+
+@dataclass(eq=False, slots=True)
+class _Watcher:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[_QueueItem]
+    selector: _Selector
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class SelectorError(ValueError):
+    """A field selector the fake (like the real server) refuses with 400."""
+
+
+def parse_field_selector(text: str) -> _Selector:
+    """Parse ``a=b,c!=d`` the way the API server does for the fields pods support."""
+    terms: list[tuple[str, str, bool]] = []
+    for raw in text.split(","):
+        term = raw.strip()
+        if not term:
+            continue
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            equal = False
+        elif "==" in term:
+            key, value = term.split("==", 1)
+            equal = True
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            equal = True
+        else:
+            raise SelectorError(f"invalid field selector term {term!r}")
+        key = key.strip()
+        if key not in _SELECTABLE_FIELDS:
+            raise SelectorError(f'field label not supported: "{key}"')
+        terms.append((key, value.strip(), equal))
+    return tuple(terms)
+
+
+def _matches(pod: Mapping[str, Any], selector: _Selector) -> bool:
+    for key, value, equal in selector:
+        section, name = _SELECTABLE_FIELDS[key]
+        actual = (pod.get(section) or {}).get(name) or ""
+        if (actual == value) != equal:
+            return False
+    return True
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A ``metav1.Status`` body, as the API server sends for errors."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _container_status(name: str, container_id: str) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "name": name,
+        "image": f"registry.example/{name}:latest",
+        "imageID": "",
+        "ready": bool(container_id),
+        "restartCount": 0,
+        "started": bool(container_id),
+        "state": {"running": {}} if container_id else {"waiting": {"reason": "ContainerCreating"}},
+    }
+    if container_id:
+        bare = container_id if "://" in container_id else f"containerd://{container_id}"
+        status["containerID"] = bare
+    return status
+
+
+def pod_dict(
+    namespace: str,
+    name: str,
+    uid: str,
+    node: str,
+    phase: str = "Running",
+    containers: Sequence[tuple[str, str]] = (),
+    deletion_timestamp: float | None = None,
+    *,
+    init_containers: Sequence[tuple[str, str]] = (),
+    ephemeral_containers: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Build a pod as the API server serialises it.
+
+    ``containers`` are ``(name, id)``; an id without a ``scheme://`` is given
+    ``containerd://``, and an empty id leaves ``containerID`` out (not started yet).
+    """
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if deletion_timestamp is not None:
+        metadata["deletionTimestamp"] = _rfc3339(deletion_timestamp)
+        metadata["deletionGracePeriodSeconds"] = 30
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [{"name": n, "image": f"registry.example/{n}:latest"} for n, _ in containers],
+    }
+    status: dict[str, Any] = {
+        "phase": phase,
+        "containerStatuses": [_container_status(n, cid) for n, cid in containers],
+    }
+    if init_containers:
+        spec["initContainers"] = [
+            {"name": n, "image": f"registry.example/{n}:latest"} for n, _ in init_containers
+        ]
+        status["initContainerStatuses"] = [_container_status(n, c) for n, c in init_containers]
+    if ephemeral_containers:
+        spec["ephemeralContainers"] = [
+            {"name": n, "image": f"registry.example/{n}:latest"} for n, _ in ephemeral_containers
+        ]
+        status["ephemeralContainerStatuses"] = [
+            _container_status(n, c) for n, c in ephemeral_containers
+        ]
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def write_kubeconfig(path: str | os.PathLike[str], server_url: str) -> Path:
+    """Write a kubeconfig for a plain-http, unauthenticated server (the fake)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        "current-context": "fake",
+    }
+    out = Path(path)
+    out.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return out
+
+
+class FakeKubeApi:
+    """Pods in memory, served over HTTP with list + watch semantics of the API server.
+
+    ``resourceVersion`` is one counter for all pods. History is kept so that a watch
+    from an older version replays what it missed; ``expire_history`` forgets it, which
+    is how a test provokes 410 Gone.
+    """
+
+    def __init__(self, *, max_history: int = DEFAULT_MAX_HISTORY) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._rv = 1
+        self._min_rv = 0  # a watch from below this has missed forgotten events: 410
+        self._history: list[tuple[int, dict[str, Any]]] = []  # (rv, event)
+        self._max_history = max_history
+        self._watchers: set[_Watcher] = set()
+        self._requests: list[LoggedRequest] = []
+        self._error: tuple[int, str, str] | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- state, thread-safe ------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        with self._lock:
+            return self._rv
+
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """A copy of the request log, oldest first."""
+        with self._lock:
+            return [replace(r, params=dict(r.params)) for r in self._requests]
+
+    @property
+    def watcher_count(self) -> int:
+        """Watch streams open now."""
+        with self._lock:
+            return len(self._watchers)
+
+    def pods(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(p) for p in self._pods.values()]
+
+    def set_pod(self, pod: Mapping[str, Any]) -> str:
+        """Add or replace a pod (by ``metadata.uid``); returns its new resourceVersion."""
+        obj = copy.deepcopy(dict(pod))
+        uid = obj["metadata"]["uid"]
+        with self._lock:
+            kind = "MODIFIED" if uid in self._pods else "ADDED"
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._pods[uid] = obj
+            self._publish_locked(kind, obj)
+            return str(self._rv)
+
+    def delete_pod(self, uid: str) -> bool:
+        """Remove a pod; False if there was none with that UID."""
+        with self._lock:
+            obj = self._pods.pop(uid, None)
+            if obj is None:
+                return False
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._publish_locked("DELETED", obj)
+            return True
+
+    def expire_history(self) -> None:
+        """Forget all history: every open watch gets an in-stream 410 and ends, and a
+        watch from any resourceVersion handed out so far is answered 410 Gone."""
+        with self._lock:
+            self._rv += 1  # a compaction revision, so a fresh list is watchable again
+            self._min_rv = self._rv
+            self._history.clear()
+            for w in self._watchers:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, ("gone", None))
+
+    def disconnect_watchers(self) -> int:
+        """Abort every open watch connection mid-stream (no final chunk); returns how
+        many were open."""
+        with self._lock:
+            for w in self._watchers:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, ("drop", None))
+            return len(self._watchers)
+
+    def set_error(self, code: int | None, message: str = "") -> None:
+        """Answer every request with this HTTP error (e.g. 403, 500) until cleared with
+        ``set_error(None)``."""
+        with self._lock:
+            if code is None:
+                self._error = None
+            else:
+                reason = {401: "Unauthorized", 403: "Forbidden", 429: "TooManyRequests"}.get(
+                    code, "InternalError"
+                )
+                self._error = (code, reason, message or f"fake API server error {code}")
+
+    def _publish_locked(self, kind: str, obj: dict[str, Any]) -> None:
+        event = {"type": kind, "object": copy.deepcopy(obj)}
+        self._history.append((self._rv, event))
+        if len(self._history) > self._max_history:
+            dropped_rv, _ = self._history.pop(0)
+            self._min_rv = max(self._min_rv, dropped_rv)
+        for w in self._watchers:
+            if _matches(obj, w.selector):
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, ("event", event))
+
+    def _log(
+        self, request: web.Request, watch: bool, status: int, outcome: str = "done"
+    ) -> LoggedRequest:
+        record = LoggedRequest(
+            request.method, request.path, dict(request.query), watch, status, outcome
+        )
+        with self._lock:
+            self._requests.append(record)
+        return record
+
+    def _finish(self, record: LoggedRequest, outcome: str, status: int | None = None) -> None:
+        with self._lock:
+            record.outcome = outcome
+            if status is not None:
+                record.status = status
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/v1/pods", self._handle_pods)
+        return app
+
+    async def _handle_pods(self, request: web.Request) -> web.StreamResponse:
+        watch = request.query.get("watch", "").lower() in ("true", "1")
+        with self._lock:
+            error = self._error
+        if error is not None:
+            self._log(request, watch, error[0])
+            return web.json_response(_status(*error), status=error[0])
+        try:
+            selector = parse_field_selector(request.query.get("fieldSelector", ""))
+        except SelectorError as exc:
+            self._log(request, watch, 400)
+            return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
+        if watch:
+            return await self._watch(request, selector)
+        with self._lock:
+            items = [copy.deepcopy(p) for p in self._pods.values() if _matches(p, selector)]
+            rv = self._rv
+        items.sort(key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        self._log(request, False, 200)
+        body = {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(rv)},
+            "items": items,
+        }
+        return web.json_response(body)
+
+    async def _watch(self, request: web.Request, selector: _Selector) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        try:
+            since = int(request.query.get("resourceVersion") or 0)
+            timeout = float(request.query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_S)
+        except ValueError:
+            self._log(request, True, 400)
+            msg = "resourceVersion and timeoutSeconds must be integers"
+            return web.json_response(_status(400, "BadRequest", msg), status=400)
+
+        watcher = _Watcher(loop, asyncio.Queue(), selector)
+        with self._lock:
+            gone = since < self._min_rv if since else False
+            if not gone:
+                if since:
+                    backlog = [e for rv, e in self._history if rv > since]
+                else:  # no version: like the real server, start with the current state
+                    backlog = [
+                        {"type": "ADDED", "object": copy.deepcopy(p)} for p in self._pods.values()
+                    ]
+                watcher.events = [e for e in backlog if _matches(e["object"], selector)]
+                self._watchers.add(watcher)
+            min_rv = self._min_rv
+        record = self._log(request, True, 410 if gone else 200, "expired" if gone else "open")
+
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        if gone:
+            await self._write_gone(resp, since, min_rv)
+            await resp.write_eof()
+            return resp
+        outcome = "closed"  # unless the loop below says otherwise: the client left
+        try:
+            for backlog_event in watcher.events:
+                await resp.write(json.dumps(backlog_event).encode() + b"\n")
+            deadline = loop.time() + timeout
+            while (remaining := deadline - loop.time()) > 0:
+                try:
+                    kind, event = await asyncio.wait_for(watcher.queue.get(), remaining)
+                except TimeoutError:
+                    break
+                if kind == "event":
+                    await resp.write(json.dumps(event).encode() + b"\n")
+                elif kind == "gone":
+                    await self._write_gone(resp, since, self._min_rv)
+                    outcome = "expired"
+                    self._finish(record, outcome, 410)
+                    break
+                else:  # drop: close the socket without the terminating chunk
+                    outcome = "dropped"
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+            if outcome == "closed":  # left the loop normally: the window ran out
+                outcome = "timeout"
+        finally:
+            with self._lock:
+                self._watchers.discard(watcher)
+            self._finish(record, outcome)
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    async def _write_gone(resp: web.StreamResponse, since: int, min_rv: int) -> None:
+        """The real server reports an expired watch as an ERROR event in a 200 stream."""
+        message = f"too old resource version: {since} ({min_rv})"
+        event = {"type": "ERROR", "object": _status(410, "Expired", message)}
+        await resp.write(json.dumps(event).encode() + b"\n")
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (0: any free port) in the running loop; returns the URL."""
+        if self._runner is not None:
+            raise RuntimeError("FakeKubeApi is already started")
+        # handler_cancellation: a watch handler idles on its queue and would not notice
+        # the client leaving until its timeout; real API servers release it at once.
+        runner = web.AppRunner(
+            self.app(), shutdown_timeout=1.0, access_log=None, handler_cancellation=True
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound_port = runner.addresses[0][1]
+        return f"http://[{host}]:{bound_port}" if ":" in host else f"http://{host}:{bound_port}"
+
+    async def stop(self) -> None:
+        """Close open watches, then the listener; the pods are kept for a restart."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self.disconnect_watchers()
+        await asyncio.sleep(0)  # let the watch handlers see the drop
+        await runner.cleanup()
+
+    def start_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Run the server on its own event loop in a daemon thread; returns the URL.
+
+        For callers that block (tests driving a blocking client from the main thread).
+        """
+        if self._thread is not None:
+            raise RuntimeError("FakeKubeApi is already running in a thread")
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="fake-kube-api", daemon=True)
+        thread.start()
+        try:
+            url = asyncio.run_coroutine_threadsafe(self.start(host, port), loop).result(10)
+        except BaseException:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            loop.close()
+            raise
+        self._thread, self._thread_loop = thread, loop
+        return url
+
+    def stop_in_thread(self) -> None:
+        """Undo ``start_in_thread``; safe to call when not running."""
+        thread, loop = self._thread, self._thread_loop
+        if thread is None or loop is None:
+            return
+        self._thread = self._thread_loop = None
+        try:
+            asyncio.run_coroutine_threadsafe(self.stop(), loop).result(10)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            loop.close()

@@ -1,0 +1,575 @@
+"""A simulated ``libnvidia-ml.so.1`` that pynvml loads in place of the real library.
+
+pynvml resolves every C entry point with ``getattr(pynvml.nvmlLib, name)`` and calls it
+with ctypes arguments. This object answers those calls from a ``SimNode`` and writes
+its results through the same ctypes out-parameters the C library would, so everything
+above it — pynvml's marshalling, error classes, struct decoding, and our NVML source —
+runs unchanged. It is the only fake under the exporter's NVML path.
+
+Entry points a scenario lists in ``missing_functions`` raise AttributeError (pynvml
+turns that into FunctionNotFound, like an older driver); names in a GPU's
+``unsupported`` list return NOT_SUPPORTED for that GPU; a lost GPU answers GPU_IS_LOST.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from exporter.sim.node import SimNode
+from exporter.sim.scenario import SimGpu, SimMig
+
+SUCCESS: int = pynvml.NVML_SUCCESS
+NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
+INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+NOT_AVAILABLE = 0xFFFFFFFF
+MAX_MIG_DEVICES = 7
+SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
+
+_GPU_BASE = 0x1000
+_GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]  # time, device, counters
+_MIG_BASE = 0x100000
+_GPM_METRIC_KEYS = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics",
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active",
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_active",
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: "fp64_active",
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: "fp32_active",
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: "fp16_active",
+}
+_SUPPORTED_EVENTS = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+)
+
+
+def _value(arg: Any) -> Any:
+    """A ctypes scalar passed by value, or a plain Python number."""
+    return arg.value if hasattr(arg, "value") else arg
+
+
+def _out(arg: Any) -> Any:
+    """The object behind ``byref(x)``."""
+    return arg._obj
+
+
+def _set_pointer(pointer: Any, address: int) -> None:
+    ctypes.c_void_p.from_buffer(pointer).value = address
+
+
+def _address(pointer: Any) -> int:
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def device_call(fn: Callable[..., int]) -> Callable[..., int]:
+    """Resolve the handle, then answer lost / unsupported the way the driver would."""
+
+    @functools.wraps(fn)
+    def wrapper(self: SimNvmlLibrary, handle: Any, *args: Any) -> int:
+        if not self.initialised:
+            return UNINITIALIZED
+        self.node.advance()
+        with self.node.lock:
+            resolved = self.resolve(handle)
+            if resolved is None:
+                return INVALID_ARGUMENT
+            gpu, mig = resolved
+            if gpu.lost:
+                return GPU_IS_LOST
+            if fn.__name__ in gpu.unsupported:
+                return NOT_SUPPORTED
+            return fn(self, gpu, mig, *args)
+
+    return wrapper
+
+
+class SimNvmlLibrary:
+    """Stands where ``ctypes.CDLL('libnvidia-ml.so.1')`` would."""
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.initialised = False
+        self._ids = itertools.count(1)
+        self._gpm_samples: dict[
+            int, tuple[float, tuple[int, int | None], dict[str, float]] | None
+        ] = {}
+        self._event_sets: dict[int, dict[str, Any]] = {}
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("nvml"):
+            node = object.__getattribute__(self, "node")
+            if name in node.scenario.missing_functions:
+                raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    # -- handles ----------------------------------------------------------------------
+
+    def resolve(self, handle: Any) -> tuple[SimGpu, SimMig | None] | None:
+        address = _address(handle)
+        gpus = self.node.gpus
+        if address >= _MIG_BASE:
+            gpu_index, mig_index = divmod(address - _MIG_BASE, 0x100)
+            if gpu_index < len(gpus) and mig_index < len(gpus[gpu_index].mig):
+                return gpus[gpu_index], gpus[gpu_index].mig[mig_index]
+            return None
+        if _GPU_BASE <= address < _GPU_BASE + len(gpus):
+            return gpus[address - _GPU_BASE], None
+        return None
+
+    # -- system -----------------------------------------------------------------------
+
+    def nvmlInitWithFlags(self, flags: Any) -> int:
+        error = self.node.scenario.nvml_init_error
+        if error is not None:
+            return error
+        self.initialised = True
+        return SUCCESS
+
+    def nvmlShutdown(self) -> int:
+        self.initialised = False
+        return SUCCESS
+
+    def nvmlErrorString(self, result: Any) -> bytes:
+        return f"simulated NVML error {_value(result)}".encode()
+
+    def _string(self, buf: Any, text: str) -> int:
+        if not self.initialised:
+            return UNINITIALIZED
+        buf.value = text.encode()
+        return SUCCESS
+
+    def nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+        return self._string(buf, self.node.scenario.driver_version)
+
+    def nvmlSystemGetNVMLVersion(self, buf: Any, size: Any) -> int:
+        return self._string(buf, self.node.scenario.nvml_version)
+
+    def nvmlSystemGetCudaDriverVersion_v2(self, out: Any) -> int:
+        _out(out).value = self.node.scenario.cuda_driver_version
+        return SUCCESS
+
+    nvmlSystemGetCudaDriverVersion = nvmlSystemGetCudaDriverVersion_v2
+
+    def nvmlDeviceGetCount_v2(self, out: Any) -> int:
+        if not self.initialised:
+            return UNINITIALIZED
+        _out(out).value = len(self.node.gpus)
+        return SUCCESS
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> int:
+        if not self.initialised:
+            return UNINITIALIZED
+        i = _value(index)
+        if not 0 <= i < len(self.node.gpus):
+            return INVALID_ARGUMENT
+        _set_pointer(_out(out), _GPU_BASE + i)
+        return SUCCESS
+
+    # -- identity ---------------------------------------------------------------------
+
+    @device_call
+    def nvmlDeviceGetUUID(self, gpu: SimGpu, mig: SimMig | None, buf: Any, size: Any) -> int:
+        buf.value = (mig.uuid if mig else gpu.uuid).encode()
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetName(self, gpu: SimGpu, mig: SimMig | None, buf: Any, size: Any) -> int:
+        buf.value = (f"{gpu.name} MIG {mig.profile}" if mig else gpu.name).encode()
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetPciInfo_v3(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        info = _out(out)
+        domain, bus, rest = gpu.pci_bus_id.split(":")
+        info.busId = gpu.pci_bus_id.encode()
+        info.busIdLegacy = gpu.pci_bus_id[4:].encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest[:2], 16)
+        info.pciDeviceId = 0x233010DE
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMinorNumber(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.index
+        return SUCCESS
+
+    # -- memory and utilisation -------------------------------------------------------
+
+    def _mig_used(self, gpu: SimGpu, mig: SimMig) -> int:
+        slot = gpu.mig.index(mig)
+        return sum(p.memory for p in self.node.processes if p.gpu == gpu.index and p.mig == slot)
+
+    @device_call
+    def nvmlDeviceGetMemoryInfo(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        """v1: ``used`` includes driver-reserved memory, as on real drivers."""
+        info = _out(out)
+        if mig:
+            info.total, info.used = mig.memory_total, self._mig_used(gpu, mig)
+        else:
+            info.total = gpu.memory_total
+            info.used = self.node.memory_used(gpu) + gpu.memory_reserved
+        info.free = info.total - info.used
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMemoryInfo_v2(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        info = _out(out)
+        if info.version != pynvml.nvmlMemory_v2:
+            return VERSION_MISMATCH
+        if mig:
+            info.total, info.reserved = mig.memory_total, 0
+            info.used = self._mig_used(gpu, mig)
+        else:
+            info.total, info.reserved = gpu.memory_total, gpu.memory_reserved
+            info.used = self.node.memory_used(gpu)
+        info.free = info.total - info.reserved - info.used
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetUtilizationRates(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        if mig or gpu.mig:  # the driver does not report GPU-Util in MIG mode
+            return NOT_SUPPORTED
+        util = _out(out)
+        util.gpu, util.memory = self.node.utilization_gpu(gpu), gpu.utilization_memory
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetTemperature(
+        self, gpu: SimGpu, mig: SimMig | None, sensor: Any, out: Any
+    ) -> int:
+        _out(out).value = gpu.temperature
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetPowerUsage(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.power_mw
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetEnforcedPowerLimit(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.power_limit_mw
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        # energy grows with power over simulated time, like the real counter
+        _out(out).value = gpu.energy_mj + int(gpu.power_mw * self.node.now())
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetClockInfo(self, gpu: SimGpu, mig: SimMig | None, clock: Any, out: Any) -> int:
+        kind = _value(clock)
+        if kind == pynvml.NVML_CLOCK_SM:
+            _out(out).value = gpu.clock_sm
+        elif kind == pynvml.NVML_CLOCK_MEM:
+            _out(out).value = gpu.clock_memory
+        else:
+            return NOT_SUPPORTED
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetCurrentClocksEventReasons(
+        self, gpu: SimGpu, mig: SimMig | None, out: Any
+    ) -> int:
+        _out(out).value = gpu.clock_event_reasons
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetPcieReplayCounter(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.pcie_replay
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetTotalEccErrors(
+        self, gpu: SimGpu, mig: SimMig | None, error_type: Any, counter_type: Any, out: Any
+    ) -> int:
+        corrected = _value(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        _out(out).value = gpu.ecc_corrected if corrected else gpu.ecc_uncorrected
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetRemappedRows(
+        self, gpu: SimGpu, mig: SimMig | None, corr: Any, unc: Any, pending: Any, failure: Any
+    ) -> int:
+        _out(corr).value = gpu.remapped_correctable
+        _out(unc).value = gpu.remapped_uncorrectable
+        _out(pending).value = int(gpu.remapped_pending)
+        _out(failure).value = int(gpu.remapped_failure)
+        return SUCCESS
+
+    # -- processes --------------------------------------------------------------------
+
+    def _list(self, gpu: SimGpu, mig: SimMig | None, kind: str, count: Any, array: Any) -> int:
+        slot = gpu.mig.index(mig) if mig else None
+        procs = [
+            p
+            for p in self.node.listed_processes(gpu.index)
+            if p.kind == kind and (slot is None or p.mig == slot)
+        ]
+        capacity = _out(count).value
+        _out(count).value = len(procs)
+        if not procs:
+            return SUCCESS
+        if array is None or capacity < len(procs):
+            return INSUFFICIENT_SIZE
+        for entry, proc in zip(array, procs, strict=False):
+            entry.pid, entry.usedGpuMemory = proc.pid, proc.memory
+            if proc.mig is not None and gpu.mig:
+                entry.gpuInstanceId = gpu.mig[proc.mig].gpu_instance_id
+                entry.computeInstanceId = gpu.mig[proc.mig].compute_instance_id
+            else:
+                entry.gpuInstanceId = entry.computeInstanceId = NOT_AVAILABLE
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetComputeRunningProcesses_v3(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "compute", count, array)
+
+    @device_call
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "graphics", count, array)
+
+    @device_call
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "mps", count, array)
+
+    # older drivers: same struct layout in pynvml, different entry point names
+    @device_call
+    def nvmlDeviceGetComputeRunningProcesses_v2(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "compute", count, array)
+
+    @device_call
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "graphics", count, array)
+
+    @device_call
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
+    ) -> int:
+        return self._list(gpu, mig, "mps", count, array)
+
+    @device_call
+    def nvmlDeviceGetProcessUtilization(
+        self, gpu: SimGpu, mig: SimMig | None, samples: Any, count: Any, last_seen: Any
+    ) -> int:
+        """Samples newer than ``last_seen`` (µs); NOT_FOUND when there are none yet."""
+        if mig or gpu.mig:
+            return NOT_SUPPORTED
+        # epoch microseconds, like the driver, which samples every ~100 ms
+        stamp = int((SIM_EPOCH_S + self.node.now()) * 10) * 100_000
+        procs = [p for p in self.node.listed_processes(gpu.index) if p.alive and p.sm > 0]
+        if not procs or stamp <= _value(last_seen):
+            return NOT_FOUND
+        capacity = _out(count).value
+        _out(count).value = len(procs)
+        if samples is None or capacity < len(procs):
+            return INSUFFICIENT_SIZE
+        for entry, proc in zip(samples, procs, strict=False):
+            entry.pid, entry.timeStamp, entry.smUtil = proc.pid, stamp, proc.sm
+            entry.memUtil = proc.sm // 2
+            entry.encUtil = entry.decUtil = 0
+        return SUCCESS
+
+    # -- MIG --------------------------------------------------------------------------
+
+    @device_call
+    def nvmlDeviceGetMigMode(
+        self, gpu: SimGpu, mig: SimMig | None, current: Any, pending: Any
+    ) -> int:
+        _out(current).value = _out(pending).value = int(bool(gpu.mig))
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = MAX_MIG_DEVICES if gpu.mig else 0
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMigDeviceHandleByIndex(
+        self, gpu: SimGpu, mig: SimMig | None, index: Any, out: Any
+    ) -> int:
+        i = _value(index)
+        if not gpu.mig:
+            return INVALID_ARGUMENT
+        if not 0 <= i < len(gpu.mig):
+            return NOT_FOUND
+        _set_pointer(_out(out), _MIG_BASE + gpu.index * 0x100 + i)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceIsMigDeviceHandle(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = int(mig is not None)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetGpuInstanceId(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        if mig is None:
+            return INVALID_ARGUMENT
+        _out(out).value = mig.gpu_instance_id
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetComputeInstanceId(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        if mig is None:
+            return INVALID_ARGUMENT
+        _out(out).value = mig.compute_instance_id
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+        self, gpu: SimGpu, mig: SimMig | None, out: Any
+    ) -> int:
+        if mig is None:
+            return INVALID_ARGUMENT
+        _set_pointer(_out(out), _GPU_BASE + gpu.index)
+        return SUCCESS
+
+    # -- GPM (GPU performance monitoring) ---------------------------------------------
+
+    @device_call
+    def nvmlGpmQueryDeviceSupport(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).isSupportedDevice = int(gpu.gpm_supported)
+        return SUCCESS
+
+    def nvmlGpmSampleAlloc(self, out: Any) -> int:
+        sample_id = next(self._ids)
+        self._gpm_samples[sample_id] = None
+        _set_pointer(_out(out), sample_id)
+        return SUCCESS
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        return SUCCESS if self._gpm_samples.pop(_address(sample), 0) != 0 else INVALID_ARGUMENT
+
+    def _gpm_sample(self, gpu: SimGpu, slot: int | None, sample: Any) -> int:
+        if not gpu.gpm_supported:
+            return NOT_SUPPORTED
+        sample_id = _address(sample)
+        if sample_id not in self._gpm_samples:
+            return INVALID_ARGUMENT
+        integral = dict(self.node.gpm_integral[(gpu.index, slot)])
+        self._gpm_samples[sample_id] = (self.node.now(), (gpu.index, slot), integral)
+        return SUCCESS
+
+    @device_call
+    def nvmlGpmSampleGet(self, gpu: SimGpu, mig: SimMig | None, sample: Any) -> int:
+        return self._gpm_sample(gpu, gpu.mig.index(mig) if mig else None, sample)
+
+    @device_call
+    def nvmlGpmMigSampleGet(
+        self, gpu: SimGpu, mig: SimMig | None, gpu_instance: Any, sample: Any
+    ) -> int:
+        gi = _value(gpu_instance)
+        slots = [i for i, m in enumerate(gpu.mig) if m.gpu_instance_id == gi]
+        if not slots:
+            return NOT_FOUND
+        return self._gpm_sample(gpu, slots[0], sample)
+
+    def nvmlGpmMetricsGet(self, request: Any) -> int:
+        req = _out(request)
+        if req.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            return VERSION_MISMATCH
+        first = self._gpm_samples.get(_address(req.sample1))
+        second = self._gpm_samples.get(_address(req.sample2))
+        if first is None or second is None or first[1] != second[1]:
+            return INVALID_ARGUMENT
+        elapsed = second[0] - first[0]
+        for i in range(req.numMetrics):
+            metric = req.metrics[i]
+            key = _GPM_METRIC_KEYS.get(metric.metricId)
+            if key is None:
+                metric.nvmlReturn = NOT_SUPPORTED
+                continue
+            delta = second[2][key] - first[2][key]
+            metric.value = delta / elapsed if elapsed > 0 else 0.0
+            metric.nvmlReturn = SUCCESS
+        return SUCCESS
+
+    # -- events (XID, ECC) ------------------------------------------------------------
+
+    @device_call
+    def nvmlDeviceGetSupportedEventTypes(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = _SUPPORTED_EVENTS
+        return SUCCESS
+
+    def nvmlEventSetCreate(self, out: Any) -> int:
+        set_id = next(self._ids)
+        with self.node.lock:
+            self._event_sets[set_id] = {"devices": {}, "seen": len(self.node.xids)}
+        _set_pointer(_out(out), set_id)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceRegisterEvents(
+        self, gpu: SimGpu, mig: SimMig | None, types: Any, event_set: Any
+    ) -> int:
+        registered = self._event_sets.get(_address(event_set))
+        if registered is None:
+            return INVALID_ARGUMENT
+        registered["devices"][gpu.index] = _value(types)
+        return SUCCESS
+
+    def nvmlEventSetWait_v2(self, event_set: Any, out: Any, timeout_ms: Any) -> int:
+        """Block until an XID on a registered GPU, or time out (the normal case)."""
+        node = self.node
+        deadline = _value(timeout_ms) / 1000.0
+        with node.lock:
+            registered = self._event_sets.get(_address(event_set))
+            if registered is None:
+                return INVALID_ARGUMENT
+            waited = 0.0
+            while True:
+                node.advance()
+                for record in node.xids[registered["seen"] :]:
+                    registered["seen"] += 1
+                    if node.gpus[record.gpu].lost and record.code != 79:
+                        continue
+                    mask = registered["devices"].get(record.gpu, 0)
+                    if mask & pynvml.nvmlEventTypeXidCriticalError:
+                        data = _out(out)
+                        _set_pointer(data.device, _GPU_BASE + record.gpu)
+                        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                        data.eventData = record.code
+                        data.gpuInstanceId = record.gpu_instance_id
+                        data.computeInstanceId = record.compute_instance_id
+                        return SUCCESS
+                if waited >= deadline:
+                    return TIMEOUT
+                step = min(0.05, deadline - waited)
+                node.changed.wait(step)
+                waited += step
+
+    def nvmlEventSetFree(self, event_set: Any) -> int:
+        with self.node.lock:
+            return SUCCESS if self._event_sets.pop(_address(event_set), None) else INVALID_ARGUMENT
+
+
+def install(node: SimNode) -> SimNvmlLibrary:
+    """Make pynvml use the simulated library from now on (process-wide, like dlopen)."""
+    library = SimNvmlLibrary(node)
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    return library

@@ -1,0 +1,178 @@
+"""A real kubelet PodResources gRPC server on a unix socket, for the simulated node.
+
+The exporter's client talks to it exactly as to a kubelet (same proto, same socket
+transport), so tests and demos exercise the real client code path. Allocations come
+from a provider called on every request, so a simulator timeline can move devices
+between pods while the server runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TypeAlias
+
+import grpc
+import grpc.aio
+
+from exporter.model import AllocatableDevices, ContainerDevices
+from exporter.sources.podresources import api_pb2, api_pb2_grpc
+
+Allocations: TypeAlias = tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices]]
+# Sync providers run inline on the event loop (they should be cheap); an async one lets
+# a test stall a request without blocking the loop the client shares.
+PodResourcesProvider: TypeAlias = Callable[[], Allocations | Awaitable[Allocations]]
+
+# sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
+_MAX_SOCKET_PATH_BYTES = 107
+
+
+def _device_entries(
+    resource_name: str, device_ids: Sequence[str], split: bool
+) -> list[api_pb2.ContainerDevices]:
+    if split:
+        return [
+            api_pb2.ContainerDevices(resource_name=resource_name, device_ids=[device_id])
+            for device_id in device_ids
+        ]
+    return [api_pb2.ContainerDevices(resource_name=resource_name, device_ids=list(device_ids))]
+
+
+def build_pod_resources(
+    containers: Sequence[ContainerDevices], *, split_devices: bool = False
+) -> list[api_pb2.PodResources]:
+    """Group flat allocations as the kubelet does: pod > container > resource name.
+
+    One ``PodResources`` per (namespace, pod), one ``ContainerResources`` per container,
+    one ``ContainerDevices`` per resource name (device ids merged, first-seen order) —
+    or, with ``split_devices``, one per device, which is what a real kubelet sends.
+    """
+    grouped: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    for entry in containers:
+        by_resource = grouped.setdefault((entry.namespace, entry.pod), {}).setdefault(
+            entry.container, {}
+        )
+        ids = by_resource.setdefault(entry.resource_name, [])
+        ids.extend(d for d in entry.device_ids if d not in ids)
+    return [
+        api_pb2.PodResources(
+            namespace=namespace,
+            name=pod,
+            containers=[
+                api_pb2.ContainerResources(
+                    name=container,
+                    devices=[
+                        entry
+                        for resource_name, ids in by_resource.items()
+                        for entry in _device_entries(resource_name, ids, split_devices)
+                    ],
+                )
+                for container, by_resource in by_container.items()
+            ],
+        )
+        for (namespace, pod), by_container in grouped.items()
+    ]
+
+
+class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
+    """``v1.PodResourcesLister`` backed by a provider.
+
+    ``allocatable_implemented=False`` answers GetAllocatableResources with UNIMPLEMENTED,
+    as a pre-1.21 kubelet does.
+    """
+
+    def __init__(
+        self,
+        provider: PodResourcesProvider,
+        *,
+        allocatable_implemented: bool = True,
+        split_devices: bool = False,
+    ) -> None:
+        self._provider = provider
+        self._allocatable_implemented = allocatable_implemented
+        self._split_devices = split_devices
+
+    async def _allocations(self) -> Allocations:
+        result = self._provider()
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def List(
+        self, request: api_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.ListPodResourcesResponse:
+        containers, _ = await self._allocations()
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=build_pod_resources(containers, split_devices=self._split_devices)
+        )
+
+    async def GetAllocatableResources(
+        self, request: api_pb2.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.AllocatableResourcesResponse:
+        if not self._allocatable_implemented:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "Method GetAllocatableResources not implemented"
+            )
+        _, allocatable = await self._allocations()
+        merged: dict[str, list[str]] = {}
+        for entry in allocatable:
+            ids = merged.setdefault(entry.resource_name, [])
+            ids.extend(d for d in entry.device_ids if d not in ids)
+        return api_pb2.AllocatableResourcesResponse(
+            devices=[
+                device
+                for name, ids in merged.items()
+                for device in _device_entries(name, ids, self._split_devices)
+            ]
+        )
+
+    async def Get(
+        self, request: api_pb2.GetPodResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.GetPodResourcesResponse:
+        containers, _ = await self._allocations()
+        wanted = [
+            c
+            for c in containers
+            if c.namespace == request.pod_namespace and c.pod == request.pod_name
+        ]
+        if not wanted:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            )
+        (pod,) = build_pod_resources(wanted, split_devices=self._split_devices)
+        return api_pb2.GetPodResourcesResponse(pod_resources=pod)
+
+
+async def start_podresources_server(
+    socket_path: Path,
+    provider: PodResourcesProvider,
+    *,
+    allocatable_implemented: bool = True,
+    split_devices: bool = False,
+) -> grpc.aio.Server:
+    """Serve ``v1.PodResourcesLister`` on ``socket_path``; stop with ``server.stop(None)``.
+
+    A stale socket file at the path is replaced, as the kubelet does on restart.
+    """
+    path = Path(socket_path).absolute()
+    if len(str(path).encode()) > _MAX_SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"unix socket path is {len(str(path).encode())} bytes, the limit is "
+            f"{_MAX_SOCKET_PATH_BYTES}: {path}"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    server = grpc.aio.server()
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
+        PodResourcesServicer(
+            provider,
+            allocatable_implemented=allocatable_implemented,
+            split_devices=split_devices,
+        ),
+        server,
+    )
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return server

@@ -1,0 +1,471 @@
+"""Scenario files: the simulated node's GPUs, pods, processes and timeline.
+
+A scenario is YAML (schema in docs/simulator.md). Loading validates it completely and
+raises ``ScenarioError`` with one line naming the bad key, so ``--simulate`` fails at
+start-up, not mid-run. Identifiers a user need not care about (UUIDs, pod UIDs,
+container IDs, pids) are derived deterministically when absent, so scenarios stay short
+and every run of the same scenario produces the same series.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SHIPPED = ("single-gpu", "node-8gpu", "no-gpu")
+GPM_METRICS = (
+    "graphics",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+_IUNITS = {"KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
+NVML_ERROR_CODES = {
+    "DRIVER_NOT_LOADED": 9,
+    "LIBRARY_NOT_FOUND": 12,
+    "NO_PERMISSION": 4,
+    "UNKNOWN": 999,
+    "GPU_IS_LOST": 15,
+    "NOT_SUPPORTED": 3,
+    "NO_DATA": 21,
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be loaded; the message is one line for the operator."""
+
+
+@dataclass
+class SimMig:
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total: int
+    uuid: str = ""
+
+
+@dataclass
+class SimGpu:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    memory_total: int
+    memory_reserved: int
+    unaccounted_memory: int  # used memory no listed process accounts for
+    utilization_gpu: int | None  # None: derived from the processes' SM shares
+    utilization_memory: int
+    temperature: int
+    power_mw: int
+    power_limit_mw: int
+    energy_mj: int
+    clock_sm: int
+    clock_memory: int
+    clock_event_reasons: int
+    pcie_replay: int
+    ecc_corrected: int
+    ecc_uncorrected: int
+    remapped_correctable: int
+    remapped_uncorrectable: int
+    remapped_pending: bool
+    remapped_failure: bool
+    unsupported: set[str]
+    lost: bool
+    mig: list[SimMig]
+    gpm_supported: bool = True
+    gpm: dict[str, float] = field(default_factory=dict)  # percent; absent keys derived
+
+
+@dataclass
+class SimProcess:
+    pid: int
+    gpu: int
+    memory: int
+    sm: int  # per-process SM percent in the driver's sample window
+    kind: str  # compute | graphics | mps
+    comm: str
+    state: str = "S"
+    mig: int | None = None  # index into the GPU's MIG list
+    alive: bool = True  # False: NVML lists it, /proc does not (killed, memory held)
+    listed: bool = True  # False: gone from NVML's listing
+    pod: str | None = None  # "namespace/name"
+    container: str | None = None
+    extra_gpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SimContainer:
+    name: str
+    container_id: str
+    devices: dict[str, list[str]]  # resource name -> device references
+
+
+@dataclass
+class SimPod:
+    namespace: str
+    name: str
+    uid: str
+    qos: str
+    phase: str
+    containers: list[SimContainer]
+
+
+@dataclass
+class SimEvent:
+    at: float
+    action: str
+    args: dict[str, Any]
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    node_name: str
+    driver_version: str
+    nvml_version: str
+    cuda_driver_version: int
+    missing_functions: set[str]
+    nvml_init_error: int | None
+    gpus: list[SimGpu]
+    pods: list[SimPod]
+    processes: list[SimProcess]
+    timeline: list[SimEvent]
+
+
+def parse_size(value: object, where: str) -> int:
+    """Accept ints (bytes) and strings like ``80GiB`` or ``512 MiB``."""
+    if isinstance(value, bool):
+        raise ScenarioError(f"{where}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ScenarioError(f"{where}: {value!r} is not a size (use bytes or e.g. 80GiB)")
+    unit = (match.group(2) or "").upper().rstrip("B")
+    factor = _IUNITS.get(unit) or _UNITS.get(unit)
+    if factor is None:
+        raise ScenarioError(f"{where}: unknown unit in {value!r}")
+    return int(float(match.group(1)) * factor)
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+
+
+def derived_uuid(*parts: object) -> str:
+    return str(uuidlib.UUID(bytes=_digest(*parts)[:16]))
+
+
+def derived_container_id(*parts: object) -> str:
+    return _digest("container", *parts).hex()
+
+
+_GPU_DEFAULTS: dict[str, Any] = {
+    "name": "NVIDIA H100 80GB HBM3",
+    "memory_total": "80GiB",
+    "memory_reserved": "512MiB",
+    "unaccounted_memory": 0,
+    "utilization_gpu": None,
+    "utilization_memory": 0,
+    "temperature": 40,
+    "power_mw": 70_000,
+    "power_limit_mw": 700_000,
+    "energy_mj": 1_000_000,
+    "clock_sm": 1980,
+    "clock_memory": 2619,
+    "clock_event_reasons": 0,
+    "pcie_replay": 0,
+    "ecc_corrected": 0,
+    "ecc_uncorrected": 0,
+    "remapped_correctable": 0,
+    "remapped_uncorrectable": 0,
+    "remapped_pending": False,
+    "remapped_failure": False,
+    "unsupported": [],
+    "lost": False,
+    "mig": [],
+    "gpm_supported": True,
+    "gpm": {},
+}
+_SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
+_TIMELINE_ACTIONS = {
+    "start",
+    "exit",
+    "kill",
+    "orphan",
+    "set",
+    "set_process",
+    "xid",
+    "lose",
+    "delete_pod",
+    "set_pod_phase",
+    "add_pod",
+}
+
+
+def _expect_mapping(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key {unknown[0]!r} (allowed: {sorted(allowed)})")
+
+
+def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) -> SimGpu:
+    where = f"gpus[{index}]"
+    _check_keys(data, set(_GPU_DEFAULTS) | {"uuid", "pci_bus_id"}, where)
+    merged = {**_GPU_DEFAULTS, **defaults, **data}
+    for key in _SIZE_KEYS:
+        merged[key] = parse_size(merged[key], f"{where}.{key}")
+    uuid = merged.pop("uuid", None) or f"GPU-{derived_uuid(node, 'gpu', index)}"
+    bus = merged.pop("pci_bus_id", None) or f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+    migs = []
+    for m, raw in enumerate(merged.pop("mig") or []):
+        mig = _expect_mapping(raw, f"{where}.mig[{m}]")
+        _check_keys(
+            mig,
+            {"profile", "gpu_instance_id", "compute_instance_id", "memory_total", "uuid"},
+            f"{where}.mig[{m}]",
+        )
+        migs.append(
+            SimMig(
+                profile=str(mig.get("profile", "1g.10gb")),
+                gpu_instance_id=int(mig.get("gpu_instance_id", m + 1)),
+                compute_instance_id=int(mig.get("compute_instance_id", 0)),
+                memory_total=parse_size(mig.get("memory_total", "10GiB"), f"{where}.mig[{m}]"),
+                uuid=str(mig.get("uuid") or f"MIG-{derived_uuid(node, 'mig', index, m)}"),
+            )
+        )
+    merged["unsupported"] = set(merged["unsupported"] or [])
+    merged["gpm"] = {str(k): float(v) for k, v in (merged["gpm"] or {}).items()}
+    unknown_gpm = sorted(set(merged["gpm"]) - set(GPM_METRICS))
+    if unknown_gpm:
+        raise ScenarioError(
+            f"{where}.gpm: unknown metric {unknown_gpm[0]!r} (known: {', '.join(GPM_METRICS)})"
+        )
+    return SimGpu(index=index, uuid=uuid, pci_bus_id=bus, mig=migs, **merged)
+
+
+def _process(
+    data: dict[str, Any],
+    where: str,
+    pid: int,
+    pod: str | None,
+    container: str | None,
+    gpu_count: int,
+) -> SimProcess:
+    _check_keys(
+        data,
+        {
+            "pid",
+            "gpu",
+            "mig",
+            "memory",
+            "sm",
+            "kind",
+            "comm",
+            "state",
+            "alive",
+            "listed",
+            "extra_gpus",
+        },
+        where,
+    )
+    gpu = data.get("gpu")
+    if not isinstance(gpu, int) or not 0 <= gpu < gpu_count:
+        raise ScenarioError(f"{where}.gpu: {gpu!r} is not a GPU index (0..{gpu_count - 1})")
+    kind = str(data.get("kind", "compute"))
+    if kind not in {"compute", "graphics", "mps"}:
+        raise ScenarioError(f"{where}.kind: {kind!r} is not compute, graphics or mps")
+    return SimProcess(
+        pid=int(data.get("pid", pid)),
+        gpu=gpu,
+        mig=data.get("mig"),
+        memory=parse_size(data.get("memory", 0), f"{where}.memory"),
+        sm=int(data.get("sm", 0)),
+        kind=kind,
+        comm=str(data.get("comm", "python3")),
+        state=str(data.get("state", "S")),
+        alive=bool(data.get("alive", True)),
+        listed=bool(data.get("listed", True)),
+        pod=pod,
+        container=container,
+        extra_gpus=[int(g) for g in data.get("extra_gpus", [])],
+    )
+
+
+class _Pids:
+    def __init__(self) -> None:
+        self.next = 20_000
+
+    def take(self) -> int:
+        self.next += 7
+        return self.next
+
+
+def _pod(
+    data: dict[str, Any],
+    where: str,
+    node: str,
+    gpu_count: int,
+    pids: _Pids,
+    processes: list[SimProcess],
+) -> SimPod:
+    _check_keys(data, {"namespace", "name", "uid", "qos", "phase", "containers"}, where)
+    namespace = str(data.get("namespace", "default"))
+    name = data.get("name")
+    if not name:
+        raise ScenarioError(f"{where}.name: a pod needs a name")
+    key = f"{namespace}/{name}"
+    containers = []
+    for c, raw in enumerate(data.get("containers") or []):
+        cwhere = f"{where}.containers[{c}]"
+        cont = _expect_mapping(raw, cwhere)
+        _check_keys(cont, {"name", "id", "devices", "processes"}, cwhere)
+        cname = str(cont.get("name", f"c{c}"))
+        devices = {str(k): [str(d) for d in v] for k, v in (cont.get("devices") or {}).items()}
+        containers.append(
+            SimContainer(
+                cname, str(cont.get("id") or derived_container_id(node, key, cname)), devices
+            )
+        )
+        for p, praw in enumerate(cont.get("processes") or []):
+            pwhere = f"{cwhere}.processes[{p}]"
+            processes.append(
+                _process(_expect_mapping(praw, pwhere), pwhere, pids.take(), key, cname, gpu_count)
+            )
+    return SimPod(
+        namespace=namespace,
+        name=str(name),
+        uid=str(data.get("uid") or derived_uuid(node, "pod", key)),
+        qos=str(data.get("qos", "burstable")),
+        phase=str(data.get("phase", "Running")),
+        containers=containers,
+    )
+
+
+def _event(raw: object, i: int) -> SimEvent:
+    data = _expect_mapping(raw, f"timeline[{i}]")
+    if "at" not in data:
+        raise ScenarioError(f"timeline[{i}]: every event needs 'at' (seconds after start)")
+    actions = sorted(set(data) - {"at"})
+    if len(actions) != 1 or actions[0] not in _TIMELINE_ACTIONS:
+        raise ScenarioError(
+            f"timeline[{i}]: expected exactly one action of {sorted(_TIMELINE_ACTIONS)}, "
+            f"got {actions}"
+        )
+    value = data[actions[0]]
+    args = value if isinstance(value, dict) else {"value": value}
+    return SimEvent(at=float(data["at"]), action=actions[0], args=dict(args))
+
+
+def parse_scenario(data: object, name: str) -> Scenario:
+    root = _expect_mapping(data, name)
+    _check_keys(
+        root,
+        {
+            "description",
+            "node_name",
+            "driver_version",
+            "nvml_version",
+            "cuda_driver_version",
+            "missing_functions",
+            "nvml_init_error",
+            "gpu_defaults",
+            "gpus",
+            "pods",
+            "host_processes",
+            "timeline",
+        },
+        name,
+    )
+    node = str(root.get("node_name", "sim-node"))
+    init_error = root.get("nvml_init_error")
+    if init_error is not None and init_error not in NVML_ERROR_CODES:
+        raise ScenarioError(
+            f"nvml_init_error: {init_error!r} is not one of {sorted(NVML_ERROR_CODES)}"
+        )
+    defaults = _expect_mapping(root.get("gpu_defaults") or {}, "gpu_defaults")
+    gpus = [
+        _gpu(_expect_mapping(g, f"gpus[{i}]"), i, defaults, node)
+        for i, g in enumerate(root.get("gpus") or [])
+    ]
+    pids = _Pids()
+    processes: list[SimProcess] = []
+    pods = [
+        _pod(_expect_mapping(p, f"pods[{i}]"), f"pods[{i}]", node, len(gpus), pids, processes)
+        for i, p in enumerate(root.get("pods") or [])
+    ]
+    for i, raw in enumerate(root.get("host_processes") or []):
+        where = f"host_processes[{i}]"
+        processes.append(
+            _process(_expect_mapping(raw, where), where, pids.take(), None, None, len(gpus))
+        )
+    seen: set[int] = set()
+    for proc in processes:
+        if proc.pid in seen:
+            raise ScenarioError(f"pid {proc.pid} is used twice")
+        seen.add(proc.pid)
+        gpu = gpus[proc.gpu]
+        if proc.mig is not None and not 0 <= proc.mig < len(gpu.mig):
+            raise ScenarioError(f"pid {proc.pid}: GPU {proc.gpu} has no MIG instance {proc.mig}")
+    timeline = sorted(
+        (_event(e, i) for i, e in enumerate(root.get("timeline") or [])), key=lambda e: e.at
+    )
+    return Scenario(
+        name=name,
+        description=str(root.get("description", "")),
+        node_name=node,
+        driver_version=str(root.get("driver_version", "550.90.07")),
+        nvml_version=str(root.get("nvml_version", "12.550.90.07")),
+        cuda_driver_version=int(root.get("cuda_driver_version", 12040)),
+        missing_functions=set(root.get("missing_functions") or []),
+        nvml_init_error=NVML_ERROR_CODES[init_error] if init_error else None,
+        gpus=gpus,
+        pods=pods,
+        processes=processes,
+        timeline=timeline,
+    )
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """Load a shipped scenario by name, or a YAML file by path."""
+    if name_or_path in SHIPPED:
+        text = resources.files("exporter.sim").joinpath(f"scenarios/{name_or_path}.yaml")
+        source = text.read_text(encoding="utf-8")
+        name = name_or_path
+    else:
+        path = Path(name_or_path)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(
+                f"cannot read scenario {name_or_path!r}: {exc.strerror or exc}; "
+                f"use a file path or one of {', '.join(SHIPPED)}"
+            ) from exc
+        name = path.stem
+    try:
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        at = f" at line {line + 1}" if line is not None else ""
+        raise ScenarioError(f"scenario {name!r} is not valid YAML{at}") from exc
+    return parse_scenario(data, name)

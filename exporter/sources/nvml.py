@@ -1,0 +1,425 @@
+"""NVML source: one blocking ``sample()`` per cycle, run in a worker thread.
+
+Failure isolation is the point of this file:
+- a query the GPU or driver does not support (NotSupported, FunctionNotFound,
+  NoPermission) gives ``None``, which exposition turns into *no series*, never a zero;
+- a GPU that fails as a whole (GpuIsLost, Unknown) becomes a ``GpuSample`` with
+  ``error`` set, and the other GPUs carry on;
+- NVML that cannot initialise at all gives ``NvmlSnapshot(ok=False)``; initialisation is
+  retried with backoff on later cycles, so a driver that comes up late is picked up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from exporter.model import (
+    GpuProcess,
+    GpuSample,
+    MigInstance,
+    NvmlSnapshot,
+    Occupancy,
+    ProcessUtilization,
+    RemappedRows,
+)
+from exporter.sources.backoff import Backoff
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NOT_AVAILABLE_ID = 0xFFFFFFFF
+# The device simply cannot answer this query: no series, not an error.
+_UNSUPPORTED = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_FunctionNotFound,
+    pynvml.NVMLError_NoPermission,
+)
+# The whole GPU stopped answering: isolate it.
+_GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
+_GPM_METRICS = {
+    "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "fp64_active": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+    "fp32_active": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "fp16_active": pynvml.NVML_GPM_METRIC_FP16_UTIL,
+}
+_PROCESS_LISTINGS = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+)
+
+
+class GpuFailed(Exception):
+    """Raised inside one GPU's sampling to abandon that GPU for this cycle."""
+
+
+def error_name(exc: BaseException) -> str:
+    """``NVMLError_GpuIsLost`` -> ``GpuIsLost``: short, stable, fit for a label."""
+    return type(exc).__name__.removeprefix("NVMLError_")
+
+
+@dataclass
+class _GpmState:
+    """Two GPM sample buffers per device; metrics are computed between them."""
+
+    samples: list[Any]
+    has_previous: bool = False
+    supported: bool | None = None
+
+
+@dataclass
+class _Device:
+    """What does not change while the driver is loaded: handle and identity."""
+
+    index: int
+    handle: Any
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    minor_number: int | None
+    last_utilization_ts: int = 0
+    gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
+
+
+class NvmlSource:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._backoff = Backoff(initial_s=1.0, max_s=60.0)
+        self._retry_at = 0.0
+        self._initialised = False
+        self._init_error: str | None = None
+        self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
+        self._devices: list[_Device | None] = []
+        self._errors: list[tuple[str, str]] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def _initialise(self) -> bool:
+        if self._initialised:
+            return True
+        if self._clock() < self._retry_at:
+            return False
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            delay = self._backoff.next_delay()
+            self._retry_at = self._clock() + delay
+            self._init_error = f"{error_name(exc)}: {exc}"
+            log.warning("NVML unavailable (%s); retrying in %.0f s", self._init_error, delay)
+            return False
+        self._initialised, self._init_error = True, None
+        self._backoff.reset()
+        self._versions = (
+            self._optional(pynvml.nvmlSystemGetDriverVersion),
+            self._optional(pynvml.nvmlSystemGetNVMLVersion),
+            self._cuda_version(),
+        )
+        count = pynvml.nvmlDeviceGetCount()
+        self._devices = [None] * count
+        log.info("NVML initialised: %d GPU(s), driver %s", count, self._versions[0])
+        return True
+
+    def close(self) -> None:
+        if self._initialised:
+            for device in self._devices:
+                for state in device.gpm.values() if device else ():
+                    for buffer in state.samples:
+                        self._optional(pynvml.nvmlGpmSampleFree, buffer)
+            self._optional(pynvml.nvmlShutdown)
+            self._initialised = False
+
+    # -- one cycle --------------------------------------------------------------------
+
+    def sample(self) -> NvmlSnapshot:
+        started = time.time()
+        if not self._initialise():
+            return NvmlSnapshot(ok=False, timestamp=started, error=self._init_error)
+        self._errors = []
+        gpus = tuple(self._sample_gpu(i) for i in range(len(self._devices)))
+        driver, nvml, cuda = self._versions
+        return NvmlSnapshot(
+            ok=True,
+            timestamp=started,
+            driver_version=driver,
+            nvml_version=nvml,
+            cuda_driver_version=cuda,
+            gpus=gpus,
+            errors=tuple(self._errors),
+        )
+
+    def _sample_gpu(self, index: int) -> GpuSample:
+        device = self._devices[index]
+        try:
+            if device is None:
+                device = self._devices[index] = self._open(index)
+            return self._read(device)
+        except (GpuFailed, *_GPU_FAILED) as exc:
+            cause = exc.__cause__ if isinstance(exc, GpuFailed) and exc.__cause__ else exc
+            reason = error_name(cause)
+            self._errors.append(("gpu", reason))
+            log.debug("GPU %d failed this cycle: %s", index, reason)
+            # Drop the cached handle so a GPU that comes back is re-opened cleanly.
+            self._devices[index] = None
+            uuid = device.uuid if device else f"unknown-gpu-{index}"
+            return GpuSample(index=index, uuid=uuid, error=reason)
+
+    def _open(self, index: int) -> _Device:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        pci = self._query("pci_info", pynvml.nvmlDeviceGetPciInfo, handle)
+        return _Device(
+            index=index,
+            handle=handle,
+            uuid=pynvml.nvmlDeviceGetUUID(handle),
+            name=self._query("name", pynvml.nvmlDeviceGetName, handle),
+            pci_bus_id=_decode(pci.busId) if pci is not None else None,
+            minor_number=self._query("minor_number", pynvml.nvmlDeviceGetMinorNumber, handle),
+        )
+
+    def _read(self, device: _Device) -> GpuSample:
+        h = device.handle
+        q = self._query
+        total, used, free, reserved = self._memory(h)
+        util = q("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+        mig_mode = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
+        mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        remapped = q("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
+        mig_instances = self._mig_instances(device) if mig_enabled else ()
+        return GpuSample(
+            index=device.index,
+            uuid=device.uuid,
+            name=device.name,
+            pci_bus_id=device.pci_bus_id,
+            minor_number=device.minor_number,
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=free,
+            memory_reserved_bytes=reserved,
+            utilization_gpu_percent=util.gpu if util is not None else None,
+            utilization_memory_percent=util.memory if util is not None else None,
+            temperature_celsius=q(
+                "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
+            ),
+            power_milliwatts=q("power", pynvml.nvmlDeviceGetPowerUsage, h),
+            power_limit_milliwatts=q("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
+            energy_millijoules=q("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h),
+            clock_sm_mhz=q("clock_sm", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+            clock_memory_mhz=q(
+                "clock_memory", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM
+            ),
+            clock_event_reasons=q(
+                "clock_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h
+            ),
+            pcie_replay_count=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
+            ecc_corrected_total=q(
+                "ecc",
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                pynvml.NVML_AGGREGATE_ECC,
+            ),
+            ecc_uncorrected_total=q(
+                "ecc",
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_AGGREGATE_ECC,
+            ),
+            remapped_rows=RemappedRows(
+                remapped[0], remapped[1], bool(remapped[2]), bool(remapped[3])
+            )
+            if remapped is not None
+            else None,
+            mig_enabled=mig_enabled,
+            processes=() if mig_enabled else self._processes(h),
+            process_utilization=() if mig_enabled else self._process_utilization(device),
+            mig_instances=mig_instances,
+            occupancy=None if mig_enabled else self._gpm(device, None),
+        )
+
+    # -- query helpers ----------------------------------------------------------------
+
+    def _query(self, name: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """One NVML query: value, or None when unsupported; whole-GPU failures escape."""
+        try:
+            return fn(*args)
+        except _UNSUPPORTED:
+            return None
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._errors.append((name, error_name(exc)))
+            return None
+
+    def _optional(self, fn: Callable[..., T], *args: Any) -> T | None:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError:
+            return None
+
+    def _cuda_version(self) -> str | None:
+        version = self._optional(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        if version is None:
+            return None
+        return f"{version // 1000}.{version % 1000 // 10}"
+
+    def _memory(self, handle: Any) -> tuple[int | None, int | None, int | None, int | None]:
+        """Memory info v2, whose ``used`` excludes driver-reserved memory.
+
+        v1 ``used`` includes the reserved amount and would make every GPU look like it
+        leaks; on drivers without v2 we report v1 and leave ``reserved`` unknown.
+        """
+        try:
+            v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            return v2.total, v2.used, v2.free, v2.reserved
+        except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
+            pass
+        except _UNSUPPORTED:
+            return None, None, None, None
+        v1 = self._query("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        if v1 is None:
+            return None, None, None, None
+        return v1.total, v1.used, v1.free, None
+
+    def _processes(
+        self, handle: Any, mig_ids: tuple[int, int] | None = None
+    ) -> tuple[GpuProcess, ...]:
+        found: list[GpuProcess] = []
+        for kind, name in _PROCESS_LISTINGS:
+            for proc in self._list_processes(name, handle) or ():
+                gi, ci = mig_ids or (proc.gpuInstanceId, proc.computeInstanceId)
+                found.append(
+                    GpuProcess(
+                        pid=proc.pid,
+                        used_memory_bytes=proc.usedGpuMemory,
+                        kind=kind,
+                        gpu_instance_id=None if gi == NOT_AVAILABLE_ID else gi,
+                        compute_instance_id=None if ci == NOT_AVAILABLE_ID else ci,
+                    )
+                )
+        return tuple(found)
+
+    def _list_processes(self, name: str, handle: Any) -> list[Any] | None:
+        """The ``_v3`` listing; older drivers lack it and pynvml says LibraryMismatch."""
+        try:
+            return self._query(name, getattr(pynvml, name), handle)
+        except pynvml.NVMLLibraryMismatchError:
+            return self._query(name, getattr(pynvml, f"{name}_v2"), handle)
+
+    def _process_utilization(self, device: _Device) -> tuple[ProcessUtilization, ...]:
+        """Per-process SM samples newer than the last ones seen, averaged per pid."""
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(
+                device.handle, device.last_utilization_ts
+            )
+        except pynvml.NVMLError_NotFound:
+            return ()  # no new samples since the last cycle: normal
+        except _UNSUPPORTED:
+            return ()
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._errors.append(("process_utilization", error_name(exc)))
+            return ()
+        per_pid: dict[int, list[Any]] = {}
+        for s in samples:
+            per_pid.setdefault(s.pid, []).append(s)
+            device.last_utilization_ts = max(device.last_utilization_ts, s.timeStamp)
+        return tuple(
+            ProcessUtilization(
+                pid=pid,
+                sm_percent=round(sum(s.smUtil for s in group) / len(group)),
+                memory_percent=round(sum(s.memUtil for s in group) / len(group)),
+                timestamp_us=max(s.timeStamp for s in group),
+            )
+            for pid, group in sorted(per_pid.items())
+        )
+
+    def _mig_instances(self, device: _Device) -> tuple[MigInstance, ...]:
+        count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)
+        instances = []
+        for i in range(count or 0):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, i)
+            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+                continue
+            gi = pynvml.nvmlDeviceGetGpuInstanceId(mig)
+            ci = pynvml.nvmlDeviceGetComputeInstanceId(mig)
+            name = self._query("name", pynvml.nvmlDeviceGetName, mig) or ""
+            total, used, _, _ = self._memory(mig)
+            instances.append(
+                MigInstance(
+                    mig_index=i,
+                    uuid=pynvml.nvmlDeviceGetUUID(mig),
+                    gpu_instance_id=gi,
+                    compute_instance_id=ci,
+                    profile=name.rpartition(" MIG ")[2] if " MIG " in name else "unknown",
+                    memory_total_bytes=total,
+                    memory_used_bytes=used,
+                    processes=self._processes(mig, (gi, ci)),
+                    occupancy=self._gpm(device, gi),
+                )
+            )
+        return tuple(instances)
+
+    # -- GPM --------------------------------------------------------------------------
+
+    def _gpm(self, device: _Device, gpu_instance: int | None) -> Occupancy | None:
+        """Occupancy between this cycle's GPM sample and the previous one.
+
+        The first cycle only primes the buffers, so it yields None; so does a GPU
+        without GPM (pre-Hopper), where these series are absent by design.
+        """
+        state = device.gpm.get(gpu_instance)
+        if state is None:
+            supported = self._query("gpm_support", pynvml.nvmlGpmQueryDeviceSupport, device.handle)
+            if supported is None or not supported.isSupportedDevice:
+                device.gpm[gpu_instance] = _GpmState(samples=[], supported=False)
+                return None
+            buffers = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+            state = device.gpm[gpu_instance] = _GpmState(samples=buffers, supported=True)
+        if not state.supported:
+            return None
+        previous, current = state.samples
+        try:
+            if gpu_instance is None:
+                pynvml.nvmlGpmSampleGet(device.handle, current)
+            else:
+                pynvml.nvmlGpmMigSampleGet(device.handle, gpu_instance, current)
+        except _UNSUPPORTED:
+            state.supported = False
+            return None
+        state.samples.reverse()  # the current sample becomes next cycle's previous
+        if not state.has_previous:
+            state.has_previous = True
+            return None
+        return self._gpm_metrics(previous, current)
+
+    def _gpm_metrics(self, first: Any, second: Any) -> Occupancy | None:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.sample1, request.sample2 = first, second
+        request.numMetrics = len(_GPM_METRICS)
+        for slot, metric_id in enumerate(_GPM_METRICS.values()):
+            request.metrics[slot].metricId = metric_id
+        if self._query("gpm_metrics", pynvml.nvmlGpmMetricsGet, request) is None:
+            return None
+        values: dict[str, float | None] = {}
+        for slot, key in enumerate(_GPM_METRICS):
+            metric = request.metrics[slot]
+            ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
+            values[key] = min(max(metric.value / 100.0, 0.0), 1.0) if ok else None
+        return Occupancy(source="gpm", **values)
+
+
+def _decode(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

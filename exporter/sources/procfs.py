@@ -1,0 +1,213 @@
+"""Map host pids to pod UID and container ID from ``<proc-root>/<pid>/cgroup``.
+
+The cgroup path is the only place the kernel records which container a process runs
+in, and its spelling depends on the cgroup version (v1 lines per controller, one v2
+``0::`` line), the kubelet cgroup driver (systemd slices with ``_`` in the UID, or
+cgroupfs directories), the container runtime (``cri-containerd-``, ``crio-``,
+``docker-`` prefixes) and on nesting (kind, cgroup namespaces). The parser accepts
+all of them but only attributes a pod when the path really looks like kubepods, so a
+garbled line can leave a process unattributed but never hand it to the wrong pod.
+
+Reads are blocking; the agent calls :func:`read_processes` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import Enum, auto
+from pathlib import Path
+from typing import Final
+
+from exporter.model import ProcessIdentity
+
+# A cgroup line: hierarchy id, controller list, path. The path may itself contain
+# colons (containerd's ``slice:prefix:id`` notation), hence maxsplit=2 below.
+_HIERARCHY_ID: Final = re.compile(r"[0-9]+")
+
+_HEX = "[0-9a-fA-F]"
+# Pod UIDs: an RFC 4122 UUID, or 32 hex digits for static pods (the config hash).
+_UID_DASHED = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
+_UID_UNDERSCORED = rf"{_HEX}{{8}}_{_HEX}{{4}}_{_HEX}{{4}}_{_HEX}{{4}}_{_HEX}{{12}}"
+_UID_STATIC = rf"{_HEX}{{32}}"
+
+# systemd driver: ``[<root>-]kubepods[-<qos>]-pod<uid>.slice``; systemd reserves "-"
+# for nesting, so the kubelet writes the UID's dashes as underscores.
+_SYSTEMD_POD: Final = re.compile(
+    rf"(?:[\w.]+-)*kubepods(?:-burstable|-besteffort)?"
+    rf"-pod(?P<uid>{_UID_UNDERSCORED}|{_UID_STATIC})\.slice"
+)
+# cgroupfs driver: a plain ``pod<uid>`` directory below ``kubepods[/<qos>]``.
+_CGROUPFS_POD: Final = re.compile(rf"pod(?P<uid>{_UID_DASHED}|{_UID_STATIC})")
+_QOS_DIRS: Final = frozenset({"burstable", "besteffort"})
+
+# The container's cgroup, directly below the pod's. systemd scopes carry the runtime
+# prefix; cgroupfs uses the bare id (containerd, docker) or ``crio-<id>``. CRI-O's
+# ``crio-conmon-<id>`` monitor is deliberately not matched: it is not the container.
+_CONTAINER: Final = re.compile(
+    rf"(?:(?:cri-containerd|crio|docker)-)?(?P<id>{_HEX}{{64}})(?:\.scope)?"
+)
+# Without a pod segment only a runtime-prefixed scope is trusted as a container.
+_PREFIXED_CONTAINER: Final = re.compile(
+    rf"(?:cri-containerd|crio|docker)-(?P<id>{_HEX}{{64}})\.scope"
+)
+# containerd's systemd cgroupsPath notation ``<parent>.slice:<prefix>:<id>``.
+_SLICE_NOTATION: Final = re.compile(
+    rf"(?P<slice>[^:]+\.slice):(?P<prefix>cri-containerd|crio|docker):(?P<id>{_HEX}{{64}})"
+)
+# cgroup v2 marks a removed cgroup this way (e.g. for an exiting process).
+_DELETED_SUFFIX: Final = " (deleted)"
+
+_READ_LIMIT: Final = 64 * 1024  # real files are tiny; bound a corrupt fake one
+
+Attribution = tuple[str | None, str | None]
+_NOTHING: Final[Attribution] = (None, None)
+
+
+def parse_cgroup(text: str) -> Attribution:
+    """Return ``(pod_uid, container_id)`` from a ``/proc/<pid>/cgroup`` file.
+
+    The v2 line (``0::``) wins when it names a pod or container, because in hybrid
+    mode it is what the kubelet and runtime manage; otherwise the first v1 line that
+    names a pod (one with a container id preferred). A pod without a recognisable
+    container (pod-level cgroup, CRI-O's conmon) gives ``(uid, None)``; a container
+    seen only through a private cgroup namespace (``0::/../cri-containerd-<id>.scope``)
+    gives ``(None, id)``; host processes and garbage give ``(None, None)``.
+    """
+    best: Attribution = _NOTHING
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3 or not _HIERARCHY_ID.fullmatch(parts[0]):
+            continue
+        found = _parse_path(parts[2])
+        if found == _NOTHING:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            return found
+        if _rank(found) > _rank(best):
+            best = found
+    return best
+
+
+def _rank(found: Attribution) -> tuple[bool, bool]:
+    return (found[0] is not None, found[1] is not None)
+
+
+def _parse_path(path: str) -> Attribution:
+    """Attribute one cgroup path; see :func:`parse_cgroup` for the rules."""
+    if path.endswith(_DELETED_SUFFIX):
+        path = path[: -len(_DELETED_SUFFIX)]
+    if not path.startswith("/"):
+        return _NOTHING
+    segments = _split_segments(path)
+    for index, segment in enumerate(segments):
+        uid = _pod_uid(segment, segments[:index])
+        if uid is None:
+            continue
+        child = segments[index + 1] if index + 1 < len(segments) else ""
+        container = _CONTAINER.fullmatch(child)
+        return uid, container["id"].lower() if container else None
+    # Private cgroup namespace: a sibling container of the reader shows up as
+    # ``/../<scope>``, with the pod above the namespace root and so invisible.
+    if len(segments) >= 2 and all(s == ".." for s in segments[:-1]):
+        container = _PREFIXED_CONTAINER.fullmatch(segments[-1])
+        if container:
+            return None, container["id"].lower()
+    return _NOTHING
+
+
+def _split_segments(path: str) -> list[str]:
+    """Split a path, expanding ``parent.slice:prefix:id`` into its two levels."""
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if not segment:
+            continue
+        notation = _SLICE_NOTATION.fullmatch(segment)
+        if notation:
+            segments.append(notation["slice"])
+            segments.append(f"{notation['prefix']}-{notation['id']}.scope")
+        else:
+            segments.append(segment)
+    return segments
+
+
+def _pod_uid(segment: str, ancestors: list[str]) -> str | None:
+    """The normalised pod UID if ``segment`` is a pod's cgroup, else None."""
+    systemd = _SYSTEMD_POD.fullmatch(segment)
+    if systemd:
+        return systemd["uid"].replace("_", "-").lower()
+    cgroupfs = _CGROUPFS_POD.fullmatch(segment)
+    if cgroupfs and _under_kubepods(ancestors):
+        return cgroupfs["uid"].lower()
+    return None
+
+
+def _under_kubepods(ancestors: list[str]) -> bool:
+    """A bare ``pod<uid>`` directory counts only as ``kubepods[/<qos>]/pod<uid>``.
+
+    ``..`` stands in for a parent hidden by a cgroup namespace.
+    """
+    parents = ancestors[:-1] if ancestors and ancestors[-1] in _QOS_DIRS else ancestors
+    return bool(parents) and parents[-1] in {"kubepods", ".."}
+
+
+class _Vanished(Enum):
+    """A read showed the pid is gone: ENOENT/ENOTDIR, or ESRCH from the kernel."""
+
+    GONE = auto()
+
+
+def _read_text(path: Path) -> str | _Vanished | None:
+    """File contents; None when unreadable for another reason (permission, I/O)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_READ_LIMIT)
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+        return _Vanished.GONE
+    except OSError:
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def _parse_stat(text: str) -> tuple[str | None, str | None]:
+    """``(comm, state)`` from ``/proc/<pid>/stat``.
+
+    comm is free text in parentheses and may contain ``)`` itself, so the state is
+    the field after the *last* ``)``.
+    """
+    start, end = text.find("("), text.rfind(")")
+    if start < 0 or end < start:
+        return None, None
+    fields = text[end + 1 :].split(maxsplit=1)
+    state = fields[0] if fields and len(fields[0]) == 1 and fields[0].isalpha() else None
+    return text[start + 1 : end], state
+
+
+def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
+    """What ``<proc_root>/<pid>`` says about ``pid``; never raises for a per-pid problem.
+
+    A real pid directory always holds both files, so a missing one (or ESRCH) means
+    the process exited, possibly between the two reads: the pid is dead. Checking the
+    directory again instead would mistake a reused pid for the old process. A file
+    unreadable for any other reason (permission, I/O) only leaves its fields unknown.
+    """
+    pid_dir = proc_root / str(pid)
+    cgroup = _read_text(pid_dir / "cgroup")
+    stat = _read_text(pid_dir / "stat") if cgroup is not _Vanished.GONE else cgroup
+    if _Vanished.GONE in (cgroup, stat):
+        return ProcessIdentity(pid=pid, alive=False)
+    pod_uid, container_id = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
+    comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
+    return ProcessIdentity(
+        pid=pid,
+        alive=True,
+        pod_uid=pod_uid,
+        container_id=container_id,
+        comm=comm,
+        state=state,
+    )
+
+
+def read_processes(proc_root: Path, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
+    """Identify each distinct pid, sorted by pid. Blocking: run it in a worker thread."""
+    return tuple(read_process(proc_root, pid) for pid in sorted(set(pids)))

@@ -1,0 +1,363 @@
+"""PodWatcher (real ``kubernetes`` client) against FakeKubeApi over loopback HTTP.
+
+The fake runs on its own event loop in a background thread because the watcher does
+blocking HTTP from its thread; the test thread drives both and polls ``snapshot()``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from exporter.model import PodMeta, PodMetaSnapshot
+from exporter.sim.kube_api import FakeKubeApi, LoggedRequest, pod_dict, write_kubeconfig
+from exporter.sources.kube import PodWatcher, pod_meta_from_dict
+
+NODE = "gpu-node-1"
+CID_A = "a" * 64
+CID_B = "b" * 64
+CID_C = "c" * 64
+
+
+def wait_for(probe: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll until ``probe()`` holds; bounded so a broken watcher fails, not hangs."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_snapshot(
+    watcher: PodWatcher, holds: Callable[[PodMetaSnapshot], bool], what: str
+) -> PodMetaSnapshot:
+    """The first snapshot for which ``holds`` is true (one read, so no torn checks)."""
+    seen: list[PodMetaSnapshot] = []
+
+    def probe() -> bool:
+        seen.append(snap := watcher.snapshot())
+        return holds(snap)
+
+    wait_for(probe, what=what)
+    return seen[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def by_name(snap: PodMetaSnapshot) -> dict[str, PodMeta]:
+    return {p.name: p for p in snap.pods}
+
+
+def lists(fake: FakeKubeApi) -> int:
+    return sum(1 for r in fake.requests if not r.watch)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubeApi]:
+    api = FakeKubeApi()
+    yield api
+    api.stop_in_thread()
+
+
+@pytest.fixture
+def make_watcher(tmp_path: Path) -> Iterator[Callable[..., PodWatcher]]:
+    started: list[PodWatcher] = []
+
+    def make(url: str, *, resync_s: float = 300.0, watch_timeout_s: int = 60) -> PodWatcher:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
+        watcher = PodWatcher(
+            NODE, kubeconfig=str(kubeconfig), resync_s=resync_s, watch_timeout_s=watch_timeout_s
+        )
+        watcher.start()
+        started.append(watcher)
+        return watcher
+
+    yield make
+    for watcher in started:
+        watcher.stop()
+
+
+def synced(watcher: PodWatcher, n_pods: int) -> PodMetaSnapshot:
+    return wait_snapshot(
+        watcher, lambda s: s.ok and len(s.pods) == n_pods, f"ok snapshot with {n_pods} pods"
+    )
+
+
+# -- conversion ------------------------------------------------------------------------
+
+
+def test_pod_meta_strips_runtime_scheme_and_skips_containers_without_id() -> None:
+    pod = pod_dict(
+        "ml",
+        "trainer",
+        "0F1E2D3C-0000-4000-8000-000000000001",
+        NODE,
+        containers=[("main", f"containerd://{CID_A}"), ("pending", "")],
+        init_containers=[("init", f"cri-o://{CID_B}")],
+        ephemeral_containers=[("debug", f"docker://{CID_C}")],
+    )
+    meta = pod_meta_from_dict(pod)
+    assert meta == PodMeta(
+        uid="0f1e2d3c-0000-4000-8000-000000000001",
+        namespace="ml",
+        name="trainer",
+        phase="Running",
+        deletion_timestamp=None,
+        containers=((CID_A, "main"), (CID_B, "init"), (CID_C, "debug")),
+    )
+
+
+def test_pod_meta_parses_deletion_timestamp_with_fraction_and_skips_pods_without_uid() -> None:
+    pod = pod_dict("ns", "p", "u1", NODE)
+    pod["metadata"]["deletionTimestamp"] = "2024-05-01T12:00:00.250000Z"
+    meta = pod_meta_from_dict(pod)
+    assert meta is not None
+    assert meta.deletion_timestamp == datetime(2024, 5, 1, 12, 0, 0, 250000, UTC).timestamp()
+    assert pod_meta_from_dict({"metadata": {"name": "no-uid"}}) is None
+
+
+def test_importing_kube_source_does_not_import_kubernetes() -> None:
+    code = (
+        "import sys\n"
+        "import exporter.sources.kube as k\n"
+        "w = k.PodWatcher('n')\n"
+        "w.snapshot()\n"
+        "bad = sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.'))\n"
+        "print(','.join(bad))\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, f"kubernetes imported: {done.stdout} {done.stderr}"
+
+
+# -- against the fake API server -------------------------------------------------------
+
+
+def test_initial_list_gives_this_nodes_pods_with_container_names_and_bare_ids(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    fake.set_pod(
+        pod_dict(
+            "infer",
+            "server",
+            "uid-2",
+            NODE,
+            containers=[("triton", f"cri-o://{CID_B}"), ("sidecar", f"docker://{CID_C}")],
+        )
+    )
+    fake.set_pod(pod_dict("ml", "elsewhere", "uid-3", "other-node", containers=[("x", "d" * 64)]))
+    watcher = make_watcher(fake.start_in_thread())
+
+    snap = synced(watcher, 2)
+    assert snap.error is None
+    pods = by_name(snap)
+    assert set(pods) == {"trainer", "server"}
+    assert pods["trainer"] == PodMeta("uid-1", "ml", "trainer", "Running", None, ((CID_A, "main"),))
+    assert pods["server"].namespace == "infer"
+    assert pods["server"].containers == ((CID_B, "triton"), (CID_C, "sidecar"))
+    first = fake.requests[0]
+    assert not first.watch
+    assert first.params["fieldSelector"] == f"spec.nodeName={NODE}"
+    # Unchanged state hands out the same frozen object: no rebuild per call.
+    assert watcher.snapshot() is watcher.snapshot()
+
+
+def test_watch_applies_added_modified_and_deleted_pods_of_this_node_only(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread())
+    synced(watcher, 1)
+    wait_for(lambda: fake.watcher_count == 1, what="watch stream open")
+
+    fake.set_pod(pod_dict("ml", "other", "uid-x", "other-node", containers=[("m", CID_C)]))
+    fake.set_pod(pod_dict("ml", "new", "uid-2", NODE, phase="Pending", containers=[("m", "")]))
+    snap = synced(watcher, 2)
+    assert by_name(snap)["new"].phase == "Pending"
+    assert by_name(snap)["new"].containers == ()
+
+    fake.set_pod(pod_dict("ml", "new", "uid-2", NODE, containers=[("m", CID_B)]))
+    wait_for(
+        lambda: by_name(watcher.snapshot())["new"].containers == ((CID_B, "m"),),
+        what="MODIFIED applied",
+    )
+    assert by_name(watcher.snapshot())["new"].phase == "Running"
+
+    fake.delete_pod("uid-1")
+    snap = synced(watcher, 1)
+    assert set(by_name(snap)) == {"new"}
+    assert "other" not in by_name(snap)
+    assert lists(fake) == 1  # all of it through the one watch, no relist
+
+
+def test_deletion_timestamp_from_watch_is_epoch_seconds(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread())
+    assert synced(watcher, 1).pods[0].deletion_timestamp is None
+
+    when = 1_714_564_800.0  # 2024-05-01T12:00:00Z
+    fake.set_pod(
+        pod_dict(
+            "ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)], deletion_timestamp=when
+        )
+    )
+    wait_for(
+        lambda: watcher.snapshot().pods[0].deletion_timestamp == when,
+        what="deletion timestamp",
+    )
+
+
+def test_dropped_watch_connection_relists_and_keeps_following(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread())
+    synced(watcher, 1)
+    wait_for(lambda: fake.watcher_count == 1, what="watch stream open")
+
+    assert fake.disconnect_watchers() == 1
+    fake.set_pod(pod_dict("ml", "after", "uid-2", NODE, containers=[("main", CID_B)]))
+    wait_for(lambda: lists(fake) == 2, what="relist after disconnect")
+    synced(watcher, 2)
+    wait_for(lambda: fake.watcher_count == 1, what="watch reopened")
+
+    fake.delete_pod("uid-1")
+    snap = synced(watcher, 1)
+    assert [p.name for p in snap.pods] == ["after"]
+    assert next(r for r in fake.requests if r.watch).outcome == "dropped"
+    assert snap.error is None
+    assert watcher.errors_total == 1
+
+
+def test_expired_resource_version_410_relists(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread())
+    synced(watcher, 1)
+    wait_for(lambda: fake.watcher_count == 1, what="watch stream open")
+
+    fake.expire_history()
+    wait_for(lambda: lists(fake) == 2, what="relist after 410")
+    wait_for(lambda: fake.watcher_count == 1, what="watch reopened")
+    fake.set_pod(pod_dict("ml", "after", "uid-2", NODE, containers=[("main", CID_B)]))
+    snap = synced(watcher, 2)
+
+    assert snap.error is None
+    first_watch = next(r for r in fake.requests if r.watch)
+    assert (first_watch.status, first_watch.outcome) == (410, "expired")
+    assert watcher.errors_total == 0  # 410 is routine, not an error
+    # The reopened watch starts from the fresh list's version, which the fake accepts.
+    last_watch = [r for r in fake.requests if r.watch][-1]
+    assert last_watch.status == 200
+
+
+def test_api_server_down_at_start_reports_readable_error_then_recovers(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    port = free_port()
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(f"http://127.0.0.1:{port}")
+
+    snap = wait_snapshot(watcher, lambda s: "list pods" in (s.error or ""), "list error")
+    assert not snap.ok
+    assert (
+        snap.error
+        == f"list pods (http://127.0.0.1:{port}): ConnectionRefusedError: Connection refused"
+    )
+    assert snap.pods == ()
+
+    fake.start_in_thread(port=port)
+    snap = synced(watcher, 1)
+    assert snap.error is None
+    assert snap.pods[0].name == "trainer"
+
+
+def test_api_error_status_is_reported_with_the_servers_message(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    fake.set_error(403, 'pods is forbidden: User "system:serviceaccount:gpu:exporter" cannot list')
+    url = fake.start_in_thread()
+    watcher = make_watcher(url)
+
+    snap = wait_snapshot(
+        watcher, lambda s: s.error != "waiting for the first pod list", "first attempt"
+    )
+    assert not snap.ok
+    assert snap.error == (
+        f"list pods ({url}): HTTP 403 Forbidden: "
+        'pods is forbidden: User "system:serviceaccount:gpu:exporter" cannot list'
+    )
+    assert watcher.errors_total >= 1
+
+    fake.set_error(None)
+    assert synced(watcher, 1).error is None
+
+
+def test_watch_window_end_rewatches_from_last_version_without_relisting(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread(), watch_timeout_s=1)
+    synced(watcher, 1)
+    wait_for(lambda: fake.watcher_count == 1, what="first watch")
+    rv = fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, phase="Succeeded"))
+    wait_for(lambda: watcher.snapshot().pods[0].phase == "Succeeded", what="MODIFIED")
+
+    def watches() -> list[LoggedRequest]:
+        return [r for r in fake.requests if r.watch]
+
+    wait_for(
+        lambda: any(r.params["resourceVersion"] == rv for r in watches()),
+        timeout=4,
+        what="a watch window resuming from the MODIFIED event's version",
+    )
+    assert all(r.params["timeoutSeconds"] == "1" for r in watches())
+    assert watches()[0].outcome == "timeout"
+    assert lists(fake) == 1
+    assert watcher.snapshot().ok
+
+
+def test_resync_relists_even_when_the_watch_is_healthy(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread(), resync_s=1)
+    synced(watcher, 1)
+    wait_for(lambda: lists(fake) >= 2, timeout=4, what="periodic relist")
+    assert watcher.snapshot().ok
+    assert watcher.errors_total == 0
+
+
+def test_stop_closes_an_open_watch_promptly(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    watcher = make_watcher(fake.start_in_thread(), watch_timeout_s=60)
+    synced(watcher, 0)
+    wait_for(lambda: fake.watcher_count == 1, what="watch stream open")
+
+    began = time.monotonic()
+    watcher.stop()
+    assert time.monotonic() - began < 2.0
+    assert not any(t.name == "pod-watcher" and t.is_alive() for t in threading.enumerate())
+    wait_for(lambda: fake.watcher_count == 0, what="server saw the stream close")
+    assert [r.outcome for r in fake.requests if r.watch] == ["closed"]

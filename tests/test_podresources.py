@@ -1,0 +1,618 @@
+"""PodResources client against the simulator's real gRPC server on a real unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from exporter.model import AllocatableDevices, ContainerDevices
+from exporter.sim.podresources_server import (
+    Allocations,
+    PodResourcesProvider,
+    PodResourcesServicer,
+    build_pod_resources,
+    start_podresources_server,
+)
+from exporter.sources.backoff import Backoff
+from exporter.sources.podresources import api_pb2, api_pb2_grpc
+from exporter.sources.podresources.client import (
+    DEFAULT_RESOURCE_NAMES,
+    MAX_RECEIVE_MESSAGE_BYTES,
+    PodResourcesClient,
+    resource_name_matches,
+)
+
+GPU0 = "GPU-8a1b2c3d-0000-1111-2222-333344445555"
+GPU1 = "GPU-8a1b2c3d-0000-1111-2222-333344446666"
+GPU2 = "GPU-8a1b2c3d-0000-1111-2222-333344447777"
+MIG0 = "MIG-0b6a8f3e-1c2d-5e4f-9a8b-7c6d5e4f3a21"
+MIG1 = "MIG-0b6a8f3e-1c2d-5e4f-9a8b-7c6d5e4f3a22"
+
+CONTAINERS = (
+    ContainerDevices("ml", "trainer-0", "main", "nvidia.com/gpu", (GPU0, GPU1)),
+    ContainerDevices("ml", "trainer-0", "sidecar", "example.com/foo", ("foo-1",)),
+    ContainerDevices("ml", "infer-7", "server", "nvidia.com/gpu.shared", (f"{GPU2}::2",)),
+    ContainerDevices("ml", "infer-7", "server", "example.com/foo", ("foo-2",)),
+    ContainerDevices("dev", "notebook", "jupyter", "nvidia.com/gpu.shared", (f"{GPU2}::0",)),
+    ContainerDevices("dev", "mig-job", "work", "nvidia.com/mig-1g.10gb", (MIG0,)),
+    ContainerDevices("dev", "mig-job", "work", "nvidia.com/mig-3g.40gb", (MIG1,)),
+)
+ALLOCATABLE = (
+    AllocatableDevices("nvidia.com/gpu", (GPU0, GPU1)),
+    AllocatableDevices("nvidia.com/gpu.shared", tuple(f"{GPU2}::{i}" for i in range(4))),
+    AllocatableDevices("nvidia.com/mig-1g.10gb", (MIG0,)),
+    AllocatableDevices("nvidia.com/mig-3g.40gb", (MIG1,)),
+    AllocatableDevices("example.com/foo", ("foo-1", "foo-2")),
+)
+
+ServerFactory = Callable[..., Awaitable[grpc.aio.Server]]
+
+
+def static(
+    containers: Sequence[ContainerDevices], allocatable: Sequence[AllocatableDevices]
+) -> Callable[[], Allocations]:
+    return lambda: (containers, allocatable)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    # pytest's tmp_path can exceed the 108-byte sun_path limit; /tmp keeps it short.
+    path = Path(tempfile.mkdtemp(prefix="pr-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def sock(sock_dir: Path) -> Path:
+    return sock_dir / "kubelet.sock"
+
+
+@pytest.fixture
+async def start_server(sock: Path) -> AsyncIterator[ServerFactory]:
+    servers: list[grpc.aio.Server] = []
+
+    async def start(provider: PodResourcesProvider, **kwargs: bool) -> grpc.aio.Server:
+        server = await start_podresources_server(sock, provider, **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop(grace=None)
+
+
+@pytest.fixture
+async def client(sock: Path) -> AsyncIterator[PodResourcesClient]:
+    c = PodResourcesClient(sock)
+    yield c
+    await c.close()
+
+
+# ---------------------------------------------------------------------------
+# resource name matching
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("nvidia.com/gpu", True),
+        ("nvidia.com/gpu.shared", True),
+        ("nvidia.com/mig-1g.10gb", True),
+        ("nvidia.com/mig-7g.80gb", True),
+        ("nvidia.com/gpux", False),
+        ("nvidia.com/mig", False),
+        ("example.com/foo", False),
+        ("amd.com/gpu", False),
+    ],
+)
+def test_default_resource_names_match_exactly_or_by_trailing_wildcard(
+    name: str, expected: bool
+) -> None:
+    assert resource_name_matches(name, DEFAULT_RESOURCE_NAMES) is expected
+
+
+def test_wildcard_is_only_special_at_the_end() -> None:
+    assert resource_name_matches("a*b", ["a*b"])
+    assert not resource_name_matches("axb", ["a*b"])
+    assert resource_name_matches("anything", ["*"])
+
+
+def test_client_rejects_a_bare_string_of_resource_names(sock: Path) -> None:
+    with pytest.raises(TypeError):
+        PodResourcesClient(sock, resource_names="nvidia.com/gpu")
+
+
+# ---------------------------------------------------------------------------
+# round trips
+# ---------------------------------------------------------------------------
+
+
+async def test_round_trip_keeps_gpu_mig_and_replica_ids_and_drops_other_resources(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+
+    snap = await client.fetch()
+
+    assert snap.ok is True
+    assert snap.error is None
+    assert snap.containers == (
+        ContainerDevices("dev", "mig-job", "work", "nvidia.com/mig-1g.10gb", (MIG0,)),
+        ContainerDevices("dev", "mig-job", "work", "nvidia.com/mig-3g.40gb", (MIG1,)),
+        ContainerDevices("dev", "notebook", "jupyter", "nvidia.com/gpu.shared", (f"{GPU2}::0",)),
+        ContainerDevices("ml", "infer-7", "server", "nvidia.com/gpu.shared", (f"{GPU2}::2",)),
+        ContainerDevices("ml", "trainer-0", "main", "nvidia.com/gpu", (GPU0, GPU1)),
+    )
+    assert snap.allocatable_ok is True
+    assert snap.allocatable == (
+        AllocatableDevices("nvidia.com/gpu", (GPU0, GPU1)),
+        AllocatableDevices("nvidia.com/gpu.shared", tuple(f"{GPU2}::{i}" for i in range(4))),
+        AllocatableDevices("nvidia.com/mig-1g.10gb", (MIG0,)),
+        AllocatableDevices("nvidia.com/mig-3g.40gb", (MIG1,)),
+    )
+    assert abs(snap.timestamp - time.time()) < 5
+
+
+async def test_custom_resource_names_select_what_is_kept(
+    start_server: ServerFactory, sock: Path
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+    client = PodResourcesClient(sock, resource_names=["example.com/foo"])
+    try:
+        snap = await client.fetch()
+    finally:
+        await client.close()
+
+    assert [(c.pod, c.device_ids) for c in snap.containers] == [
+        ("infer-7", ("foo-2",)),
+        ("trainer-0", ("foo-1",)),
+    ]
+    assert snap.allocatable == (AllocatableDevices("example.com/foo", ("foo-1", "foo-2")),)
+
+
+async def test_kubelet_style_one_entry_per_device_is_merged_per_container_and_resource(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    # A real kubelet sends one ContainerDevices per device (and per NUMA node), so the
+    # same id can arrive twice; the snapshot has one entry per resource, ids unique.
+    containers = (
+        ContainerDevices("ml", "big", "main", "nvidia.com/gpu", (GPU1, GPU0)),
+        ContainerDevices("ml", "big", "main", "nvidia.com/gpu", (GPU0, GPU2)),
+    )
+    await start_server(static(containers, ALLOCATABLE), split_devices=True)
+
+    snap = await client.fetch()
+
+    assert snap.containers == (
+        ContainerDevices("ml", "big", "main", "nvidia.com/gpu", (GPU0, GPU1, GPU2)),
+    )
+
+
+async def test_provider_is_called_per_request_so_allocations_can_change(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    state: dict[str, tuple[ContainerDevices, ...]] = {
+        "now": (ContainerDevices("ml", "a", "c", "nvidia.com/gpu", (GPU0,)),)
+    }
+    await start_server(lambda: (state["now"], ALLOCATABLE))
+
+    first = await client.fetch()
+    state["now"] = (ContainerDevices("ml", "b", "c", "nvidia.com/gpu", (GPU0,)),)
+    second = await client.fetch()
+
+    assert [c.pod for c in first.containers] == ["a"]
+    assert [c.pod for c in second.containers] == ["b"]
+
+
+async def test_empty_node_is_ok_with_no_containers(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static((), ()))
+
+    snap = await client.fetch()
+
+    assert snap.ok is True
+    assert snap.containers == ()
+    assert snap.allocatable == ()
+    assert snap.allocatable_ok is True
+
+
+# ---------------------------------------------------------------------------
+# the simulator server's message shape (checked with a raw stub)
+# ---------------------------------------------------------------------------
+
+
+async def test_server_groups_by_pod_container_and_resource_name(
+    start_server: ServerFactory, sock: Path
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=1)
+
+    shape = {
+        (pod.namespace, pod.name): {
+            container.name: [(d.resource_name, list(d.device_ids)) for d in container.devices]
+            for container in pod.containers
+        }
+        for pod in listed.pod_resources
+    }
+    assert len(listed.pod_resources) == 4
+    assert shape[("ml", "trainer-0")] == {
+        "main": [("nvidia.com/gpu", [GPU0, GPU1])],
+        "sidecar": [("example.com/foo", ["foo-1"])],
+    }
+    assert shape[("ml", "infer-7")] == {
+        "server": [("nvidia.com/gpu.shared", [f"{GPU2}::2"]), ("example.com/foo", ["foo-2"])]
+    }
+    assert shape[("dev", "mig-job")] == {
+        "work": [("nvidia.com/mig-1g.10gb", [MIG0]), ("nvidia.com/mig-3g.40gb", [MIG1])]
+    }
+
+
+async def test_server_get_returns_one_pod_and_not_found_for_unknown_pods(
+    start_server: ServerFactory, sock: Path
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        got = await stub.Get(
+            api_pb2.GetPodResourcesRequest(pod_name="infer-7", pod_namespace="ml"), timeout=1
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.Get(
+                api_pb2.GetPodResourcesRequest(pod_name="infer-7", pod_namespace="dev"),
+                timeout=1,
+            )
+
+    assert got.pod_resources.name == "infer-7"
+    assert got.pod_resources.namespace == "ml"
+    assert [c.name for c in got.pod_resources.containers] == ["server"]
+    assert [d.resource_name for d in got.pod_resources.containers[0].devices] == [
+        "nvidia.com/gpu.shared",
+        "example.com/foo",
+    ]
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_proto_field_numbers_match_the_kubelet_wire_format() -> None:
+    """Wire compatibility with a real kubelet depends on these numbers, not on names."""
+
+    def numbers(message: type[object]) -> dict[str, int]:
+        descriptor = message.DESCRIPTOR  # type: ignore[attr-defined]
+        return {f.name: f.number for f in descriptor.fields}
+
+    assert api_pb2.DESCRIPTOR.package == "v1"
+    service = api_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+    assert numbers(api_pb2.ListPodResourcesResponse) == {"pod_resources": 1}
+    assert numbers(api_pb2.PodResources) == {
+        "name": 1,
+        "namespace": 2,
+        "containers": 3,
+        "cpu_ids": 4,
+        "memory": 5,
+    }
+    assert numbers(api_pb2.ContainerResources) == {
+        "name": 1,
+        "devices": 2,
+        "cpu_ids": 3,
+        "memory": 4,
+        "dynamic_resources": 5,
+    }
+    assert numbers(api_pb2.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert numbers(api_pb2.AllocatableResourcesResponse) == {
+        "devices": 1,
+        "cpu_ids": 2,
+        "memory": 3,
+    }
+    assert numbers(api_pb2.GetPodResourcesRequest) == {"pod_name": 1, "pod_namespace": 2}
+
+
+# ---------------------------------------------------------------------------
+# degraded kubelets
+# ---------------------------------------------------------------------------
+
+
+async def test_allocatable_unimplemented_keeps_the_snapshot_ok(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE), allocatable_implemented=False)
+
+    snap = await client.fetch()
+    again = await client.fetch()
+
+    assert snap.ok is True
+    assert snap.allocatable_ok is False
+    assert snap.allocatable == ()
+    assert snap.error is None
+    assert len(snap.containers) == 5
+    # UNIMPLEMENTED is an answer, not a broken connection: the channel is kept.
+    assert again.ok is True
+    assert client.channels_created == 1
+
+
+class _GateOffServicer(PodResourcesServicer):
+    """A 1.21/1.22 kubelet with KubeletPodResourcesGetAllocatable off: a plain Go error."""
+
+    async def GetAllocatableResources(
+        self, request: api_pb2.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.AllocatableResourcesResponse:
+        await context.abort(
+            grpc.StatusCode.UNKNOWN, "PodResources API GetAllocatableResources disabled"
+        )
+        raise AssertionError("abort() raises")
+
+
+async def test_allocatable_disabled_by_feature_gate_counts_as_unsupported(
+    client: PodResourcesClient, sock: Path
+) -> None:
+    server = grpc.aio.server()
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
+        _GateOffServicer(static(CONTAINERS, ALLOCATABLE)), server
+    )
+    server.add_insecure_port(f"unix://{sock}")
+    await server.start()
+    try:
+        snap = await client.fetch()
+    finally:
+        await server.stop(grace=None)
+
+    assert snap.ok is True
+    assert snap.allocatable_ok is False
+    assert snap.error is None
+    assert len(snap.containers) == 5
+
+
+async def test_missing_socket_is_a_readable_failure_not_an_exception(
+    client: PodResourcesClient, sock: Path
+) -> None:
+    snap = await client.fetch()
+
+    assert snap.ok is False
+    assert snap.containers == ()
+    assert snap.allocatable_ok is False
+    assert snap.error is not None
+    assert str(sock) in snap.error
+    assert "does not exist" in snap.error
+    assert "\n" not in snap.error
+
+
+async def test_path_that_is_not_a_socket_is_reported(sock_dir: Path) -> None:
+    path = sock_dir / "regular-file"
+    path.write_text("")
+    client = PodResourcesClient(path)
+
+    snap = await client.fetch()
+
+    assert snap.ok is False
+    assert snap.error is not None
+    assert "not a unix socket" in snap.error
+
+
+async def test_stale_socket_left_by_a_crashed_kubelet_fails_then_recovers(
+    start_server: ServerFactory, client: PodResourcesClient, sock: Path
+) -> None:
+    # A bound socket that nobody listens on: connect() gets ECONNREFUSED.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()
+
+    failed = await client.fetch()
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+    recovered = await client.fetch()
+
+    assert failed.ok is False
+    assert failed.error is not None
+    assert failed.error.startswith("PodResources List: UNAVAILABLE:")
+    assert "\n" not in failed.error
+    assert recovered.ok is True
+    assert len(recovered.containers) == 5
+
+
+async def test_client_recovers_on_the_next_fetch_after_a_kubelet_restart(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    server = await start_server(static(CONTAINERS, ALLOCATABLE))
+    before = await client.fetch()
+    await server.stop(grace=None)
+
+    during = await client.fetch()
+    await start_server(static(CONTAINERS[:1], ALLOCATABLE))
+    after = await client.fetch()
+
+    assert before.ok is True
+    assert during.ok is False
+    assert during.error is not None
+    assert after.ok is True
+    assert [c.pod for c in after.containers] == ["trainer-0"]
+    assert client.channels_created == 2
+
+
+async def test_one_channel_serves_many_fetches(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    calls = 0
+
+    def provider() -> Allocations:
+        nonlocal calls
+        calls += 1
+        return CONTAINERS, ALLOCATABLE
+
+    await start_server(provider)
+
+    snaps = [await client.fetch() for _ in range(25)]
+
+    assert all(s.ok and s.allocatable_ok for s in snaps)
+    assert calls == 50  # every fetch really reached the server (List + Allocatable)
+    assert client.channels_created == 1
+
+
+async def test_close_then_fetch_opens_a_new_channel(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static(CONTAINERS, ALLOCATABLE))
+    await client.fetch()
+    await client.close()
+
+    snap = await client.fetch()
+
+    assert snap.ok is True
+    assert client.channels_created == 2
+
+
+def _many_pods(count: int) -> tuple[ContainerDevices, ...]:
+    return tuple(
+        ContainerDevices(
+            f"namespace-{i % 50:03d}",
+            f"inference-deployment-7d9f8c6b5d-{i:06d}",
+            "model-server",
+            "nvidia.com/gpu.shared",
+            tuple(f"GPU-8a1b2c3d-0000-1111-2222-{i % 8:012d}::{r}" for r in range(6)),
+        )
+        for i in range(count)
+    )
+
+
+async def test_response_larger_than_grpc_default_4mib_is_received(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    containers = _many_pods(15_000)
+    size = api_pb2.ListPodResourcesResponse(
+        pod_resources=build_pod_resources(containers)
+    ).ByteSize()
+    assert 4 * 1024 * 1024 < size < MAX_RECEIVE_MESSAGE_BYTES
+    await start_server(static(containers, ALLOCATABLE))
+
+    snap = await client.fetch()
+
+    assert snap.ok is True, snap.error
+    assert len(snap.containers) == 15_000
+    assert snap.containers[0].device_ids[0].startswith("GPU-8a1b2c3d-")
+
+
+async def test_response_over_16mib_is_a_readable_failure(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static(_many_pods(50_000), ALLOCATABLE))
+
+    snap = await client.fetch()
+
+    assert snap.ok is False
+    assert snap.error is not None
+    assert snap.error.startswith("PodResources List: RESOURCE_EXHAUSTED:")
+
+
+async def test_call_timeout_is_enforced_against_a_hung_kubelet(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    async def hung() -> Allocations:
+        await asyncio.sleep(30)
+        return CONTAINERS, ALLOCATABLE
+
+    await start_server(hung)
+
+    started = time.monotonic()
+    snap = await client.fetch()
+    elapsed = time.monotonic() - started
+
+    assert snap.ok is False
+    assert snap.error is not None
+    assert "DEADLINE_EXCEEDED" in snap.error
+    assert 0.9 <= elapsed < 1.5
+
+
+async def test_allocatable_failure_after_list_keeps_list_data_and_says_why(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    calls = 0
+
+    async def slow_second_call() -> Allocations:
+        nonlocal calls
+        calls += 1
+        if calls % 2 == 0:  # every GetAllocatableResources
+            await asyncio.sleep(30)
+        return CONTAINERS, ALLOCATABLE
+
+    await start_server(slow_second_call)
+
+    snap = await client.fetch()
+
+    assert snap.ok is True
+    assert len(snap.containers) == 5
+    assert snap.allocatable_ok is False
+    assert snap.error is not None
+    assert snap.error.startswith("PodResources GetAllocatableResources: DEADLINE_EXCEEDED")
+
+
+def test_client_rejects_non_positive_timeout(sock: Path) -> None:
+    with pytest.raises(ValueError):
+        PodResourcesClient(sock, timeout_s=0)
+
+
+# ---------------------------------------------------------------------------
+# backoff
+# ---------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_one_second_up_to_sixty() -> None:
+    backoff = Backoff(rng=lambda: 0.0)  # no jitter drawn: the bare schedule
+
+    delays = [backoff.next_delay() for _ in range(9)]
+
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+    assert backoff.failures == 9
+
+
+def test_backoff_reset_starts_over() -> None:
+    backoff = Backoff(rng=lambda: 0.0)
+    for _ in range(5):
+        backoff.next_delay()
+
+    backoff.reset()
+
+    assert backoff.failures == 0
+    assert backoff.next_delay() == 1.0
+
+
+def test_backoff_jitter_shortens_by_at_most_the_jitter_fraction() -> None:
+    low = Backoff(jitter=0.2, rng=lambda: 0.999999)
+    assert [round(low.next_delay(), 3) for _ in range(3)] == [0.8, 1.6, 3.2]
+
+    real = Backoff()
+    delays = [real.next_delay() for _ in range(12)]
+    bases = [1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 60]
+    assert all(0.8 * b <= d <= b for d, b in zip(delays, bases, strict=True))
+    assert max(delays) <= 60.0
+
+
+def test_backoff_survives_very_long_outages() -> None:
+    backoff = Backoff(rng=lambda: 0.0)
+    for _ in range(5000):
+        delay = backoff.next_delay()
+    assert delay == 60.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"initial_s": 0},
+        {"initial_s": 10, "max_s": 5},
+        {"factor": 0.5},
+        {"jitter": 1.0},
+        {"jitter": -0.1},
+    ],
+)
+def test_backoff_rejects_nonsense_settings(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Backoff(**kwargs)  # type: ignore[arg-type]
