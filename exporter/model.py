@@ -106,6 +106,8 @@ class GpuSample:
     pcie_replay_count: int | None = None
     ecc_corrected_total: int | None = None
     ecc_uncorrected_total: int | None = None
+    ecc_uncorrected_volatile: int | None = None  # since the driver loaded
+    retired_pages: int | None = None  # page retirement (pre-Ampere); NotSupported on H100
     remapped_rows: RemappedRows | None = None
     mig_enabled: bool | None = None
     # On a MIG-enabled GPU the processes live in ``mig_instances[*].processes``.
@@ -333,6 +335,58 @@ class Attribution:
 
 
 # ---------------------------------------------------------------------------
+# Health, capacity and idle allocations
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReason:
+    reason: str  # e.g. "fatal_xid", "uncorrectable_ecc", "thermal_slowdown"
+    severity: str  # "unhealthy" | "degraded"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """The verdict for one GPU: unhealthy if any reason has severity "unhealthy"."""
+
+    gpu: int
+    uuid: str
+    reasons: tuple[HealthReason, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not any(r.severity == "unhealthy" for r in self.reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCapacity:
+    """Schedulable devices of one extended resource (the seed's capacity equation)."""
+
+    resource: str
+    advertised: int
+    healthy: int
+    unhealthy: int
+    allocated: int
+    allocatable: int  # healthy advertised devices not allocated
+
+
+@dataclass(frozen=True, slots=True)
+class IdleAllocation:
+    """Time a container held a device while the device (or its share) stayed idle."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: int | None
+    uuid: str
+    mig_uuid: str | None
+    device_id: str
+    idle_now: bool
+    idle_seconds_total: float
+
+
+# ---------------------------------------------------------------------------
 # What exposition renders
 # ---------------------------------------------------------------------------
 
@@ -343,3 +397,70 @@ class Analysis:
 
     node: NodeSnapshot
     attribution: Attribution
+    health: tuple[GpuHealth, ...] = ()
+    capacity: tuple[DeviceCapacity, ...] = ()
+    idle: tuple[IdleAllocation, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# XID events
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One XID the driver raised, from the NVML event set or the kernel log.
+
+    NVML names the GPU (``gpu``/``uuid``); the kernel log only names the PCI bus
+    (``pci_bus_id`` as printed, e.g. "0000:3b:00"), so kmsg events carry ``gpu`` and
+    ``uuid`` None until analysis resolves the bus id. ``timestamp`` is epoch seconds.
+    """
+
+    gpu: int | None
+    uuid: str | None
+    xid: int
+    timestamp: float
+    source: str  # "nvml" | "kmsg"
+    gpu_instance_id: int | None = None  # MIG attribution, when the driver gives it
+    compute_instance_id: int | None = None
+    pci_bus_id: str | None = None
+    message: str | None = None  # kmsg: the text after the code (pid=..., name=..., detail)
+
+
+# ---------------------------------------------------------------------------
+# DCGM (optional source)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmHealthIncident:
+    """One finding of DCGM's health watches (``dcgmHealthCheck``).
+
+    ``gpu_uuid`` is None when the incident names an entity that is not a GPU DCGM
+    listed (e.g. an NVSwitch). ``system`` is the watched subsystem ("pcie", "mem",
+    "thermal", ...), ``health`` is "pass" | "warn" | "fail" | "unknown".
+    """
+
+    gpu_uuid: str | None
+    system: str
+    health: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmSnapshot:
+    """One DCGM sample cycle. ``ok`` False: DCGM is unavailable (``error`` says why).
+
+    ``ok`` True with ``error`` set means DCGM answers but a feature is unavailable
+    (e.g. profiling fields not supported on this GPU): the rest is still valid.
+    ``occupancy`` holds only GPUs with at least one non-blank profiling value, so a
+    GPU absent here falls back to GPM. ``health`` is the overall verdict ("pass" |
+    "warn" | "fail"), None when health watches are unavailable.
+    """
+
+    ok: bool
+    timestamp: float  # wall-clock seconds when the cycle started
+    error: str | None = None
+    occupancy: tuple[tuple[str, Occupancy], ...] = ()  # (GPU UUID, occupancy)
+    incidents: tuple[DcgmHealthIncident, ...] = ()
+    health: str | None = None

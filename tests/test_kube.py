@@ -6,6 +6,7 @@ blocking HTTP from its thread; the test thread drives both and polls ``snapshot(
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -361,3 +362,21 @@ def test_stop_closes_an_open_watch_promptly(
     assert not any(t.name == "pod-watcher" and t.is_alive() for t in threading.enumerate())
     wait_for(lambda: fake.watcher_count == 0, what="server saw the stream close")
     assert [r.outcome for r in fake.requests if r.watch] == ["closed"]
+
+
+async def test_fake_serves_from_the_callers_event_loop_as_the_simulator_runs_it(
+    tmp_path: Path,
+) -> None:
+    fake = FakeKubeApi()
+    url = await fake.start()
+    watcher = PodWatcher(NODE, kubeconfig=str(write_kubeconfig(tmp_path / "kc", url)))
+    watcher.start()
+    try:
+        fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+        deadline = time.monotonic() + 5
+        while not (snap := watcher.snapshot()).pods and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert [(p.name, p.containers) for p in snap.pods] == [("trainer", ((CID_A, "main"),))]
+    finally:
+        await asyncio.to_thread(watcher.stop)
+        await fake.stop()

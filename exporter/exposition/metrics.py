@@ -99,6 +99,25 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Memory of processes no container owns (host, dead or unknown), with why.",
     ),
     "gpu_unattributed_processes": (GAUGE, "Processes no container owns, with why."),
+    # health and capacity
+    "gpu_healthy": (GAUGE, "1 when no 'unhealthy' health reason is active for the GPU."),
+    "gpu_health_reason": (
+        GAUGE,
+        "1 for each active health reason, with its severity (unhealthy or degraded).",
+    ),
+    "gpu_node_devices": (
+        GAUGE,
+        "Schedulable GPU devices of the node by resource and state: advertised, "
+        "healthy, unhealthy, allocated, allocatable.",
+    ),
+    "gpu_container_idle_allocated_seconds": (
+        COUNTER,
+        "Seconds a container held a device while its activity stayed below the idle threshold.",
+    ),
+    "gpu_container_allocated_idle": (
+        GAUGE,
+        "1 while an allocated device is idle this cycle (see docs/health.md).",
+    ),
     "gpu_process_memory_used_bytes": (GAUGE, "Per-process memory (--per-process-metrics)."),
     "gpu_process_sm_utilization_ratio": (
         GAUGE,
@@ -195,6 +214,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
     _add_attribution(out, analysis, migs, options)
+    _add_health(out, analysis, migs)
     return out.families()
 
 
@@ -329,6 +349,35 @@ def _add_attribution(
             labels = _process_labels(p, where(p.gpu, p.uuid, p.mig_uuid))
             out.add("gpu_process_memory_used_bytes", labels, p.used_memory_bytes)
             out.add("gpu_process_sm_utilization_ratio", labels, p.sm_ratio)
+
+
+def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
+    for verdict in analysis.health:
+        labels = _gpu_labels(verdict.gpu, verdict.uuid)
+        out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)
+        for reason in verdict.reasons:
+            out.add(
+                "gpu_health_reason",
+                {**labels, "reason": reason.reason, "severity": reason.severity},
+                1,
+            )
+    for cap in analysis.capacity:
+        for state in ("advertised", "healthy", "unhealthy", "allocated", "allocatable"):
+            out.add(
+                "gpu_node_devices", {"resource": cap.resource, "state": state}, getattr(cap, state)
+            )
+    for idle in analysis.idle:
+        labels = {
+            "namespace": idle.namespace,
+            "pod": idle.pod,
+            "container": idle.container,
+            "gpu": "" if idle.gpu is None else str(idle.gpu),
+            "uuid": idle.uuid,
+            **(migs.get(idle.mig_uuid, {}) if idle.mig_uuid else {}),
+            "device_id": idle.device_id,
+        }
+        out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
+        out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
 
 
 def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, str]:

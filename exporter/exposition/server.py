@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.exposition import generate_latest as generate_text
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -68,10 +68,21 @@ def _wants_openmetrics(accept: str) -> bool:
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:
-    return any(
-        p.split(";")[0].strip() == "gzip" and "q=0" not in p.replace(" ", "")
-        for p in accept_encoding.split(",")
-    )
+    """``gzip`` listed with a non-zero quality (``gzip;q=0.5`` accepts, ``gzip;q=0`` not)."""
+    for part in accept_encoding.split(","):
+        coding, *params = (p.strip() for p in part.split(";"))
+        if coding.lower() != "gzip":
+            continue
+        quality = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        return quality > 0
+    return False
 
 
 LANDING = """<!doctype html>
@@ -89,7 +100,9 @@ def build_app(cache: MetricsCache, node_name: str) -> web.Application:
             return web.Response(status=503, text="no sample yet\n")
         openmetrics = _wants_openmetrics(request.headers.get("Accept", ""))
         rendered = cache.openmetrics if openmetrics else cache.text
-        content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST
+        # generate_text writes the 0.0.4 text format; prometheus_client's
+        # CONTENT_TYPE_LATEST now says version=1.0.0, which would mislabel it.
+        content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_PLAIN_0_0_4
         headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
         if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
             headers["Content-Encoding"] = "gzip"

@@ -242,7 +242,8 @@ class SimNode:
             for key, val in args.items():
                 if not hasattr(gpu, key):
                     raise ScenarioError(f"timeline set: GPU has no field {key!r}")
-                setattr(gpu, key, parse_size(val, key) if key.endswith("memory") else val)
+                sized = key in {"memory_total", "memory_reserved", "unaccounted_memory"}
+                setattr(gpu, key, parse_size(val, f"timeline set {key}") if sized else val)
         elif event.action == "set_process":
             proc = self._process(args.pop("pid"))
             for key, val in args.items():

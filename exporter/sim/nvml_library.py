@@ -143,8 +143,15 @@ class SimNvmlLibrary:
         self.initialised = False
         return SUCCESS
 
-    def nvmlErrorString(self, result: Any) -> bytes:
-        return f"simulated NVML error {_value(result)}".encode()
+    @property
+    def nvmlErrorString(self) -> Callable[[Any], bytes]:
+        """A plain function: pynvml sets ``restype`` on it as on a ctypes function, which a
+        bound method refuses (str() of an error code pynvml has no text for would raise)."""
+
+        def error_string(result: Any) -> bytes:
+            return f"simulated NVML error {_value(result)}".encode()
+
+        return error_string
 
     def _string(self, buf: Any, text: str) -> int:
         if not self.initialised:
@@ -308,6 +315,20 @@ class SimNvmlLibrary:
         _out(unc).value = gpu.remapped_uncorrectable
         _out(pending).value = int(gpu.remapped_pending)
         _out(failure).value = int(gpu.remapped_failure)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetRetiredPages(
+        self, gpu: SimGpu, mig: SimMig | None, cause: Any, count: Any, pages: Any
+    ) -> int:
+        dbe = _value(cause) == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        retired = gpu.retired_pages_dbe if dbe else gpu.retired_pages_sbe
+        capacity = _out(count).value
+        _out(count).value = retired
+        if pages is None or capacity < retired:
+            return INSUFFICIENT_SIZE if retired else SUCCESS
+        for i in range(retired):
+            pages[i] = 0x1000 * (i + 1)
         return SUCCESS
 
     # -- processes --------------------------------------------------------------------

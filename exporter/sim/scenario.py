@@ -82,6 +82,8 @@ class SimGpu:
     remapped_uncorrectable: int
     remapped_pending: bool
     remapped_failure: bool
+    retired_pages_sbe: int
+    retired_pages_dbe: int
     unsupported: set[str]
     lost: bool
     mig: list[SimMig]
@@ -195,6 +197,8 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "remapped_uncorrectable": 0,
     "remapped_pending": False,
     "remapped_failure": False,
+    "retired_pages_sbe": 0,
+    "retired_pages_dbe": 0,
     "unsupported": [],
     "lost": False,
     "mig": [],
@@ -250,7 +254,9 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
                 profile=str(mig.get("profile", "1g.10gb")),
                 gpu_instance_id=int(mig.get("gpu_instance_id", m + 1)),
                 compute_instance_id=int(mig.get("compute_instance_id", 0)),
-                memory_total=parse_size(mig.get("memory_total", "10GiB"), f"{where}.mig[{m}]"),
+                memory_total=parse_size(
+                    mig.get("memory_total", "10GiB"), f"{where}.mig[{m}].memory_total"
+                ),
                 uuid=str(mig.get("uuid") or f"MIG-{derived_uuid(node, 'mig', index, m)}"),
             )
         )
@@ -404,6 +410,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             f"nvml_init_error: {init_error!r} is not one of {sorted(NVML_ERROR_CODES)}"
         )
     defaults = _expect_mapping(root.get("gpu_defaults") or {}, "gpu_defaults")
+    _check_keys(defaults, set(_GPU_DEFAULTS), "gpu_defaults")
     gpus = [
         _gpu(_expect_mapping(g, f"gpus[{i}]"), i, defaults, node)
         for i, g in enumerate(root.get("gpus") or [])

@@ -269,6 +269,8 @@ class PodWatcher:
             with self._lock:
                 self._set_status_locked(False, f"kubernetes client unavailable: {exc}")
             return
+        # return_type "object": events keep raw dicts, no model deserialisation.
+        watch = k8s_watch.Watch(return_type="object")  # type: ignore[no-untyped-call]
         backoff = Backoff(initial_s=1.0, max_s=60.0)
         failures = 0  # consecutive, reset by watch progress (not by a LIST alone)
         v1: Any = None
@@ -281,7 +283,7 @@ class PodWatcher:
                     stage = "list pods"
                     rv = self._list(v1)
                     stage = "watch pods"
-                    for _ in self._watch(v1, k8s_watch, rv, stopping):
+                    for _ in self._watch(v1, watch, rv, stopping):
                         failures = 0
                         backoff.reset()
                     continue  # resync due (or stopping): relist
@@ -344,7 +346,7 @@ class PodWatcher:
             log.info("pod metadata: listed %d pods on node %s", len(pods), self._node)
         return rv
 
-    def _watch(self, v1: Any, k8s_watch: Any, rv: str, stopping: threading.Event) -> Iterable[None]:
+    def _watch(self, v1: Any, watch: Any, rv: str, stopping: threading.Event) -> Iterable[None]:
         """Watch windows from ``rv`` until a resync is due; yields on each sign of health
         (an event, a window that ended cleanly) and raises when the stream breaks."""
         resync_at = time.monotonic() + self._resync_s
@@ -353,8 +355,6 @@ class PodWatcher:
             if remaining <= 0:
                 return
             window = max(1, min(self._watch_timeout_s, math.ceil(remaining)))
-            # return_type "object": events keep raw dicts, no model deserialisation.
-            watch = k8s_watch.Watch(return_type="object")
             with self._lock:
                 self._active_watch = watch
             try:

@@ -89,6 +89,7 @@ class _Device:
     minor_number: int | None
     last_utilization_ts: int = 0
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
+    failed: bool = False  # re-open next cycle; the identity still labels the error sample
 
 
 class NvmlSource:
@@ -160,18 +161,28 @@ class NvmlSource:
     def _sample_gpu(self, index: int) -> GpuSample:
         device = self._devices[index]
         try:
-            if device is None:
+            if device is None or device.failed:
                 device = self._devices[index] = self._open(index)
             return self._read(device)
-        except (GpuFailed, *_GPU_FAILED) as exc:
+        except (GpuFailed, pynvml.NVMLError) as exc:
+            # Any NVML error escaping one GPU's queries fails that GPU only, never the cycle.
             cause = exc.__cause__ if isinstance(exc, GpuFailed) and exc.__cause__ else exc
             reason = error_name(cause)
             self._errors.append(("gpu", reason))
             log.debug("GPU %d failed this cycle: %s", index, reason)
-            # Drop the cached handle so a GPU that comes back is re-opened cleanly.
-            self._devices[index] = None
-            uuid = device.uuid if device else f"unknown-gpu-{index}"
-            return GpuSample(index=index, uuid=uuid, error=reason)
+            if device is None:
+                return GpuSample(index=index, uuid=f"unknown-gpu-{index}", error=reason)
+            # Re-open next cycle, so a GPU that comes back gets a fresh handle, but keep
+            # its last known identity: the lost GPU's series keep their uuid and model.
+            device.failed = True
+            return GpuSample(
+                index=index,
+                uuid=device.uuid,
+                name=device.name,
+                pci_bus_id=device.pci_bus_id,
+                minor_number=device.minor_number,
+                error=reason,
+            )
 
     def _open(self, index: int) -> _Device:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -234,6 +245,14 @@ class NvmlSource:
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 pynvml.NVML_AGGREGATE_ECC,
             ),
+            ecc_uncorrected_volatile=q(
+                "ecc",
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
+            ),
+            retired_pages=self._retired_pages(h),
             remapped_rows=RemappedRows(
                 remapped[0], remapped[1], bool(remapped[2]), bool(remapped[3])
             )
@@ -289,6 +308,19 @@ class NvmlSource:
         if v1 is None:
             return None, None, None, None
         return v1.total, v1.used, v1.free, None
+
+    def _retired_pages(self, handle: Any) -> int | None:
+        """Pages retired for double-bit or repeated single-bit ECC errors."""
+        total = 0
+        for cause in (
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        ):
+            pages = self._query("retired_pages", pynvml.nvmlDeviceGetRetiredPages, handle, cause)
+            if pages is None:
+                return None
+            total += len(pages)
+        return total
 
     def _processes(
         self, handle: Any, mig_ids: tuple[int, int] | None = None

@@ -1,0 +1,168 @@
+"""Run the real exporter in-process on a simulated node, with a clock the test moves.
+
+Everything is the production code path: the simulated NVML library under pynvml, the
+proc tree on disk, the real gRPC PodResources server on a unix socket, the real
+``kubernetes`` client against the HTTP stand-in, the real aiohttp server on a free port,
+and a real HTTP client whose responses are parsed with ``prometheus_client.parser``.
+Only the schedule differs: the test calls ``cycle()`` instead of waiting on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.agent import Agent
+from exporter.config import parse_config
+from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
+from exporter.sim.environment import SimEnvironment
+from exporter.sim.node import ManualClock
+from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
+from exporter.sources.kube import PodWatcher
+
+Labels = frozenset[tuple[str, str]]
+
+
+@dataclass
+class Scrape:
+    """One parsed scrape: ``values[name][labels] = value`` (samples keyed by sample name)."""
+
+    values: dict[str, dict[Labels, float]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+
+    def series(self, name: str) -> dict[Labels, float]:
+        return self.values.get(name, {})
+
+    def get(self, name: str, **labels: str) -> float:
+        """The single sample of ``name`` whose labels include ``labels``."""
+        wanted = set(labels.items())
+        hits = [v for k, v in self.series(name).items() if wanted <= k]
+        if len(hits) != 1:
+            raise AssertionError(f"{name}{labels}: expected one sample, found {len(hits)}")
+        return hits[0]
+
+    def find(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        wanted = set(labels.items())
+        return [(dict(k), v) for k, v in self.series(name).items() if wanted <= k]
+
+    def names(self) -> set[str]:
+        return set(self.types)
+
+
+def parse_exposition(text: str) -> Scrape:
+    scrape = Scrape()
+    for family in text_string_to_metric_families(text):
+        scrape.types[family.name] = family.type
+        for sample in family.samples:
+            scrape.values.setdefault(sample.name, {})[frozenset(sample.labels.items())] = (
+                sample.value
+            )
+    return scrape
+
+
+@dataclass
+class Harness:
+    env: SimEnvironment
+    agent: Agent
+    url: str
+    clock: ManualClock
+    session: aiohttp.ClientSession
+
+    async def cycle(self) -> None:
+        """One sample cycle as the agent's loop would run it (simulator synced first)."""
+        await asyncio.to_thread(self.env.sync)
+        await self.agent.cycle()
+
+    async def advance(self, seconds: float, *, cycle: bool = True) -> None:
+        self.clock.advance(seconds)
+        if cycle:
+            await self.cycle()
+
+    async def get(self, path: str, **headers: str) -> aiohttp.ClientResponse:
+        async with self.session.get(
+            self.url + path, headers=headers, auto_decompress=True
+        ) as response:
+            await response.read()
+            return response
+
+    async def scrape(self) -> Scrape:
+        async with self.session.get(self.url + "/metrics") as response:
+            assert response.status == 200, await response.text()
+            return parse_exposition(await response.text())
+
+
+def scenario_from(source: str | dict[str, object] | Scenario) -> Scenario:
+    if isinstance(source, Scenario):
+        return source
+    if isinstance(source, dict):
+        return parse_scenario(source, "test")
+    return load_scenario(source)
+
+
+@asynccontextmanager
+async def simulated_exporter(
+    scenario: str | dict[str, object] | Scenario,
+    *,
+    kube_api: bool = True,
+    argv: Sequence[str] = (),
+    first_cycle: bool = True,
+) -> AsyncIterator[Harness]:
+    clock = ManualClock()
+    env = SimEnvironment(scenario_from(scenario), clock=clock, kube_api=kube_api)
+    paths = await env.start()
+    try:
+        config = parse_config(
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--proc-root",
+                str(paths.proc_root),
+                "--pod-resources-socket",
+                str(paths.pod_resources_socket),
+                "--node-name",
+                paths.node_name,
+                "--kube-api",
+                "auto" if kube_api else "off",
+                *(["--kubeconfig", str(paths.kubeconfig)] if paths.kubeconfig else []),
+                *argv,
+            ],
+            env={},
+        )
+        watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig) if kube_api else None
+        cache = MetricsCache()
+        runner = await start_server(build_app(cache, paths.node_name), "127.0.0.1", 0)
+        agent = Agent(config, cache, pod_meta=watcher)
+        try:
+            if watcher is not None:
+                watcher.start()
+                await _wait_for(lambda: watcher.snapshot().ok, "pod watch to list pods")
+            await agent.refresh_pod_resources()
+            async with aiohttp.ClientSession() as session:
+                harness = Harness(
+                    env, agent, f"http://127.0.0.1:{bound_port(runner)}", clock, session
+                )
+                if first_cycle:
+                    await harness.cycle()
+                yield harness
+        finally:
+            await runner.cleanup()
+            await agent.pod_resources_client.close()
+            if watcher is not None:
+                await asyncio.to_thread(watcher.stop)
+            agent.nvml.close()
+    finally:
+        await env.stop()
+
+
+async def _wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)

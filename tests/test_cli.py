@@ -1,0 +1,185 @@
+"""The command line as an operator meets it: real subprocesses, real ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from exporter.config import ConfigError, parse_config
+
+EXE = [sys.executable, "-m", "exporter"]
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXE, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--interval", "-1"], "--interval: -1 is below the minimum of 0.1 seconds"),
+        (["--interval", "0.05"], "below the minimum"),
+        (["--interval", "soon"], "--interval: 'soon' is not a number of seconds"),
+        (["--listen", "9445"], "--listen: '9445' is not HOST:PORT"),
+        (["--listen", "0.0.0.0:70000"], "is not HOST:PORT"),
+        (["--kube-api", "maybe"], "invalid choice: 'maybe'"),
+        (["--log-format", "xml"], "invalid choice: 'xml'"),
+        (
+            ["--simulate", "/nonexistent/scenario.yaml"],
+            "cannot read scenario '/nonexistent/scenario.yaml'",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_and_exit_status_2(args: list[str], needle: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpu-occupancy-exporter: error: ")
+    assert needle in lines[0]
+    assert result.stdout == ""
+
+
+def test_invalid_scenario_yaml_names_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus:\n  - name: [unclosed\n")
+    result = run("--simulate", str(bad))
+    assert result.returncode == 2
+    assert "is not valid YAML at line" in result.stderr
+
+
+def test_scenario_with_an_unknown_key_is_rejected_with_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("gpus:\n  - temprature: 40\n")
+    result = run("--simulate", str(bad))
+    assert result.returncode == 2
+    assert "gpus[0]: unknown key 'temprature'" in result.stderr
+
+
+def test_environment_variable_sets_a_flag_and_the_flag_wins() -> None:
+    env = {"GPU_EXPORTER_INTERVAL": "2.5", "GPU_EXPORTER_LISTEN": "127.0.0.1:9999"}
+    assert parse_config([], env=env).interval_s == 2.5
+    assert parse_config(["--interval", "7"], env=env).interval_s == 7.0
+    assert parse_config([], env=env).listen_port == 9999
+    assert parse_config([], env={"NODE_NAME": "gpu-node-7"}).node_name == "gpu-node-7"
+    assert parse_config([], env={"GPU_EXPORTER_PER_PROCESS_METRICS": "true"}).per_process_metrics
+
+
+def test_bad_environment_value_is_reported_under_its_variable_name() -> None:
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_KUBE_API: 'sometimes' is not one of"):
+        parse_config([], env={"GPU_EXPORTER_KUBE_API": "sometimes"})
+    with pytest.raises(ConfigError, match="--interval: 'x' is not a number"):
+        parse_config([], env={"GPU_EXPORTER_INTERVAL": "x"})
+
+
+def test_help_explains_every_flag_with_its_environment_variable() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    flags = [
+        "--listen",
+        "--interval",
+        "--proc-root",
+        "--pod-resources-socket",
+        "--node-name",
+        "--kube-api",
+        "--simulate",
+        "--log-level",
+        "--log-format",
+        "--kubeconfig",
+        "--per-process-metrics",
+        "--resource-names",
+        "--pod-resources-interval",
+    ]
+    for flag in flags:
+        assert flag in result.stdout
+        env_name = "GPU_EXPORTER_" + flag[2:].replace("-", "_").upper()
+        assert env_name in result.stdout, env_name
+
+
+def test_port_in_use_exits_2_before_starting_anything() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run("--simulate", "single-gpu", "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"--listen: cannot listen on 127.0.0.1:{port}" in lines[0]
+    assert "simulated node" not in result.stderr  # nothing half-started
+
+
+def _wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("exporter did not become ready")
+
+
+def _run_until_ready(args: list[str]) -> tuple[str, subprocess.Popen[str]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [*EXE, *args, "--listen", f"127.0.0.1:{port}", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(url, process)
+    return url, process
+
+
+def test_simulated_node_serves_metrics_and_stops_cleanly_on_sigterm() -> None:
+    url, process = _run_until_ready(["--simulate", "single-gpu", "--log-format", "json"])
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            body = response.read().decode()
+        assert 'gpu_memory_used_bytes{gpu="0"' in body
+        assert "gpu_exporter_nvml_up 1.0" in body
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0
+    assert '"message": "stopped"' in stderr  # json logs, one object per line
+
+
+def test_no_driver_keeps_serving_nvml_down() -> None:
+    url, process = _run_until_ready(["--simulate", "no-gpu", "--kube-api", "off"])
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            body = response.read().decode()
+        assert "gpu_exporter_nvml_up 0.0" in body
+        assert "gpu_info" not in body
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)

@@ -1,0 +1,47 @@
+"""docs/metrics.md and the exporter's real output stay in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporter.exposition.metrics import CATALOGUE
+from tests.harness import simulated_exporter
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+ROW = re.compile(r"^\| `(gpu_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", re.MULTILINE)
+SELF_INSTRUMENTS = {
+    "gpu_exporter_build_info",
+    "gpu_exporter_errors",
+    "gpu_exporter_sample_duration_seconds",
+}
+
+
+def documented() -> dict[str, str]:
+    rows = dict(ROW.findall(DOC.read_text(encoding="utf-8")))
+    assert rows, "no metric rows found in docs/metrics.md"
+    return rows
+
+
+def family_name(documented_name: str, kind: str) -> str:
+    return documented_name.removesuffix("_total") if kind == "counter" else documented_name
+
+
+async def test_every_emitted_metric_is_documented_and_every_documented_one_is_emitted() -> None:
+    """Run node-8gpu through its whole timeline (zombie, XIDs, a lost GPU) and collect
+    every metric family served along the way."""
+    emitted: dict[str, str] = {}
+    async with simulated_exporter("node-8gpu", argv=["--per-process-metrics"]) as h:
+        for step in (5, 60, 60, 60):
+            await h.advance(step)
+            scrape = await h.scrape()
+            emitted.update(scrape.types)
+    doc = {family_name(name, kind): kind for name, kind in documented().items()}
+    assert sorted(set(emitted) - set(doc)) == [], "emitted but not in docs/metrics.md"
+    assert sorted(set(doc) - set(emitted)) == [], "documented but never emitted on node-8gpu"
+    assert {name: doc[name] for name in emitted} == emitted, "documented type differs"
+
+
+def test_the_catalogue_and_the_document_list_the_same_metrics() -> None:
+    doc = {family_name(name, kind) for name, kind in documented().items()}
+    assert doc == set(CATALOGUE) | SELF_INSTRUMENTS
