@@ -17,7 +17,9 @@ import asyncio
 import logging
 import os
 import platform
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +28,9 @@ from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
-from exporter.analysis.attribution import attribute
+from exporter.analysis.health import HealthPolicy
+from exporter.analysis.idle import IdlePolicy
+from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
@@ -38,11 +42,14 @@ from exporter.model import (
     PodResourcesSnapshot,
     ProcessIdentity,
     SourceStatus,
+    XidEvent,
 )
 from exporter.sources.backoff import Backoff
+from exporter.sources.kmsg import KmsgReader
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
 from exporter.sources.procfs import read_processes
+from exporter.sources.xid import XidListener
 
 log = logging.getLogger(__name__)
 disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: needless series
@@ -101,7 +108,12 @@ def kube_api_configured(config: Config) -> bool:
 
 class Agent:
     def __init__(
-        self, config: Config, cache: MetricsCache, *, pod_meta: PodMetaSource | None = None
+        self,
+        config: Config,
+        cache: MetricsCache,
+        *,
+        pod_meta: PodMetaSource | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -109,7 +121,7 @@ class Agent:
         self.collector = SnapshotCollector()
         self.registry.register(self.collector)
         self.self_metrics = SelfMetrics.register(self.registry)
-        for source in ("nvml", "procfs", "podresources", "kube", "agent"):
+        for source in ("nvml", "procfs", "podresources", "kube", "xid", "kmsg", "agent"):
             self.self_metrics.errors.labels(source)  # present from the start, at 0
         self.options = ExpositionOptions(per_process_metrics=config.per_process_metrics)
         self.nvml = NvmlSource()
@@ -120,15 +132,63 @@ class Agent:
             ok=False, timestamp=time.time(), error="not fetched yet"
         )
         self.pod_meta = pod_meta
-        self._kube_errors_seen = 0
+        self.wall_clock = wall_clock
+        self.policy = Policy(
+            health=HealthPolicy(
+                xid_window_s=config.health_xid_window_s,
+                retired_pages_limit=config.retired_pages_limit,
+            ),
+            idle=IdlePolicy(
+                threshold_ratio=config.idle_threshold, max_gap_s=max(60.0, 3 * config.interval_s)
+            ),
+        )
+        self.state = initial_state(wall_clock(), self.policy, config.xid_severity)
+        self._xid_lock = threading.Lock()
+        self._xid_pending: list[XidEvent] = []
+        self.xid_listener = XidListener(self._on_xid, clock=wall_clock)
+        self.kmsg = (
+            KmsgReader(
+                self._on_xid, path=config.kmsg_path, proc_root=config.proc_root, clock=wall_clock
+            )
+            if config.kmsg
+            else None
+        )
+        self._errors_seen: dict[str, int] = {}
         self._stopping = asyncio.Event()
         self.latest: Analysis | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
-    async def run(self) -> None:
+    def start_background(self) -> None:
+        """Start the threads that block on something external."""
         if self.pod_meta is not None:
             self.pod_meta.start()
+        self.xid_listener.start()
+        if self.kmsg is not None:
+            self.kmsg.start()
+
+    async def stop_background(self) -> None:
+        await self.pod_resources_client.close()
+        stoppers: list[Callable[[], None]] = [self.xid_listener.stop]
+        if self.kmsg is not None:
+            stoppers.append(self.kmsg.stop)
+        if self.pod_meta is not None:
+            stoppers.append(self.pod_meta.stop)
+        await asyncio.gather(*(asyncio.to_thread(stop) for stop in stoppers))
+        await asyncio.to_thread(self.nvml.close)
+
+    def _on_xid(self, event: XidEvent) -> None:
+        """Called from the XID and kmsg threads; the next cycle picks the events up."""
+        with self._xid_lock:
+            self._xid_pending.append(event)
+
+    def _take_xids(self) -> list[XidEvent]:
+        with self._xid_lock:
+            events, self._xid_pending = self._xid_pending, []
+        return events
+
+    async def run(self) -> None:
+        self.start_background()
         tasks = [
             asyncio.create_task(self._sample_loop(), name="sample-loop"),
             asyncio.create_task(self._pod_resources_loop(), name="podresources-loop"),
@@ -139,10 +199,7 @@ class Agent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.pod_resources_client.close()
-            if self.pod_meta is not None:
-                await asyncio.to_thread(self.pod_meta.stop)
-            await asyncio.to_thread(self.nvml.close)
+            await self.stop_background()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -192,9 +249,10 @@ class Agent:
 
     async def cycle(self) -> None:
         started = time.perf_counter()
+        timestamp = self.wall_clock()
         try:
             nvml, processes = await asyncio.to_thread(self._read_host)
-            snapshot = self._snapshot(nvml, processes)
+            snapshot = self._snapshot(nvml, processes, timestamp)
             await asyncio.to_thread(self._analyse_and_render, snapshot, started)
         except Exception:
             self.self_metrics.errors.labels("agent").inc()
@@ -209,25 +267,38 @@ class Agent:
         pids.update(p.pid for g in nvml.gpus for m in g.mig_instances for p in m.processes)
         return nvml, read_processes(self.config.proc_root, pids)
 
-    def _snapshot(self, nvml: NvmlSnapshot, processes: tuple[ProcessIdentity, ...]) -> NodeSnapshot:
+    def _count_errors(self, source: str, total: int) -> None:
+        """Turn a thread's running error total into increments of our counter."""
+        new = total - self._errors_seen.get(source, 0)
+        if new > 0:
+            self.self_metrics.errors.labels(source).inc(new)
+            self._errors_seen[source] = total
+
+    def _snapshot(
+        self, nvml: NvmlSnapshot, processes: tuple[ProcessIdentity, ...], timestamp: float
+    ) -> NodeSnapshot:
         pod_meta = self.pod_meta.snapshot() if self.pod_meta is not None else None
+        proc_ok = self.config.proc_root.is_dir()
+        xid = self.xid_listener
         sources = [
             SourceStatus("nvml", nvml.ok, nvml.error),
-            SourceStatus(
-                "procfs",
-                self.config.proc_root.is_dir(),
-                None if self.config.proc_root.is_dir() else "proc root missing",
-            ),
+            SourceStatus("procfs", proc_ok, None if proc_ok else "proc root missing"),
             SourceStatus("podresources", self.pod_resources.ok, self.pod_resources.error),
+            SourceStatus("xid", xid.alive and xid.last_error is None, xid.last_error),
         ]
+        self._count_errors("xid", xid.errors_total)
+        if self.kmsg is not None:
+            kmsg = self.kmsg
+            sources.append(
+                SourceStatus("kmsg", kmsg.alive and kmsg.last_error is None, kmsg.last_error)
+            )
+            self._count_errors("kmsg", kmsg.errors_total)
         if self.pod_meta is not None and pod_meta is not None:
             sources.append(SourceStatus("kube", pod_meta.ok, pod_meta.error))
-            new_errors = self.pod_meta.errors_total - self._kube_errors_seen
-            if new_errors > 0:
-                self.self_metrics.errors.labels("kube").inc(new_errors)
-                self._kube_errors_seen += new_errors
+            self._count_errors("kube", self.pod_meta.errors_total)
         return NodeSnapshot(
             node_name=self.config.node_name,
+            timestamp=timestamp,
             nvml=nvml,
             processes=processes,
             pod_resources=self.pod_resources,
@@ -236,7 +307,7 @@ class Agent:
         )
 
     def _analyse_and_render(self, snapshot: NodeSnapshot, started: float) -> None:
-        analysis = Analysis(node=snapshot, attribution=attribute(snapshot))
+        analysis, self.state = analyse(snapshot, self.state, self._take_xids(), self.policy)
         self.collector.set(build_families(analysis, self.options))
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)

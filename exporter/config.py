@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from exporter import __version__
+from exporter.analysis.xid import parse_overrides
 from exporter.sources.podresources.client import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET_PATH
 
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -42,6 +43,14 @@ class Config:
     kubeconfig: str | None
     simulate: str | None
     per_process_metrics: bool
+    xid_severity: dict[int, str]
+    health_xid_window_s: float
+    retired_pages_limit: int
+    idle_threshold: float
+    kmsg: bool
+    kmsg_path: Path
+    dcgm: str  # "auto" | "off" | "HOST:PORT"
+    dcgm_bindings_path: str | None
     log_level: str
     log_format: str  # "text" | "json"
 
@@ -150,26 +159,75 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "Also export per-pid series (cardinality grows with processes).",
         action="store_true",
     )
+    add(
+        "--xid-severity",
+        "Override the XID severity table (docs/xid.md): comma-separated "
+        "CODE=CLASS with CLASS application, warning or fatal, e.g. '13=fatal,94=warning'.",
+        default="",
+        metavar="LIST",
+    )
+    add(
+        "--health-xid-window",
+        "Seconds a fatal XID keeps its GPU unhealthy.",
+        default="3600",
+        metavar="SECONDS",
+    )
+    add(
+        "--retired-pages-limit",
+        "Retired memory pages at which a GPU is unhealthy.",
+        default="60",
+        metavar="N",
+    )
+    add(
+        "--idle-threshold",
+        "SM activity (0..1) below which an allocated GPU counts as idle.",
+        default="0.05",
+        metavar="RATIO",
+    )
+    add(
+        "--kmsg",
+        "Also read 'NVRM: Xid' lines from the kernel log, so XIDs raised while the "
+        "exporter was down are counted.",
+        action="store_true",
+    )
+    add("--kmsg-path", "The kernel log device.", default="/dev/kmsg", metavar="PATH")
+    add(
+        "--dcgm",
+        "DCGM profiling fields and health: 'auto' uses DCGM where its bindings "
+        "import and a host engine answers, 'off' never, HOST:PORT a remote host engine.",
+        default="auto",
+        metavar="MODE",
+    )
+    add(
+        "--dcgm-bindings-path",
+        "Directory holding DCGM's Python bindings (installed with "
+        "DCGM, e.g. /usr/local/dcgm/bindings/python3).",
+        default=None,
+        metavar="PATH",
+    )
     add("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS)
     add("--log-format", "Log line format.", default="text", choices=("text", "json"))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-def _positive_float(text: str, flag: str, minimum: float) -> float:
+def _positive_float(text: str, flag: str, minimum: float, unit: str = " seconds") -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{flag}: {text!r} is not a number of seconds") from None
+        what = f"a number of{unit}" if unit else "a number"
+        raise ConfigError(f"{flag}: {text!r} is not {what}") from None
     if not value >= minimum:  # also rejects NaN
-        raise ConfigError(f"{flag}: {text} is below the minimum of {minimum} seconds")
+        raise ConfigError(f"{flag}: {text} is below the minimum of {minimum}{unit}")
     return value
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(
+    text: str, flag: str = "--listen", example: str = "0.0.0.0:9445"
+) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"--listen: {text!r} is not HOST:PORT (e.g. 0.0.0.0:9445)")
+        raise ConfigError(f"{flag}: {text!r} is not HOST:PORT (e.g. {example})")
     return host.strip("[]"), int(port_text)
 
 
@@ -189,6 +247,24 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
                 f"one of {', '.join(choices)}"
             )
     host, port = parse_listen(args.listen)
+    try:
+        xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    dcgm = args.dcgm
+    if dcgm not in ("auto", "off"):
+        parse_listen(dcgm, flag="--dcgm", example="localhost:5555, auto or off")
+    try:
+        retired_limit = int(args.retired_pages_limit)
+    except ValueError:
+        raise ConfigError(
+            f"--retired-pages-limit: {args.retired_pages_limit!r} is not a whole number"
+        ) from None
+    if retired_limit < 1:
+        raise ConfigError("--retired-pages-limit: must be at least 1")
+    idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
+    if idle_threshold > 1:
+        raise ConfigError(f"--idle-threshold: {args.idle_threshold} is above 1 (a ratio)")
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
     if not names:
         raise ConfigError("--resource-names: give at least one resource name")
@@ -207,6 +283,14 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         kubeconfig=args.kubeconfig,
         simulate=args.simulate,
         per_process_metrics=bool(args.per_process_metrics),
+        xid_severity=xid_severity,
+        health_xid_window_s=_positive_float(args.health_xid_window, "--health-xid-window", 1.0),
+        retired_pages_limit=retired_limit,
+        idle_threshold=idle_threshold,
+        kmsg=bool(args.kmsg),
+        kmsg_path=Path(args.kmsg_path),
+        dcgm=dcgm,
+        dcgm_bindings_path=args.dcgm_bindings_path,
         log_level=args.log_level,
         log_format=args.log_format,
     )

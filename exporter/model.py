@@ -225,6 +225,7 @@ class SourceStatus:
 class NodeSnapshot:
     node_name: str
     nvml: NvmlSnapshot
+    timestamp: float = 0.0  # wall-clock seconds at the start of the cycle
     processes: tuple[ProcessIdentity, ...] = ()
     pod_resources: PodResourcesSnapshot | None = None
     pod_meta: PodMetaSnapshot | None = None
@@ -400,6 +401,8 @@ class Analysis:
     health: tuple[GpuHealth, ...] = ()
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()
+    # ((gpu, uuid, xid, severity), count): cumulative XID counts for gpu_xid_errors_total
+    xid_counts: tuple[tuple[tuple[int | None, str | None, int, str], int], ...] = ()
 
 
 # ---------------------------------------------------------------------------

@@ -75,8 +75,15 @@ class Harness:
     session: aiohttp.ClientSession
 
     async def cycle(self) -> None:
-        """One sample cycle as the agent's loop would run it (simulator synced first)."""
+        """One sample cycle as the agent's loop would run it (simulator synced first).
+
+        XIDs due by now are first handed over by the listener thread, as they would
+        have been during a real interval.
+        """
         await asyncio.to_thread(self.env.sync)
+        due = sum(1 for x in self.env.node.xids if x.at <= self.clock())
+        await _wait_for(lambda: self.agent.xid_listener.events_total >= due
+                        or not self.agent.xid_listener.alive, "XID events to be delivered")
         await self.agent.cycle()
 
     async def advance(self, seconds: float, *, cycle: bool = True) -> None:
@@ -137,10 +144,11 @@ async def simulated_exporter(
         watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig) if kube_api else None
         cache = MetricsCache()
         runner = await start_server(build_app(cache, paths.node_name), "127.0.0.1", 0)
-        agent = Agent(config, cache, pod_meta=watcher)
+        wall_start = time.time()
+        agent = Agent(config, cache, pod_meta=watcher, wall_clock=lambda: wall_start + clock())
         try:
+            agent.start_background()
             if watcher is not None:
-                watcher.start()
                 await _wait_for(lambda: watcher.snapshot().ok, "pod watch to list pods")
             await agent.refresh_pod_resources()
             async with aiohttp.ClientSession() as session:
@@ -152,10 +160,7 @@ async def simulated_exporter(
                 yield harness
         finally:
             await runner.cleanup()
-            await agent.pod_resources_client.close()
-            if watcher is not None:
-                await asyncio.to_thread(watcher.stop)
-            agent.nvml.close()
+            await agent.stop_background()
     finally:
         await env.stop()
 

@@ -81,6 +81,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_remapped_rows": (COUNTER, "Memory rows remapped, by cause."),
     "gpu_row_remap_pending": (GAUGE, "1 when a row remap waits for a GPU reset."),
     "gpu_row_remap_failed": (GAUGE, "1 when a row remap failed (replace the GPU)."),
+    "gpu_xid_errors": (COUNTER, "XID errors by code and severity class (docs/xid.md)."),
     # processes and attribution
     "gpu_processes": (GAUGE, "Processes NVML lists on the device, by kind."),
     "gpu_container_memory_used_bytes": (GAUGE, "GPU memory used by a container's processes."),
@@ -204,7 +205,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     node = analysis.node
     nvml = node.nvml
     out.add("gpu_exporter_nvml_up", {}, 1 if nvml.ok else 0)
-    out.add("gpu_exporter_last_sample_timestamp_seconds", {}, nvml.timestamp)
+    out.add("gpu_exporter_last_sample_timestamp_seconds", {}, node.timestamp)
     for source in node.sources:
         out.add("gpu_exporter_source_up", {"source": source.name}, 1 if source.up else 0)
     migs: dict[str, dict[str, str]] = {}
@@ -352,6 +353,9 @@ def _add_attribution(
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
+    for (gpu, uuid, xid, severity), count in analysis.xid_counts:
+        labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid or ""}
+        out.add("gpu_xid_errors", {**labels, "xid": str(xid), "severity": severity}, count)
     for verdict in analysis.health:
         labels = _gpu_labels(verdict.gpu, verdict.uuid)
         out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)

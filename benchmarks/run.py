@@ -1,0 +1,641 @@
+"""Performance harness for gpu-occupancy-exporter on the simulated ``node-8gpu`` node.
+
+Measures, against the targets from the issue (2-core machine):
+
+1. scrape latency of ``/metrics`` (text, gzip, OpenMetrics), from a separate process
+   over one keep-alive connection, against ``python -m exporter --simulate node-8gpu``;
+2. wall and CPU time of one sample cycle, with the agent run in-process on the
+   simulated node and a manual clock (every source on: NVML, procfs, PodResources
+   gRPC, the Kubernetes API watch);
+3. resident memory over a long run with pids and pods churning, and the RSS of a bare
+   exporter process with and without the Kubernetes API.
+
+Usage: ``python benchmarks/run.py [--quick] [--profile]``. Results are printed and
+written to ``benchmarks/results/`` (see benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import http.client
+import json
+import logging
+import math
+import os
+import platform
+import pstats
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, TypeVar
+from unittest import mock
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from exporter import __version__  # noqa: E402
+from exporter.agent import Agent  # noqa: E402
+from exporter.config import parse_config  # noqa: E402
+from exporter.exposition.server import MetricsCache  # noqa: E402
+from exporter.sim.environment import SimEnvironment  # noqa: E402
+from exporter.sim.node import ManualClock  # noqa: E402
+from exporter.sim.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
+from exporter.sources.kube import PodWatcher  # noqa: E402
+
+SCENARIO = "node-8gpu"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+TARGET_SCRAPE_P99_MS = 2.0
+TARGET_CYCLE_CPU_MS = 10.0
+TARGET_RSS_MIB = 90.0
+TARGET_RSS_SLOPE_MIB = 0.1  # growth per 1,000 cycles after warm-up that still counts as flat
+
+SCRAPE_VARIANTS: dict[str, dict[str, str]] = {
+    "text": {},
+    "gzip": {"Accept-Encoding": "gzip"},
+    "openmetrics": {"Accept": "application/openmetrics-text; version=1.0.0"},
+}
+POD_RESOURCES_EVERY = 10  # cycles between PodResources refreshes (the default 10 s at 1 s)
+WORKER_LIFETIME_S = 20  # churn: each extra worker process lives this long
+JOB_PERIOD_S = 60  # churn: a short-lived pod is created this often ...
+JOB_LIFETIME_S = 45  # ... and deleted after this long (its process exits 5 s before)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each measurement to do."""
+
+    scrapes: int  # text scrapes (the headline figure)
+    variant_scrapes: int  # gzip and OpenMetrics scrapes each
+    scrape_spacing_s: float  # start-to-start; spreads scrapes over many sample cycles
+    warmup_cycles: int
+    cycles: int
+    memory_cycles: int
+    rss_every: int
+    slope_from: int  # cycles of warm-up excluded from the RSS slope
+    settle_s: float  # a fresh exporter runs this long before its RSS is read
+
+
+FULL = Plan(2000, 500, 0.005, 20, 500, 10_000, 500, 2000, 5.0)
+QUICK = Plan(200, 50, 0.005, 5, 50, 1000, 100, 200, 3.0)
+
+
+# -- small helpers ---------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ranked = sorted(values)
+    return ranked[max(0, min(len(ranked) - 1, math.ceil(q / 100 * len(ranked)) - 1))]
+
+
+def summarise(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+    }
+
+
+def rss_mib(pid: int | str = "self") -> dict[str, float]:
+    """VmRSS and VmHWM (peak) of a process, in MiB."""
+    fields: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ErrorCounter(logging.Handler):
+    """Counts ERROR records: a failed cycle is logged, not raised, by the agent."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+# -- 1. scrape latency against a separate exporter process -----------------------------
+
+
+class ExporterProcess:
+    """``python -m exporter --simulate node-8gpu`` on a free port."""
+
+    def __init__(self, *, kube_api: bool) -> None:
+        self.kube_api = kube_api
+        self.port = free_port()
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--simulate",
+                SCENARIO,
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--interval",
+                "1",
+                "--log-level",
+                "warning",
+                "--kube-api",
+                "auto" if kube_api else "off",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until /readyz answers and every source (the kube watch included) is up."""
+        want = ["nvml", "procfs", "podresources"] + (["kube"] if self.kube_api else [])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._stderr.seek(0)
+                raise RuntimeError(f"exporter exited: {self._stderr.read().decode()[-2000:]}")
+            try:
+                status, body = self.get("/metrics")
+            except OSError:
+                status, body = 0, b""
+            if status == 200 and all(
+                f'gpu_exporter_source_up{{source="{name}"}} 1.0'.encode() in body for name in want
+            ):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"exporter not ready with sources {want} after {timeout_s} s")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+
+@contextmanager
+def exporter_process(*, kube_api: bool) -> Iterator[ExporterProcess]:
+    exporter = ExporterProcess(kube_api=kube_api)
+    try:
+        exporter.wait_ready()
+        yield exporter
+    finally:
+        exporter.stop()
+
+
+def scrape_latencies(
+    port: int, headers: dict[str, str], count: int, spacing_s: float
+) -> dict[str, Any]:
+    """Per-request wall time (request sent to body read) over one keep-alive connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    times: list[float] = []
+    size = 0
+    content_type = encoding = ""
+    try:
+        for i in range(count + count // 10):  # the first tenth warms up, unrecorded
+            started = time.perf_counter()
+            conn.request("GET", "/metrics", headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+            elapsed = time.perf_counter() - started
+            if response.status != 200:
+                raise RuntimeError(f"/metrics answered {response.status}")
+            if i >= count // 10:
+                times.append(elapsed * 1000)
+            size = len(body)
+            content_type = response.getheader("Content-Type", "")
+            encoding = response.getheader("Content-Encoding", "") or "identity"
+            time.sleep(max(0.0, spacing_s - elapsed))
+    finally:
+        conn.close()
+    return {
+        "ms": summarise(times),
+        "body_bytes": size,
+        "content_type": content_type,
+        "content_encoding": encoding,
+    }
+
+
+def measure_scrapes_and_process_rss(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    scrapes: dict[str, Any] = {}
+    process_rss: dict[str, Any] = {}
+    with exporter_process(kube_api=True) as exporter:
+        time.sleep(plan.settle_s)
+        process_rss["kube_api_on"] = rss_mib(exporter.proc.pid)
+        for name, headers in SCRAPE_VARIANTS.items():
+            count = plan.scrapes if name == "text" else plan.variant_scrapes
+            scrapes[name] = scrape_latencies(exporter.port, headers, count, plan.scrape_spacing_s)
+        process_rss["kube_api_on_after_scrapes"] = rss_mib(exporter.proc.pid)
+    with exporter_process(kube_api=False) as exporter:
+        time.sleep(plan.settle_s)
+        process_rss["kube_api_off"] = rss_mib(exporter.proc.pid)
+    process_rss["kube_api_cost"] = (
+        process_rss["kube_api_on"]["rss"] - process_rss["kube_api_off"]["rss"]
+    )
+    return scrapes, process_rss
+
+
+# -- 2 and 3. the agent in-process on the simulated node -------------------------------
+
+
+@dataclass
+class SimulatedAgent:
+    env: SimEnvironment
+    agent: Agent
+    watcher: PodWatcher
+    clock: ManualClock
+
+    async def step(self) -> None:
+        """One second of simulated time, then one sample cycle as the sample loop runs it."""
+        self.clock.advance(1.0)
+        self.env.sync()
+        await self.agent.cycle()
+
+
+@asynccontextmanager
+async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
+    """The real Agent with every source on, like tests/harness.py but without HTTP."""
+    clock = ManualClock()
+    env = SimEnvironment(scenario, clock=clock, kube_api=True)
+    paths = await env.start()
+    # The simulator re-syncs every 0.2 s on its own; step() syncs before each cycle, so
+    # stop that task to keep its CPU out of the measurements.
+    if env._task is not None:
+        env._task.cancel()
+    try:
+        assert paths.kubeconfig is not None
+        config = parse_config(
+            [
+                "--listen=127.0.0.1:0",
+                f"--proc-root={paths.proc_root}",
+                f"--pod-resources-socket={paths.pod_resources_socket}",
+                f"--node-name={paths.node_name}",
+                "--kube-api=auto",
+                f"--kubeconfig={paths.kubeconfig}",
+            ],
+            env={},
+        )
+        watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig)
+        agent = Agent(config, MetricsCache(), pod_meta=watcher)
+        watcher.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not watcher.snapshot().ok:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the pod watch did not list pods within 30 s")
+                await asyncio.sleep(0.02)
+            await agent.refresh_pod_resources()
+            sim = SimulatedAgent(env, agent, watcher, clock)
+            await sim.step()
+            assert agent.latest is not None
+            down = [s.name for s in agent.latest.node.sources if not s.up]
+            if down:
+                raise RuntimeError(f"sources down in the simulated agent: {down}")
+            yield sim
+        finally:
+            await agent.pod_resources_client.close()
+            await asyncio.to_thread(watcher.stop)
+            agent.nvml.close()
+    finally:
+        await env.stop()
+
+
+async def measure_cycles(plan: Plan) -> dict[str, Any]:
+    async with simulated_agent(load_scenario(SCENARIO)) as sim:
+        for _ in range(plan.warmup_cycles):
+            await sim.step()
+        walls: list[float] = []
+        cpus: list[float] = []
+        for _ in range(plan.cycles):
+            sim.clock.advance(1.0)
+            sim.env.sync()
+            wall, cpu = time.perf_counter(), time.process_time()
+            await sim.agent.cycle()
+            cpus.append((time.process_time() - cpu) * 1000)
+            walls.append((time.perf_counter() - wall) * 1000)
+        assert sim.agent.latest is not None
+        cache = sim.agent.cache
+        assert cache.text is not None and cache.openmetrics is not None
+        return {
+            "wall_ms": summarise(walls),
+            "cpu_ms": summarise(cpus),
+            "processes": len(sim.agent.latest.node.processes),
+            "exposition_lines": cache.text.body.count(b"\n"),
+            "exposition_bytes": len(cache.text.body),
+            "openmetrics_bytes": len(cache.openmetrics.body),
+        }
+
+
+async def _inline(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    return func(*args, **kwargs)
+
+
+async def profile_cycles(plan: Plan, top: int = 30) -> str:
+    """cProfile of the cycles, with ``asyncio.to_thread`` run inline so one profiler
+    sees the worker-thread work too."""
+    async with simulated_agent(load_scenario(SCENARIO)) as sim:
+        for _ in range(plan.warmup_cycles):
+            await sim.step()
+        profiler = cProfile.Profile()
+        with mock.patch("asyncio.to_thread", _inline):
+            for _ in range(plan.cycles):
+                sim.clock.advance(1.0)
+                sim.env.sync()
+                profiler.enable()
+                await sim.agent.cycle()
+                profiler.disable()
+    out = tempfile.SpooledTemporaryFile(mode="w+")
+    stats = pstats.Stats(profiler, stream=out)  # type: ignore[arg-type]
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    out.seek(0)
+    return str(out.read())
+
+
+def churn_scenario(seconds: int) -> Scenario:
+    """node-8gpu plus a timeline that keeps pids and pods coming and going.
+
+    Every second a worker process starts in one of the pods on a whole or time-sliced
+    GPU and exits ``WORKER_LIFETIME_S`` later (so ~20 extra pids live at any time, each
+    pid used once). Every ``JOB_PERIOD_S`` a pod ``churn/job-N`` is created with a
+    time-sliced GPU replica, runs one process, and is deleted: the kube watch, the
+    PodResources answer and the pod label sets churn too.
+    """
+    text = resources.files("exporter.sim").joinpath(f"scenarios/{SCENARIO}.yaml").read_text()
+    data = yaml.safe_load(text)
+    hosts = [
+        (f"{pod['namespace']}/{pod['name']}", container["name"], container["processes"][0]["gpu"])
+        for pod in data["pods"]
+        for container in pod["containers"]
+        if container.get("processes")
+        and all("mig" not in p for p in container["processes"])  # `start` has no MIG slot
+    ]
+    timeline: list[dict[str, Any]] = data.setdefault("timeline", [])
+    for t in range(1, seconds + 1):
+        pod, container, gpu = hosts[t % len(hosts)]
+        pid = 300_000 + t
+        worker = {"pid": pid, "gpu": gpu, "memory": "256MiB", "sm": 1, "comm": "churn_worker"}
+        timeline.append({"at": t, "start": {**worker, "pod": pod, "container": container}})
+        timeline.append({"at": t + WORKER_LIFETIME_S, "exit": pid})
+    for k, t in enumerate(range(30, seconds, JOB_PERIOD_S)):
+        pod, pid = f"churn/job-{k}", 900_000 + k
+        devices = {"nvidia.com/gpu.shared": ["gpu2::3"]}
+        add = {"pod": pod, "containers": [{"name": "main", "devices": devices}]}
+        job = {"pid": pid, "gpu": 2, "memory": "2GiB", "sm": 10, "comm": "python3"}
+        timeline.append({"at": t, "add_pod": add})
+        timeline.append({"at": t + 1, "start": {**job, "pod": pod, "container": "main"}})
+        timeline.append({"at": t + JOB_LIFETIME_S - 5, "exit": pid})
+        timeline.append({"at": t + JOB_LIFETIME_S, "delete_pod": pod})
+    return parse_scenario(data, f"{SCENARIO}-churn")
+
+
+async def measure_memory(plan: Plan) -> dict[str, Any]:
+    async with simulated_agent(churn_scenario(plan.memory_cycles)) as sim:
+        gc.collect()
+        samples = [
+            {"cycle": 0, **rss_mib(), "gc_objects": len(gc.get_objects()), "processes": 0}
+        ]
+        max_processes = churn_pod_cycles = 0
+        for cycle in range(1, plan.memory_cycles + 1):
+            await sim.step()
+            if cycle % POD_RESOURCES_EVERY == 0:
+                await sim.agent.refresh_pod_resources()
+            assert sim.agent.latest is not None and sim.agent.cache.text is not None
+            processes = len(sim.agent.latest.node.processes)
+            max_processes = max(max_processes, processes)
+            churn_pod_cycles += b'namespace="churn"' in sim.agent.cache.text.body
+            if cycle % plan.rss_every == 0:
+                gc_objects = len(gc.get_objects())
+                samples.append(
+                    {"cycle": cycle, **rss_mib(), "gc_objects": gc_objects, "processes": processes}
+                )
+    tail = [s for s in samples if s["cycle"] >= plan.slope_from]
+    slope = statistics.linear_regression([s["cycle"] for s in tail], [s["rss"] for s in tail])
+    return {
+        "cycles": plan.memory_cycles,
+        "start_rss": samples[0]["rss"],
+        "end_rss": samples[-1]["rss"],
+        "peak_rss": samples[-1]["peak"],
+        "slope_mib_per_1000_cycles": slope.slope * 1000,
+        "slope_from_cycle": plan.slope_from,
+        "max_processes": max_processes,
+        "cycles_with_churn_pod_in_output": churn_pod_cycles,
+        "samples": samples,
+    }
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.partition(":")[2].strip()
+            break
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    packages = ("prometheus-client", "aiohttp", "grpcio", "protobuf", "kubernetes")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "exporter": __version__,
+        "commit": commit,
+        "packages": {name: metadata.version(name) for name in packages},
+    }
+
+
+@dataclass
+class Row:
+    figure: str
+    value: float
+    unit: str
+    target: float | None = None  # upper bound; None: informational
+    verdict: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.verdict = "—" if self.target is None else "pass" if self.value <= self.target else "FAIL"
+
+    def cells(self) -> tuple[str, str, str, str]:
+        target = "—" if self.target is None else f"≤ {self.target:g} {self.unit}"
+        return self.figure, f"{self.value:.2f} {self.unit}", target, self.verdict
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    for name, scrape in results["scrape"].items():
+        ms = scrape["ms"]
+        what = f"scrape {name} ({scrape['body_bytes'] / 1024:.0f} KiB), {ms['n']} scrapes"
+        out.append(Row(f"{what}: p50", ms["p50"], "ms"))
+        out.append(Row(f"{what}: p99", ms["p99"], "ms", TARGET_SCRAPE_P99_MS))
+    cycles = results["cycle"]
+    label = f"sample cycle, {cycles['cpu_ms']['n']} cycles"
+    out.append(Row(f"{label}: CPU median", cycles["cpu_ms"]["p50"], "ms", TARGET_CYCLE_CPU_MS))
+    out.append(Row(f"{label}: CPU p99", cycles["cpu_ms"]["p99"], "ms"))
+    out.append(Row(f"{label}: wall median", cycles["wall_ms"]["p50"], "ms"))
+    out.append(Row(f"{label}: wall p99", cycles["wall_ms"]["p99"], "ms"))
+    memory = results["memory"]
+    label = f"RSS, in-process, all sources, {memory['cycles']} churn cycles"
+    out.append(Row(f"{label}: start", memory["start_rss"], "MiB"))
+    out.append(Row(f"{label}: end", memory["end_rss"], "MiB", TARGET_RSS_MIB))
+    out.append(
+        Row(
+            f"RSS growth after cycle {memory['slope_from_cycle']} (per 1,000 cycles)",
+            memory["slope_mib_per_1000_cycles"],
+            "MiB",
+            TARGET_RSS_SLOPE_MIB,
+        )
+    )
+    process = results["process_rss"]
+    out.append(Row("RSS, exporter process, kube API on", process["kube_api_on"]["rss"], "MiB",
+                   TARGET_RSS_MIB))
+    out.append(Row("RSS, exporter process, --kube-api off", process["kube_api_off"]["rss"], "MiB"))
+    out.append(Row("RSS cost of the kube API watch", process["kube_api_cost"], "MiB"))
+    return out
+
+
+def table(rows_: list[Row]) -> str:
+    header = ("figure", "value", "target", "result")
+    cells = [header, *(r.cells() for r in rows_)]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(4)) for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any], rows_: list[Row]) -> str:
+    m = results["machine"]
+    packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    lines = [
+        f"# Benchmark: {SCENARIO} ({results['mode']} run)",
+        "",
+        f"Run {results['started']} in {results['duration_s']:.0f} s; "
+        f"regenerate with `python benchmarks/run.py` (see benchmarks/README.md).",
+        "",
+        "| machine | |",
+        "|---|---|",
+        f"| CPU | {m['cpu']} |",
+        f"| cores | {m['cores']} ({m['usable_cores']} usable) |",
+        f"| memory | {m['memory_gib']} GiB |",
+        f"| kernel | {m['kernel']} |",
+        f"| Python | {m['python']} |",
+        f"| exporter | {m['exporter']} ({m['commit']}) |",
+        f"| packages | {packages} |",
+        "",
+        "| figure | value | target | result |",
+        "|---|---:|---|---|",
+        *(f"| {' | '.join(r.cells())} |" for r in rows_),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (~30 s)")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of the sample cycle"
+    )
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    mode = "quick" if args.quick else "full"
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    errors = ErrorCounter()
+    logging.getLogger().addHandler(errors)
+
+    started = time.monotonic()
+    now = datetime.now(UTC)
+    results: dict[str, Any] = {
+        "scenario": SCENARIO,
+        "mode": mode,
+        "started": now.isoformat(timespec="seconds"),
+        "plan": asdict(plan),
+        "machine": machine(),
+    }
+    print(f"[1/3] scrape latency and process RSS ({mode})", flush=True)
+    results["scrape"], results["process_rss"] = measure_scrapes_and_process_rss(plan)
+    print("[2/3] sample cycle time", flush=True)
+    results["cycle"] = asyncio.run(measure_cycles(plan))
+    print(f"[3/3] RSS over {plan.memory_cycles} cycles with pids churning", flush=True)
+    results["memory"] = asyncio.run(measure_memory(plan))
+    if args.profile:
+        print(asyncio.run(profile_cycles(plan)))
+    results["errors_logged"] = errors.count
+    results["duration_s"] = time.monotonic() - started
+
+    rows_ = rows(results)
+    results["verdicts"] = [asdict(r) for r in rows_]
+    print()
+    print(table(rows_))
+    memory = results["memory"]
+    print(
+        f"\nchurn: up to {memory['max_processes']} processes per cycle; a churn pod was "
+        f"attributed in {memory['cycles_with_churn_pod_in_output']} cycles; "
+        f"{results['errors_logged']} errors logged; {results['duration_s']:.0f} s"
+    )
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    suffix = "-quick" if args.quick else ""
+    json_path = RESULTS_DIR / f"{now:%Y-%m-%d}-{SCENARIO}{suffix}.json"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    md_path = RESULTS_DIR / f"latest{suffix}.md"
+    md_path.write_text(markdown(results, rows_))
+    print(f"wrote {json_path.relative_to(ROOT)} and {md_path.relative_to(ROOT)}")
+    failed = [r.figure for r in rows_ if r.verdict == "FAIL"]
+    return 1 if failed or errors.count else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""One cycle of analysis, composed (pure): snapshot + carried state -> Analysis + state.
+
+The agent owns the schedule and the state object; this module owns the order:
+attribution -> XID ledger -> health -> capacity -> idle accounting. Nothing here does
+I/O or reads a clock: time comes in as ``snapshot.timestamp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from exporter.analysis.attribution import attribute
+from exporter.analysis.capacity import node_capacity
+from exporter.analysis.health import HealthPolicy, assess
+from exporter.analysis.idle import IdlePolicy, account_idle
+from exporter.analysis.xid import XidLedger, bus_id_map
+from exporter.model import Analysis, IdleAllocation, NodeSnapshot, XidEvent
+
+
+@dataclass(frozen=True)
+class Policy:
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+
+
+@dataclass(frozen=True)
+class CarriedState:
+    """What one cycle hands the next: counters and the time they were advanced to."""
+
+    xids: XidLedger
+    idle: tuple[IdleAllocation, ...] = ()
+    last_timestamp: float | None = None
+
+
+def initial_state(started_at: float, policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
+    retention = max(policy.health.xid_window_s, 3600.0)
+    return CarriedState(
+        xids=XidLedger(started_at=started_at, overrides=xid_overrides, retention_s=retention)
+    )
+
+
+def analyse(
+    snapshot: NodeSnapshot,
+    state: CarriedState,
+    xid_events: Sequence[XidEvent],
+    policy: Policy,
+) -> tuple[Analysis, CarriedState]:
+    now = snapshot.timestamp
+    gpus = snapshot.nvml.gpus
+    attribution = attribute(snapshot)
+    xids = state.xids.record(xid_events, now, bus_id_map(gpus))
+    health = assess(
+        gpus,
+        recent_fatal_xids=xids.recent_fatal(now - policy.health.xid_window_s),
+        dcgm_failures={},
+        policy=policy.health,
+    )
+    capacity = node_capacity(gpus, health, snapshot.pod_resources, attribution.allocations)
+    elapsed = 0.0 if state.last_timestamp is None else now - state.last_timestamp
+    idle = account_idle(
+        state.idle,
+        attribution.allocations,
+        attribution.containers,
+        gpus,
+        elapsed_s=elapsed,
+        policy=policy.idle,
+    )
+    analysis = Analysis(
+        node=snapshot,
+        attribution=attribution,
+        health=health,
+        capacity=capacity,
+        idle=idle,
+        xid_counts=tuple(xids.counts.items()),
+    )
+    return analysis, replace(state, xids=xids, idle=idle, last_timestamp=now)

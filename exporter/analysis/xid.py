@@ -1,0 +1,345 @@
+"""XID severity and the XID ledger (pure): what an XID means for the GPU that raised it.
+
+The severity classes answer one operator question, "what does this XID do to the GPU?":
+
+- ``application``: a fault of (or contained to) one application; the GPU stays healthy.
+- ``warning``: the GPU still serves work but recorded something an operator should
+  watch (corrected/contained memory errors, remap events, firmware hiccups).
+- ``fatal``: the GPU must be reset (or the node rebooted) before it can be trusted.
+- ``unknown``: a code this table does not list. It is counted and shown as such, never
+  silently dropped or guessed; health treats it like ``warning`` (no capacity taken
+  away on a code nobody classified) and ``--xid-severity`` can classify it.
+
+The table is our own reading of NVIDIA's Xid catalog (Ampere and newer, "Resolution
+Bucket (Immediate Action)": RESTART_APP -> application, IGNORE -> warning, RESET_GPU /
+RESTART_BM / reset workflows -> fatal) checked against DCGM's health watch
+(modules/health/DcgmHealthWatch.cpp: its "devastating" XIDs 48, 74, 79, 95, 119, 120,
+140 fail a GPU) and the k8s-device-plugin's application XIDs (13, 31, 43, 45, 68).
+docs/xid.md lists every row with its meaning and what to do.
+
+The ledger turns a stream of ``XidEvent`` into a true counter per (gpu, uuid, xid,
+severity) and a short memory of recent events per GPU for the health verdict.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from exporter.model import GpuSample, XidEvent
+
+APPLICATION, WARNING, FATAL, UNKNOWN = "application", "warning", "fatal", "unknown"
+SEVERITIES = (APPLICATION, WARNING, FATAL, UNKNOWN)
+OVERRIDABLE = (APPLICATION, WARNING, FATAL)
+
+# code -> (class, meaning). Meanings follow the catalog's descriptions, shortened.
+XID_CATALOG: dict[int, tuple[str, str]] = {
+    8: (APPLICATION, "GPU stopped processing (channel idle timeout)"),
+    11: (APPLICATION, "Invalid or corrupted push buffer stream"),
+    13: (APPLICATION, "Graphics engine exception (e.g. out-of-range access, illegal instruction)"),
+    25: (APPLICATION, "Invalid or illegal push buffer stream"),
+    31: (APPLICATION, "GPU memory page fault (MMU fault)"),
+    32: (APPLICATION, "Invalid or corrupted push buffer stream (PBDMA)"),
+    38: (WARNING, "Driver firmware error (FECS watchdog timeout)"),
+    39: (APPLICATION, "Copy engine exception (CE0)"),
+    40: (APPLICATION, "Copy engine exception (CE1)"),
+    41: (APPLICATION, "Copy engine exception (CE2)"),
+    43: (APPLICATION, "GPU stopped processing (reset channel verification)"),
+    44: (WARNING, "Graphics engine fault during context switch"),
+    45: (APPLICATION, "Preemptive cleanup, due to previous errors"),
+    46: (FATAL, "GPU stopped processing (GPU timeout)"),
+    48: (FATAL, "Double-bit ECC error"),
+    54: (WARNING, "Auxiliary power is not connected to the GPU board"),
+    60: (APPLICATION, "Video processor exception (SEC2)"),
+    62: (FATAL, "Internal micro-controller halt"),
+    63: (WARNING, "GPU memory remapping event (row remap / page retirement recorded)"),
+    64: (FATAL, "GPU memory remapping failure"),
+    66: (WARNING, "Illegal access by driver (register access violation)"),
+    67: (WARNING, "Illegal access by driver (verification violation)"),
+    68: (APPLICATION, "NVDEC0 exception (video decoder)"),
+    69: (APPLICATION, "Graphics engine class error"),
+    74: (FATAL, "NVLink error"),
+    79: (FATAL, "GPU has fallen off the bus"),
+    80: (APPLICATION, "Corrupted data sent to GPU (push buffer CRC mismatch)"),
+    92: (WARNING, "High single-bit ECC error rate"),
+    93: (WARNING, "InfoROM wear limit exceeded (non-fatal)"),
+    94: (WARNING, "Contained memory error (only the affected application is stopped)"),
+    95: (FATAL, "Uncontained memory error"),
+    109: (FATAL, "Context switch timeout"),
+    110: (FATAL, "Security fault error"),
+    119: (FATAL, "GSP RPC timeout"),
+    120: (FATAL, "GSP error"),
+    121: (WARNING, "C2C link corrected error"),
+    136: (FATAL, "NVLink link training failed"),
+    137: (WARNING, "NVLink privilege error"),
+    140: (FATAL, "Unrecovered ECC error"),
+    143: (FATAL, "GPU initialization error"),
+    144: (WARNING, "NVLink SAW error (decode intrinfo; some sub-codes need a reset)"),
+    145: (WARNING, "NVLink RLW error (decode intrinfo; some sub-codes need a reset)"),
+    146: (WARNING, "NVLink TLW error (decode intrinfo; some sub-codes need a reset)"),
+    147: (WARNING, "NVLink TREX error (decode intrinfo; some sub-codes need a reset)"),
+    148: (WARNING, "NVLink NVLPW_CTRL error (decode intrinfo; some sub-codes need a reset)"),
+    149: (WARNING, "NVLink NETIR error (decode intrinfo; some sub-codes need a reset)"),
+    150: (WARNING, "NVLink MSE error (decode intrinfo; some sub-codes need a reset)"),
+    154: (WARNING, "GPU recovery action changed (the message names the action)"),
+    155: (FATAL, "NVLink software-defined error"),
+    156: (FATAL, "Resource retirement event (reset to apply)"),
+    157: (WARNING, "Resource retirement failure"),
+    158: (FATAL, "GPU fatal timeout"),
+    167: (FATAL, "PCIe fatal timeout"),
+    169: (FATAL, "Internal micro-controller halt (SEC2)"),
+    171: (FATAL, "Uncorrectable DRAM error (detail for XID 48)"),
+    172: (FATAL, "Uncorrectable SRAM error (detail for XID 48)"),
+}
+XID_SEVERITY: dict[int, str] = {code: sev for code, (sev, _) in XID_CATALOG.items()}
+XID_DESCRIPTION: dict[int, str] = {code: text for code, (_, text) in XID_CATALOG.items()}
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (pynvml NVML_GPU_RECOVERY_ACTION_*); kept
+# here as plain ints so analysis needs no NVML import. A test pins them to pynvml.
+RECOVERY_ACTIONS: dict[int, str] = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+_XID154_ACTION = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+.*? to 0x([0-9a-fA-F]+)")
+_PCI = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
+    r"(?:\.[0-7])?$"
+)
+
+
+def classify(xid: int, overrides: Mapping[int, str] | None = None) -> str:
+    """The class of one XID: an operator override, else the table, else "unknown"."""
+    if overrides and xid in overrides:
+        return overrides[xid]
+    return XID_SEVERITY.get(xid, UNKNOWN)
+
+
+def parse_overrides(text: str) -> dict[int, str]:
+    """``"13=fatal,94=warning"`` -> ``{13: "fatal", 94: "warning"}`` for ``--xid-severity``.
+
+    Raises ValueError with one line naming the bad item, so the CLI can print it and
+    exit 2 instead of starting with a table the operator did not mean.
+    """
+    out: dict[int, str] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        code_text, sep, severity = (part.strip() for part in item.partition("="))
+        if not sep or not code_text.isdigit():
+            raise ValueError(
+                f"--xid-severity: {item!r} is not XID=CLASS (e.g. 13=fatal,94=warning)"
+            )
+        if severity not in OVERRIDABLE:
+            raise ValueError(
+                f"--xid-severity: {item!r}: class must be one of {', '.join(OVERRIDABLE)}"
+            )
+        code = int(code_text)
+        if code in out and out[code] != severity:
+            raise ValueError(f"--xid-severity: XID {code} is given two classes")
+        out[code] = severity
+    return out
+
+
+def recovery_action_name(value: int) -> str:
+    """Label for ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (and XID 154's "to 0x.." value)."""
+    return RECOVERY_ACTIONS.get(value, "unknown")
+
+
+def xid154_recovery_action(message: str) -> int | None:
+    """The action an XID 154 line announces: "... changed from 0x0 (None) to 0x2 (...)".
+
+    The kernel log is the only place a kmsg-only deployment learns it; with NVML the
+    field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` is the authority.
+    """
+    match = _XID154_ACTION.search(message)
+    return int(match.group(1), 16) if match else None
+
+
+def normalize_pci_bus_id(bus_id: str) -> str | None:
+    """One spelling for both sides of de-duplication: "dddd:bb:dd" lower case.
+
+    NVML says "00000000:3B:00.0", the kernel log "0000:3b:00"; a PCI function is
+    dropped because the driver logs per device.
+    """
+    match = _PCI.match(bus_id.strip().removeprefix("PCI:"))
+    if match is None:
+        return None
+    domain = int(match.group("domain") or "0", 16)
+    return f"{domain:04x}:{int(match.group('bus'), 16):02x}:{int(match.group('dev'), 16):02x}"
+
+
+def bus_id_map(gpus: Iterable[GpuSample]) -> dict[str, tuple[int, str]]:
+    """PCI bus id -> (index, uuid) for ``XidLedger.record``.
+
+    A GPU that failed this cycle carries no bus id, so the caller should merge maps
+    across cycles: the XID 79 that matters most arrives after the GPU is gone.
+    """
+    out: dict[str, tuple[int, str]] = {}
+    for gpu in gpus:
+        key = normalize_pci_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else None
+        if key is not None:
+            out[key] = (gpu.index, gpu.uuid)
+    return out
+
+
+class XidKey(NamedTuple):
+    """One ``gpu_xid_errors_total`` series."""
+
+    gpu: int | None
+    uuid: str | None
+    xid: int
+    severity: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedXid:
+    """An event as the ledger keeps it: GPU resolved, classified, sources merged.
+
+    ``historical``: a kernel-log record older than the ledger (raised while the
+    exporter was down). It is counted, but it did not happen "now".
+    """
+
+    event: XidEvent
+    severity: str
+    sources: frozenset[str]
+    historical: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class XidLedger:
+    """Immutable accumulator: ``record()`` returns a new ledger, the old one is unchanged.
+
+    The mappings are never mutated after construction; each ``record()`` copies what it
+    changes, so a ledger handed to exposition stays consistent while the next is built.
+    """
+
+    started_at: float  # epoch seconds; kmsg events before it are "historical"
+    overrides: Mapping[int, str] = field(default_factory=dict)
+    dedup_window_s: float = 5.0
+    retention_s: float = 3600.0
+    max_recent_per_gpu: int = 512  # bounds memory through an XID storm
+    counts: Mapping[XidKey, int] = field(default_factory=dict)
+    historical_counts: Mapping[XidKey, int] = field(default_factory=dict)
+    duplicates_total: int = 0  # events seen by both NVML and kmsg, counted once
+    recent: Mapping[str | None, tuple[RecordedXid, ...]] = field(default_factory=dict)
+
+    def record(
+        self,
+        events: Iterable[XidEvent],
+        now: float,
+        bus_ids: Mapping[str, tuple[int, str]] | None = None,
+    ) -> XidLedger:
+        """Count ``events`` once each, de-duplicating NVML against kmsg.
+
+        ``bus_ids`` maps a PCI bus id (any spelling ``normalize_pci_bus_id`` accepts)
+        to (gpu index, uuid); it lets a kernel-log event name its GPU. An event that
+        cannot be resolved is still counted, with gpu and uuid None.
+        """
+        resolver = {
+            normal: target
+            for raw, target in (bus_ids or {}).items()
+            if (normal := normalize_pci_bus_id(raw)) is not None
+        }
+        counts = dict(self.counts)
+        historical_counts = dict(self.historical_counts)
+        recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
+        duplicates = self.duplicates_total
+        for raw_event in events:
+            event = _resolve(raw_event, resolver)
+            entries = recent.setdefault(event.uuid, [])
+            twin = self._twin(event, entries)
+            if twin is not None:
+                entries[twin] = replace(
+                    entries[twin], sources=entries[twin].sources | {event.source}
+                )
+                duplicates += 1
+                continue
+            severity = classify(event.xid, self.overrides)
+            historical = event.source == "kmsg" and event.timestamp < self.started_at
+            key = XidKey(event.gpu, event.uuid, event.xid, severity)
+            counts[key] = counts.get(key, 0) + 1
+            if historical:
+                historical_counts[key] = historical_counts.get(key, 0) + 1
+            entries.append(RecordedXid(event, severity, frozenset({event.source}), historical))
+        horizon = now - self.retention_s
+        pruned: dict[str | None, tuple[RecordedXid, ...]] = {}
+        for uuid, entries in recent.items():
+            kept = sorted(
+                (e for e in entries if e.event.timestamp >= horizon),
+                key=lambda e: e.event.timestamp,
+            )[-self.max_recent_per_gpu :]
+            if kept:
+                pruned[uuid] = tuple(kept)
+        return replace(
+            self,
+            counts=counts,
+            historical_counts=historical_counts,
+            duplicates_total=duplicates,
+            recent=pruned,
+        )
+
+    def _twin(self, event: XidEvent, entries: list[RecordedXid]) -> int | None:
+        """Index of the other source's sighting of the same XID, closest in time."""
+        best: tuple[float, int] | None = None
+        for i, entry in enumerate(entries):
+            seen = entry.event
+            if (
+                event.source in entry.sources
+                or seen.xid != event.xid
+                or not _compatible(seen.gpu_instance_id, event.gpu_instance_id)
+                or not _compatible(seen.compute_instance_id, event.compute_instance_id)
+            ):
+                continue
+            gap = abs(seen.timestamp - event.timestamp)
+            if gap <= self.dedup_window_s and (best is None or gap < best[0]):
+                best = (gap, i)
+        return best[1] if best else None
+
+    def events_since(
+        self, gpu_uuid: str, since_ts: float, severity: str | None = None
+    ) -> list[RecordedXid]:
+        """Recent events of one GPU at or after ``since_ts``, oldest first."""
+        return [
+            e
+            for e in self.recent.get(gpu_uuid, ())
+            if e.event.timestamp >= since_ts and (severity is None or e.severity == severity)
+        ]
+
+    def fatal_since(self, gpu_uuid: str, since_ts: float) -> list[XidEvent]:
+        """Fatal XIDs of one GPU at or after ``since_ts`` (within the retention window)."""
+        return [e.event for e in self.events_since(gpu_uuid, since_ts, FATAL)]
+
+    def recent_fatal(self, since_ts: float) -> dict[str, list[int]]:
+        """GPU UUID -> fatal XID codes since ``since_ts``: the shape health.assess takes."""
+        out: dict[str, list[int]] = {}
+        for uuid in self.recent:
+            if uuid is None:
+                continue
+            codes = [e.xid for e in self.fatal_since(uuid, since_ts)]
+            if codes:
+                out[uuid] = codes
+        return out
+
+
+def _resolve(event: XidEvent, resolver: Mapping[str, tuple[int, str]]) -> XidEvent:
+    if event.uuid is not None or event.pci_bus_id is None:
+        return event
+    key = normalize_pci_bus_id(event.pci_bus_id)
+    target = resolver.get(key) if key is not None else None
+    if target is None:
+        return event
+    return replace(event, gpu=target[0], uuid=target[1])
+
+
+def _compatible(a: int | None, b: int | None) -> bool:
+    """MIG ids match unless both sides know them and they differ."""
+    return a is None or b is None or a == b

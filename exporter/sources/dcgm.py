@@ -1,0 +1,474 @@
+"""Optional DCGM source: profiling occupancy and health watches through DCGM's Python bindings.
+
+DCGM is not on PyPI: its bindings (``pydcgm``, ``dcgm_structs``, ``dcgm_fields``, ...)
+ship with the DCGM packages, so they are imported lazily, in ``open()``, from
+``--dcgm-bindings-path`` (or the packages' default directories). Nothing is imported
+when ``--dcgm off``.
+
+Connection modes (``--dcgm``):
+
+- ``HOST:PORT``: a standalone ``nv-hostengine`` only (``DcgmHandle(ipAddress=...)``).
+- ``auto``: the local host engine at ``127.0.0.1:5555`` first, then an embedded host
+  engine in this process (``DcgmHandle(ipAddress=None)``). The host engine comes first
+  because only one profiler can own a GPU's performance counters: an embedded engine
+  next to dcgm-exporter's host engine would make one of them fail.
+- ``off``: disabled.
+
+Failure isolation mirrors the NVML source: ``sample()`` never raises. Missing bindings,
+a missing ``libdcgm``, an unreachable host engine or a DCGM error mid-run give
+``DcgmSnapshot(ok=False)`` with a one-line error and a reconnect after backoff. A
+feature DCGM answers "unavailable" for (profiling on an unsupported GPU, profiling
+counters held by another tool, a module not loaded) only drops that feature and is
+reported as ``error`` on an ``ok`` snapshot.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from exporter.model import DcgmHealthIncident, DcgmSnapshot, Occupancy
+from exporter.sources.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOSTENGINE = "127.0.0.1:5555"  # nv-hostengine's default port (DCGM_HE_PORT_NUMBER)
+# Where the DCGM 4 and DCGM 3 packages install the bindings.
+DEFAULT_BINDINGS_DIRS = (
+    "/usr/share/datacenter-gpu-manager-4/bindings/python3",
+    "/usr/local/dcgm/bindings/python3",
+)
+CONNECT_TIMEOUT_MS = 2000
+
+# Occupancy attribute -> DCGM field id. By number: DCGM 4.6 renamed these fields
+# (DCGM_FI_PROF_SM_ACTIVE -> DCGM_FI_PROF_SM_UTIL_RATIO, ...), the ids never changed.
+# All are doubles, already ratios 0..1 (DCGM divides the GPM percentages by 100).
+PROFILING_FIELDS: dict[str, int] = {
+    "graphics_active": 1001,  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    "sm_active": 1002,  # DCGM_FI_PROF_SM_ACTIVE
+    "sm_occupancy": 1003,  # DCGM_FI_PROF_SM_OCCUPANCY
+    "tensor_active": 1004,  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    "dram_active": 1005,  # DCGM_FI_PROF_DRAM_ACTIVE
+    "fp64_active": 1006,  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
+    "fp32_active": 1007,  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    "fp16_active": 1008,  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
+}
+# dcgmvalue.DCGM_FP64_BLANK: doubles at or above it are "blank", "not found",
+# "not supported" or "not permissioned" sentinels, never measurements.
+FP64_BLANK = 140737488355328.0
+
+HEALTH_SYSTEMS: dict[int, str] = {  # dcgm_structs.DCGM_HEALTH_WATCH_*
+    0x1: "pcie",
+    0x2: "nvlink",
+    0x4: "pmu",
+    0x8: "mcu",
+    0x10: "mem",
+    0x20: "sm",
+    0x40: "inforom",
+    0x80: "thermal",
+    0x100: "power",
+    0x200: "driver",
+    0x400: "nvswitch_nonfatal",
+    0x800: "nvswitch_fatal",
+    0x1000: "connectx",
+}
+HEALTH_RESULTS: dict[int, str] = {0: "pass", 10: "warn", 20: "fail"}  # DCGM_HEALTH_RESULT_*
+
+# DCGM answers, but cannot provide this feature here: drop the feature, keep the source.
+_UNAVAILABLE_STATUSES = (
+    "DCGM_ST_NOT_SUPPORTED",
+    "DCGM_ST_PROFILING_NOT_SUPPORTED",
+    "DCGM_ST_PROFILING_MULTI_PASS",
+    "DCGM_ST_PROFILING_LIBRARY_ERROR",  # counters held by another profiler (Nsight, DCGM)
+    "DCGM_ST_MODULE_NOT_LOADED",
+    "DCGM_ST_REQUIRES_ROOT",
+    "DCGM_ST_NO_PERMISSION",
+    "DCGM_ST_INSUFFICIENT_DRIVER_VERSION",
+    "DCGM_ST_GPU_NOT_SUPPORTED",
+    "DCGM_ST_IN_USE",
+)
+
+_names = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmMode:
+    """A parsed ``--dcgm`` value."""
+
+    kind: Literal["off", "auto", "hostengine"]
+    address: str | None = None  # "HOST:PORT" when kind is "hostengine"
+
+
+def parse_mode(mode: str) -> DcgmMode:
+    """``auto`` | ``off`` | ``HOST:PORT`` (``[v6addr]:PORT`` too); ValueError otherwise."""
+    value = mode.strip()
+    if value.lower() in ("auto", "off"):
+        return DcgmMode(kind="auto" if value.lower() == "auto" else "off")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--dcgm must be 'auto', 'off' or HOST:PORT, got {mode!r}")
+    return DcgmMode(kind="hostengine", address=value)
+
+
+class DcgmUnavailable(Exception):
+    """DCGM cannot be used right now; the message is the snapshot's one-line error."""
+
+
+@dataclass
+class _Bindings:
+    pydcgm: Any
+    structs: Any
+    fields: Any
+    unavailable: frozenset[int]
+
+
+@dataclass
+class _Connection:
+    """One DCGM handle with the group and watches made on it."""
+
+    handle: Any
+    where: str  # "host engine 127.0.0.1:5555" | "embedded host engine"
+    uuids: dict[int, str] = field(default_factory=dict)  # DCGM gpu id -> GPU UUID
+    group: Any = None
+    field_group: Any = None
+    profiling_error: str | None = None
+    health_error: str | None = None
+
+
+class DcgmSource:
+    """Reads DCGM profiling occupancy and health once per cycle; see the module docstring."""
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        bindings_path: str | None = None,
+        update_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if update_interval_s <= 0:
+            raise ValueError(f"update_interval_s must be > 0, got {update_interval_s}")
+        self._mode = parse_mode(mode)
+        self._bindings_path = bindings_path
+        self._update_interval_s = update_interval_s
+        self._clock = clock
+        self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0)
+        self._retry_at = 0.0
+        self._bindings: _Bindings | None = None
+        self._conn: _Connection | None = None
+        self._error: str | None = None
+        self._lock = threading.Lock()  # DCGM connection set-up/tear-down is not thread safe
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> DcgmMode:
+        return self._mode
+
+    @property
+    def enabled(self) -> bool:
+        return self._mode.kind != "off"
+
+    @property
+    def available(self) -> bool:
+        """Connected to DCGM now (the last open or sample succeeded)."""
+        return self._conn is not None
+
+    @property
+    def connected_to(self) -> str | None:
+        """Where the data comes from, for logs: a host engine address or the embedded one."""
+        conn = self._conn
+        return conn.where if conn is not None else None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def open(self) -> bool:
+        """Import the bindings and connect now, ignoring backoff; False on failure, never raises."""
+        with self._lock:
+            return self._open()
+
+    def close(self) -> None:
+        with self._lock:
+            self._disconnect()
+
+    def _open(self) -> bool:
+        if self._conn is not None:
+            return True
+        if self._mode.kind == "off":
+            self._error = "DCGM disabled (--dcgm off)"
+            return False
+        try:
+            bindings = self._bindings or self._import_bindings()
+            self._bindings = bindings
+            self._conn = self._connect(bindings)
+        except DcgmUnavailable as exc:
+            self._failed(str(exc))
+            return False
+        except Exception as exc:  # the bindings wrap C; never let them take the agent down
+            self._failed(f"DCGM set-up failed: {_describe(exc)}")
+            return False
+        self._backoff.reset()
+        self._error = None
+        log.info(
+            "DCGM connected via %s: %d GPU(s)%s",
+            self._conn.where,
+            len(self._conn.uuids),
+            "".join(f"; {e}" for e in (self._conn.profiling_error, self._conn.health_error) if e),
+        )
+        return True
+
+    def _failed(self, error: str) -> None:
+        delay = self._backoff.next_delay()
+        self._retry_at = self._clock() + delay
+        self._error = error
+        log.warning("DCGM unavailable (%s); retrying in %.0f s", error, delay)
+
+    # -- one cycle --------------------------------------------------------------------
+
+    def sample(self) -> DcgmSnapshot:
+        """One blocking read of every GPU's profiling fields and the health watches."""
+        started = time.time()
+        with self._lock:
+            if self._conn is None and (self._clock() < self._retry_at or not self._open()):
+                return DcgmSnapshot(ok=False, timestamp=started, error=self._error)
+            conn = self._conn
+            assert conn is not None and self._bindings is not None
+            try:
+                return self._read(self._bindings, conn, started)
+            except Exception as exc:
+                self._disconnect()
+                self._failed(f"DCGM via {conn.where} failed: {_describe(exc)}")
+                return DcgmSnapshot(ok=False, timestamp=started, error=self._error)
+
+    def _read(self, b: _Bindings, conn: _Connection, started: float) -> DcgmSnapshot:
+        notes = [e for e in (conn.profiling_error, conn.health_error) if e]
+        occupancy: tuple[tuple[str, Occupancy], ...] = ()
+        incidents: tuple[DcgmHealthIncident, ...] = ()
+        health: str | None = None
+        if conn.group is not None and conn.profiling_error is None:
+            try:
+                occupancy = self._occupancy(conn)
+            except b.structs.DCGMError as exc:
+                if exc.value not in b.unavailable:
+                    raise
+                notes.append(f"profiling fields unavailable: {_describe(exc)}")
+        if conn.group is not None and conn.health_error is None:
+            try:
+                incidents, health = self._health(b, conn)
+            except b.structs.DCGMError as exc:
+                if exc.value not in b.unavailable:
+                    raise
+                notes.append(f"health checks unavailable: {_describe(exc)}")
+        return DcgmSnapshot(
+            ok=True,
+            timestamp=started,
+            error="; ".join(notes) or None,
+            occupancy=occupancy,
+            incidents=incidents,
+            health=health,
+        )
+
+    def _occupancy(self, conn: _Connection) -> tuple[tuple[str, Occupancy], ...]:
+        """Latest value per GPU and field; GPUs where every field is blank are left out."""
+        values = conn.group.samples.GetLatest(conn.field_group).values  # [gpuId][fieldId][i]
+        found = []
+        for gpu_id, uuid in sorted(conn.uuids.items()):
+            per_field = values.get(gpu_id) or {}
+            ratios = {
+                name: _ratio(per_field.get(field_id)) for name, field_id in PROFILING_FIELDS.items()
+            }
+            if any(v is not None for v in ratios.values()):
+                found.append((uuid, Occupancy(source="dcgm", **ratios)))
+        return tuple(found)
+
+    def _health(
+        self, b: _Bindings, conn: _Connection
+    ) -> tuple[tuple[DcgmHealthIncident, ...], str]:
+        response = conn.group.health.Check()
+        incidents = []
+        for i in range(int(response.incidentCount)):  # the array is fixed-size: honour count
+            incident = response.incidents[i]
+            entity = incident.entityInfo
+            is_gpu = int(entity.entityGroupId) == int(b.fields.DCGM_FE_GPU)
+            system = int(incident.system)
+            incidents.append(
+                DcgmHealthIncident(
+                    gpu_uuid=conn.uuids.get(int(entity.entityId)) if is_gpu else None,
+                    system=HEALTH_SYSTEMS.get(system, f"system_{system:#x}"),
+                    health=HEALTH_RESULTS.get(int(incident.health), "unknown"),
+                    message=_one_line(_text(incident.error.msg)),
+                )
+            )
+        return tuple(incidents), HEALTH_RESULTS.get(int(response.overallHealth), "unknown")
+
+    # -- bindings and connection --------------------------------------------------------
+
+    def _import_bindings(self) -> _Bindings:
+        """Import the bindings by module name: they import each other as top-level modules."""
+        if self._bindings_path is not None:
+            path = os.path.abspath(self._bindings_path)
+            if not os.path.isdir(path):
+                raise DcgmUnavailable(f"DCGM bindings path {path} is not a directory")
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        else:
+            # Appended, not prepended: the bindings directory holds generic names
+            # (``common``) that must not shadow anything else.
+            for path in DEFAULT_BINDINGS_DIRS:
+                if os.path.isdir(path) and path not in sys.path:
+                    sys.path.append(path)
+        importlib.invalidate_caches()
+        try:
+            pydcgm = importlib.import_module("pydcgm")
+            structs = importlib.import_module("dcgm_structs")
+            fields = importlib.import_module("dcgm_fields")
+        except ImportError as exc:
+            where = self._bindings_path or " or ".join(DEFAULT_BINDINGS_DIRS)
+            raise DcgmUnavailable(
+                f"DCGM Python bindings not found in {where} ({exc}); install DCGM and "
+                "point --dcgm-bindings-path at the directory holding pydcgm.py"
+            ) from exc
+        unavailable = frozenset(
+            int(getattr(structs, name)) for name in _UNAVAILABLE_STATUSES if hasattr(structs, name)
+        )
+        return _Bindings(pydcgm=pydcgm, structs=structs, fields=fields, unavailable=unavailable)
+
+    def _connect(self, b: _Bindings) -> _Connection:
+        handle, where = self._handle(b)
+        conn = _Connection(handle=handle, where=where)
+        try:
+            self._watch(b, conn)
+        except Exception as exc:
+            self._teardown(conn)
+            raise DcgmUnavailable(f"DCGM set-up via {where} failed: {_describe(exc)}") from exc
+        return conn
+
+    def _handle(self, b: _Bindings) -> tuple[Any, str]:
+        """A DCGM handle per the mode; in auto, embedded only when no host engine answers."""
+        op_mode = b.structs.DCGM_OPERATION_MODE_AUTO  # DCGM samples on its own schedule
+        address = self._mode.address or DEFAULT_HOSTENGINE
+        remote_error = ""
+        try:
+            handle = b.pydcgm.DcgmHandle(
+                ipAddress=address, opMode=op_mode, timeoutMs=CONNECT_TIMEOUT_MS
+            )
+            return handle, f"host engine {address}"
+        except b.structs.DCGMError as exc:
+            remote_error = f"host engine {address}: {_describe(exc)}"
+            # A missing libdcgm fails the embedded engine the same way: say it once.
+            if self._mode.kind == "hostengine" or exc.value == _status(b, "LIBRARY_NOT_FOUND"):
+                raise DcgmUnavailable(remote_error) from exc
+        try:
+            return b.pydcgm.DcgmHandle(ipAddress=None, opMode=op_mode), "embedded host engine"
+        except b.structs.DCGMError as exc:
+            raise DcgmUnavailable(
+                f"{remote_error}; embedded host engine: {_describe(exc)}"
+            ) from exc
+
+    def _watch(self, b: _Bindings, conn: _Connection) -> None:
+        """Group all supported GPUs, watch the profiling fields, enable all health watches."""
+        system = conn.handle.GetSystem()
+        for gpu_id in system.discovery.GetAllSupportedGpuIds():
+            attributes = system.discovery.GetGpuAttributes(gpu_id)
+            conn.uuids[int(gpu_id)] = _text(attributes.identifiers.uuid)
+        if not conn.uuids:
+            return  # nothing to watch; an empty group would only produce errors
+        # Our own group, not DCGM_GROUP_ALL_GPUS: health watches are per group, and a
+        # shared host engine's default group belongs to its other clients.
+        name = f"gpu-occupancy-exporter-{os.getpid()}-{next(_names)}"
+        conn.group = b.pydcgm.DcgmGroup(
+            conn.handle, groupName=name, groupType=b.structs.DCGM_GROUP_EMPTY
+        )
+        for gpu_id in conn.uuids:
+            conn.group.AddGpu(gpu_id)
+        try:
+            conn.field_group = b.pydcgm.DcgmFieldGroup(
+                conn.handle, name=name, fieldIds=list(PROFILING_FIELDS.values())
+            )
+            conn.group.samples.WatchFields(
+                conn.field_group,
+                int(self._update_interval_s * 1_000_000),  # usec
+                max(30.0, 10 * self._update_interval_s),  # max keep age, s
+                0,  # no sample-count limit: the age bounds it
+            )
+        except b.structs.DCGMError as exc:
+            if exc.value not in b.unavailable:
+                raise
+            conn.profiling_error = f"profiling fields unavailable: {_describe(exc)}"
+        try:
+            conn.group.health.Set(b.structs.DCGM_HEALTH_WATCH_ALL)
+        except b.structs.DCGMError as exc:
+            if exc.value not in b.unavailable:
+                raise
+            conn.health_error = f"health checks unavailable: {_describe(exc)}"
+        system.UpdateAllFields(1)  # first values now, not one update period later
+        if conn.health_error is None:
+            # dcgmHealthCheck's first call only creates state and reports nothing.
+            conn.group.health.Check()
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._teardown(conn)
+
+    @staticmethod
+    def _teardown(conn: _Connection) -> None:
+        """Best effort: after a lost connection every call fails, and that is fine."""
+        for release in (
+            getattr(conn.field_group, "Delete", None),
+            getattr(conn.group, "Delete", None),
+            getattr(conn.handle, "Shutdown", None),
+        ):
+            if release is None:
+                continue
+            try:
+                release()
+            except Exception as exc:
+                log.debug("DCGM teardown: %s", _describe(exc))
+
+
+def _status(b: _Bindings, name: str) -> int | None:
+    value = getattr(b.structs, f"DCGM_ST_{name}", None)
+    return int(value) if value is not None else None
+
+
+def _ratio(series: Any) -> float | None:
+    """The latest value of one field as a ratio, or None when blank or missing."""
+    if series is None or len(series) == 0:
+        return None
+    latest = series[-1]
+    value = getattr(latest, "value", None)
+    if getattr(latest, "isBlank", False) or value is None:
+        return None
+    ratio = float(value)
+    if not math.isfinite(ratio) or ratio >= FP64_BLANK:
+        return None
+    return min(max(ratio, 0.0), 1.0)
+
+
+def _text(value: Any) -> str:
+    """The bindings decode ``c_char`` fields to ``str``; older ones may give ``bytes``."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _describe(exc: BaseException) -> str:
+    """``DCGMError_ConnectionNotValid: The connection ...``: class and message, one line."""
+    message = _one_line(str(exc))
+    name = type(exc).__name__
+    return f"{name}: {message}" if message else name

@@ -1,0 +1,266 @@
+"""Kernel log reader for XIDs (``--kmsg``): the driver's own record of every XID.
+
+Why read it when NVML has an event set: the kernel ring buffer keeps XIDs raised while
+the exporter was not running (a restart, a crash loop, the minutes before the DaemonSet
+pod started), and it names MIG instances and the faulting process. It is optional
+because it needs read access to ``/dev/kmsg`` (CAP_SYSLOG or a privileged container).
+
+``/dev/kmsg`` gives one record per read, ``<prio>,<seq>,<usec>,<flags>[,...];message``,
+with ``usec`` counted from boot; opening it starts at the oldest record still in the
+buffer, so the backlog is read first and new records follow. The driver prints
+(open-gpu-kernel-modules, kernel_rc.c)::
+
+    NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+    NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:00): 31, pid=1234, name=python, Ch 00000008, ...
+    NVRM: Xid (PCI:0000:3b:00): 43, pid=1234, name=python, Ch 00000008
+    NVRM: Xid (0000:03:00): 14, Channel 00000001                       (older drivers)
+
+The reader parses those into ``XidEvent(source="kmsg")`` naming the PCI bus only; the
+ledger (analysis/xid.py) resolves the GPU and de-duplicates against NVML.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from exporter.model import XidEvent
+from exporter.sources.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 8192  # larger than any record (a read smaller than a record fails EINVAL)
+_RECORD = re.compile(r"^(\d+),(\d+),(\d+)(?:,[^;]*)?;(.*)$")
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?"
+    r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+    r"(?P<attr>[^)]*)\): (?P<xid>\d+)(?:,\s*(?P<detail>.*))?$"
+)
+_GPU_INSTANCE = re.compile(r"\bGPU-I:(\d+)")
+_COMPUTE_INSTANCE = re.compile(r"\bGPU-CI:(\d+)")
+
+
+def parse_kmsg_record(line: str) -> tuple[int, float, str] | None:
+    """``"4,1227,437812449,c;NVRM: ..."`` -> ``(seq, seconds since boot, message)``.
+
+    Continuation lines (" KEY=value" dictionary entries) and anything else that is not a
+    record header give None.
+    """
+    match = _RECORD.match(line.rstrip("\r\n"))
+    if match is None:
+        return None
+    return int(match.group(2)), int(match.group(3)) / 1_000_000, match.group(4)
+
+
+def parse_xid_message(msg: str) -> tuple[str, int, str] | None:
+    """``"NVRM: Xid (PCI:0000:3b:00): 79, pid=..., ..."`` -> ``("0000:3b:00", 79, "pid=...")``.
+
+    The bus id is returned as printed; the detail is everything after the code (the
+    pid/name part and the driver's text), or "" when the line stops at the code.
+    """
+    match = _XID.search(msg.rstrip())
+    if match is None:
+        return None
+    return match.group("pci"), int(match.group("xid")), match.group("detail") or ""
+
+
+def parse_xid_attribution(msg: str) -> tuple[int | None, int | None]:
+    """MIG attribution from the parenthesis: ``(PCI:... GPU-I:01 GPU-CI:00)`` -> (1, 0)."""
+    match = _XID.search(msg.rstrip())
+    if match is None:
+        return None, None
+    attr = match.group("attr")
+    gi = _GPU_INSTANCE.search(attr)
+    ci = _COMPUTE_INSTANCE.search(attr)
+    return (int(gi.group(1)) if gi else None, int(ci.group(1)) if ci else None)
+
+
+def boot_epoch(proc_root: str | Path, now: float) -> float | None:
+    """Epoch seconds of boot: ``now`` minus ``<proc-root>/uptime``.
+
+    kmsg stamps records with time since boot; ``now`` and uptime are read together so
+    the offset is good to the 10 ms resolution of /proc/uptime.
+    """
+    try:
+        uptime = float(Path(proc_root, "uptime").read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return now - uptime
+
+
+class KmsgReader:
+    """Reads the kernel log backlog, then follows it, from a daemon thread.
+
+    Works on ``/dev/kmsg`` (a character device: one record per read, EAGAIN when
+    drained, EPIPE when records were overwritten before we read them) and on a regular
+    file in the same format (tests, replay), which is polled for appended lines.
+    """
+
+    def __init__(
+        self,
+        on_event: Callable[[XidEvent], None],
+        *,
+        path: str | Path = "/dev/kmsg",
+        proc_root: str | Path = "/proc",
+        poll_interval_s: float = 0.5,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._on_event = on_event
+        self._path = Path(path)
+        self._proc_root = Path(proc_root)
+        self._poll_interval_s = poll_interval_s
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
+        self._clock = clock
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_seq = -1
+        self._errors_total = 0
+        self._overruns_total = 0
+        self._events_total = 0
+        self._last_error: str | None = None
+
+    # -- public surface ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kmsg-reader", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def caught_up(self) -> bool:
+        """The backlog present at start has been read."""
+        return self._caught_up.is_set()
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        return self._caught_up.wait(timeout_s)
+
+    @property
+    def errors_total(self) -> int:
+        """Open/read failures and failing callbacks, cumulative."""
+        return self._errors_total
+
+    @property
+    def overruns_total(self) -> int:
+        """Times the kernel overwrote records before we read them (EPIPE)."""
+        return self._overruns_total
+
+    @property
+    def events_total(self) -> int:
+        return self._events_total
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                self._fail(exc)
+                self._stop.wait(self._backoff.next_delay())
+                continue
+            try:
+                self._follow(fd)
+            except OSError as exc:
+                self._fail(exc)
+                self._stop.wait(self._backoff.next_delay())
+            finally:
+                os.close(fd)
+
+    def _follow(self, fd: int) -> None:
+        boot = boot_epoch(self._proc_root, self._clock())
+        if boot is None:
+            self._errors_total += 1
+            self._last_error = "uptime"
+            log.warning("cannot read %s/uptime: kmsg XIDs are stamped when read", self._proc_root)
+        pending = b""
+        while not self._stop.is_set():
+            try:
+                chunk = os.read(fd, READ_SIZE)
+            except BlockingIOError:  # /dev/kmsg drained: wait for the next record
+                self._idle()
+                select.select([fd], [], [], self._poll_interval_s)
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    # The ring buffer wrapped past our position; the next read resumes
+                    # at the oldest record still there.
+                    self._overruns_total += 1
+                    continue
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not chunk:  # regular file at EOF: poll for appended lines
+                self._idle()
+                self._stop.wait(self._poll_interval_s)
+                continue
+            self._backoff.reset()
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._handle(line.decode("utf-8", "replace"), boot)
+
+    def _idle(self) -> None:
+        if not self._caught_up.is_set():
+            self._caught_up.set()
+            log.info("kernel log backlog read; following %s", self._path)
+
+    def _handle(self, line: str, boot: float | None) -> None:
+        record = parse_kmsg_record(line)
+        if record is None:
+            return
+        seq, since_boot, message = record
+        if seq <= self._last_seq:  # re-read after a reopen
+            return
+        self._last_seq = seq
+        parsed = parse_xid_message(message)
+        if parsed is None:
+            return
+        pci, xid, detail = parsed
+        gi, ci = parse_xid_attribution(message)
+        event = XidEvent(
+            gpu=None,
+            uuid=None,
+            xid=xid,
+            timestamp=boot + since_boot if boot is not None else self._clock(),
+            source="kmsg",
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            pci_bus_id=pci,
+            message=detail or None,
+        )
+        self._events_total += 1
+        try:
+            self._on_event(event)
+        except Exception:  # a closed consumer must not stop the reader
+            self._errors_total += 1
+            log.exception("kmsg XID callback failed")
+
+    def _fail(self, exc: OSError) -> None:
+        self._errors_total += 1
+        self._last_error = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        log.warning("cannot read %s: %s", self._path, exc.strerror or exc)

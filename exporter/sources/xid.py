@@ -1,0 +1,299 @@
+"""XID listener: a dedicated thread blocked on an NVML event set.
+
+XIDs are events, not state: polling would miss one raised and cleared between two
+samples, and the kernel log is optional. So one daemon thread waits on
+``nvmlEventSetWait_v2`` with a short timeout (a timeout is the normal case and the
+moment to check the stop flag) and hands each XID to ``on_event`` from that thread; the
+agent passes ``lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev)``.
+
+Failure isolation:
+- a GPU that cannot deliver events (NotSupported, FunctionNotFound, NoPermission) is
+  skipped at registration and the others are listened to;
+- a GPU lost during registration is skipped too, and the set is rebuilt after a backoff
+  so it is picked up again once it comes back, without going deaf to the others;
+- any other NVML error frees the set, backs off (1 s doubling to 30 s, stoppable) and
+  re-creates the set, re-initialising NVML first when it was shut down under us.
+
+ECC events: registered only when ``on_ecc`` is given (and the GPU supports them), and
+then reported as ``on_ecc(gpu, "single_bit" | "double_bit")``. They are wake-up hints,
+not data: the ECC counters the NVML source polls stay the truth, and a double-bit error
+also raises XID 48, which arrives here as an XID. Without ``on_ecc`` they are not
+registered at all, so they cannot wake this thread for nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from exporter.model import XidEvent
+from exporter.sources.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+NOT_AVAILABLE_ID = 0xFFFFFFFF
+XID_EVENT: int = pynvml.nvmlEventTypeXidCriticalError
+ECC_EVENTS: dict[int, str] = {
+    pynvml.nvmlEventTypeSingleBitEccError: "single_bit",
+    pynvml.nvmlEventTypeDoubleBitEccError: "double_bit",
+}
+# The GPU cannot deliver events: skip it, not an error of the listener.
+_UNSUPPORTED = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_FunctionNotFound,
+    pynvml.NVMLError_NoPermission,
+)
+
+
+def _error_name(exc: BaseException) -> str:
+    return type(exc).__name__.removeprefix("NVMLError_")
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle's pointer value: stable while the driver is loaded."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+
+
+def _instance_id(value: int) -> int | None:
+    return None if value == NOT_AVAILABLE_ID else int(value)
+
+
+@dataclass
+class _Registration:
+    """One live event set and the GPUs registered on it."""
+
+    event_set: Any
+    by_uuid: dict[str, int] = field(default_factory=dict)  # uuid -> gpu index
+    by_address: dict[int, tuple[int, str]] = field(default_factory=dict)
+    skipped_lost: bool = False  # a GPU was lost: rebuild later to pick it up again
+
+
+class XidListener:
+    """Delivers NVML XID events to ``on_event`` from its own daemon thread."""
+
+    def __init__(
+        self,
+        on_event: Callable[[XidEvent], None],
+        *,
+        on_ecc: Callable[[int, str], None] | None = None,
+        wait_timeout_ms: int = 500,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        rebuild_after_lost_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._on_event = on_event
+        self._on_ecc = on_ecc
+        self._wait_timeout_ms = wait_timeout_ms
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
+        self._rebuild_after_lost_s = rebuild_after_lost_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._initialised = False
+        self._errors_total = 0
+        self._events_total = 0
+        self._registered: tuple[int, ...] = ()
+        self._last_error: str | None = None
+
+    # -- public surface ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="xid-listener", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to finish and wait for it: one wait timeout at most."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """The thread runs (it may be backing off; see ``registered``)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def registered(self) -> tuple[int, ...]:
+        """GPU indices the current event set listens to; empty while backing off."""
+        return self._registered
+
+    @property
+    def errors_total(self) -> int:
+        """NVML errors (init, set, registration, wait) and failing callbacks, cumulative."""
+        return self._errors_total
+
+    @property
+    def events_total(self) -> int:
+        return self._events_total
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                delay = self._session()
+                if delay > 0:
+                    self._stop.wait(delay)
+        finally:
+            self._registered = ()
+            if self._initialised:
+                # NVML init is reference-counted: this balances our own nvmlInit only.
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlShutdown()
+                self._initialised = False
+
+    def _session(self) -> float:
+        """One event set from creation to failure (or stop); returns the delay before
+        the next one."""
+        registration: _Registration | None = None
+        try:
+            self._ensure_initialised()
+            registration = self._register()
+            if not registration.by_uuid:
+                # nothing to listen to (no GPU, or none supports events): look again later
+                return self._backoff.next_delay()
+            rebuild_at = (
+                time.monotonic() + self._rebuild_after_lost_s if registration.skipped_lost else None
+            )
+            while not self._stop.is_set():
+                if rebuild_at is not None and time.monotonic() >= rebuild_at:
+                    log.info("rebuilding the XID event set to pick up lost GPUs")
+                    return 0.0
+                self._wait_once(registration)
+            return 0.0
+        except pynvml.NVMLError as exc:
+            self._fail(exc)
+            if isinstance(exc, pynvml.NVMLError_Uninitialized):
+                self._initialised = False
+            return self._backoff.next_delay()
+        except Exception:  # a bug here must degrade to "no XIDs", never kill the thread
+            self._errors_total += 1
+            self._last_error = "internal"
+            log.exception("XID listener failed unexpectedly")
+            return self._backoff.next_delay()
+        finally:
+            self._registered = ()
+            if registration is not None:
+                try:
+                    pynvml.nvmlEventSetFree(registration.event_set)
+                except pynvml.NVMLError as exc:
+                    log.debug("freeing the XID event set failed: %s", _error_name(exc))
+
+    def _ensure_initialised(self) -> None:
+        if not self._initialised:
+            pynvml.nvmlInit()
+            self._initialised = True
+
+    def _register(self) -> _Registration:
+        registration = _Registration(event_set=pynvml.nvmlEventSetCreate())
+        try:
+            wanted = XID_EVENT | (sum(ECC_EVENTS) if self._on_ecc else 0)
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                self._register_gpu(registration, index, wanted)
+        except pynvml.NVMLError:
+            pynvml.nvmlEventSetFree(registration.event_set)
+            raise
+        self._registered = tuple(sorted(registration.by_uuid.values()))
+        log.info("listening for XID events on GPU(s) %s", list(self._registered))
+        return registration
+
+    def _register_gpu(self, registration: _Registration, index: int, wanted: int) -> None:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            try:
+                supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+            except _UNSUPPORTED:
+                supported = XID_EVENT  # cannot ask: try XIDs and let registration decide
+            mask = wanted & supported
+            if not mask & XID_EVENT:
+                log.info("GPU %d does not deliver XID events; not listening to it", index)
+                return
+            pynvml.nvmlDeviceRegisterEvents(handle, mask, registration.event_set)
+        except _UNSUPPORTED as exc:
+            log.info("GPU %d cannot register XID events (%s); skipped", index, _error_name(exc))
+            return
+        except pynvml.NVMLError_GpuIsLost as exc:
+            self._fail(exc, f"GPU {index} lost during registration")
+            registration.skipped_lost = True
+            return
+        registration.by_uuid[uuid] = index
+        address = _address(handle)
+        if address is not None:
+            registration.by_address[address] = (index, uuid)
+
+    def _wait_once(self, registration: _Registration) -> None:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(registration.event_set, self._wait_timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            self._backoff.reset()
+            return
+        self._backoff.reset()
+        gpu, uuid = self._identify(registration, data.device)
+        event_type = int(data.eventType)
+        if event_type & XID_EVENT:
+            self._events_total += 1
+            self._deliver(
+                self._on_event,
+                XidEvent(
+                    gpu=gpu,
+                    uuid=uuid,
+                    xid=int(data.eventData),
+                    timestamp=self._clock(),
+                    source="nvml",
+                    gpu_instance_id=_instance_id(data.gpuInstanceId),
+                    compute_instance_id=_instance_id(data.computeInstanceId),
+                ),
+            )
+        for bit, kind in ECC_EVENTS.items():
+            if event_type & bit and self._on_ecc is not None and gpu is not None:
+                self._deliver(self._on_ecc, gpu, kind)
+
+    def _identify(self, registration: _Registration, device: Any) -> tuple[int | None, str | None]:
+        """Which registered GPU raised the event: by UUID, else by handle.
+
+        The handle fallback matters for XID 79, where the fallen GPU may no longer
+        answer a UUID query.
+        """
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(device)
+        except pynvml.NVMLError:
+            uuid = None
+        if uuid is not None and uuid in registration.by_uuid:
+            return registration.by_uuid[uuid], uuid
+        address = _address(device)
+        if address is not None and address in registration.by_address:
+            return registration.by_address[address]
+        return None, uuid
+
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
+        """A failing consumer (a closed event loop) must not kill the listener."""
+        try:
+            callback(*args)
+        except Exception:
+            self._errors_total += 1
+            log.exception("XID callback failed")
+
+    def _fail(self, exc: pynvml.NVMLError, context: str = "XID event set failed") -> None:
+        self._errors_total += 1
+        self._last_error = _error_name(exc)
+        log.warning("%s: %s", context, self._last_error)

@@ -1,0 +1,478 @@
+"""NvmlSource over the simulated libnvidia-ml: every value is the scenario's, read
+through pynvml's real marshalling; failures stay confined to the query or GPU at fault."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from exporter.model import GpuProcess, NvmlSnapshot, ProcessUtilization, RemappedRows
+from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.nvml_library import SIM_EPOCH_S, install
+from exporter.sim.scenario import NVML_ERROR_CODES, Scenario, load_scenario, parse_scenario
+from exporter.sources.nvml import NvmlSource
+
+GiB = 1024**3
+MiB = 1024**2
+EPOCH_US = SIM_EPOCH_S * 1_000_000
+
+RICH_UUID = "GPU-11111111-2222-3333-4444-555555555555"
+RICH: dict[str, object] = {
+    "driver_version": "560.35.03",
+    "nvml_version": "12.560.35.03",
+    "cuda_driver_version": 12060,
+    "gpus": [
+        {
+            "uuid": RICH_UUID,
+            "name": "NVIDIA A100-SXM4-80GB",
+            "pci_bus_id": "00000000:3B:00.0",
+            "memory_total": "80GiB",
+            "memory_reserved": "1GiB",
+            "unaccounted_memory": "2GiB",
+            "utilization_gpu": 73,
+            "utilization_memory": 41,
+            "temperature": 66,
+            "power_mw": 301_500,
+            "power_limit_mw": 400_000,
+            "energy_mj": 5_000_000,
+            "clock_sm": 1410,
+            "clock_memory": 1593,
+            "clock_event_reasons": 0x4 | 0x20,  # SW power cap + SW thermal slowdown
+            "pcie_replay": 7,
+            "ecc_corrected": 12,
+            "ecc_uncorrected": 1,
+            "remapped_correctable": 3,
+            "remapped_uncorrectable": 2,
+            "remapped_pending": True,
+            "remapped_failure": False,
+        },
+        {"temperature": 35},
+    ],
+    "host_processes": [
+        {"pid": 1001, "gpu": 0, "memory": "10GiB", "sm": 60, "kind": "compute"},
+        {"pid": 1002, "gpu": 0, "memory": "512MiB", "sm": 0, "kind": "graphics"},
+        {"pid": 1003, "gpu": 0, "memory": "3GiB", "sm": 25, "kind": "mps"},
+        {"pid": 1004, "gpu": 1, "memory": "1GiB", "sm": 10},
+    ],
+}
+# GPU 0: listed processes + memory no process accounts for; v2 "used" excludes reserved.
+RICH_USED = 10 * GiB + 512 * MiB + 3 * GiB + 2 * GiB
+RICH_PROCESSES = (
+    GpuProcess(pid=1001, used_memory_bytes=10 * GiB, kind="compute"),
+    GpuProcess(pid=1002, used_memory_bytes=512 * MiB, kind="graphics"),
+    GpuProcess(pid=1003, used_memory_bytes=3 * GiB, kind="mps"),
+)
+
+
+@dataclass
+class Sim:
+    node: SimNode
+    clock: ManualClock
+    source: NvmlSource
+
+    def sample_at(self, t: float) -> NvmlSnapshot:
+        self.clock.now = t
+        return self.source.sample()
+
+
+@pytest.fixture
+def sim() -> Iterator[list[Sim]]:
+    """Builds simulated nodes on demand and closes their sources afterwards."""
+    made: list[Sim] = []
+    yield made
+    for s in made:
+        s.source.close()
+
+
+def start(made: list[Sim], scenario: dict[str, object] | str | Scenario) -> Sim:
+    if isinstance(scenario, dict):
+        scenario = parse_scenario(scenario, "test")
+    elif isinstance(scenario, str):
+        scenario = load_scenario(scenario)
+    clock = ManualClock()
+    node = SimNode(scenario, clock)
+    install(node)
+    s = Sim(node, clock, NvmlSource(clock=clock))
+    made.append(s)
+    return s
+
+
+# -- values ------------------------------------------------------------------------------
+
+
+def test_every_nvml_reading_equals_the_scenario_value(sim: list[Sim]) -> None:
+    s = start(sim, RICH)
+    snap = s.sample_at(0.0)
+
+    assert snap.ok and snap.error is None and snap.errors == ()
+    assert (snap.driver_version, snap.nvml_version, snap.cuda_driver_version) == (
+        "560.35.03",
+        "12.560.35.03",
+        "12.6",
+    )
+    assert len(snap.gpus) == 2
+    gpu = snap.gpus[0]
+    assert gpu.error is None
+    assert (gpu.index, gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.minor_number) == (
+        0,
+        RICH_UUID,
+        "NVIDIA A100-SXM4-80GB",
+        "00000000:3B:00.0",
+        0,
+    )
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert gpu.memory_reserved_bytes == 1 * GiB
+    assert gpu.memory_used_bytes == RICH_USED
+    assert gpu.memory_free_bytes == 80 * GiB - 1 * GiB - RICH_USED
+    assert (gpu.utilization_gpu_percent, gpu.utilization_memory_percent) == (73, 41)
+    assert gpu.temperature_celsius == 66
+    assert (gpu.power_milliwatts, gpu.power_limit_milliwatts) == (301_500, 400_000)
+    assert gpu.energy_millijoules == 5_000_000
+    assert (gpu.clock_sm_mhz, gpu.clock_memory_mhz) == (1410, 1593)
+    assert gpu.clock_event_reasons == 0x24
+    assert gpu.pcie_replay_count == 7
+    assert (gpu.ecc_corrected_total, gpu.ecc_uncorrected_total) == (12, 1)
+    assert gpu.remapped_rows == RemappedRows(
+        correctable=3, uncorrectable=2, pending=True, failure=False
+    )
+    assert gpu.mig_enabled is False
+    assert gpu.mig_instances == ()
+    assert gpu.processes == RICH_PROCESSES
+    # the other GPU is its own device with its own derived identity and values
+    other = snap.gpus[1]
+    assert other.uuid.startswith("GPU-") and other.uuid != RICH_UUID
+    assert (other.pci_bus_id, other.minor_number, other.temperature_celsius) == (
+        "00000000:28:00.0",
+        1,
+        35,
+    )
+    assert other.processes == (GpuProcess(pid=1004, used_memory_bytes=1 * GiB, kind="compute"),)
+
+
+def test_energy_counter_grows_with_power_over_simulated_time(sim: list[Sim]) -> None:
+    s = start(sim, RICH)
+    assert s.sample_at(0.0).gpus[0].energy_millijoules == 5_000_000
+    # 301.5 W for 10 s = 3015 J
+    assert s.sample_at(10.0).gpus[0].energy_millijoules == 5_000_000 + 3_015_000
+
+
+def test_per_process_sm_samples_come_once_per_driver_window(sim: list[Sim]) -> None:
+    s = start(sim, RICH)
+    first = s.sample_at(0.0).gpus[0].process_utilization
+    # only processes with SM activity have samples; memory util is the sim's sm // 2
+    assert first == (
+        ProcessUtilization(pid=1001, sm_percent=60, memory_percent=30, timestamp_us=EPOCH_US),
+        ProcessUtilization(pid=1003, sm_percent=25, memory_percent=12, timestamp_us=EPOCH_US),
+    )
+    # same 100 ms driver window: NVML says NOT_FOUND, which is "no new samples", no error
+    again = s.sample_at(0.05)
+    assert again.gpus[0].process_utilization == ()
+    assert again.errors == ()
+    later = s.sample_at(1.0).gpus[0].process_utilization
+    assert [(u.pid, u.sm_percent, u.timestamp_us) for u in later] == [
+        (1001, 60, EPOCH_US + 1_000_000),
+        (1003, 25, EPOCH_US + 1_000_000),
+    ]
+
+
+def test_timeline_set_of_a_size_field_changes_what_nvml_reports(sim: list[Sim]) -> None:
+    scenario = {**RICH, "timeline": [{"at": 5, "set": {"gpu": 0, "memory_reserved": "4GiB"}}]}
+    s = start(sim, scenario)
+    assert s.sample_at(0.0).gpus[0].memory_reserved_bytes == 1 * GiB
+    gpu = s.sample_at(6.0).gpus[0]
+    assert gpu.memory_reserved_bytes == 4 * GiB
+    assert gpu.memory_used_bytes == RICH_USED
+    assert gpu.memory_free_bytes == 80 * GiB - 4 * GiB - RICH_USED
+
+
+# -- unsupported and missing functions ---------------------------------------------------
+
+
+def test_not_supported_queries_give_none_not_zero_and_are_not_errors(sim: list[Sim]) -> None:
+    unsupported = [
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetProcessUtilization",
+    ]
+    s = start(sim, {"gpus": [{"unsupported": unsupported}, {}]})
+    snap = s.sample_at(0.0)
+    gpu, other = snap.gpus
+    assert gpu.error is None
+    assert gpu.power_milliwatts is None
+    assert gpu.energy_millijoules is None
+    assert gpu.temperature_celsius is None
+    assert gpu.remapped_rows is None
+    assert gpu.pcie_replay_count is None
+    assert gpu.ecc_corrected_total is None and gpu.ecc_uncorrected_total is None
+    assert gpu.process_utilization == ()
+    # what the GPU does support is still read
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert gpu.power_limit_milliwatts == 700_000
+    # the other GPU supports everything
+    assert (other.power_milliwatts, other.temperature_celsius) == (70_000, 40)
+    assert other.remapped_rows == RemappedRows(0, 0, False, False)
+    assert snap.errors == ()
+
+
+def test_missing_v3_process_listings_fall_back_to_v2_and_still_list_every_kind(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        **RICH,
+        "missing_functions": [
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        ],
+    }
+    s = start(sim, scenario)
+    snap = s.sample_at(0.0)
+    assert snap.gpus[0].processes == RICH_PROCESSES
+    assert snap.errors == ()
+
+
+def test_missing_memory_info_v2_falls_back_to_v1_where_used_includes_reserved(
+    sim: list[Sim],
+) -> None:
+    s = start(sim, {**RICH, "missing_functions": ["nvmlDeviceGetMemoryInfo_v2"]})
+    gpu = s.sample_at(0.0).gpus[0]
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert gpu.memory_used_bytes == RICH_USED + 1 * GiB
+    assert gpu.memory_free_bytes == 80 * GiB - RICH_USED - 1 * GiB
+    assert gpu.memory_reserved_bytes is None
+
+
+# -- GPU failures --------------------------------------------------------------------------
+
+
+def test_a_gpu_lost_from_the_start_is_isolated_and_the_others_are_read(sim: list[Sim]) -> None:
+    s = start(sim, {"gpus": [{}, {"lost": True}, {"temperature": 50}]})
+    snap = s.sample_at(0.0)
+    assert snap.ok
+    lost = snap.gpus[1]
+    assert lost.error == "GpuIsLost"
+    assert lost.memory_used_bytes is None and lost.processes == ()
+    assert [g.error for g in snap.gpus] == [None, "GpuIsLost", None]
+    assert snap.gpus[2].temperature_celsius == 50
+    assert snap.errors == (("gpu", "GpuIsLost"),)
+
+
+def test_a_gpu_lost_mid_run_keeps_its_identity_and_is_reopened_when_it_returns(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        "gpus": [{"power_mw": 100_000}, {"power_mw": 200_000}],
+        "timeline": [{"at": 10, "lose": 1}, {"at": 30, "set": {"gpu": 1, "lost": False}}],
+    }
+    s = start(sim, scenario)
+    before = s.sample_at(0.0).gpus[1]
+    assert before.error is None and before.power_milliwatts == 200_000
+
+    for t in (10.0, 20.0):  # every cycle while it is lost, not only the first
+        snap = s.sample_at(t)
+        lost = snap.gpus[1]
+        assert lost.error == "GpuIsLost"
+        assert (lost.uuid, lost.name, lost.pci_bus_id, lost.minor_number) == (
+            before.uuid,
+            before.name,
+            before.pci_bus_id,
+            before.minor_number,
+        )
+        assert lost.power_milliwatts is None
+        assert snap.gpus[0].error is None and snap.gpus[0].power_milliwatts == 100_000
+
+    back = s.sample_at(30.0)
+    assert back.errors == ()
+    assert back.gpus[1].error is None
+    assert back.gpus[1].uuid == before.uuid
+    assert back.gpus[1].power_milliwatts == 200_000
+
+
+def test_an_unexpected_nvml_error_on_one_gpu_fails_that_gpu_not_the_cycle(
+    sim: list[Sim],
+) -> None:
+    # a GPU that cannot even say its UUID: nothing can be read from it, the rest can
+    s = start(sim, {"gpus": [{}, {"unsupported": ["nvmlDeviceGetUUID"]}, {}]})
+    snap = s.sample_at(0.0)
+    assert snap.ok
+    assert [g.error for g in snap.gpus] == [None, "NotSupported", None]
+    assert snap.gpus[1].uuid == "unknown-gpu-1"
+    assert snap.gpus[2].memory_total_bytes == 80 * GiB
+
+
+# -- NVML unavailable ----------------------------------------------------------------------
+
+
+def test_no_driver_gives_a_snapshot_that_says_nvml_is_down(sim: list[Sim]) -> None:
+    s = start(sim, "no-gpu")
+    snap = s.sample_at(0.0)
+    assert not snap.ok
+    assert snap.gpus == ()
+    assert snap.error is not None and snap.error.startswith("DriverNotLoaded")
+
+
+def test_an_init_error_pynvml_has_no_text_for_still_gives_a_down_snapshot(
+    sim: list[Sim],
+) -> None:
+    s = start(sim, {"nvml_init_error": "NO_DATA", "gpus": [{}]})
+    snap = s.sample_at(0.0)
+    assert not snap.ok
+    assert (snap.error or "").startswith("NoData: ")
+
+
+def test_nvml_init_is_retried_only_after_a_growing_backoff(sim: list[Sim]) -> None:
+    s = start(sim, {"nvml_init_error": "DRIVER_NOT_LOADED", "gpus": [{}]})
+    assert (s.sample_at(0.0).error or "").startswith("DriverNotLoaded")
+    # the driver's answer changes; the source only notices when it tries again
+    s.node.scenario.nvml_init_error = NVML_ERROR_CODES["NO_PERMISSION"]
+    # first delay is 1 s less up to 20 % jitter, so at 0.5 s it has not retried
+    assert (s.sample_at(0.5).error or "").startswith("DriverNotLoaded")
+    assert (s.sample_at(1.0).error or "").startswith("NoPermission")
+    # the driver comes up; the second delay is 2 s less jitter (>= 1.6 s)
+    s.node.scenario.nvml_init_error = None
+    waiting = s.sample_at(2.5)
+    assert not waiting.ok and (waiting.error or "").startswith("NoPermission")
+    up = s.sample_at(3.5)
+    assert up.ok and up.error is None
+    assert len(up.gpus) == 1 and up.gpus[0].memory_total_bytes == 80 * GiB
+
+
+# -- MIG -----------------------------------------------------------------------------------
+
+
+def test_mig_instances_carry_ids_profile_memory_and_their_processes(sim: list[Sim]) -> None:
+    s = start(sim, "node-8gpu")
+    scenario = s.node.scenario
+    gpu = s.sample_at(0.0).gpus[3]
+    assert gpu.error is None
+    assert gpu.mig_enabled is True
+    # the driver reports no GPU-Util (and no per-process samples) in MIG mode
+    assert gpu.utilization_gpu_percent is None
+    assert gpu.utilization_memory_percent is None
+    assert gpu.process_utilization == ()
+    assert gpu.processes == ()
+    assert gpu.occupancy is None  # occupancy is per instance in MIG mode
+    # whole-GPU memory: every MIG process' memory
+    assert gpu.memory_used_bytes == (22 * GiB + 300 * MiB) + (9 * GiB + 300 * MiB) + (
+        6 * GiB + 300 * MiB
+    )
+    expected = [
+        (0, 1, 0, "3g.40gb", 40 * GiB, 22 * GiB + 300 * MiB),
+        (1, 5, 0, "2g.20gb", 20 * GiB, 9 * GiB + 300 * MiB),
+        (2, 13, 0, "1g.10gb", 10 * GiB, 6 * GiB + 300 * MiB),
+    ]
+    assert [
+        (
+            m.mig_index,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+            m.profile,
+            m.memory_total_bytes,
+            m.memory_used_bytes,
+        )
+        for m in gpu.mig_instances
+    ] == expected
+    assert [m.uuid for m in gpu.mig_instances] == [m.uuid for m in scenario.gpus[3].mig]
+    for mig, slot in zip(gpu.mig_instances, range(3), strict=True):
+        sim_procs = [p for p in scenario.processes if p.gpu == 3 and p.mig == slot]
+        assert mig.processes == tuple(
+            GpuProcess(
+                pid=p.pid,
+                used_memory_bytes=p.memory,
+                kind="compute",
+                gpu_instance_id=mig.gpu_instance_id,
+                compute_instance_id=mig.compute_instance_id,
+            )
+            for p in sim_procs
+        )
+        assert len(mig.processes) == 2
+
+
+def test_mig_occupancy_is_per_instance_from_its_own_processes(sim: list[Sim]) -> None:
+    s = start(sim, "node-8gpu")
+    assert all(m.occupancy is None for m in s.sample_at(0.0).gpus[3].mig_instances)
+    migs = s.sample_at(10.0).gpus[3].mig_instances
+    # SM activity per instance = its processes' SM shares (40 %, 15 %, 70 %)
+    assert [m.occupancy.sm_active if m.occupancy else None for m in migs] == pytest.approx(
+        [0.40, 0.15, 0.70]
+    )
+    assert all(m.occupancy is not None and m.occupancy.source == "gpm" for m in migs)
+
+
+# -- GPM occupancy -------------------------------------------------------------------------
+
+
+def test_first_cycle_primes_gpm_and_yields_no_occupancy(sim: list[Sim]) -> None:
+    s = start(sim, "single-gpu")
+    assert s.sample_at(0.0).gpus[0].occupancy is None
+
+
+def test_gpm_occupancy_between_two_cycles_equals_the_scenario_values(sim: list[Sim]) -> None:
+    s = start(sim, "single-gpu")
+    s.sample_at(0.0)
+    occ = s.sample_at(10.0).gpus[0].occupancy
+    assert occ is not None and occ.source == "gpm"
+    # set in the scenario: sm_active 63, sm_occupancy 38, tensor 44, dram 29
+    assert occ.sm_active == pytest.approx(0.63)
+    assert occ.sm_occupancy == pytest.approx(0.38)
+    assert occ.tensor_active == pytest.approx(0.44)
+    assert occ.dram_active == pytest.approx(0.29)
+    # derived: graphics = GPU-Util 87 %, FP pipes from the one process' 63 % SM share
+    assert occ.graphics_active == pytest.approx(0.87)
+    assert occ.fp64_active == pytest.approx(0.0)
+    assert occ.fp32_active == pytest.approx(0.63 * 0.2)
+    assert occ.fp16_active == pytest.approx(0.63 * 0.1)
+
+
+def test_gpm_occupancy_is_the_time_average_across_a_mid_window_change(sim: list[Sim]) -> None:
+    scenario = {
+        "gpus": [{"gpm": {"sm_active": 80, "sm_occupancy": 40}}],
+        "timeline": [{"at": 10, "set": {"gpu": 0, "gpm": {"sm_active": 20, "sm_occupancy": 10}}}],
+    }
+    s = start(sim, scenario)
+    s.sample_at(0.0)
+    occ = s.sample_at(20.0).gpus[0].occupancy  # 10 s at 80 %, 10 s at 20 %
+    assert occ is not None
+    assert occ.sm_active == pytest.approx(0.5)
+    assert occ.sm_occupancy == pytest.approx(0.25)
+    occ = s.sample_at(30.0).gpus[0].occupancy  # the whole window after the change
+    assert occ is not None and occ.sm_active == pytest.approx(0.2)
+
+
+def test_gpm_windows_follow_the_sample_cycles_not_the_scenario_events(sim: list[Sim]) -> None:
+    scenario = {
+        "gpus": [{"gpm": {"sm_active": 80}}],
+        "timeline": [{"at": 10, "set": {"gpu": 0, "gpm": {"sm_active": 20}}}],
+    }
+    s = start(sim, scenario)
+    s.sample_at(0.0)
+    first = s.sample_at(5.0).gpus[0].occupancy
+    second = s.sample_at(15.0).gpus[0].occupancy  # 5 s at 80 %, 5 s at 20 %
+    assert first is not None and first.sm_active == pytest.approx(0.8)
+    assert second is not None and second.sm_active == pytest.approx(0.5)
+
+
+def test_tiny_kernels_read_full_gpu_util_while_gpm_shows_idle_sms(sim: list[Sim]) -> None:
+    s = start(sim, "node-8gpu")
+    s.sample_at(0.0)
+    gpu = s.sample_at(10.0).gpus[4]
+    assert gpu.utilization_gpu_percent == 100
+    assert gpu.occupancy is not None
+    assert gpu.occupancy.sm_active == pytest.approx(0.018)
+    assert gpu.occupancy.sm_occupancy == pytest.approx(0.004)
+
+
+def test_gpu_without_gpm_has_no_occupancy_and_no_error(sim: list[Sim]) -> None:
+    s = start(sim, {"gpus": [{"gpm_supported": False}, {"gpm": {"sm_active": 50}}]})
+    s.sample_at(0.0)
+    snap = s.sample_at(10.0)
+    assert snap.gpus[0].occupancy is None
+    assert snap.gpus[1].occupancy is not None
+    assert snap.gpus[1].occupancy.sm_active == pytest.approx(0.5)
+    assert snap.errors == ()

@@ -1,0 +1,339 @@
+"""The simulated libnvidia-ml itself, driven only through pynvml's public API, and the
+scenario loader's errors: what a developer sees when a scenario is wrong."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.nvml_library import install
+from exporter.sim.scenario import ScenarioError, load_scenario, parse_scenario
+
+GiB = 1024**3
+
+TWO_GPUS: dict[str, Any] = {
+    "gpus": [
+        {"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "power_mw": 123_000},
+        {
+            "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+            "unsupported": ["nvmlDeviceGetPowerUsage"],
+            "mig": [
+                {"profile": "4g.40gb", "gpu_instance_id": 2, "compute_instance_id": 0},
+                {"profile": "3g.40gb", "gpu_instance_id": 1, "compute_instance_id": 0},
+            ],
+        },
+    ],
+    "host_processes": [{"pid": 777, "gpu": 0, "memory": "1GiB", "sm": 10}],
+    "timeline": [
+        {"at": 30, "xid": {"gpu": 1, "code": 79}},
+        {"at": 40, "xid": {"gpu": 0, "code": 31}},
+    ],
+}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def run_nvml(scenario: dict[str, Any], clock: ManualClock) -> Iterator[SimNode]:
+    node = SimNode(parse_scenario(scenario, "test"), clock)
+    install(node)
+    pynvml.nvmlInit()
+    try:
+        yield node
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@pytest.fixture
+def node(clock: ManualClock) -> Iterator[SimNode]:
+    yield from run_nvml(TWO_GPUS, clock)
+
+
+# -- handles and identity ------------------------------------------------------------------
+
+
+def test_device_count_and_handles_by_index_give_each_gpus_identity(node: SimNode) -> None:
+    assert pynvml.nvmlDeviceGetCount() == 2
+    uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+    assert uuids == [
+        "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+        "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+    ]
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetName(h) == "NVIDIA H100 80GB HBM3"
+    assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:18:00.0"
+    assert pynvml.nvmlDeviceGetPowerUsage(h) == 123_000
+
+
+def test_a_handle_index_past_the_last_gpu_is_an_invalid_argument(node: SimNode) -> None:
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetHandleByIndex(2)
+
+
+def test_device_queries_before_init_raise_uninitialized(clock: ManualClock) -> None:
+    install(SimNode(parse_scenario(TWO_GPUS, "test"), clock))
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+
+
+def test_mig_handles_resolve_to_their_instance_and_back_to_the_parent(node: SimNode) -> None:
+    parent = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetMigMode(parent) == [1, 1]
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(parent) == 7
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 1)
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(mig)
+    assert not pynvml.nvmlDeviceIsMigDeviceHandle(parent)
+    assert pynvml.nvmlDeviceGetGpuInstanceId(mig) == 1
+    assert pynvml.nvmlDeviceGetComputeInstanceId(mig) == 0
+    assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    assert pynvml.nvmlDeviceGetUUID(mig) == node.gpus[1].mig[1].uuid
+    assert pynvml.nvmlDeviceGetMemoryInfo(mig, version=pynvml.nvmlMemory_v2).total == 10 * GiB
+    back = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    assert pynvml.nvmlDeviceGetUUID(back) == "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+    # slots past the configured instances do not exist
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2)
+    # a GPU not in MIG mode has no MIG handles at all
+    whole = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetMigMode(whole) == [0, 0]
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(whole, 0)
+
+
+def test_gpu_util_is_not_supported_in_mig_mode(node: SimNode) -> None:
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(1))
+
+
+def test_process_listing_is_marshalled_into_pynvml_structs(node: SimNode) -> None:
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+    assert [(p.pid, p.usedGpuMemory) for p in procs] == [(777, 1 * GiB)]
+    assert (procs[0].gpuInstanceId, procs[0].computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+    assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0)) == []
+
+
+# -- errors the way pynvml raises them -----------------------------------------------------
+
+
+def test_a_gpus_unsupported_function_raises_not_supported_for_that_gpu_only(
+    node: SimNode,
+) -> None:
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(1))
+    assert pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(0)) == 123_000
+
+
+def test_a_missing_function_raises_function_not_found(clock: ManualClock) -> None:
+    scenario = {**TWO_GPUS, "missing_functions": ["nvmlDeviceGetMemoryInfo_v2"]}
+    for _ in run_nvml(scenario, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        # v1 is still there, and its "used" includes the driver-reserved 512 MiB
+        assert pynvml.nvmlDeviceGetMemoryInfo(h).used == 1 * GiB + 512 * 1024**2
+
+
+def test_unversioned_wrapper_over_a_missing_v3_raises_library_mismatch(
+    clock: ManualClock,
+) -> None:
+    scenario = {**TWO_GPUS, "missing_functions": ["nvmlDeviceGetComputeRunningProcesses_v3"]}
+    for _ in run_nvml(scenario, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLLibraryMismatchError):
+            pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetComputeRunningProcesses_v3(h)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h)
+        assert [(p.pid, p.usedGpuMemory) for p in procs] == [(777, 1 * GiB)]
+
+
+def test_a_lost_gpu_answers_gpu_is_lost(clock: ManualClock) -> None:
+    scenario = {**TWO_GPUS, "timeline": [{"at": 5, "lose": 0}]}
+    for _ in run_nvml(scenario, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 40
+        clock.advance(5)
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetUUID(h)
+
+
+def test_nvml_init_fails_with_the_scenarios_driver_error(clock: ManualClock) -> None:
+    install(SimNode(load_scenario("no-gpu"), clock))
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        pynvml.nvmlInit()
+
+
+def test_an_error_code_pynvml_has_no_text_for_reads_the_librarys_error_string(
+    clock: ManualClock,
+) -> None:
+    install(SimNode(parse_scenario({"nvml_init_error": "NO_DATA"}, "test"), clock))
+    with pytest.raises(pynvml.NVMLError) as caught:
+        pynvml.nvmlInit()
+    assert caught.value.value == pynvml.NVML_ERROR_NO_DATA
+    assert str(caught.value)  # pynvml asks nvmlErrorString; that must not blow up
+
+
+# -- XID events ----------------------------------------------------------------------------
+
+
+def _xid_event_set() -> Any:
+    event_set = pynvml.nvmlEventSetCreate()
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+        assert supported & pynvml.nvmlEventTypeXidCriticalError
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    return event_set
+
+
+def test_event_set_wait_times_out_when_no_xid_is_due(node: SimNode, clock: ManualClock) -> None:
+    event_set = _xid_event_set()
+    try:
+        clock.advance(29)
+        started = time.monotonic()
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait(event_set, 100)
+        assert time.monotonic() - started < 2.0
+    finally:
+        pynvml.nvmlEventSetFree(event_set)
+
+
+def test_event_set_wait_returns_timeline_xids_in_order_once_each(
+    node: SimNode, clock: ManualClock
+) -> None:
+    event_set = _xid_event_set()
+    try:
+        clock.advance(45)
+        first = pynvml.nvmlEventSetWait(event_set, 100)
+        assert first.eventType == pynvml.nvmlEventTypeXidCriticalError
+        assert first.eventData == 79
+        assert pynvml.nvmlDeviceGetUUID(first.device) == node.gpus[1].uuid
+        assert first.gpuInstanceId == 0xFFFFFFFF
+        second = pynvml.nvmlEventSetWait(event_set, 100)
+        assert second.eventData == 31
+        assert pynvml.nvmlDeviceGetUUID(second.device) == node.gpus[0].uuid
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait(event_set, 50)
+    finally:
+        pynvml.nvmlEventSetFree(event_set)
+
+
+def test_a_waiting_event_set_wakes_when_an_xid_becomes_due(
+    node: SimNode, clock: ManualClock
+) -> None:
+    event_set = _xid_event_set()
+    got: list[int] = []
+
+    def wait() -> None:
+        got.append(pynvml.nvmlEventSetWait(event_set, 5000).eventData)
+
+    waiter = threading.Thread(target=wait)
+    started = time.monotonic()
+    waiter.start()
+    try:
+        time.sleep(0.1)
+        clock.advance(31)  # the XID 79 at t=30 is now due
+        waiter.join(timeout=5)
+        assert got == [79]
+        assert time.monotonic() - started < 2.0
+    finally:
+        waiter.join(timeout=6)
+        pynvml.nvmlEventSetFree(event_set)
+
+
+def test_xids_raised_before_the_event_set_existed_are_not_replayed(
+    node: SimNode, clock: ManualClock
+) -> None:
+    clock.advance(35)
+    node.advance()  # the XID at t=30 happened before anyone listened
+    event_set = _xid_event_set()
+    try:
+        clock.advance(10)
+        assert pynvml.nvmlEventSetWait(event_set, 100).eventData == 31
+    finally:
+        pynvml.nvmlEventSetFree(event_set)
+
+
+# -- scenario validation -------------------------------------------------------------------
+
+
+def _error(data: object) -> str:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(data, "bad")
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_unknown_top_level_key_is_named() -> None:
+    assert _error({"gpus": [{}], "gpu_count": 8}).startswith("bad: unknown key 'gpu_count'")
+
+
+def test_unknown_gpu_key_is_named_with_its_gpu() -> None:
+    message = _error({"gpus": [{}, {"colour": "green"}]})
+    assert message.startswith("gpus[1]: unknown key 'colour'")
+
+
+def test_unknown_gpu_defaults_key_is_named() -> None:
+    message = _error({"gpu_defaults": {"wattage": 700}, "gpus": [{}]})
+    assert message.startswith("gpu_defaults: unknown key 'wattage'")
+
+
+def test_bad_size_names_the_field_and_the_value() -> None:
+    message = _error({"gpus": [{"memory_total": "lots"}]})
+    assert message == "gpus[0].memory_total: 'lots' is not a size (use bytes or e.g. 80GiB)"
+
+
+def test_bad_mig_size_names_the_mig_field() -> None:
+    message = _error({"gpus": [{"mig": [{"memory_total": "big"}]}]})
+    assert message.startswith("gpus[0].mig[0].memory_total: 'big' is not a size")
+
+
+def test_process_on_a_gpu_index_the_node_lacks_is_rejected() -> None:
+    message = _error({"gpus": [{}, {}], "host_processes": [{"gpu": 2}]})
+    assert message == "host_processes[0].gpu: 2 is not a GPU index (0..1)"
+
+
+def test_process_on_a_mig_instance_the_gpu_lacks_is_rejected() -> None:
+    message = _error({"gpus": [{}], "host_processes": [{"pid": 9, "gpu": 0, "mig": 0}]})
+    assert message == "pid 9: GPU 0 has no MIG instance 0"
+
+
+def test_unknown_scenario_path_says_why_and_lists_the_shipped_names(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(str(missing))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == (
+        f"cannot read scenario {str(missing)!r}: No such file or directory; "
+        "use a file path or one of single-gpu, node-8gpu, no-gpu"
+    )
+
+
+def test_invalid_yaml_names_the_scenario_and_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("gpus:\n  - {temperature: 40\n  - power_mw: [\n", encoding="utf-8")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(str(path))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("scenario 'broken' is not valid YAML at line ")
+
+
+def test_a_scenario_file_loads_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("node_name: n1\ngpus:\n  - {power_mw: 5000}\n", encoding="utf-8")
+    scenario = load_scenario(str(path))
+    assert (scenario.name, scenario.node_name, scenario.gpus[0].power_mw) == ("mine", "n1", 5000)
