@@ -7,12 +7,17 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from exporter.agent import Agent, PodMetaSource, kube_api_configured, with_overrides
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.logs import setup_logging
 from exporter.sim.scenario import Scenario, ScenarioError, load_scenario
+from exporter.snapshot import render_json, render_text
+
+if TYPE_CHECKING:
+    from exporter.sim.environment import SimPaths
 
 log = logging.getLogger("exporter")
 
@@ -23,14 +28,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario = load_scenario(config.simulate) if config.simulate else None
     except (ConfigError, ScenarioError) as exc:
         fail(str(exc))
-    setup_logging(config.log_level, config.log_format)
+    args = list(sys.argv[1:] if argv is None else argv)
+    snapshot = bool(args) and args[0] == "snapshot"
+    setup_logging(
+        "warning" if snapshot and config.log_level == "info" else config.log_level,
+        config.log_format,
+    )
     try:
-        asyncio.run(serve(config, scenario))
+        asyncio.run(take_snapshot(config, scenario) if snapshot else serve(config, scenario))
     except ConfigError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
+    """Two cycles ``--window`` apart through the exporter's own code path, then print."""
+    sim = None
+    if scenario is not None:
+        from exporter.sim.environment import SimEnvironment
+
+        sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
+        config = _simulated(config, await sim.start())
+    agent = Agent(config, MetricsCache(), pod_meta=_pod_meta_source(config))
+    try:
+        agent.start_background()
+        await agent.refresh_pod_resources()
+        if agent.pod_meta is not None:
+            deadline = asyncio.get_running_loop().time() + 5.0
+            while not agent.pod_meta.snapshot().ok and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+        await agent.cycle()
+        await asyncio.sleep(config.snapshot_window_s)
+        await agent.cycle()
+    finally:
+        await agent.stop_background()
+        if sim is not None:
+            await sim.stop()
+    if agent.latest is None:
+        raise ConfigError("no sample could be taken; run with --log-level debug to see why")
+    render = render_json if config.snapshot_json else render_text
+    sys.stdout.write(render(agent.latest))
+
+
+def _simulated(config: Config, paths: SimPaths) -> Config:
+    return with_overrides(
+        config,
+        proc_root=paths.proc_root,
+        pod_resources_socket=paths.pod_resources_socket,
+        kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
+        node_name=paths.node_name,
+    )
 
 
 async def serve(config: Config, scenario: Scenario | None) -> None:
@@ -50,14 +99,7 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
             from exporter.sim.environment import SimEnvironment  # only when simulating
 
             sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
-            paths = await sim.start()
-            config = with_overrides(
-                config,
-                proc_root=paths.proc_root,
-                pod_resources_socket=paths.pod_resources_socket,
-                kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
-                node_name=paths.node_name,
-            )
+            config = _simulated(config, await sim.start())
         agent = Agent(config, cache, pod_meta=_pod_meta_source(config))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -53,6 +53,8 @@ class Config:
     dcgm_bindings_path: str | None
     log_level: str
     log_format: str  # "text" | "json"
+    snapshot_json: bool = False  # snapshot subcommand only
+    snapshot_window_s: float = 1.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,9 +68,9 @@ def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
-def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="gpu-occupancy-exporter",
+        prog="gpu-occupancy-exporter snapshot" if snapshot else "gpu-occupancy-exporter",
         description=(
             "Node-level GPU telemetry for Kubernetes: true SM occupancy next to GPU-Util, "
             "GPU memory and time per pod and container, orphaned memory and GPU health, "
@@ -76,7 +78,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
             f"variable shown after it ({ENV_PREFIX}<FLAG>); the flag wins."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="subcommands: none yet. Docs: README.md and docs/ in the source tree.",
+        epilog=(
+            "Print one analysed sample of the node (no server) with the same flags and "
+            "code path: gpu-occupancy-exporter snapshot [--json] [--window S] [flags]"
+            if snapshot
+            else "subcommand: 'gpu-occupancy-exporter snapshot --help' prints one analysed "
+            "sample as tables or JSON, for an operator on the node. Docs: README.md, docs/."
+        ),
     )
 
     def add(flag: str, help_text: str, **kwargs: object) -> None:
@@ -207,6 +215,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     add("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS)
     add("--log-format", "Log line format.", default="text", choices=("text", "json"))
+    if snapshot:
+        parser.add_argument("--json", action="store_true", help="Print JSON, not tables.")
+        parser.add_argument(
+            "--window",
+            default="1",
+            metavar="SECONDS",
+            help="Seconds between the two samples GPM occupancy needs (default: %(default)s).",
+        )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -232,9 +248,12 @@ def parse_listen(
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
+    """Exporter flags; ``snapshot`` as the first argument selects the subcommand's flags."""
     env = os.environ if env is None else env
-    parser = build_parser(env)
-    args = parser.parse_args(list(argv))
+    argv = list(argv)
+    snapshot = bool(argv) and argv[0] == "snapshot"
+    parser = build_parser(env, snapshot=snapshot)
+    args = parser.parse_args(argv[1:] if snapshot else argv)
     for flag, choices in (
         ("kube_api", ("auto", "off")),
         ("log_level", LOG_LEVELS),
@@ -293,6 +312,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         dcgm_bindings_path=args.dcgm_bindings_path,
         log_level=args.log_level,
         log_format=args.log_format,
+        snapshot_json=bool(getattr(args, "json", False)),
+        snapshot_window_s=_positive_float(getattr(args, "window", "1"), "--window", 0.1),
     )
 
 

@@ -467,3 +467,96 @@ class DcgmSnapshot:
     occupancy: tuple[tuple[str, Occupancy], ...] = ()  # (GPU UUID, occupancy)
     incidents: tuple[DcgmHealthIncident, ...] = ()
     health: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Orphaned GPU memory (analysis/orphans.py, sources/holders.py)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanedMemory:
+    """GPU memory no running pod can free, per physical GPU and kind.
+
+    ``kind`` is "dead_process" | "deleted_pod" | "stuck_process" | "unattributed".
+    ``processes`` counts the NVML-listed processes behind it; it is 0 for
+    "unattributed", which by definition no listed process accounts for. ``first_seen``
+    (epoch seconds) stays put while the condition holds, so alerts can say "for 10m".
+    """
+
+    gpu: int
+    uuid: str
+    kind: str
+    memory_bytes: int
+    processes: int
+    first_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHolder:
+    """One pid with ``/dev/nvidia<minor>`` open that NVML does not list.
+
+    ``role`` is "holder" (may keep memory alive, e.g. a forked child) or "management"
+    (a daemon that opens every GPU without allocating, e.g. nvidia-persistenced).
+    """
+
+    pid: int
+    minors: tuple[int, ...]
+    comm: str | None
+    role: str
+    pod_uid: str | None = None
+    container_id: str | None = None
+    state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HolderScan:
+    """One bounded walk of ``<proc-root>/*/fd`` for the given device minors.
+
+    Only a ``complete`` scan can prove that nobody holds a device: a truncated walk,
+    or fd tables the exporter may not read (no CAP_SYS_PTRACE), may have missed one.
+    """
+
+    minors: tuple[int, ...]
+    holders: tuple[DeviceHolder, ...] = ()
+    scanned_pids: int = 0
+    unreadable_pids: int = 0  # fd table unreadable (permission): a holder may be missed
+    truncated: bool = False  # the time or pid bound was hit
+    duration_s: float = 0.0
+    error: str | None = None  # the proc root itself could not be listed
+
+    @property
+    def complete(self) -> bool:
+        return not self.truncated and self.unreadable_pids == 0 and self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanHolder:
+    """A holder named for exposition: one row per (pid, GPU) it holds."""
+
+    gpu: int | None  # None: a minor NVML does not know
+    uuid: str | None
+    pid: int
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    comm: str | None
+    role: str  # "holder" | "management"
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanState:
+    """What orphan analysis carries from one cycle to the next (the agent keeps it).
+
+    Everything is keyed by what it is about and pruned every cycle to what is still
+    current, so the state stays as small as the set of GPU processes.
+    """
+
+    first_seen: tuple[tuple[str, str, float], ...] = ()  # (GPU uuid, kind, since)
+    unattributed: tuple[tuple[str, int, float], ...] = ()  # (GPU uuid, cycles above, since)
+    stuck: tuple[tuple[int, int], ...] = ()  # (pid, consecutive cycles in D or Z)
+    pod_missing_since: tuple[tuple[str, float], ...] = ()  # (pod uid, first seen gone)
+    pod_names: tuple[tuple[str, str, str], ...] = ()  # (pod uid, namespace, name) learned
+    holder_scan: HolderScan | None = None  # last scan, while unattributed memory remains
+    holder_scan_at: float | None = None
+    holder_scan_gpus: tuple[tuple[int, str, int], ...] = ()  # (gpu, uuid, minor) it covered

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import platform
-import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -304,11 +303,12 @@ async def test_scrapes_within_a_cycle_get_the_same_bytes_rendered_once() -> None
 
 
 async def test_self_metrics_describe_the_exporter_and_its_cycles() -> None:
-    started = time.time()
     async with simulated_exporter("single-gpu", kube_api=False) as h:
         await h.advance(10)
+        second = await scrape_text(h)
         await h.advance(10)
         s = await scrape_text(h)
+        cycle_started = h.agent.wall_clock()  # the manual clock has not moved since
     assert s.get("gpu_exporter_build_info") == 1
     (build,) = s.find("gpu_exporter_build_info")
     assert build[0] == {"version": __version__, "python_version": platform.python_version()}
@@ -321,7 +321,8 @@ async def test_self_metrics_describe_the_exporter_and_its_cycles() -> None:
     assert {"nvml", "procfs", "podresources", "kube", "agent"} <= set(errors)
     assert errors["nvml"] == 0 and errors["agent"] == 0
     last = s.get("gpu_exporter_last_sample_timestamp_seconds")
-    assert started <= last <= time.time()
+    assert last == cycle_started
+    assert last - second.get("gpu_exporter_last_sample_timestamp_seconds") == 10
     assert s.get("gpu_exporter_nvml_up") == 1
 
 

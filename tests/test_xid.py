@@ -169,6 +169,7 @@ def test_event_set_error_backs_off_then_recreates_the_set(
     clock.advance(10)
     event = got.next()
     assert (event.gpu, event.xid) == (1, 48)
+    assert got.listener.last_error is None  # listening again: the source is up
 
 
 def test_registration_skips_a_gpu_without_event_support(
@@ -196,7 +197,9 @@ def test_gpu_lost_at_registration_is_skipped_and_picked_up_after_rebuild(
     node, _ = sim_node(gpus=[{"lost": True}, {}, {}])
     got = listen(rebuild_after_lost_s=0.2)
     assert eventually(lambda: got.listener.registered == (1, 2))
-    assert got.listener.errors_total >= 1 and got.listener.last_error == "GpuIsLost"
+    assert got.listener.errors_total >= 1
+    # the other GPUs are listened to, so the lost one does not mark the source down
+    assert eventually(lambda: got.listener.last_error is None)
     node.gpus[0].lost = False  # the GPU was reset and answers again
     assert eventually(lambda: got.listener.registered == (0, 1, 2))
 
@@ -460,6 +463,7 @@ def test_kmsg_reader_waits_for_a_missing_log_with_backoff(proc_root: Path, tmp_p
         assert reader.alive and reader.last_error == "ENOENT"
         log.write_text(kmsg_line(9, 1_000, "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, x"))
         assert events.get(timeout=5).xid == 13
+        assert reader.last_error is None
     finally:
         reader.stop()
 

@@ -174,26 +174,27 @@ class SimNode:
             ]
 
     def allocatable_devices(self) -> list[AllocatableDevices]:
-        """What the device plugin advertises: whole GPUs, MIG instances, replicas."""
+        """What the device plugin advertises: whole GPUs, MIG instances by profile, and
+        replicas of time-sliced GPUs (at least 4, more if the pods use more)."""
         with self.lock:
             self.advance()
-            whole: list[str] = []
-            shared: list[str] = []
-            mig: list[str] = []
+            by_resource: dict[str, list[str]] = {GPU_RESOURCE: []}
             used = {d for cd in self.container_devices() for d in cd.device_ids}
             for gpu in self.gpus:
+                replicas = [
+                    int(d.rpartition("::")[2]) for d in used if d.startswith(f"{gpu.uuid}::")
+                ]
                 if gpu.mig:
-                    mig.extend(m.uuid for m in gpu.mig)
-                elif any(d.startswith(f"{gpu.uuid}::") for d in used):
-                    shared.extend(f"{gpu.uuid}::{r}" for r in range(4))
+                    for m in gpu.mig:
+                        by_resource.setdefault(f"nvidia.com/mig-{m.profile}", []).append(m.uuid)
+                elif replicas:
+                    count = max(4, max(replicas) + 1)
+                    by_resource.setdefault("nvidia.com/gpu.shared", []).extend(
+                        f"{gpu.uuid}::{r}" for r in range(count)
+                    )
                 else:
-                    whole.append(gpu.uuid)
-            out = [AllocatableDevices(GPU_RESOURCE, tuple(whole))]
-            if shared:
-                out.append(AllocatableDevices("nvidia.com/gpu.shared", tuple(shared)))
-            if mig:
-                out.append(AllocatableDevices("nvidia.com/mig-1g.10gb", tuple(mig)))
-            return out
+                    by_resource[GPU_RESOURCE].append(gpu.uuid)
+            return [AllocatableDevices(r, tuple(ids)) for r, ids in by_resource.items()]
 
     def listed_processes(self, gpu: int) -> list[SimProcess]:
         return [p for p in self.processes if p.listed and (p.gpu == gpu or gpu in p.extra_gpus)]

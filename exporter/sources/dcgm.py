@@ -413,7 +413,9 @@ class DcgmSource:
             conn.health_error = f"health checks unavailable: {_describe(exc)}"
         system.UpdateAllFields(1)  # first values now, not one update period later
         if conn.health_error is None:
-            # dcgmHealthCheck's first call only creates state and reports nothing.
+            # dcgm_agent.h: the first dcgmHealthCheck only creates state and reports
+            # nothing. (4.x sources evaluate a trailing minute instead; either way
+            # this one spare call makes the first cycle's check a real one.)
             conn.group.health.Check()
 
     def _disconnect(self) -> None:

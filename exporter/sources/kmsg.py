@@ -171,6 +171,8 @@ class KmsgReader:
 
     @property
     def last_error(self) -> str | None:
+        """Why the log cannot be read (e.g. "EACCES"), or "uptime" when records are
+        stamped at read time; None while it is followed normally."""
         return self._last_error
 
     # -- the thread -------------------------------------------------------------------
@@ -192,6 +194,7 @@ class KmsgReader:
                 os.close(fd)
 
     def _follow(self, fd: int) -> None:
+        self._last_error = None  # the log is open again
         boot = boot_epoch(self._proc_root, self._clock())
         if boot is None:
             self._errors_total += 1

@@ -143,6 +143,8 @@ class XidListener:
 
     @property
     def last_error(self) -> str | None:
+        """Why the listener is not listening (e.g. "DriverNotLoaded"); None once a wait
+        answers again. A GPU skipped at registration does not keep it set."""
         return self._last_error
 
     # -- the thread -------------------------------------------------------------------
@@ -245,9 +247,9 @@ class XidListener:
         try:
             data = pynvml.nvmlEventSetWait_v2(registration.event_set, self._wait_timeout_ms)
         except pynvml.NVMLError_Timeout:
-            self._backoff.reset()
+            self._recovered()
             return
-        self._backoff.reset()
+        self._recovered()
         gpu, uuid = self._identify(registration, data.device)
         event_type = int(data.eventType)
         if event_type & XID_EVENT:
@@ -267,6 +269,11 @@ class XidListener:
         for bit, kind in ECC_EVENTS.items():
             if event_type & bit and self._on_ecc is not None and gpu is not None:
                 self._deliver(self._on_ecc, gpu, kind)
+
+    def _recovered(self) -> None:
+        """A wait answered: we listen again, so the last error is history."""
+        self._backoff.reset()
+        self._last_error = None
 
     def _identify(self, registration: _Registration, device: Any) -> tuple[int | None, str | None]:
         """Which registered GPU raised the event: by UUID, else by handle.

@@ -1,0 +1,87 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "gpu-occupancy-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: release-chart unless the release already contains it. */}}
+{{- define "gpu-occupancy-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-occupancy-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-occupancy-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-occupancy-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpu-occupancy-exporter.labels" -}}
+helm.sh/chart: {{ include "gpu-occupancy-exporter.chart" . }}
+{{ include "gpu-occupancy-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: exporter
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The pod watch (and so the ServiceAccount token and RBAC) is on unless kubeApi is "off". */}}
+{{- define "gpu-occupancy-exporter.podWatch" -}}
+{{- if ne (toString .Values.kubeApi) "off" }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-occupancy-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-occupancy-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-occupancy-exporter.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Exporter flags from values; extraArgs come last so they win. */}}
+{{- define "gpu-occupancy-exporter.args" -}}
+- {{ printf "--listen=:%v" .Values.port | quote }}
+- {{ printf "--interval=%v" .Values.interval | quote }}
+- {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
+- {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
+- "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"
+- {{ printf "--kube-api=%s" .Values.kubeApi | quote }}
+{{- with .Values.resourceNames }}
+- {{ printf "--resource-names=%s" (join "," .) | quote }}
+{{- end }}
+{{- if .Values.perProcessMetrics }}
+- "--per-process-metrics"
+{{- end }}
+- {{ printf "--log-level=%s" .Values.logLevel | quote }}
+- {{ printf "--log-format=%s" .Values.logFormat | quote }}
+{{- with .Values.dcgm.mode }}
+- {{ printf "--dcgm=%s" . | quote }}
+{{- end }}
+{{- with .Values.dcgm.bindingsPath }}
+- {{ printf "--dcgm-bindings-path=%s" . | quote }}
+{{- end }}
+{{- if .Values.kmsg.enabled }}
+- "--kmsg"
+- "--kmsg-path=/dev/kmsg"
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

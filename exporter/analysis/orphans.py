@@ -1,0 +1,468 @@
+"""Orphaned GPU memory: memory that no running pod can free, by kind.
+
+The kernel reclaims a dead process's RAM, but GPU memory is freed only when the driver
+tears the CUDA context down, and a SIGKILL, a forced pod deletion or a process stuck in
+the driver can keep that from happening. Each kind is a separate series because each
+needs a different fix:
+
+- ``dead_process``: NVML lists a pid that has no ``/proc`` entry (killed, context left);
+- ``stuck_process``: a live pid in state D or Z for ``stuck_cycles`` cycles (a thread
+  wedged in the driver; SIGKILL cannot help);
+- ``deleted_pod``: a live pid whose pod the API and the kubelet no longer know, past
+  ``deleted_pod_grace_s``;
+- ``unattributed``: device memory used beyond what all listed processes account for,
+  above ``unattributed_threshold_bytes`` for ``unattributed_cycles`` cycles ("nvidia-smi
+  shows no process but memory is full", e.g. a forked child keeping the device open).
+
+A listed process counts in at most one kind (dead, then stuck, then deleted pod), so
+kinds add up. Pure: the clock is ``now`` and memory between cycles is ``OrphanState``.
+Who holds unattributed memory is found by ``exporter.sources.holders``; the helpers
+at the end decide when that scan runs and turn its result into exposition rows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from exporter.analysis.attribution import OWNER_DEAD, OWNER_POD
+from exporter.model import (
+    AttributedProcess,
+    Attribution,
+    GpuSample,
+    HolderScan,
+    NodeSnapshot,
+    OrphanedMemory,
+    OrphanHolder,
+    OrphanState,
+    PodMeta,
+    PodMetaSnapshot,
+)
+
+KIND_DEAD_PROCESS: Final = "dead_process"
+KIND_DELETED_POD: Final = "deleted_pod"
+KIND_STUCK_PROCESS: Final = "stuck_process"
+KIND_UNATTRIBUTED: Final = "unattributed"
+KINDS: Final = (KIND_DEAD_PROCESS, KIND_DELETED_POD, KIND_STUCK_PROCESS, KIND_UNATTRIBUTED)
+
+ROLE_HOLDER: Final = "holder"  # same values as exporter.sources.holders
+ROLE_MANAGEMENT: Final = "management"
+
+STUCK_STATES: Final = frozenset({"D", "Z"})  # uninterruptible sleep; exited, not reaped
+MIB: Final = 1024**2
+DEFAULT_RESCAN_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanPolicy:
+    """Thresholds; the defaults are argued in docs/orphans.md.
+
+    256 MiB of unaccounted memory is below what one leaked CUDA context keeps (a few
+    hundred MiB on current GPUs) and well above the driver's own unlisted bookkeeping
+    (a few MiB per GPU or MIG instance). Three cycles outlast the skew between the
+    memory and process reads. D and Z are normal for an instant (disk I/O, exit), so
+    a process is stuck only after ``stuck_cycles`` cycles in them. 60 s after the
+    pod's deletion deadline covers the kubelet's and the watch's lag.
+    """
+
+    unattributed_threshold_bytes: int = 256 * MIB
+    unattributed_cycles: int = 3
+    deleted_pod_grace_s: float = 60.0
+    stuck_cycles: int = 3
+
+    def __post_init__(self) -> None:
+        if self.unattributed_threshold_bytes < 0:
+            raise ValueError("unattributed_threshold_bytes must be >= 0")
+        if self.unattributed_cycles < 1 or self.stuck_cycles < 1:
+            raise ValueError("cycle counts must be >= 1")
+        if self.deleted_pod_grace_s < 0:
+            raise ValueError("deleted_pod_grace_s must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ScanRequest:
+    """What the agent hands ``scan_device_holders``: minors, and pids NVML accounts for."""
+
+    gpus: tuple[tuple[int, str, int], ...]  # (gpu index, uuid, minor)
+    exclude_pids: frozenset[int]
+
+    @property
+    def minors(self) -> tuple[int, ...]:
+        return tuple(sorted({minor for _, _, minor in self.gpus}))
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(uuid for _, uuid, _ in self.gpus)
+
+
+@dataclass(slots=True)
+class _Acc:
+    memory: int = 0
+    processes: int = 0
+
+
+@dataclass(slots=True)
+class _Pods:
+    """Where a pod UID stands this cycle; built once per call."""
+
+    watch: Mapping[str, PodMeta] | None  # by uid; None: no usable pod watch
+    kubelet: frozenset[tuple[str, str]] | None  # (namespace, pod); None: PodResources down
+    names: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> ns, name
+
+
+def find_orphans(
+    snapshot: NodeSnapshot,
+    attribution: Attribution,
+    state: OrphanState,
+    *,
+    now: float,
+    policy: OrphanPolicy,
+) -> tuple[tuple[OrphanedMemory, ...], OrphanState]:
+    """This cycle's orphaned memory per (GPU, kind), and the state for the next cycle.
+
+    GPUs that failed (lost) are skipped and their history dropped: their memory is
+    unknowable until they answer again.
+    """
+    healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None} if snapshot.nvml.ok else {}
+    rows = [row for row in attribution.processes if row.uuid in healthy]
+    pods = _pods(snapshot, attribution, state)
+    stuck = _stuck_streaks(rows, snapshot, state)
+    missing = _missing_since(rows, pods, state, now)
+
+    found: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
+    for row in rows:
+        kind = _kind(row, stuck, missing, pods, now, policy)
+        if kind is not None:
+            acc = found[(row.uuid, kind)]
+            acc.memory += row.used_memory_bytes or 0
+            acc.processes += 1
+
+    streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)
+    for uuid, (cycles, _, excess) in streaks.items():
+        if cycles >= policy.unattributed_cycles:
+            found[(uuid, KIND_UNATTRIBUTED)] = _Acc(memory=excess)
+
+    started = {(uuid, kind): since for uuid, kind, since in state.first_seen}
+    for (uuid, kind), since in _unattributed_since(streaks).items():
+        started.setdefault((uuid, kind), since)
+    orphans = tuple(
+        sorted(
+            (
+                OrphanedMemory(
+                    gpu=healthy[uuid].index,
+                    uuid=uuid,
+                    kind=kind,
+                    memory_bytes=acc.memory,
+                    processes=acc.processes,
+                    first_seen=started.get((uuid, kind), now),
+                )
+                for (uuid, kind), acc in found.items()
+            ),
+            key=lambda o: (o.gpu, KINDS.index(o.kind)),
+        )
+    )
+    flagged_unattributed = any(o.kind == KIND_UNATTRIBUTED for o in orphans)
+    next_state = OrphanState(
+        first_seen=tuple((o.uuid, o.kind, o.first_seen) for o in orphans),
+        unattributed=tuple(
+            (uuid, cycles, since) for uuid, (cycles, since, _) in sorted(streaks.items())
+        ),
+        stuck=tuple(sorted(stuck.items())),
+        pod_missing_since=tuple(sorted(missing.items())),
+        pod_names=tuple(sorted((uid, ns, name) for uid, (ns, name) in pods.names.items())),
+        holder_scan=state.holder_scan if flagged_unattributed else None,
+        holder_scan_at=state.holder_scan_at if flagged_unattributed else None,
+        holder_scan_gpus=state.holder_scan_gpus if flagged_unattributed else (),
+    )
+    return orphans, next_state
+
+
+# ---------------------------------------------------------------------------
+# Listed processes: dead, stuck, deleted pod
+# ---------------------------------------------------------------------------
+
+
+def _kind(
+    row: AttributedProcess,
+    stuck: Mapping[int, int],
+    missing: Mapping[str, float],
+    pods: _Pods,
+    now: float,
+    policy: OrphanPolicy,
+) -> str | None:
+    """The one kind a listed process counts in, if any.
+
+    A process stuck long enough outranks its deleted pod (killing it will not work);
+    one only briefly in D stays in its deleted-pod series, whose age must not reset.
+    """
+    if row.owner == OWNER_DEAD:
+        return KIND_DEAD_PROCESS
+    if stuck.get(row.pid, 0) >= policy.stuck_cycles:
+        return KIND_STUCK_PROCESS
+    if row.pod_uid is not None and _pod_deleted(row.pod_uid, missing, pods, now, policy):
+        return KIND_DELETED_POD
+    return None
+
+
+def _stuck_streaks(
+    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState
+) -> dict[int, int]:
+    """Consecutive cycles each live listed pid has been seen in D or Z."""
+    previous = dict(state.stuck)
+    states = {p.pid: p.state for p in snapshot.processes if p.alive}
+    listed = {row.pid for row in rows if row.owner != OWNER_DEAD}
+    return {pid: previous.get(pid, 0) + 1 for pid in listed if states.get(pid) in STUCK_STATES}
+
+
+def _pods(snapshot: NodeSnapshot, attribution: Attribution, state: OrphanState) -> _Pods:
+    """Pod lookups, with names remembered for the UIDs of live GPU processes.
+
+    A name learned while the pod was known (from the watch, or from an exclusive
+    allocation without one) is what lets PodResources, which lists names and not UIDs,
+    vouch for a pod after the API forgot it.
+    """
+    watch = _watch(snapshot.pod_meta)
+    resources = snapshot.pod_resources
+    kubelet = (
+        frozenset((c.namespace, c.pod) for c in resources.containers)
+        if resources is not None and resources.ok
+        else None
+    )
+    live_uids = {
+        row.pod_uid
+        for row in attribution.processes
+        if row.pod_uid is not None and row.owner != OWNER_DEAD
+    }
+    names = {uid: (ns, name) for uid, ns, name in state.pod_names if uid in live_uids}
+    for row in attribution.processes:
+        if row.owner == OWNER_POD and row.pod_uid and row.namespace and row.pod:
+            names[row.pod_uid] = (row.namespace, row.pod)
+    if watch is not None:
+        for uid in live_uids:
+            meta = watch.get(uid)
+            if meta is not None:
+                names[uid] = (meta.namespace, meta.name)
+    return _Pods(watch=watch, kubelet=kubelet, names=names)
+
+
+def _watch(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
+    if pod_meta is None or not pod_meta.ok:
+        return None
+    return {pod.uid: pod for pod in pod_meta.pods}
+
+
+def _gone(uid: str, pods: _Pods) -> bool:
+    """Neither the API nor the kubelet lists the pod (as far as either can be asked).
+
+    Without the watch a pod counts as gone only when its name is known and PodResources
+    no longer lists it: a UID alone cannot tell a deleted pod from an unallocated one.
+    """
+    name = pods.names.get(uid)
+    listed_by_kubelet = pods.kubelet is not None and name is not None and name in pods.kubelet
+    if pods.watch is not None:
+        return uid not in pods.watch and not listed_by_kubelet
+    return pods.kubelet is not None and name is not None and not listed_by_kubelet
+
+
+def _missing_since(
+    rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
+) -> dict[str, float]:
+    """Since when each live GPU process's pod has been gone, for the grace period."""
+    previous = dict(state.pod_missing_since)
+    return {
+        uid: previous.get(uid, now)
+        for uid in {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
+        if _gone(uid, pods)
+    }
+
+
+def _pod_deleted(
+    uid: str, missing: Mapping[str, float], pods: _Pods, now: float, policy: OrphanPolicy
+) -> bool:
+    """A terminating pod counts from its deletion timestamp, which the API sets to the
+    request time plus the pod's own grace period; a vanished one from when we saw it go.
+    """
+    meta = pods.watch.get(uid) if pods.watch is not None else None
+    if meta is not None:
+        deadline = meta.deletion_timestamp
+        return deadline is not None and now - deadline >= policy.deleted_pod_grace_s
+    since = missing.get(uid)
+    return since is not None and now - since >= policy.deleted_pod_grace_s
+
+
+# ---------------------------------------------------------------------------
+# Unattributed device memory
+# ---------------------------------------------------------------------------
+
+
+def _unattributed_streaks(
+    gpus: Iterable[GpuSample],
+    rows: Sequence[AttributedProcess],
+    state: OrphanState,
+    now: float,
+    policy: OrphanPolicy,
+) -> dict[str, tuple[int, float, int]]:
+    """Per GPU above the threshold now: (consecutive cycles, since when, excess bytes).
+
+    ``used`` is NVML v2, which already excludes driver-reserved memory. Without v2
+    (``memory_reserved_bytes`` None) used includes the reserve, whose size we cannot
+    know, so the GPU is not judged rather than always flagged; likewise when a listed
+    process's memory is unknown (the sum would be a guess).
+    """
+    previous = {uuid: (cycles, since) for uuid, cycles, since in state.unattributed}
+    listed: dict[str, int] = defaultdict(int)
+    unknown: set[str] = set()
+    for row in rows:
+        if row.used_memory_bytes is None:
+            unknown.add(row.uuid)
+        else:
+            listed[row.uuid] += row.used_memory_bytes
+    streaks: dict[str, tuple[int, float, int]] = {}
+    for gpu in gpus:
+        if gpu.memory_used_bytes is None or gpu.memory_reserved_bytes is None:
+            continue
+        if gpu.uuid in unknown:
+            continue
+        excess = gpu.memory_used_bytes - listed[gpu.uuid]
+        if excess <= policy.unattributed_threshold_bytes:
+            continue
+        cycles, since = previous.get(gpu.uuid, (0, now))
+        streaks[gpu.uuid] = (cycles + 1, since, excess)
+    return streaks
+
+
+def _unattributed_since(
+    streaks: Mapping[str, tuple[int, float, int]],
+) -> dict[tuple[str, str], float]:
+    """Unattributed memory dates from the first cycle above the threshold, not from
+    when the hysteresis confirmed it."""
+    return {(uuid, KIND_UNATTRIBUTED): since for uuid, (_, since, _) in streaks.items()}
+
+
+# ---------------------------------------------------------------------------
+# Holder scan: when to run it, and what it found
+# ---------------------------------------------------------------------------
+
+
+def gpus_needing_scan(
+    orphans: Iterable[OrphanedMemory],
+    state: OrphanState,
+    now: float,
+    rescan_s: float = DEFAULT_RESCAN_S,
+) -> tuple[str, ...]:
+    """UUIDs of the GPUs to scan for holders now; empty on most cycles.
+
+    A scan runs only while some GPU has unattributed memory, and then only when one of
+    them is not covered by the last scan or that scan is ``rescan_s`` old. It covers all
+    such GPUs at once: the walk costs the same for one minor as for eight.
+    """
+    flagged = sorted({o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED})
+    if not flagged:
+        return ()
+    covered = {uuid for _, uuid, _ in state.holder_scan_gpus}
+    fresh = (
+        state.holder_scan is not None
+        and state.holder_scan_at is not None
+        and now - state.holder_scan_at < rescan_s
+    )
+    if fresh and covered.issuperset(flagged):
+        return ()
+    return tuple(flagged)
+
+
+def scan_request(snapshot: NodeSnapshot, uuids: Iterable[str]) -> ScanRequest:
+    """Minors of the GPUs to scan and the pids NVML lists (already accounted for)."""
+    wanted = set(uuids)
+    gpus = tuple(
+        (g.index, g.uuid, g.minor_number)
+        for g in snapshot.nvml.gpus
+        if g.uuid in wanted and g.minor_number is not None
+    )
+    listed = {p.pid for g in snapshot.nvml.gpus for p in g.processes}
+    listed.update(p.pid for g in snapshot.nvml.gpus for m in g.mig_instances for p in m.processes)
+    return ScanRequest(gpus=gpus, exclude_pids=frozenset(listed))
+
+
+def record_scan(
+    state: OrphanState, scan: HolderScan, request: ScanRequest, *, now: float
+) -> OrphanState:
+    """The state with this scan as the latest, for naming holders and rescan timing."""
+    return OrphanState(
+        first_seen=state.first_seen,
+        unattributed=state.unattributed,
+        stuck=state.stuck,
+        pod_missing_since=state.pod_missing_since,
+        pod_names=state.pod_names,
+        holder_scan=scan,
+        holder_scan_at=now,
+        holder_scan_gpus=request.gpus,
+    )
+
+
+def name_holders(
+    scan: HolderScan | None, pod_meta: PodMetaSnapshot | None, gpus: Sequence[GpuSample]
+) -> tuple[OrphanHolder, ...]:
+    """One row per (holder, GPU of ``gpus`` it holds), named from the pod watch.
+
+    A minor no GPU in ``gpus`` has is dropped: those GPUs have nothing unattributed.
+    Without the watch (or for a pod it no longer lists) the pod labels stay empty.
+    """
+    if scan is None:
+        return ()
+    by_minor = {g.minor_number: g for g in gpus if g.minor_number is not None}
+    watch = _watch(pod_meta) or {}
+    rows: list[OrphanHolder] = []
+    for holder in scan.holders:
+        meta = watch.get(holder.pod_uid) if holder.pod_uid else None
+        container = dict(meta.containers).get(holder.container_id or "") if meta else None
+        for minor in holder.minors:
+            gpu = by_minor.get(minor)
+            if gpu is None:
+                continue
+            rows.append(
+                OrphanHolder(
+                    gpu=gpu.index,
+                    uuid=gpu.uuid,
+                    pid=holder.pid,
+                    namespace=meta.namespace if meta else None,
+                    pod=meta.name if meta else None,
+                    container=container,
+                    comm=holder.comm,
+                    role=holder.role,
+                )
+            )
+    return tuple(sorted(rows, key=lambda r: (r.gpu if r.gpu is not None else -1, r.pid)))
+
+
+def orphan_holders(
+    snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory], state: OrphanState
+) -> tuple[OrphanHolder, ...]:
+    """Holders of the GPUs that have unattributed memory now, from the last scan."""
+    flagged = {o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED}
+    gpus = [g for g in snapshot.nvml.gpus if g.uuid in flagged]
+    return name_holders(state.holder_scan, snapshot.pod_meta, gpus)
+
+
+def driver_held(
+    orphans: Iterable[OrphanedMemory], state: OrphanState
+) -> tuple[tuple[int, str, bool], ...]:
+    """(gpu, uuid, held by the driver alone) per GPU with unattributed memory.
+
+    True when a complete scan covering the GPU found no process but management daemons
+    with it open: nothing to kill, only a GPU reset frees the memory. A GPU the scan
+    did not cover, or covered incompletely, is left out: we do not know.
+    """
+    scan = state.holder_scan
+    if scan is None or not scan.complete:
+        return ()
+    minors = {uuid: minor for _, uuid, minor in state.holder_scan_gpus}
+    verdicts = []
+    for orphan in orphans:
+        if orphan.kind != KIND_UNATTRIBUTED or orphan.uuid not in minors:
+            continue
+        minor = minors[orphan.uuid]
+        held = any(h.role != ROLE_MANAGEMENT and minor in h.minors for h in scan.holders)
+        verdicts.append((orphan.gpu, orphan.uuid, not held))
+    return tuple(sorted(verdicts))

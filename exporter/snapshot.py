@@ -1,0 +1,205 @@
+"""``gpu-occupancy-exporter snapshot``: one analysed sample, for an operator on the node.
+
+It runs the exporter's own code path (same sources, same analysis) for two cycles a
+short window apart — GPM occupancy needs two samples — and prints what /metrics would
+say as readable tables, or the whole analysis as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from exporter.model import Analysis, GpuSample
+
+GIB = 1024**3
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    text_rows = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [
+        max(len(h), *(len(r[i]) for r in text_rows)) if text_rows else len(h)
+        for i, h in enumerate(headers)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in text_rows
+    ]
+    return lines
+
+
+def _gib(value: int | None) -> str | None:
+    return None if value is None else f"{value / GIB:.1f}"
+
+
+def _pct(ratio: float | None) -> str | None:
+    return None if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def _gpu_row(gpu: GpuSample, health: dict[str, str]) -> list[object]:
+    occupancy = gpu.occupancy
+    util = None if gpu.utilization_gpu_percent is None else gpu.utilization_gpu_percent / 100
+    return [
+        gpu.index,
+        gpu.uuid[:12],
+        gpu.name,
+        f"{_gib(gpu.memory_used_bytes)}/{_gib(gpu.memory_total_bytes)}"
+        if gpu.memory_total_bytes
+        else None,
+        _pct(util),
+        _pct(occupancy.sm_active if occupancy else None),
+        None if gpu.power_milliwatts is None else f"{gpu.power_milliwatts / 1000:.0f}W",
+        None if gpu.temperature_celsius is None else f"{gpu.temperature_celsius}C",
+        health.get(gpu.uuid, "unknown"),
+    ]
+
+
+def render_text(analysis: Analysis) -> str:
+    node = analysis.node
+    nvml = node.nvml
+    lines = [
+        f"node {node.node_name}  driver {nvml.driver_version or '-'}  "
+        f"CUDA {nvml.cuda_driver_version or '-'}  NVML {'up' if nvml.ok else 'DOWN'}"
+    ]
+    if not nvml.ok:
+        lines.append(f"NVML unavailable: {nvml.error}")
+    down = [f"{s.name} ({s.error})" for s in node.sources if not s.up]
+    if down:
+        lines.append("sources down: " + ", ".join(down))
+    health = {
+        h.uuid: "healthy"
+        if h.healthy
+        else "UNHEALTHY: " + ",".join(r.reason for r in h.reasons if r.severity == "unhealthy")
+        for h in analysis.health
+    }
+    for h in analysis.health:
+        degraded = [r.reason for r in h.reasons if r.severity == "degraded"]
+        if degraded and h.healthy:
+            health[h.uuid] = "degraded: " + ",".join(degraded)
+    lines += ["", "GPUS"]
+    lines += _table(
+        ["GPU", "UUID", "MODEL", "MEM GiB", "GPU-UTIL", "SM-ACTIVE", "POWER", "TEMP", "HEALTH"],
+        (_gpu_row(g, health) for g in nvml.gpus),
+    )
+    migs = [(g.index, m) for g in nvml.gpus for m in g.mig_instances]
+    if migs:
+        lines += ["", "MIG INSTANCES"]
+        lines += _table(
+            ["GPU", "GI", "CI", "PROFILE", "MEM GiB", "SM-ACTIVE", "PROCESSES"],
+            (
+                [
+                    i,
+                    m.gpu_instance_id,
+                    m.compute_instance_id,
+                    m.profile,
+                    f"{_gib(m.memory_used_bytes)}/{_gib(m.memory_total_bytes)}",
+                    _pct(m.occupancy.sm_active if m.occupancy else None),
+                    len(m.processes),
+                ]
+                for i, m in migs
+            ),
+        )
+    att = analysis.attribution
+    lines += ["", "PODS"]
+    mig_profile = {m.uuid: m.profile for _, m in migs}
+    lines += _table(
+        ["NAMESPACE", "POD", "CONTAINER", "GPU", "MIG", "MEM GiB", "SM", "PROCS"],
+        (
+            [
+                c.namespace,
+                c.pod,
+                c.container,
+                c.gpu,
+                mig_profile.get(c.mig_uuid or ""),
+                _gib(c.memory_used_bytes),
+                _pct(c.sm_ratio),
+                c.processes,
+            ]
+            for c in att.containers
+        ),
+    )
+    idle = [i for i in analysis.idle if i.idle_now]
+    if idle:
+        lines += ["", "ALLOCATED BUT IDLE"]
+        lines += _table(
+            ["NAMESPACE", "POD", "CONTAINER", "DEVICE", "IDLE SECONDS"],
+            (
+                [i.namespace, i.pod, i.container, i.device_id, f"{i.idle_seconds_total:.0f}"]
+                for i in idle
+            ),
+        )
+    if att.unallocated_use:
+        lines += ["", "ISOLATION LEAKS (using a GPU not allocated to the container)"]
+        lines += _table(
+            ["NAMESPACE", "POD", "CONTAINER", "GPU", "MEM GiB"],
+            (
+                [u.namespace, u.pod, u.container, u.gpu, _gib(u.memory_used_bytes)]
+                for u in att.unallocated_use
+            ),
+        )
+    if att.unattributed:
+        lines += ["", "NOT OWNED BY ANY CONTAINER"]
+        lines += _table(
+            ["GPU", "OWNER", "REASON", "MEM GiB", "PROCS"],
+            (
+                [u.gpu, u.owner, u.reason, _gib(u.memory_used_bytes), u.processes]
+                for u in att.unattributed
+            ),
+        )
+    lines.extend(_orphan_lines(analysis))
+    if analysis.xid_counts:
+        lines += ["", "XID ERRORS SINCE START"]
+        lines += _table(
+            ["GPU", "XID", "SEVERITY", "COUNT"],
+            (
+                [gpu, xid, severity, count]
+                for (gpu, _, xid, severity), count in sorted(analysis.xid_counts, key=str)
+            ),
+        )
+    if analysis.capacity:
+        lines += ["", "NODE CAPACITY"]
+        lines += _table(
+            ["RESOURCE", "ADVERTISED", "HEALTHY", "UNHEALTHY", "ALLOCATED", "ALLOCATABLE"],
+            (
+                [c.resource, c.advertised, c.healthy, c.unhealthy, c.allocated, c.allocatable]
+                for c in analysis.capacity
+            ),
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _orphan_lines(analysis: Analysis) -> list[str]:
+    orphans = getattr(analysis, "orphans", ())
+    holders = getattr(analysis, "orphan_holders", ())
+    if not orphans:
+        return []
+    lines = ["", "ORPHANED GPU MEMORY"]
+    lines += _table(
+        ["GPU", "KIND", "MEM GiB", "PROCS"],
+        ([o.gpu, o.kind, _gib(o.memory_bytes), o.processes] for o in orphans),
+    )
+    if holders:
+        lines += ["", "HOLDERS OF ORPHANED MEMORY (open device files)"]
+        lines += _table(
+            ["GPU", "PID", "COMM", "NAMESPACE", "POD", "CONTAINER", "ROLE"],
+            ([h.gpu, h.pid, h.comm, h.namespace, h.pod, h.container, h.role] for h in holders),
+        )
+    return lines
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, frozenset, set)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def render_json(analysis: Analysis) -> str:
+    data = _jsonable(analysis)
+    data["health"] = [{**_jsonable(h), "healthy": h.healthy} for h in analysis.health]
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

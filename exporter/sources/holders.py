@@ -1,0 +1,174 @@
+"""Who has ``/dev/nvidia<minor>`` open: a bounded walk of ``<proc-root>/*/fd``.
+
+NVML lists processes by the CUDA context they created. Memory nobody lists is kept
+alive by whoever still holds the device file the context was made on, typically a
+child forked after CUDA initialised whose parent then died; ``fuser -v /dev/nvidia*``
+finds it, and so does this walk. It reads every fd link of every pid, so the agent
+runs it only for GPUs with unattributed memory, seldom, in a worker thread, and it
+stops at a time and pid bound (reporting ``truncated``) rather than stall a cycle.
+
+Only ``/dev/nvidia<N>`` counts: ``nvidiactl``, ``nvidia-uvm``, ``nvidia-modeset`` and
+``nvidia-caps`` are opened by every NVIDIA client and name no GPU. A link is read as
+the holder's mount namespace sees it; the NVIDIA container runtime keeps the host's
+device names inside containers, so the minor matches ``nvmlDeviceGetMinorNumber``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Final
+
+from exporter.model import DeviceHolder, HolderScan
+from exporter.sources.procfs import read_process
+
+ROLE_HOLDER: Final = "holder"
+ROLE_MANAGEMENT: Final = "management"
+
+# Daemons that open every GPU (to keep the driver loaded, to watch health, to hand
+# devices out) but allocate nothing: holding a device file is their job, not a leak.
+MANAGEMENT_NAMES: Final = frozenset(
+    {
+        "nvidia-persistenced",
+        "nv-hostengine",  # DCGM host engine
+        "dcgm-exporter",
+        "dcgmi",
+        "nvidia-device-plugin",
+        "gpu-feature-discovery",
+        "nvidia-cuda-mps-control",
+        "nvidia-smi",
+    }
+)
+# Names that share a 15-byte comm with a management daemon but do allocate memory.
+_ALLOCATING_NAMES: Final = frozenset({"nvidia-cuda-mps-server"})
+_COMM_MAX_BYTES: Final = 15  # TASK_COMM_LEN - 1: the kernel truncates comm to this
+_GPU_DEVICE: Final = re.compile(r"/dev/nvidia(\d+)")
+_CMDLINE_LIMIT: Final = 4096
+
+
+def classify(comm: str | None, argv0: str | None = None) -> str:
+    """``management`` for a known GPU daemon, else ``holder``.
+
+    ``comm`` is cut to 15 bytes (``nvidia-persistenced`` reads ``nvidia-persiste``),
+    so the full name comes from ``cmdline`` when there is one. A cut comm alone is
+    management only when every known name with that prefix is, so the MPS server
+    (which allocates) is never mistaken for the MPS control daemon.
+    """
+    if argv0:
+        return ROLE_MANAGEMENT if os.path.basename(argv0) in MANAGEMENT_NAMES else ROLE_HOLDER
+    if not comm:
+        return ROLE_HOLDER
+    if comm in MANAGEMENT_NAMES:
+        return ROLE_MANAGEMENT
+    if len(comm.encode()) < _COMM_MAX_BYTES:
+        return ROLE_HOLDER
+    matches = {
+        name
+        for name in MANAGEMENT_NAMES | _ALLOCATING_NAMES
+        if name.encode()[:_COMM_MAX_BYTES].decode(errors="ignore") == comm
+    }
+    return ROLE_MANAGEMENT if matches and matches <= MANAGEMENT_NAMES else ROLE_HOLDER
+
+
+def _argv0(proc_root: Path, pid: int) -> str | None:
+    try:
+        with (proc_root / str(pid) / "cmdline").open("rb") as handle:
+            data = handle.read(_CMDLINE_LIMIT)
+    except OSError:
+        return None
+    first = data.split(b"\0", 1)[0].decode(errors="replace")
+    return first or None
+
+
+def _held_minors(fd_dir: Path, wanted: Collection[int]) -> set[int]:
+    """Minors of ``wanted`` among the fd links; raises OSError if the dir is unreadable."""
+    held: set[int] = set()
+    with os.scandir(fd_dir) as entries:
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:  # closed between listing and reading
+                continue
+            match = _GPU_DEVICE.fullmatch(target)
+            if match and int(match[1]) in wanted:
+                held.add(int(match[1]))
+    return held
+
+
+def _pids(proc_root: Path) -> list[int]:
+    with os.scandir(proc_root) as entries:
+        return sorted(int(e.name) for e in entries if e.name.isdigit())
+
+
+def scan_device_holders(
+    proc_root: Path,
+    minors: Collection[int],
+    *,
+    exclude_pids: Collection[int],
+    deadline_s: float = 0.5,
+    max_pids: int = 20000,
+    clock: Callable[[], float] = time.monotonic,
+) -> HolderScan:
+    """Every pid (but ours and ``exclude_pids``) with one of ``minors`` open.
+
+    Pids are walked in ascending order; when ``deadline_s`` passes or ``max_pids``
+    fd tables were read, the walk stops with ``truncated=True`` and what it found.
+    Blocking: run it in a worker thread.
+    """
+    started = clock()
+    wanted = frozenset(minors)
+    if not wanted:
+        return HolderScan(minors=())
+    skip = {os.getpid(), *exclude_pids}
+    try:
+        pids = _pids(proc_root)
+    except OSError as exc:
+        return HolderScan(
+            minors=tuple(sorted(wanted)),
+            error=f"{type(exc).__name__}: {exc.strerror or exc}",
+            duration_s=clock() - started,
+        )
+    holders: list[DeviceHolder] = []
+    scanned = unreadable = 0
+    truncated = False
+    for pid in pids:
+        if pid in skip:
+            continue
+        if scanned >= max_pids or clock() - started > deadline_s:
+            truncated = True
+            break
+        scanned += 1
+        try:
+            held = _held_minors(proc_root / str(pid) / "fd", wanted)
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+            continue  # exited meanwhile
+        except OSError:
+            unreadable += 1  # EACCES without CAP_SYS_PTRACE: we cannot know
+            continue
+        if not held:
+            continue
+        identity = read_process(proc_root, pid)
+        if not identity.alive:
+            continue
+        holders.append(
+            DeviceHolder(
+                pid=pid,
+                minors=tuple(sorted(held)),
+                comm=identity.comm,
+                role=classify(identity.comm, _argv0(proc_root, pid)),
+                pod_uid=identity.pod_uid,
+                container_id=identity.container_id,
+                state=identity.state,
+            )
+        )
+    return HolderScan(
+        minors=tuple(sorted(wanted)),
+        holders=tuple(holders),
+        scanned_pids=scanned,
+        unreadable_pids=unreadable,
+        truncated=truncated,
+        duration_s=clock() - started,
+    )

@@ -1,0 +1,117 @@
+"""What the exporter reads from a real GPU. Results are recorded in docs/validation.md."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.nvml import NvmlSource
+from exporter.sources.xid import XidListener
+from tests.gpu.conftest import requires_gpu, requires_torch
+from tests.gpu.workloads import WORKLOAD
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Iterator[object]:
+    script = tmp_path / "work.py"
+    script.write_text(WORKLOAD)
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True
+        )
+        started.append(process)
+        assert process.stdout is not None
+        while process.stdout.readline().strip() != "ready":
+            assert process.poll() is None, "workload died before it was ready"
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_real_gpus_are_read_with_memory_v2_and_identity(real_nvml: None) -> None:
+    source = NvmlSource()
+    try:
+        snapshot = source.sample()
+    finally:
+        source.close()
+    assert snapshot.ok and snapshot.gpus
+    for gpu in snapshot.gpus:
+        assert gpu.error is None
+        assert gpu.uuid.startswith("GPU-") and gpu.name and gpu.pci_bus_id
+        assert gpu.memory_total_bytes and gpu.memory_used_bytes is not None
+        assert gpu.memory_reserved_bytes is not None, "memory info v2 expected on H100 drivers"
+        assert gpu.memory_used_bytes + gpu.memory_reserved_bytes <= gpu.memory_total_bytes
+
+
+def _occupancy_under(start: object, mode: str) -> tuple[float, float]:
+    process = start(mode, "8")  # type: ignore[operator]
+    source = NvmlSource()
+    try:
+        time.sleep(1.5)
+        source.sample()  # primes GPM
+        time.sleep(2.0)
+        snapshot = source.sample()
+    finally:
+        source.close()
+        process.kill()
+    gpu = snapshot.gpus[0]
+    assert gpu.occupancy is not None, "GPM unsupported on this GPU"
+    assert gpu.occupancy.sm_active is not None and gpu.utilization_gpu_percent is not None
+    return gpu.utilization_gpu_percent / 100, gpu.occupancy.sm_active
+
+
+@requires_torch
+def test_heavy_matmul_shows_high_sm_activity(real_nvml: None, workload: object) -> None:
+    util, sm_active = _occupancy_under(workload, "heavy")
+    assert util > 0.9 and sm_active > 0.5
+
+
+@requires_torch
+def test_tiny_kernels_read_busy_by_gpu_util_but_idle_by_sm_activity(
+    real_nvml: None, workload: object
+) -> None:
+    util, sm_active = _occupancy_under(workload, "tiny")
+    assert util > 0.5, util
+    assert sm_active < 0.1, sm_active
+    assert util - sm_active > 0.4
+
+
+@requires_torch
+def test_a_process_holding_memory_is_listed_with_its_memory(
+    real_nvml: None, workload: object
+) -> None:
+    process = workload("hold", "30", "2048")  # type: ignore[operator]
+    source = NvmlSource()
+    try:
+        snapshot = source.sample()
+    finally:
+        source.close()
+    listed = {p.pid: p.used_memory_bytes for g in snapshot.gpus for p in g.processes}
+    assert process.pid in listed
+    assert (listed[process.pid] or 0) >= 2048 * 2**20
+
+
+def test_xid_event_set_registers_and_times_out_quietly(real_nvml: None) -> None:
+    events: list[object] = []
+    listener = XidListener(events.append)
+    listener.start()
+    try:
+        time.sleep(3.0)
+        assert listener.alive
+        assert listener.registered, "no GPU accepted XID event registration"
+        assert listener.errors_total == 0, listener.last_error
+    finally:
+        listener.stop()
+    assert events == []  # a healthy GPU raises no XIDs in 3 s

@@ -1,0 +1,435 @@
+"""DcgmSource against tests/fake_dcgm, a stand-in for DCGM's Python bindings.
+
+The fake keeps the bindings' module names, signatures, constants and value shapes and
+answers from a JSON state file (``FAKE_DCGM_STATE``) re-read on every call, so each
+test owns its node and can change it mid-run. The bindings are top-level modules, so
+every test starts and ends with them evicted from ``sys.modules`` and ``sys.path``
+restored: no test sees another's imports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.model import DcgmHealthIncident, Occupancy
+from exporter.sources.backoff import Backoff
+from exporter.sources.dcgm import DcgmMode, DcgmSource, parse_mode
+
+FAKE_BINDINGS = str(Path(__file__).parent / "fake_dcgm")
+BINDING_MODULES = (
+    "pydcgm",
+    "dcgm_structs",
+    "dcgm_fields",
+    "dcgm_agent",
+    "dcgmvalue",
+    "dcgm_field_helpers",
+)
+UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+LOCAL = "127.0.0.1:5555"
+
+
+class FakeNode:
+    """The fake engine's state file plus the log of every binding call it served."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "dcgm-state.json"
+        self.calls_log = tmp_path / "dcgm-calls.jsonl"
+        self.state: dict[str, Any] = {
+            "hostengines": [LOCAL],
+            "gpus": [],
+            "calls_log": str(self.calls_log),
+        }
+        self.write()
+
+    def write(self, **changes: Any) -> None:
+        self.state.update(changes)
+        self.path.write_text(json.dumps(self.state))
+
+    def calls(self, fn: str) -> list[dict[str, Any]]:
+        if not self.calls_log.exists():
+            return []
+        lines = self.calls_log.read_text().splitlines()
+        return [c for c in map(json.loads, lines) if c["fn"] == fn]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def isolated_bindings() -> Iterator[None]:
+    saved_path = list(sys.path)
+    for name in BINDING_MODULES:
+        sys.modules.pop(name, None)
+    yield
+    sys.path[:] = saved_path
+    for name in BINDING_MODULES:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeNode:
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(tmp_path / "dcgm-state.json"))
+    return FakeNode(tmp_path)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_source(clock: FakeClock) -> Iterator[Any]:
+    made: list[DcgmSource] = []
+
+    def make(
+        mode: str = "auto", bindings_path: str | None = FAKE_BINDINGS, **kw: Any
+    ) -> DcgmSource:
+        source = DcgmSource(
+            mode,
+            bindings_path=bindings_path,
+            clock=clock,
+            backoff=Backoff(initial_s=1.0, max_s=8.0, jitter=0.0),
+            **kw,
+        )
+        made.append(source)
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+
+
+def gpu(gpu_id: int, uuid: str, fields: dict[int, Any] | None = None) -> dict[str, Any]:
+    return {"id": gpu_id, "uuid": uuid, "fields": {str(k): v for k, v in (fields or {}).items()}}
+
+
+def all_fields(base: float) -> dict[int, float]:
+    return {1001 + i: round(base + i / 100, 2) for i in range(8)}
+
+
+# -- occupancy --------------------------------------------------------------------------
+
+
+def test_occupancy_is_keyed_by_gpu_uuid_not_by_dcgm_gpu_id(
+    node: FakeNode, make_source: Any
+) -> None:
+    # DCGM gpu ids need not match NVML indices; the UUID from the device attributes is the join key.
+    node.write(gpus=[gpu(1, UUID_B, all_fields(0.10)), gpu(0, UUID_A, all_fields(0.50))])
+    snap = make_source().sample()
+    assert snap.ok and snap.error is None
+    assert dict(snap.occupancy) == {
+        UUID_A: Occupancy("dcgm", 0.50, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57),
+        UUID_B: Occupancy("dcgm", 0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.17),
+    }
+
+
+def test_profiling_values_are_taken_as_ratios_not_percentages(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A, {1002: 0.97, 1003: 1.0004, 1004: 0.0})])
+    [(_, occ)] = make_source().sample().occupancy
+    assert (occ.sm_active, occ.sm_occupancy, occ.tensor_active) == (0.97, 1.0, 0.0)
+
+
+def test_blank_sentinels_and_non_ok_statuses_become_none(node: FakeNode, make_source: Any) -> None:
+    fields = {1001: "blank", 1002: 0.4, 1003: "not_supported", 1004: {"status": "NO_DATA"}}
+    node.write(gpus=[gpu(0, UUID_A, fields)])  # 1005..1008 missing: DCGM has no value yet
+    [(uuid, occ)] = make_source().sample().occupancy
+    assert uuid == UUID_A
+    assert occ == Occupancy("dcgm", sm_active=0.4)
+
+
+def test_gpu_with_only_blank_values_is_left_out_so_gpm_can_stand_in(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A, {1002: 0.3}), gpu(1, UUID_B, {1002: "blank"})])
+    snap = make_source().sample()
+    assert [uuid for uuid, _ in snap.occupancy] == [UUID_A]
+
+
+def test_watch_asks_for_the_eight_profiling_fields_at_the_update_interval(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A)])
+    assert make_source(update_interval_s=0.5).open()
+    [created] = node.calls("dcgmFieldGroupCreate")
+    assert created["fieldIds"] == list(range(1001, 1009))
+    [watch] = node.calls("dcgmWatchFields")
+    assert watch["updateFreq"] == 500_000  # usec
+
+
+def test_profiling_unsupported_keeps_health_and_says_why(node: FakeNode, make_source: Any) -> None:
+    node.write(
+        gpus=[gpu(0, UUID_A, {1002: 0.5})],
+        errors={"dcgmWatchFields": "PROFILING_NOT_SUPPORTED"},
+        health={"incidents": [{"gpu": 0, "system": "PCIE", "health": "warn", "message": "replay"}]},
+    )
+    snap = make_source().sample()
+    assert snap.ok
+    assert snap.occupancy == ()
+    assert snap.error is not None and "profiling fields unavailable" in snap.error
+    assert "ProfilingNotSupported" in snap.error
+    assert snap.incidents == (DcgmHealthIncident(UUID_A, "pcie", "warn", "replay"),)
+
+
+# -- health -----------------------------------------------------------------------------
+
+
+def test_health_incidents_carry_uuid_system_result_and_message(
+    node: FakeNode, make_source: Any
+) -> None:
+    incidents = [
+        {"gpu": 1, "system": "MEM", "health": "fail", "message": "DBE detected\non GPU 1"},
+        {"gpu": 0, "system": "THERMAL", "health": "warn", "message": "clocks throttled"},
+    ]
+    node.write(gpus=[gpu(0, UUID_A), gpu(1, UUID_B)], health={"incidents": incidents})
+    snap = make_source().sample()
+    assert snap.ok and snap.health == "fail"
+    assert snap.incidents == (
+        DcgmHealthIncident(UUID_B, "mem", "fail", "DBE detected on GPU 1"),
+        DcgmHealthIncident(UUID_A, "thermal", "warn", "clocks throttled"),
+    )
+
+
+def test_first_sample_already_has_health_results(node: FakeNode, make_source: Any) -> None:
+    # DCGM's first dcgmHealthCheck after dcgmHealthSet only builds state; the source
+    # spends that call while connecting so the first cycle reports real results.
+    node.write(
+        gpus=[gpu(0, UUID_A)],
+        health={"incidents": [{"gpu": 0, "system": "POWER", "health": "warn", "message": "x"}]},
+    )
+    source = make_source()
+    assert source.sample().health == "warn"
+    assert len(node.calls("dcgmHealthCheck")) == 2
+
+
+def test_healthy_node_reports_pass_with_no_incidents(node: FakeNode, make_source: Any) -> None:
+    node.write(gpus=[gpu(0, UUID_A)])
+    snap = make_source().sample()
+    assert (snap.ok, snap.health, snap.incidents) == (True, "pass", ())
+
+
+def test_incident_on_a_non_gpu_entity_has_no_uuid(node: FakeNode, make_source: Any) -> None:
+    incident = {"gpu": 0, "entity_group": 3, "system": "NVSWITCH_FATAL", "health": "fail"}
+    node.write(gpus=[gpu(0, UUID_A)], health={"incidents": [incident]})
+    [found] = make_source().sample().incidents
+    assert (found.gpu_uuid, found.system, found.health) == (None, "nvswitch_fatal", "fail")
+
+
+# -- connection modes -------------------------------------------------------------------
+
+
+def test_auto_uses_the_local_host_engine_when_one_answers(node: FakeNode, make_source: Any) -> None:
+    node.write(gpus=[gpu(0, UUID_A)])
+    source = make_source("auto")
+    assert source.open() and source.available
+    assert source.connected_to == f"host engine {LOCAL}"
+    assert node.calls("dcgmStartEmbedded") == []
+    assert [c["target"] for c in node.calls("dcgmConnect_v3")] == [f"tcp://{LOCAL}"]
+
+
+def test_auto_falls_back_to_an_embedded_host_engine(node: FakeNode, make_source: Any) -> None:
+    node.write(hostengines=[], gpus=[gpu(0, UUID_A, {1002: 0.2})])
+    source = make_source("auto")
+    snap = source.sample()
+    assert snap.ok and source.connected_to == "embedded host engine"
+    assert [uuid for uuid, _ in snap.occupancy] == [UUID_A]
+
+
+def test_auto_reports_both_attempts_when_neither_works(node: FakeNode, make_source: Any) -> None:
+    node.write(hostengines=[], embedded=False, embedded_error="NVML_NOT_LOADED")
+    snap = make_source("auto").sample()
+    assert not snap.ok and snap.error is not None
+    assert f"host engine {LOCAL}: DCGMError_ConnectionNotValid" in snap.error
+    assert "embedded host engine: DCGMError_NvmlNotLoaded" in snap.error
+    assert "\n" not in snap.error
+
+
+def test_explicit_host_engine_never_starts_an_embedded_one(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(hostengines=[LOCAL], gpus=[gpu(0, UUID_A)])
+    source = make_source("10.0.0.7:5555")
+    snap = source.sample()
+    assert not snap.ok
+    assert snap.error == (
+        "host engine 10.0.0.7:5555: DCGMError_ConnectionNotValid: "
+        "The connection to the host engine is not valid any longer"
+    )
+    assert node.calls("dcgmStartEmbedded") == []
+
+
+def test_unreachable_host_engine_is_retried_with_backoff_until_it_answers(
+    node: FakeNode, make_source: Any, clock: FakeClock
+) -> None:
+    node.write(hostengines=[], gpus=[gpu(0, UUID_A, {1002: 0.6})])
+    source = make_source(LOCAL)
+
+    def attempts() -> int:
+        return len(node.calls("dcgmConnect_v3"))
+
+    assert not source.sample().ok and attempts() == 1
+    clock.now += 0.9  # inside the 1 s backoff: no new attempt, same error
+    snap = source.sample()
+    assert not snap.ok and snap.error is not None and "ConnectionNotValid" in snap.error
+    assert attempts() == 1
+    clock.now += 0.1
+    assert not source.sample().ok and attempts() == 2  # next delay: 2 s
+    node.write(hostengines=[LOCAL])
+    clock.now += 1.9
+    assert not source.sample().ok and attempts() == 2
+    clock.now += 0.1
+    snap = source.sample()
+    assert snap.ok and attempts() == 3
+    assert snap.occupancy[0][1].sm_active == 0.6
+
+
+def test_host_engine_lost_mid_run_reconnects_after_backoff(
+    node: FakeNode, make_source: Any, clock: FakeClock
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A, {1002: 0.6})])
+    source = make_source(LOCAL)
+    assert source.sample().ok
+    node.write(hostengines=[])  # nv-hostengine restarts
+    snap = source.sample()
+    assert not snap.ok and not source.available
+    assert snap.error is not None
+    assert snap.error.startswith(
+        f"DCGM via host engine {LOCAL} failed: DCGMError_ConnectionNotValid"
+    )
+    node.write(hostengines=[LOCAL])
+    assert not source.sample().ok  # still inside the backoff
+    clock.now += 1.0
+    snap = source.sample()
+    assert snap.ok and source.available and snap.occupancy[0][0] == UUID_A
+
+
+def test_unexpected_dcgm_error_mid_run_is_contained(
+    node: FakeNode, make_source: Any, clock: FakeClock
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A, {1002: 0.6})])
+    source = make_source()
+    assert source.sample().ok
+    node.write(errors={"dcgmGetLatestValues": "GENERIC_ERROR"})
+    snap = source.sample()
+    assert not snap.ok and snap.error is not None and "DCGMError_GenericError" in snap.error
+    node.write(errors={})
+    clock.now += 1.0
+    assert source.sample().ok
+
+
+def test_close_releases_watches_group_and_connection(node: FakeNode, make_source: Any) -> None:
+    node.write(gpus=[gpu(0, UUID_A)])
+    source = make_source(LOCAL)
+    assert source.open()
+    source.close()
+    assert not source.available
+    for fn in ("dcgmFieldGroupDestroy", "dcgmGroupDestroy", "dcgmDisconnect"):
+        assert len(node.calls(fn)) == 1, fn
+
+
+def test_node_without_supported_gpus_is_ok_and_empty(node: FakeNode, make_source: Any) -> None:
+    snap = make_source().sample()
+    assert (snap.ok, snap.occupancy, snap.incidents, snap.health) == (True, (), (), None)
+    assert node.calls("dcgmGroupCreate") == []
+
+
+# -- bindings ---------------------------------------------------------------------------
+
+
+def test_missing_bindings_give_a_clear_error(
+    node: FakeNode, make_source: Any, tmp_path: Path
+) -> None:
+    empty = tmp_path / "bindings"
+    empty.mkdir()
+    source = make_source(bindings_path=str(empty))
+    assert not source.open()
+    snap = source.sample()
+    assert not snap.ok and snap.error is not None
+    assert f"DCGM Python bindings not found in {empty}" in snap.error
+    assert "No module named 'pydcgm'" in snap.error
+    assert "--dcgm-bindings-path" in snap.error
+
+
+def test_bindings_path_that_is_not_a_directory_is_named(
+    node: FakeNode, make_source: Any, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nowhere"
+    snap = make_source(bindings_path=str(missing)).sample()
+    assert snap.error == f"DCGM bindings path {missing} is not a directory"
+
+
+def test_missing_libdcgm_is_reported_without_trying_embedded(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(library_found=False)
+    snap = make_source("auto").sample()
+    assert snap.error == (
+        f"host engine {LOCAL}: DCGMError_LibraryNotFound: DCGM library could not be found"
+    )
+    assert node.calls("dcgmStartEmbedded") == []
+
+
+def test_bindings_that_blow_up_on_import_do_not_escape(
+    node: FakeNode, make_source: Any, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "pydcgm.py").write_text("raise RuntimeError('half-installed DCGM')\n")
+    snap = make_source(bindings_path=str(broken)).sample()
+    assert not snap.ok
+    assert snap.error == "DCGM set-up failed: RuntimeError: half-installed DCGM"
+
+
+def test_off_never_imports_the_bindings(node: FakeNode, make_source: Any) -> None:
+    path_before = list(sys.path)
+    source = make_source("off")
+    assert not source.enabled
+    assert not source.open()
+    snap = source.sample()
+    assert (snap.ok, snap.error) == (False, "DCGM disabled (--dcgm off)")
+    assert [m for m in BINDING_MODULES if m in sys.modules] == []
+    assert sys.path == path_before
+    assert not node.calls_log.exists()
+
+
+def test_bindings_are_imported_only_when_opened(node: FakeNode, make_source: Any) -> None:
+    source = make_source("auto")
+    assert "pydcgm" not in sys.modules
+    source.open()
+    assert sys.modules["pydcgm"].__file__ == str(Path(FAKE_BINDINGS) / "pydcgm.py")
+
+
+# -- --dcgm values ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("auto", DcgmMode("auto")),
+        ("OFF", DcgmMode("off")),
+        ("10.0.0.7:5555", DcgmMode("hostengine", "10.0.0.7:5555")),
+        ("dcgm.gpu-operator.svc:5555", DcgmMode("hostengine", "dcgm.gpu-operator.svc:5555")),
+        ("[::1]:5555", DcgmMode("hostengine", "[::1]:5555")),
+    ],
+)
+def test_parse_mode_accepts(value: str, expected: DcgmMode) -> None:
+    assert parse_mode(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "localhost", ":5555", "host:", "host:0", "host:99999"])
+def test_parse_mode_rejects(value: str) -> None:
+    with pytest.raises(ValueError, match="--dcgm must be 'auto', 'off' or HOST:PORT"):
+        parse_mode(value)
