@@ -316,8 +316,11 @@ async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
             env={},
         )
         watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig)
-        agent = Agent(config, MetricsCache(), pod_meta=watcher)
-        watcher.start()
+        wall_start = time.time()
+        agent = Agent(
+            config, MetricsCache(), pod_meta=watcher, wall_clock=lambda: wall_start + clock()
+        )
+        agent.start_background()
         try:
             deadline = time.monotonic() + 30
             while not watcher.snapshot().ok:
@@ -333,9 +336,7 @@ async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
                 raise RuntimeError(f"sources down in the simulated agent: {down}")
             yield sim
         finally:
-            await agent.pod_resources_client.close()
-            await asyncio.to_thread(watcher.stop)
-            agent.nvml.close()
+            await agent.stop_background()
     finally:
         await env.stop()
 

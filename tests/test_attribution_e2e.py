@@ -85,6 +85,10 @@ def container_of(proc: SimProcess) -> ContainerKey:
     return namespace, pod, proc.container
 
 
+def container_of_or_none(proc: SimProcess) -> ContainerKey | None:
+    return container_of(proc) if proc.pod is not None else None
+
+
 def frozen(labels: dict[str, str]) -> Labels:
     return frozenset(labels.items())
 
@@ -324,10 +328,21 @@ def watched_pods(h: Harness) -> dict[str, str | None]:
     return {f"{p.namespace}/{p.name}": p.phase for p in snapshot.pods}
 
 
-async def scrape_node(*, kube_api: bool = True) -> tuple[Scenario, Scrape]:
+async def scrape_node(*, kube_api: bool) -> tuple[Scenario, Scrape]:
     scenario = load_scenario(NODE)
     async with simulated_exporter(scenario, kube_api=kube_api, argv=PER_PROCESS) as h:
         return scenario, await h.scrape()
+
+
+# One exporter run serves every read-only check of a configuration: tests stay fast.
+@pytest.fixture(scope="module")
+def node_8gpu() -> tuple[Scenario, Scrape]:
+    return asyncio.run(scrape_node(kube_api=True))
+
+
+@pytest.fixture(scope="module")
+def node_8gpu_without_kube_api() -> tuple[Scenario, Scrape]:
+    return asyncio.run(scrape_node(kube_api=False))
 
 
 # ---------------------------------------------------------------------------
@@ -335,16 +350,20 @@ async def scrape_node(*, kube_api: bool = True) -> tuple[Scenario, Scrape]:
 # ---------------------------------------------------------------------------
 
 
-async def test_every_listed_process_is_served_with_its_device_owner_pod_and_memory() -> None:
-    scenario, scrape = await scrape_node()
+def test_every_listed_process_is_served_with_its_device_owner_pod_and_memory(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
 
     expected = expected_process_series(scenario, with_meta(scenario))
     assert len(expected) == sum(1 for _ in listings(scenario)) > 0
     assert served(scrape, "gpu_process_memory_used_bytes") == expected
 
 
-async def test_container_memory_is_the_sum_of_its_served_processes() -> None:
-    scenario, scrape = await scrape_node()
+def test_container_memory_is_the_sum_of_its_served_processes(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
 
     per_process: dict[Labels, float] = defaultdict(float)
     for labels, value in scrape.find("gpu_process_memory_used_bytes", owner="pod"):
@@ -355,8 +374,10 @@ async def test_container_memory_is_the_sum_of_its_served_processes() -> None:
     assert containers == {k: float(u.memory) for k, u in expected_container_usage(scenario).items()}
 
 
-async def test_every_pod_container_with_processes_serves_its_process_count() -> None:
-    scenario, scrape = await scrape_node()
+def test_every_pod_container_with_processes_serves_its_process_count(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
 
     expected = {k: float(u.processes) for k, u in expected_container_usage(scenario).items()}
     assert served(scrape, "gpu_container_processes") == expected
@@ -373,8 +394,10 @@ async def test_every_pod_container_with_processes_serves_its_process_count() -> 
         assert scrape.series("gpu_container_processes")[labels] == len(alive)
 
 
-async def test_time_sliced_pods_on_one_gpu_each_serve_their_own_memory_and_sm() -> None:
-    scenario, scrape = await scrape_node()
+def test_time_sliced_pods_on_one_gpu_each_serve_their_own_memory_and_sm(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
     shared_gpu = 2
     sharers = sorted(
         {
@@ -407,12 +430,10 @@ async def test_time_sliced_pods_on_one_gpu_each_serve_their_own_memory_and_sm() 
     )
 
 
-def container_of_or_none(proc: SimProcess) -> ContainerKey | None:
-    return container_of(proc) if proc.pod is not None else None
-
-
-async def test_mig_pods_carry_their_instance_uuid_gpu_instance_and_profile_labels() -> None:
-    scenario, scrape = await scrape_node()
+def test_mig_pods_carry_their_instance_uuid_gpu_instance_and_profile_labels(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
     mig_gpu = next(g for g in scenario.gpus if g.mig)
     on_mig = {
         container_labels(container_of(p), device_labels(scenario, p.gpu, p.mig))
@@ -436,13 +457,13 @@ async def test_mig_pods_carry_their_instance_uuid_gpu_instance_and_profile_label
         )
 
 
-async def test_mps_clients_sharing_a_gpu_are_attributed_to_their_own_pods() -> None:
-    scenario, scrape = await scrape_node()
-    mps = [p for p in scenario.processes if p.kind == "mps"]
-    assert mps
+def test_mps_clients_sharing_a_gpu_are_attributed_to_their_own_pods(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
+    mps = [p for p in scenario.processes if p.kind == "mps" and p.pod is not None]
     usage = expected_container_usage(scenario)
-    clients = {container_of(p) for p in mps if p.pod is not None}
-    assert len(clients) > 1
+    assert len({container_of(p) for p in mps}) > 1
 
     memory = served(scrape, "gpu_container_memory_used_bytes")
     for proc in mps:
@@ -456,8 +477,10 @@ async def test_mps_clients_sharing_a_gpu_are_attributed_to_their_own_pods() -> N
         assert owner.owner == "pod"
 
 
-async def test_host_processes_are_owner_host_and_the_killed_process_is_owner_dead() -> None:
-    scenario, scrape = await scrape_node()
+def test_host_processes_are_owner_host_and_the_killed_process_is_owner_dead(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
     host = [p for p in scenario.processes if p.pod is None and p.alive]
     dead = [p for p in scenario.processes if not p.alive]
     assert host and dead
@@ -474,16 +497,20 @@ async def test_host_processes_are_owner_host_and_the_killed_process_is_owner_dea
     assert served(scrape, "gpu_unattributed_processes") == count
 
 
-async def test_process_on_a_gpu_its_container_was_not_allocated_is_unallocated_use() -> None:
-    scenario, scrape = await scrape_node()
+def test_process_on_a_gpu_its_container_was_not_allocated_is_unallocated_use(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
 
     expected = expected_unallocated_use(scenario)
     assert expected, "node-8gpu should have a container using a GPU it was not allocated"
     assert served(scrape, "gpu_unallocated_use_memory_bytes") == expected
 
 
-async def test_every_device_allocated_to_a_pod_container_is_served_as_allocated() -> None:
-    scenario, scrape = await scrape_node()
+def test_every_device_allocated_to_a_pod_container_is_served_as_allocated(
+    node_8gpu: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu
 
     expected = expected_allocated_series(scenario)
     resources = {dict(k)["resource"] for k in expected}
@@ -530,8 +557,10 @@ async def test_allocated_devices_without_processes_are_still_served_as_allocated
 # ---------------------------------------------------------------------------
 
 
-async def test_without_kube_api_exclusively_allocated_gpus_still_name_their_pods() -> None:
-    scenario, scrape = await scrape_node(kube_api=False)
+def test_without_kube_api_exclusively_allocated_gpus_still_name_their_pods(
+    node_8gpu_without_kube_api: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu_without_kube_api
     expected = expected_process_series(scenario, without_meta(scenario))
     attributed = {dict(k)["pod"] for k in expected if ("owner", "pod") in k}
     assert {"llm-pretrain-0", "alice-jupyter"} <= attributed  # whole GPU and MIG instance
@@ -540,8 +569,10 @@ async def test_without_kube_api_exclusively_allocated_gpus_still_name_their_pods
     assert served(scrape, "gpu_container_allocated") == expected_allocated_series(scenario)
 
 
-async def test_without_kube_api_time_sliced_gpu_processes_are_unknown_as_shared() -> None:
-    scenario, scrape = await scrape_node(kube_api=False)
+def test_without_kube_api_time_sliced_gpu_processes_are_unknown_as_shared(
+    node_8gpu_without_kube_api: tuple[Scenario, Scrape],
+) -> None:
+    scenario, scrape = node_8gpu_without_kube_api
     gpu = "2"
     on_shared = [p for p, d in listings(scenario) if d["gpu"] == gpu and p.pod and p.alive]
     assert on_shared
@@ -588,8 +619,10 @@ async def test_without_kube_api_a_replica_held_by_one_pod_is_still_not_guessed()
     assert "gpu_container_memory_used_bytes" not in scrape.values
 
 
-async def test_without_kube_api_no_kube_source_is_reported() -> None:
-    _, scrape = await scrape_node(kube_api=False)
+def test_without_kube_api_no_kube_source_is_reported(
+    node_8gpu_without_kube_api: tuple[Scenario, Scrape],
+) -> None:
+    _, scrape = node_8gpu_without_kube_api
 
     sources = {labels["source"]: v for labels, v in scrape.find("gpu_exporter_source_up")}
     assert "kube" not in sources
@@ -705,7 +738,7 @@ async def test_pid_exiting_between_the_cgroup_and_stat_reads_is_attributed_dead(
 async def test_deleted_pod_leaves_the_pod_watch_and_its_container_series() -> None:
     gone = "inference/chat-c"
     scenario = node_8gpu_with(SimEvent(at=10, action="delete_pod", args={"value": gone}))
-    namespace, name = gone.split("/")
+    name = gone.split("/", 1)[1]
     async with simulated_exporter(scenario, argv=PER_PROCESS) as h:
         before = await h.scrape()
         assert name in served_pods(before, "gpu_container_memory_used_bytes")
@@ -741,36 +774,36 @@ async def test_deleted_pod_leaves_the_pod_watch_and_its_container_series() -> No
 
 async def test_process_started_later_in_a_pod_is_attributed_after_the_next_cycle() -> None:
     base = load_scenario(NODE)
-    pid = max(p.pid for p in base.processes) + 1000
+    started = SimProcess(
+        pid=max(p.pid for p in base.processes) + 1000,
+        gpu=2,
+        memory=3 * 1024**3,
+        sm=9,
+        kind="compute",
+        comm="tritonserver",
+        pod="inference/chat-a",
+        container="main",
+    )
     start = {
-        "gpu": 2,
-        "pod": "inference/chat-a",
-        "container": "main",
-        "memory": 3 * 1024**3,
-        "sm": 9,
-        "pid": pid,
-        "comm": "tritonserver",
+        key: getattr(started, key)
+        for key in ("pid", "gpu", "memory", "sm", "kind", "comm", "pod", "container")
     }
-    scenario = node_8gpu_with(SimEvent(at=5, action="start", args=dict(start)))
+    scenario = node_8gpu_with(SimEvent(at=5, action="start", args=start))
+    pid = str(started.pid)
     async with simulated_exporter(scenario, argv=PER_PROCESS) as h:
-        before = await h.scrape()
-        assert served(before, "gpu_process_memory_used_bytes", pid=str(pid)) == {}
+        assert served(await h.scrape(), "gpu_process_memory_used_bytes", pid=pid) == {}
         await h.advance(5)
         scrape = await h.scrape()
 
-    started = SimProcess(
-        pid=pid, gpu=2, memory=3 * 1024**3, sm=9, kind="compute", comm="tritonserver",
-        pod="inference/chat-a", container="main",
-    )  # fmt: skip
     scenario.processes.append(started)  # the node as the timeline left it
     device = device_labels(scenario, started.gpu)
-    assert served(scrape, "gpu_process_memory_used_bytes", pid=str(pid)) == {
-        process_labels(started, device, owner_with_pod_metadata(scenario, started)): float(
-            started.memory
-        )
+    owner = owner_with_pod_metadata(scenario, started)
+    assert owner.owner == "pod"
+    assert served(scrape, "gpu_process_memory_used_bytes", pid=pid) == {
+        process_labels(started, device, owner): float(started.memory)
     }
-    usage = expected_container_usage(scenario)[container_labels(container_of(started), device)]
     container = container_labels(container_of(started), device)
+    usage = expected_container_usage(scenario)[container]
     assert scrape.series("gpu_container_memory_used_bytes")[container] == usage.memory
     assert scrape.series("gpu_container_processes")[container] == usage.processes
     assert scrape.series("gpu_container_sm_utilization_ratio")[container] == pytest.approx(

@@ -170,18 +170,51 @@ def test_watch_asks_for_the_eight_profiling_fields_at_the_update_interval(
     assert watch["updateFreq"] == 500_000  # usec
 
 
-def test_profiling_unsupported_keeps_health_and_says_why(node: FakeNode, make_source: Any) -> None:
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [
+        ("PROFILING_NOT_SUPPORTED", "DCGMError_ProfilingNotSupported"),
+        ("PROFILING_LIBRARY_ERROR", "DCGMError_ProfilingLibraryError"),  # Nsight holds them
+        ("MODULE_NOT_LOADED", "DCGMError_ModuleNotLoaded"),
+        ("GROUP_INCOMPATIBLE", "DCGMError_GroupIncompatible"),  # mixed GPU SKUs
+    ],
+)
+def test_profiling_unavailable_keeps_health_and_says_why(
+    node: FakeNode, make_source: Any, status: str, error_class: str
+) -> None:
     node.write(
         gpus=[gpu(0, UUID_A, {1002: 0.5})],
-        errors={"dcgmWatchFields": "PROFILING_NOT_SUPPORTED"},
+        errors={"dcgmWatchFields": status},
         health={"incidents": [{"gpu": 0, "system": "PCIE", "health": "warn", "message": "replay"}]},
     )
     snap = make_source().sample()
     assert snap.ok
     assert snap.occupancy == ()
-    assert snap.error is not None and "profiling fields unavailable" in snap.error
-    assert "ProfilingNotSupported" in snap.error
+    assert snap.error is not None
+    assert snap.error.startswith(f"profiling fields unavailable: {error_class}")
     assert snap.incidents == (DcgmHealthIncident(UUID_A, "pcie", "warn", "replay"),)
+
+
+def test_too_many_profiling_passes_falls_back_to_the_core_fields(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A, all_fields(0.3))], max_profiling_fields=5)
+    snap = make_source().sample()
+    assert snap.ok and snap.error is None
+    [(_, occ)] = snap.occupancy
+    assert occ == Occupancy("dcgm", 0.3, 0.31, 0.32, 0.33, 0.34)  # no FP64/FP32/FP16
+    assert [c["fieldIds"] for c in node.calls("dcgmFieldGroupCreate")] == [
+        list(range(1001, 1009)),
+        list(range(1001, 1006)),
+    ]
+    assert len(node.calls("dcgmFieldGroupDestroy")) == 1
+
+
+def test_profiling_that_fits_in_no_pass_is_reported(node: FakeNode, make_source: Any) -> None:
+    node.write(gpus=[gpu(0, UUID_A, all_fields(0.3))], max_profiling_fields=2)
+    snap = make_source().sample()
+    assert snap.ok and snap.occupancy == ()
+    assert snap.error is not None and "DCGMError_ProfilingMultiPass" in snap.error
 
 
 # -- health -----------------------------------------------------------------------------

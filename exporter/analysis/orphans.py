@@ -123,9 +123,12 @@ def find_orphans(
     """This cycle's orphaned memory per (GPU, kind), and the state for the next cycle.
 
     GPUs that failed (lost) are skipped and their history dropped: their memory is
-    unknowable until they answer again.
+    unknowable until they answer again. With NVML down nothing is reported and the
+    state is kept as it was.
     """
-    healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None} if snapshot.nvml.ok else {}
+    if not snapshot.nvml.ok:  # no data is not "cleared": keep every clock running
+        return (), state
+    healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
     pods = _pods(snapshot, attribution, state)
     stuck = _stuck_streaks(rows, snapshot, state)

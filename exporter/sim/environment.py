@@ -21,8 +21,14 @@ from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
 from exporter.sim.node import SimNode
 from exporter.sim.nvml_library import install
 from exporter.sim.podresources_server import start_podresources_server
-from exporter.sim.proctree import host_cgroup, kubepods_cgroup, remove_process, write_process
-from exporter.sim.scenario import Scenario
+from exporter.sim.proctree import (
+    gpu_fds,
+    host_cgroup,
+    kubepods_cgroup,
+    remove_process,
+    write_process,
+)
+from exporter.sim.scenario import Scenario, SimPod, SimProcess
 
 log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 0.2
@@ -55,7 +61,9 @@ class SimEnvironment:
         self.kube_api: FakeKubeApi | None = None
         self._grpc: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._written_pids: set[int] = set()
+        # pid -> (cgroup, what was last written): a cgroup is fixed at the first write
+        # (a deleted pod's process keeps it), the rest is rewritten when it changes.
+        self._written: dict[int, tuple[str, tuple[object, ...]]] = {}
         self._kube_pods: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> SimPaths:
@@ -106,26 +114,26 @@ class SimEnvironment:
             node.advance()
             pods = {f"{p.namespace}/{p.name}": p for p in node.pods}
             alive = {p.pid: p for p in node.processes if p.alive}
-            for pid in self._written_pids - set(alive):
+            for pid in set(self._written) - set(alive):
                 remove_process(self.paths.proc_root, pid)
+                del self._written[pid]
             for pid, proc in alive.items():
-                if pid in self._written_pids:
+                written = self._written.get(pid)
+                cgroup = written[0] if written else _cgroup(proc, pods)
+                held = proc.holds_devices
+                fds = gpu_fds([proc.gpu, *proc.extra_gpus] if held is None else held)
+                content = (proc.comm, proc.state, tuple(fds))
+                if written == (cgroup, content):
                     continue
-                pod = pods.get(proc.pod or "")
-                container = (
-                    next((c for c in pod.containers if c.name == proc.container), None)
-                    if pod
-                    else None
-                )
-                cgroup = (
-                    kubepods_cgroup(pod.uid, container.container_id, qos=pod.qos)
-                    if pod and container
-                    else host_cgroup("gpu-workload.service")
-                )
                 write_process(
-                    self.paths.proc_root, pid, comm=proc.comm, state=proc.state, cgroup=cgroup
+                    self.paths.proc_root,
+                    pid,
+                    comm=proc.comm,
+                    state=proc.state,
+                    cgroup=cgroup,
+                    fds=fds,
                 )
-            self._written_pids = set(alive)
+                self._written[pid] = (cgroup, content)
         if self.kube_api is not None:
             self._sync_kube()
 
@@ -141,6 +149,9 @@ class SimEnvironment:
                     node.scenario.node_name,
                     phase=pod.phase,
                     containers=[(c.name, c.container_id) for c in pod.containers],
+                    deletion_timestamp=(
+                        node.wall_time(pod.deletion_at) if pod.deletion_at is not None else None
+                    ),
                 )
                 for pod in node.pods
             }
@@ -150,3 +161,11 @@ class SimEnvironment:
             if self._kube_pods.get(uid) != pod:
                 self.kube_api.set_pod(pod)
         self._kube_pods = wanted
+
+
+def _cgroup(proc: SimProcess, pods: dict[str, SimPod]) -> str:
+    pod = pods.get(proc.pod or "")
+    container = next((c for c in pod.containers if c.name == proc.container), None) if pod else None
+    if pod and container:
+        return kubepods_cgroup(pod.uid, container.container_id, qos=pod.qos)
+    return host_cgroup("gpu-workload.service")

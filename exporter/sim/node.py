@@ -79,11 +79,17 @@ class SimNode:
             for slot in [None, *range(len(gpu.mig))]
         }
         self._integrated_to = self.clock()
+        # Epoch seconds at simulated time 0, so API timestamps read like real ones.
+        self.epoch = time.time() - self.clock()
 
     # -- time -------------------------------------------------------------------------
 
     def now(self) -> float:
         return self.clock()
+
+    def wall_time(self, at: float | None = None) -> float:
+        """Epoch seconds of simulated time ``at`` (default: now)."""
+        return self.epoch + (self.clock() if at is None else at)
 
     def advance(self) -> None:
         """Apply every timeline event that is due."""
@@ -270,6 +276,38 @@ class SimNode:
             self._pod(args["pod"]).phase = str(args["phase"])
         elif event.action == "add_pod":
             self._add_pod(args)
+        elif event.action == "fork_orphan":
+            self._fork_orphan(args)
+        elif event.action == "terminate_pod":  # deletion requested, containers still run
+            pod = self._pod(args.get("pod", value))
+            grace = float(args.get("grace_s", 30))
+            pod.deletion_at = event.at + grace  # the API sets request time + grace
+
+    def _fork_orphan(self, args: dict[str, object]) -> None:
+        """The parent dies after forking: it leaves /proc and NVML, its memory stays
+        (no listed process accounts for it) and the child keeps the device files open."""
+        parent = self._process(args["pid"])
+        self.scenario.processes.remove(parent)
+        self.gpus[parent.gpu].unaccounted_memory += parent.memory
+        self._pid_seq += 13
+        self.scenario.processes.append(
+            SimProcess(
+                pid=int(args.get("child_pid", self._pid_seq)),  # type: ignore[call-overload]
+                gpu=parent.gpu,
+                memory=0,
+                sm=0,
+                kind=parent.kind,
+                comm=str(args.get("comm", parent.comm)),
+                listed=False,
+                pod=parent.pod,
+                container=parent.container,
+                holds_devices=(
+                    parent.holds_devices
+                    if parent.holds_devices is not None
+                    else [parent.gpu, *parent.extra_gpus]
+                ),
+            )
+        )
 
     def _start(self, args: dict[str, object]) -> None:
         self._pid_seq += 13

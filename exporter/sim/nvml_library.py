@@ -102,7 +102,7 @@ class SimNvmlLibrary:
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
-        self.initialised = False
+        self._init_count = 0  # nvmlInit is reference-counted, as in the real library
         self._ids = itertools.count(1)
         self._gpm_samples: dict[
             int, tuple[float, tuple[int, int | None], dict[str, float]] | None
@@ -136,12 +136,20 @@ class SimNvmlLibrary:
         error = self.node.scenario.nvml_init_error
         if error is not None:
             return error
-        self.initialised = True
+        with self.node.lock:
+            self._init_count += 1
         return SUCCESS
 
     def nvmlShutdown(self) -> int:
-        self.initialised = False
+        with self.node.lock:
+            if self._init_count == 0:
+                return UNINITIALIZED
+            self._init_count -= 1
         return SUCCESS
+
+    @property
+    def initialised(self) -> bool:
+        return self._init_count > 0
 
     @property
     def nvmlErrorString(self) -> Callable[[Any], bytes]:

@@ -1,7 +1,8 @@
 """A fake ``/proc`` tree for the simulator and tests.
 
 It writes the same files, in the same formats, that the kernel shows for a process
-(``cgroup``, ``stat``, ``comm``), so the real procfs source reads it unchanged. Writes
+(``cgroup``, ``stat``, ``comm``, and ``fd/<n>`` symlinks where asked), so the real
+procfs source and the holder scan read it unchanged. Writes
 are atomic for a concurrent reader: a new pid directory appears complete (built
 aside, then renamed into place), files of an existing one are swapped with
 ``os.replace``, and a removed one disappears at once.
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -175,11 +177,54 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_process(proc_root: Path, pid: int, *, comm: str, state: str = "S", cgroup: str) -> None:
+def gpu_fds(minors: Iterable[int]) -> list[str]:
+    """fd link targets of a CUDA process with ``/dev/nvidia<minor>`` open per minor.
+
+    Like a real one: stdio, the control and UVM devices every client opens, then
+    several descriptors per GPU (the driver hands out one per context and mapping).
+    """
+    links = ["/dev/null", "pipe:[40961]", "pipe:[40962]", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    links += ["/dev/nvidia-uvm-tools", "anon_inode:[eventfd]", "socket:[51234]"]
+    for minor in sorted(set(minors)):
+        links += [f"/dev/nvidia{minor}", f"/dev/nvidia{minor}", "anon_inode:[eventfd]"]
+    return links
+
+
+def _write_fds(pid_dir: Path, targets: Sequence[str]) -> None:
+    """Make ``pid_dir/fd`` hold exactly ``n -> targets[n]``, each swap atomic."""
+    fd_dir = pid_dir / "fd"
+    fd_dir.mkdir(exist_ok=True)
+    for n, target in enumerate(targets):
+        link = fd_dir / str(n)
+        try:
+            if os.readlink(link) == target:
+                continue
+        except OSError:
+            pass
+        tmp = pid_dir / f".fd{n}.tmp"  # outside fd/, so a reader never sees it
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+    for entry in fd_dir.iterdir():
+        if not entry.name.isdigit() or int(entry.name) >= len(targets):
+            entry.unlink(missing_ok=True)
+
+
+def write_process(
+    proc_root: Path,
+    pid: int,
+    *,
+    comm: str,
+    state: str = "S",
+    cgroup: str,
+    fds: Sequence[str] | None = None,
+) -> None:
     """Create or update ``<proc_root>/<pid>`` with ``cgroup``, ``stat`` and ``comm``.
 
     ``comm`` is truncated to 15 bytes like the kernel's. A new pid directory is built
-    aside and renamed into place, so a reader never sees it half-written.
+    aside and renamed into place, so a reader never sees it half-written. ``fds``
+    (link targets, e.g. from :func:`gpu_fds`) makes ``fd/0..n`` symlinks; None leaves
+    any ``fd`` directory as it is.
     """
     _check(pid > 0, "pid", pid)
     _check(state in _STATES, "state", state)
@@ -193,6 +238,8 @@ def write_process(proc_root: Path, pid: int, *, comm: str, state: str = "S", cgr
         try:
             for name, text in files.items():
                 (staging / name).write_text(text, encoding="utf-8")
+            if fds is not None:
+                _write_fds(staging, fds)
             os.rename(staging, pid_dir)
             return
         except OSError:
@@ -201,6 +248,8 @@ def write_process(proc_root: Path, pid: int, *, comm: str, state: str = "S", cgr
                 raise
     for name, text in files.items():
         _write_atomic(pid_dir / name, text)
+    if fds is not None:
+        _write_fds(pid_dir, fds)
 
 
 def remove_process(proc_root: Path, pid: int) -> None:

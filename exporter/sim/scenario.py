@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-SHIPPED = ("single-gpu", "node-8gpu", "no-gpu")
+SHIPPED = ("single-gpu", "node-8gpu", "no-gpu", "orphans")
 GPM_METRICS = (
     "graphics",
     "sm_active",
@@ -106,6 +106,8 @@ class SimProcess:
     pod: str | None = None  # "namespace/name"
     container: str | None = None
     extra_gpus: list[int] = field(default_factory=list)
+    # GPU indices whose /dev/nvidia<index> it has open; None: the GPUs it runs on
+    holds_devices: list[int] | None = None
 
 
 @dataclass
@@ -123,6 +125,7 @@ class SimPod:
     qos: str
     phase: str
     containers: list[SimContainer]
+    deletion_at: float | None = None  # simulated time the API's deletionTimestamp names
 
 
 @dataclass
@@ -218,6 +221,8 @@ _TIMELINE_ACTIONS = {
     "delete_pod",
     "set_pod_phase",
     "add_pod",
+    "fork_orphan",
+    "terminate_pod",
 }
 
 
@@ -292,6 +297,7 @@ def _process(
             "alive",
             "listed",
             "extra_gpus",
+            "holds_devices",
         },
         where,
     )
@@ -315,6 +321,24 @@ def _process(
         pod=pod,
         container=container,
         extra_gpus=[int(g) for g in data.get("extra_gpus", [])],
+        holds_devices=_holds_devices(data.get("holds_devices", True), where, gpu_count),
+    )
+
+
+def _holds_devices(value: object, where: str, gpu_count: int) -> list[int] | None:
+    """``true`` (its own GPUs), ``false``, ``all`` or a list of GPU indices."""
+    if value is True:
+        return None
+    if value is False:
+        return []
+    if value == "all":
+        return list(range(gpu_count))
+    if isinstance(value, list) and all(
+        isinstance(g, int) and not isinstance(g, bool) and 0 <= g < gpu_count for g in value
+    ):
+        return [int(g) for g in value]
+    raise ScenarioError(
+        f"{where}.holds_devices: {value!r} is not true, false, all or a list of GPU indices"
     )
 
 

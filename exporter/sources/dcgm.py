@@ -62,6 +62,10 @@ PROFILING_FIELDS: dict[str, int] = {
     "fp32_active": 1007,  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
     "fp16_active": 1008,  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
 }
+# Pre-Hopper GPUs multiplex profiling counters in passes, and a watch needing too many
+# passes fails with DCGM_ST_PROFILING_MULTI_PASS (DCGM's test_prof.py): then the
+# activity/occupancy core is watched alone, without the per-pipe FP fields.
+PROFILING_FALLBACK_FIELDS: tuple[int, ...] = (1001, 1002, 1003, 1004, 1005)
 # dcgmvalue.DCGM_FP64_BLANK: doubles at or above it are "blank", "not found",
 # "not supported" or "not permissioned" sentinels, never measurements.
 FP64_BLANK = 140737488355328.0
@@ -94,6 +98,7 @@ _UNAVAILABLE_STATUSES = (
     "DCGM_ST_NO_PERMISSION",
     "DCGM_ST_INSUFFICIENT_DRIVER_VERSION",
     "DCGM_ST_GPU_NOT_SUPPORTED",
+    "DCGM_ST_GROUP_INCOMPATIBLE",  # profiling wants one GPU SKU per group
     "DCGM_ST_IN_USE",
 )
 
@@ -391,20 +396,7 @@ class DcgmSource:
         )
         for gpu_id in conn.uuids:
             conn.group.AddGpu(gpu_id)
-        try:
-            conn.field_group = b.pydcgm.DcgmFieldGroup(
-                conn.handle, name=name, fieldIds=list(PROFILING_FIELDS.values())
-            )
-            conn.group.samples.WatchFields(
-                conn.field_group,
-                int(self._update_interval_s * 1_000_000),  # usec
-                max(30.0, 10 * self._update_interval_s),  # max keep age, s
-                0,  # no sample-count limit: the age bounds it
-            )
-        except b.structs.DCGMError as exc:
-            if exc.value not in b.unavailable:
-                raise
-            conn.profiling_error = f"profiling fields unavailable: {_describe(exc)}"
+        self._start_profiling(b, conn, name)
         try:
             conn.group.health.Set(b.structs.DCGM_HEALTH_WATCH_ALL)
         except b.structs.DCGMError as exc:
@@ -417,6 +409,35 @@ class DcgmSource:
             # nothing. (4.x sources evaluate a trailing minute instead; either way
             # this one spare call makes the first cycle's check a real one.)
             conn.group.health.Check()
+
+    def _start_profiling(self, b: _Bindings, conn: _Connection, name: str) -> None:
+        """All eight fields; on too many passes the core five; else note why there are none."""
+        try:
+            try:
+                self._watch_profiling(b, conn, name, tuple(PROFILING_FIELDS.values()))
+            except b.structs.DCGMError as exc:
+                if exc.value != _status(b, "PROFILING_MULTI_PASS"):
+                    raise
+                log.info("DCGM: the FP64/FP32/FP16 pipe fields need too many passes here")
+                self._watch_profiling(b, conn, f"{name}-core", PROFILING_FALLBACK_FIELDS)
+        except b.structs.DCGMError as exc:
+            if exc.value not in b.unavailable:
+                raise
+            conn.profiling_error = f"profiling fields unavailable: {_describe(exc)}"
+
+    def _watch_profiling(
+        self, b: _Bindings, conn: _Connection, name: str, field_ids: tuple[int, ...]
+    ) -> None:
+        if conn.field_group is not None:  # the set that did not fit
+            conn.field_group.Delete()
+            conn.field_group = None
+        conn.field_group = b.pydcgm.DcgmFieldGroup(conn.handle, name=name, fieldIds=list(field_ids))
+        conn.group.samples.WatchFields(
+            conn.field_group,
+            int(self._update_interval_s * 1_000_000),  # usec
+            max(30.0, 10 * self._update_interval_s),  # max keep age, s
+            0,  # no sample-count limit: the age bounds it
+        )
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None

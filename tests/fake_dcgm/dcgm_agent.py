@@ -19,6 +19,8 @@ State keys (all optional)::
     health          {"overall": "warn" (default: worst incident),
                      "incidents": [{"gpu": 0, "entity_group": 1, "system": "MEM",
                                     "health": "fail", "message": "...", "code": 0}]}
+    max_profiling_fields  watching more profiling fields (1001-1099) at once than this
+                    returns PROFILING_MULTI_PASS, as too many passes do on pre-Hopper
     errors          {"dcgmWatchFields": "PROFILING_NOT_SUPPORTED", ...} make that
                     function return that status
     calls_log       path of a JSON-lines file that receives every call (for assertions)
@@ -336,6 +338,10 @@ def dcgmWatchFields(
         dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_GROUP_IS_EMPTY)
     if field_group_id not in engine.field_groups:
         dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_NOT_CONFIGURED)
+    limit = state.get("max_profiling_fields")
+    profiling = [f for f in engine.field_groups[field_group_id] if 1001 <= f <= 1099]
+    if limit is not None and len(profiling) > int(limit):
+        dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_PROFILING_MULTI_PASS)
     engine.watched.add((group_id, field_group_id))
     return dcgm_structs.DCGM_ST_OK
 

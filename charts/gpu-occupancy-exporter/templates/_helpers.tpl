@@ -34,9 +34,19 @@ app.kubernetes.io/component: exporter
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* kubeApi as the flag spells it: an unquoted YAML `off` arrives as false. */}}
+{{- define "gpu-occupancy-exporter.kubeApi" -}}
+{{- if eq (toString .Values.kubeApi) "false" }}off{{ else }}{{ .Values.kubeApi }}{{ end }}
+{{- end }}
+
 {{/* The pod watch (and so the ServiceAccount token and RBAC) is on unless kubeApi is "off". */}}
 {{- define "gpu-occupancy-exporter.podWatch" -}}
-{{- if ne (toString .Values.kubeApi) "off" }}true{{ end }}
+{{- if ne (include "gpu-occupancy-exporter.kubeApi" .) "off" }}true{{ end }}
+{{- end }}
+
+{{/* dcgm.mode as the flag spells it (false: off); empty: pass no --dcgm at all. */}}
+{{- define "gpu-occupancy-exporter.dcgmMode" -}}
+{{- if eq (toString .Values.dcgm.mode) "false" }}off{{ else }}{{ .Values.dcgm.mode }}{{ end }}
 {{- end }}
 
 {{- define "gpu-occupancy-exporter.serviceAccountName" -}}
@@ -62,7 +72,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
 - {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
 - "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"
-- {{ printf "--kube-api=%s" .Values.kubeApi | quote }}
+- {{ printf "--kube-api=%s" (include "gpu-occupancy-exporter.kubeApi" .) | quote }}
 {{- with .Values.resourceNames }}
 - {{ printf "--resource-names=%s" (join "," .) | quote }}
 {{- end }}
@@ -71,7 +81,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 - {{ printf "--log-level=%s" .Values.logLevel | quote }}
 - {{ printf "--log-format=%s" .Values.logFormat | quote }}
-{{- with .Values.dcgm.mode }}
+{{- with include "gpu-occupancy-exporter.dcgmMode" . }}
 - {{ printf "--dcgm=%s" . | quote }}
 {{- end }}
 {{- with .Values.dcgm.bindingsPath }}
