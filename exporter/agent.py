@@ -36,6 +36,7 @@ from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, bu
 from exporter.exposition.server import MetricsCache
 from exporter.model import (
     Analysis,
+    DcgmSnapshot,
     NodeSnapshot,
     NvmlSnapshot,
     PodMetaSnapshot,
@@ -45,6 +46,7 @@ from exporter.model import (
     XidEvent,
 )
 from exporter.sources.backoff import Backoff
+from exporter.sources.dcgm import DcgmSource
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
@@ -153,6 +155,16 @@ class Agent:
             if config.kmsg
             else None
         )
+        self.dcgm = (
+            DcgmSource(
+                config.dcgm,
+                bindings_path=config.dcgm_bindings_path,
+                update_interval_s=min(config.interval_s, 1.0),
+            )
+            if config.dcgm != "off"
+            else None
+        )
+        self._dcgm_seen_up = False
         self._errors_seen: dict[str, int] = {}
         self._stopping = asyncio.Event()
         self.latest: Analysis | None = None
@@ -176,6 +188,8 @@ class Agent:
             stoppers.append(self.pod_meta.stop)
         await asyncio.gather(*(asyncio.to_thread(stop) for stop in stoppers))
         await asyncio.to_thread(self.nvml.close)
+        if self.dcgm is not None:
+            await asyncio.to_thread(self.dcgm.close)
 
     def _on_xid(self, event: XidEvent) -> None:
         """Called from the XID and kmsg threads; the next cycle picks the events up."""
@@ -251,21 +265,24 @@ class Agent:
         started = time.perf_counter()
         timestamp = self.wall_clock()
         try:
-            nvml, processes = await asyncio.to_thread(self._read_host)
-            snapshot = self._snapshot(nvml, processes, timestamp)
+            nvml, processes, dcgm = await asyncio.to_thread(self._read_host)
+            snapshot = self._snapshot(nvml, processes, dcgm, timestamp)
             await asyncio.to_thread(self._analyse_and_render, snapshot, started)
         except Exception:
             self.self_metrics.errors.labels("agent").inc()
             log.exception("sample cycle failed; the previous output stays served")
 
-    def _read_host(self) -> tuple[NvmlSnapshot, tuple[ProcessIdentity, ...]]:
+    def _read_host(
+        self,
+    ) -> tuple[NvmlSnapshot, tuple[ProcessIdentity, ...], DcgmSnapshot | None]:
         nvml = self.nvml.sample()
+        dcgm = self.dcgm.sample() if self.dcgm is not None else None
         errors = len(nvml.errors) + (0 if nvml.ok else 1)
         if errors:
             self.self_metrics.errors.labels("nvml").inc(errors)
         pids = {p.pid for g in nvml.gpus for p in g.processes}
         pids.update(p.pid for g in nvml.gpus for m in g.mig_instances for p in m.processes)
-        return nvml, read_processes(self.config.proc_root, pids)
+        return nvml, read_processes(self.config.proc_root, pids), dcgm
 
     def _count_errors(self, source: str, total: int) -> None:
         """Turn a thread's running error total into increments of our counter."""
@@ -275,7 +292,11 @@ class Agent:
             self._errors_seen[source] = total
 
     def _snapshot(
-        self, nvml: NvmlSnapshot, processes: tuple[ProcessIdentity, ...], timestamp: float
+        self,
+        nvml: NvmlSnapshot,
+        processes: tuple[ProcessIdentity, ...],
+        dcgm: DcgmSnapshot | None,
+        timestamp: float,
     ) -> NodeSnapshot:
         pod_meta = self.pod_meta.snapshot() if self.pod_meta is not None else None
         proc_ok = self.config.proc_root.is_dir()
@@ -293,6 +314,14 @@ class Agent:
                 SourceStatus("kmsg", kmsg.alive and kmsg.last_error is None, kmsg.last_error)
             )
             self._count_errors("kmsg", kmsg.errors_total)
+        if dcgm is not None:
+            # 'auto' on a node without DCGM is normal: report the source only once it has
+            # answered (or when a host engine was named explicitly).
+            self._dcgm_seen_up = self._dcgm_seen_up or dcgm.ok
+            if self._dcgm_seen_up or self.config.dcgm not in ("auto", "off"):
+                sources.append(SourceStatus("dcgm", dcgm.ok, dcgm.error))
+                if not dcgm.ok:
+                    self.self_metrics.errors.labels("dcgm").inc()
         if self.pod_meta is not None and pod_meta is not None:
             sources.append(SourceStatus("kube", pod_meta.ok, pod_meta.error))
             self._count_errors("kube", self.pod_meta.errors_total)
@@ -303,6 +332,7 @@ class Agent:
             processes=processes,
             pod_resources=self.pod_resources,
             pod_meta=pod_meta,
+            dcgm=dcgm,
             sources=tuple(sources),
         )
 

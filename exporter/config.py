@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
+from exporter.sources.dcgm import parse_mode as parse_dcgm_mode
 from exporter.sources.podresources.client import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET_PATH
 
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -270,9 +271,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    dcgm = args.dcgm
-    if dcgm not in ("auto", "off"):
-        parse_listen(dcgm, flag="--dcgm", example="localhost:5555, auto or off")
+    dcgm = args.dcgm.strip()
+    try:
+        parse_dcgm_mode(dcgm)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (e.g. localhost:5555)") from None
     try:
         retired_limit = int(args.retired_pages_limit)
     except ValueError:

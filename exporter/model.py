@@ -229,6 +229,7 @@ class NodeSnapshot:
     processes: tuple[ProcessIdentity, ...] = ()
     pod_resources: PodResourcesSnapshot | None = None
     pod_meta: PodMetaSnapshot | None = None
+    dcgm: DcgmSnapshot | None = None
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
 
 
@@ -554,7 +555,7 @@ class OrphanState:
 
     first_seen: tuple[tuple[str, str, float], ...] = ()  # (GPU uuid, kind, since)
     unattributed: tuple[tuple[str, int, float], ...] = ()  # (GPU uuid, cycles above, since)
-    stuck: tuple[tuple[int, int], ...] = ()  # (pid, consecutive cycles in D or Z)
+    stuck: tuple[tuple[int, int, float], ...] = ()  # (pid, cycles in D or Z, since)
     pod_missing_since: tuple[tuple[str, float], ...] = ()  # (pod uid, first seen gone)
     pod_names: tuple[tuple[str, str, str], ...] = ()  # (pod uid, namespace, name) learned
     holder_scan: HolderScan | None = None  # last scan, while unattributed memory remains

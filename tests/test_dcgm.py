@@ -20,16 +20,9 @@ import pytest
 from exporter.model import DcgmHealthIncident, Occupancy
 from exporter.sources.backoff import Backoff
 from exporter.sources.dcgm import DcgmMode, DcgmSource, parse_mode
+from tests.conftest import DCGM_BINDING_MODULES as BINDING_MODULES
 
 FAKE_BINDINGS = str(Path(__file__).parent / "fake_dcgm")
-BINDING_MODULES = (
-    "pydcgm",
-    "dcgm_structs",
-    "dcgm_fields",
-    "dcgm_agent",
-    "dcgmvalue",
-    "dcgm_field_helpers",
-)
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 LOCAL = "127.0.0.1:5555"
@@ -65,17 +58,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def isolated_bindings() -> Iterator[None]:
-    saved_path = list(sys.path)
-    for name in BINDING_MODULES:
-        sys.modules.pop(name, None)
-    yield
-    sys.path[:] = saved_path
-    for name in BINDING_MODULES:
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture
@@ -361,6 +343,19 @@ def test_unexpected_dcgm_error_mid_run_is_contained(
     node.write(errors={})
     clock.now += 1.0
     assert source.sample().ok
+
+
+def test_host_engine_failing_during_set_up_is_reported_not_bypassed(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(gpus=[gpu(0, UUID_A)], errors={"dcgmGroupCreate": "GENERIC_ERROR"})
+    snap = make_source("auto").sample()
+    assert snap.error == (
+        f"DCGM set-up via host engine {LOCAL} failed: "
+        "DCGMError_GenericError: Generic unspecified error"
+    )
+    assert node.calls("dcgmStartEmbedded") == []
+    assert len(node.calls("dcgmDisconnect")) == 1  # the half-set-up connection is released
 
 
 def test_close_releases_watches_group_and_connection(node: FakeNode, make_source: Any) -> None:

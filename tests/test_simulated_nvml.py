@@ -14,7 +14,7 @@ import pytest
 
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
-from exporter.sim.scenario import ScenarioError, load_scenario, parse_scenario
+from exporter.sim.scenario import SHIPPED, ScenarioError, load_scenario, parse_scenario
 
 GiB = 1024**3
 
@@ -318,8 +318,9 @@ def test_unknown_scenario_path_says_why_and_lists_the_shipped_names(tmp_path: Pa
     assert "\n" not in message
     assert message == (
         f"cannot read scenario {str(missing)!r}: No such file or directory; "
-        "use a file path or one of single-gpu, node-8gpu, no-gpu"
+        f"use a file path or one of {', '.join(SHIPPED)}"
     )
+    assert {"single-gpu", "node-8gpu", "no-gpu"} <= set(SHIPPED)
 
 
 def test_invalid_yaml_names_the_scenario_and_the_line(tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ class ScanRequest:
 
 @dataclass(slots=True)
 class _Acc:
+    since: float  # earliest start of the condition among what it adds up
     memory: int = 0
     processes: int = 0
 
@@ -131,25 +132,27 @@ def find_orphans(
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
     pods = _pods(snapshot, attribution, state)
-    stuck = _stuck_streaks(rows, snapshot, state)
+    stuck = _stuck_streaks(rows, snapshot, state, now)
     missing = _missing_since(rows, pods, state, now)
 
-    found: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
+    found: dict[tuple[str, str], _Acc] = {}
     for row in rows:
-        kind = _kind(row, stuck, missing, pods, now, policy)
-        if kind is not None:
-            acc = found[(row.uuid, kind)]
+        judged = _kind(row, stuck, missing, pods, now, policy)
+        if judged is not None:
+            kind, since = judged
+            acc = found.setdefault((row.uuid, kind), _Acc(since))
+            acc.since = min(acc.since, since)
             acc.memory += row.used_memory_bytes or 0
             acc.processes += 1
 
     streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)
-    for uuid, (cycles, _, excess) in streaks.items():
+    for uuid, (cycles, since, excess) in streaks.items():
         if cycles >= policy.unattributed_cycles:
-            found[(uuid, KIND_UNATTRIBUTED)] = _Acc(memory=excess)
+            found[(uuid, KIND_UNATTRIBUTED)] = _Acc(since, memory=excess)
 
+    # A condition dates from when it was first observed, confirmation windows (cycles,
+    # grace) included, so an alert's "for 10m" measures the condition itself.
     started = {(uuid, kind): since for uuid, kind, since in state.first_seen}
-    for (uuid, kind), since in _unattributed_since(streaks).items():
-        started.setdefault((uuid, kind), since)
     orphans = tuple(
         sorted(
             (
@@ -159,7 +162,7 @@ def find_orphans(
                     kind=kind,
                     memory_bytes=acc.memory,
                     processes=acc.processes,
-                    first_seen=started.get((uuid, kind), now),
+                    first_seen=started.get((uuid, kind), acc.since),
                 )
                 for (uuid, kind), acc in found.items()
             ),
@@ -172,7 +175,7 @@ def find_orphans(
         unattributed=tuple(
             (uuid, cycles, since) for uuid, (cycles, since, _) in sorted(streaks.items())
         ),
-        stuck=tuple(sorted(stuck.items())),
+        stuck=tuple((pid, cycles, since) for pid, (cycles, since) in sorted(stuck.items())),
         pod_missing_since=tuple(sorted(missing.items())),
         pod_names=tuple(sorted((uid, ns, name) for uid, (ns, name) in pods.names.items())),
         holder_scan=state.holder_scan if flagged_unattributed else None,
@@ -189,34 +192,42 @@ def find_orphans(
 
 def _kind(
     row: AttributedProcess,
-    stuck: Mapping[int, int],
+    stuck: Mapping[int, tuple[int, float]],
     missing: Mapping[str, float],
     pods: _Pods,
     now: float,
     policy: OrphanPolicy,
-) -> str | None:
-    """The one kind a listed process counts in, if any.
+) -> tuple[str, float] | None:
+    """The one kind a listed process counts in, if any, and since when it has applied.
 
     A process stuck long enough outranks its deleted pod (killing it will not work);
     one only briefly in D stays in its deleted-pod series, whose age must not reset.
     """
     if row.owner == OWNER_DEAD:
-        return KIND_DEAD_PROCESS
-    if stuck.get(row.pid, 0) >= policy.stuck_cycles:
-        return KIND_STUCK_PROCESS
-    if row.pod_uid is not None and _pod_deleted(row.pod_uid, missing, pods, now, policy):
-        return KIND_DELETED_POD
+        return KIND_DEAD_PROCESS, now
+    cycles, since = stuck.get(row.pid, (0, now))
+    if cycles >= policy.stuck_cycles:
+        return KIND_STUCK_PROCESS, since
+    if row.pod_uid is not None:
+        gone_since = _pod_gone_since(row.pod_uid, missing, pods)
+        if gone_since is not None and now - gone_since >= policy.deleted_pod_grace_s:
+            return KIND_DELETED_POD, gone_since
     return None
 
 
 def _stuck_streaks(
-    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState
-) -> dict[int, int]:
-    """Consecutive cycles each live listed pid has been seen in D or Z."""
-    previous = dict(state.stuck)
+    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState, now: float
+) -> dict[int, tuple[int, float]]:
+    """(consecutive cycles, since when) each live listed pid has been in D or Z."""
+    previous = {pid: (cycles, since) for pid, cycles, since in state.stuck}
     states = {p.pid: p.state for p in snapshot.processes if p.alive}
     listed = {row.pid for row in rows if row.owner != OWNER_DEAD}
-    return {pid: previous.get(pid, 0) + 1 for pid in listed if states.get(pid) in STUCK_STATES}
+    streaks: dict[int, tuple[int, float]] = {}
+    for pid in listed:
+        if states.get(pid) in STUCK_STATES:
+            cycles, since = previous.get(pid, (0, now))
+            streaks[pid] = (cycles + 1, since)
+    return streaks
 
 
 def _pods(snapshot: NodeSnapshot, attribution: Attribution, state: OrphanState) -> _Pods:
@@ -281,18 +292,16 @@ def _missing_since(
     }
 
 
-def _pod_deleted(
-    uid: str, missing: Mapping[str, float], pods: _Pods, now: float, policy: OrphanPolicy
-) -> bool:
-    """A terminating pod counts from its deletion timestamp, which the API sets to the
+def _pod_gone_since(uid: str, missing: Mapping[str, float], pods: _Pods) -> float | None:
+    """Since when a pod should have been gone; None while it should not.
+
+    A terminating pod counts from its deletion timestamp, which the API sets to the
     request time plus the pod's own grace period; a vanished one from when we saw it go.
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
     if meta is not None:
-        deadline = meta.deletion_timestamp
-        return deadline is not None and now - deadline >= policy.deleted_pod_grace_s
-    since = missing.get(uid)
-    return since is not None and now - since >= policy.deleted_pod_grace_s
+        return meta.deletion_timestamp
+    return missing.get(uid)
 
 
 # ---------------------------------------------------------------------------
@@ -334,14 +343,6 @@ def _unattributed_streaks(
         cycles, since = previous.get(gpu.uuid, (0, now))
         streaks[gpu.uuid] = (cycles + 1, since, excess)
     return streaks
-
-
-def _unattributed_since(
-    streaks: Mapping[str, tuple[int, float, int]],
-) -> dict[tuple[str, str], float]:
-    """Unattributed memory dates from the first cycle above the threshold, not from
-    when the hysteresis confirmed it."""
-    return {(uuid, KIND_UNATTRIBUTED): since for uuid, (_, since, _) in streaks.items()}
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,14 @@ from exporter.analysis.capacity import node_capacity
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
 from exporter.analysis.xid import XidLedger, bus_id_map
-from exporter.model import Analysis, IdleAllocation, NodeSnapshot, XidEvent
+from exporter.model import (
+    Analysis,
+    DcgmSnapshot,
+    GpuSample,
+    IdleAllocation,
+    NodeSnapshot,
+    XidEvent,
+)
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,14 @@ def analyse(
     policy: Policy,
 ) -> tuple[Analysis, CarriedState]:
     now = snapshot.timestamp
-    gpus = snapshot.nvml.gpus
+    gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
+    snapshot = replace(snapshot, nvml=replace(snapshot.nvml, gpus=gpus))
     attribution = attribute(snapshot)
     xids = state.xids.record(xid_events, now, bus_id_map(gpus))
     health = assess(
         gpus,
         recent_fatal_xids=xids.recent_fatal(now - policy.health.xid_window_s),
-        dcgm_failures={},
+        dcgm_failures=dcgm_failures(snapshot.dcgm),
         policy=policy.health,
     )
     capacity = node_capacity(gpus, health, snapshot.pod_resources, attribution.allocations)
@@ -75,3 +83,25 @@ def analyse(
         xid_counts=tuple(xids.counts.items()),
     )
     return analysis, replace(state, xids=xids, idle=idle, last_timestamp=now)
+
+
+def prefer_dcgm(gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None) -> tuple[GpuSample, ...]:
+    """Where DCGM profiles a GPU, its occupancy replaces GPM's (joined by UUID)."""
+    if dcgm is None or not dcgm.ok or not dcgm.occupancy:
+        return gpus
+    by_uuid = dict(dcgm.occupancy)
+    return tuple(
+        replace(g, occupancy=by_uuid[g.uuid]) if g.uuid in by_uuid and not g.error else g
+        for g in gpus
+    )
+
+
+def dcgm_failures(dcgm: DcgmSnapshot | None) -> dict[str, list[str]]:
+    """GPU UUID -> DCGM health systems that report failure."""
+    out: dict[str, list[str]] = {}
+    if dcgm is None or not dcgm.ok:
+        return out
+    for incident in dcgm.incidents:
+        if incident.health == "fail" and incident.gpu_uuid:
+            out.setdefault(incident.gpu_uuid, []).append(incident.system)
+    return out

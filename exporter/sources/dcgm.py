@@ -172,6 +172,7 @@ class DcgmSource:
         self._bindings: _Bindings | None = None
         self._conn: _Connection | None = None
         self._error: str | None = None
+        self._ever_connected = False
         self._lock = threading.Lock()  # DCGM connection set-up/tear-down is not thread safe
 
     # -- state ------------------------------------------------------------------------
@@ -224,6 +225,7 @@ class DcgmSource:
             return False
         self._backoff.reset()
         self._error = None
+        self._ever_connected = True
         log.info(
             "DCGM connected via %s: %d GPU(s)%s",
             self._conn.where,
@@ -233,10 +235,20 @@ class DcgmSource:
         return True
 
     def _failed(self, error: str) -> None:
+        """Log each distinct failure once; repeats go to debug. Under ``auto``, DCGM
+        missing from a node is normal (GPM is used), so that is said at info level."""
         delay = self._backoff.next_delay()
         self._retry_at = self._clock() + delay
+        repeated = error == self._error
         self._error = error
-        log.warning("DCGM unavailable (%s); retrying in %.0f s", error, delay)
+        never_connected = self._bindings is None or self._conn is None
+        if repeated:
+            level = logging.DEBUG
+        elif self.mode.kind == "auto" and never_connected and not self._ever_connected:
+            level = logging.INFO
+        else:
+            level = logging.WARNING
+        log.log(level, "DCGM unavailable (%s); retrying in %.0f s", error, delay)
 
     # -- one cycle --------------------------------------------------------------------
 

@@ -125,6 +125,10 @@ def _enter(fn: str, dcgm_handle: Any = None, **details: Any) -> tuple[dict[str, 
     return state, engine or _Engine(kind="none", address=None)
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 def _new_handle(engine: _Engine) -> c_void_p:
     with _lock:
         handle = next(_ids)
@@ -181,12 +185,12 @@ def dcgmStopEmbedded(dcgm_handle: Any) -> int:
 
 @ensure_byte_strings()
 def dcgmConnect_v3(
-    connection_string: bytes,
+    connection_string: bytes | str,  # bytes once ensure_byte_strings ran
     connectParams: Any,
     version: int = dcgm_structs.c_dcgmConnectV3Params_version,
 ) -> c_void_p:
     connectParams.version = version
-    target = connection_string.decode("utf-8")
+    target = _text(connection_string)
     state, _ = _enter("dcgmConnect_v3", target=target, timeoutMs=int(connectParams.timeoutMs))
     scheme, _, address = target.partition("://")
     if scheme != "tcp" or not address:
@@ -250,8 +254,8 @@ def dcgmGetDeviceAttributes(
 
 
 @ensure_byte_strings()
-def dcgmGroupCreate(dcgm_handle: Any, type: int, groupName: bytes) -> c_void_p:
-    state, engine = _enter("dcgmGroupCreate", dcgm_handle, groupName=groupName.decode())
+def dcgmGroupCreate(dcgm_handle: Any, type: int, groupName: bytes | str | None) -> c_void_p:
+    state, engine = _enter("dcgmGroupCreate", dcgm_handle, groupName=_text(groupName or b""))
     group_id = next(_ids)
     if type == dcgm_structs.DCGM_GROUP_DEFAULT:
         engine.groups[group_id] = [int(g["id"]) for g in _gpus(state)]
@@ -295,7 +299,9 @@ def dcgmGroupGetInfo(
 
 
 @ensure_byte_strings()
-def dcgmFieldGroupCreate(dcgm_handle: Any, fieldIds: list[int], fieldGroupName: bytes) -> c_void_p:
+def dcgmFieldGroupCreate(
+    dcgm_handle: Any, fieldIds: list[int], fieldGroupName: bytes | str
+) -> c_void_p:
     _, engine = _enter("dcgmFieldGroupCreate", dcgm_handle, fieldIds=list(fieldIds))
     if not fieldIds:
         dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_BADPARAM)
