@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import cProfile
 import gc
 import http.client
+import io
 import json
 import logging
 import math
+import multiprocessing
 import os
 import platform
 import pstats
@@ -34,16 +37,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from array import array
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar, cast, overload
 from unittest import mock
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -54,7 +57,7 @@ from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import MetricsCache  # noqa: E402
 from exporter.sim.environment import SimEnvironment  # noqa: E402
 from exporter.sim.node import ManualClock  # noqa: E402
-from exporter.sim.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
+from exporter.sim.scenario import Scenario, SimEvent, load_scenario  # noqa: E402
 from exporter.sources.kube import PodWatcher  # noqa: E402
 
 SCENARIO = "node-8gpu"
@@ -71,6 +74,7 @@ SCRAPE_VARIANTS: dict[str, dict[str, str]] = {
     "openmetrics": {"Accept": "application/openmetrics-text; version=1.0.0"},
 }
 POD_RESOURCES_EVERY = 10  # cycles between PodResources refreshes (the default 10 s at 1 s)
+EXPIRE_HISTORY_EVERY = 1000  # cycles between API history compactions (watch relists)
 WORKER_LIFETIME_S = 20  # churn: each extra worker process lives this long
 JOB_PERIOD_S = 60  # churn: a short-lived pod is created this often ...
 JOB_LIFETIME_S = 45  # ... and deleted after this long (its process exits 5 s before)
@@ -150,10 +154,10 @@ class ErrorCounter(logging.Handler):
 class ExporterProcess:
     """``python -m exporter --simulate node-8gpu`` on a free port."""
 
-    def __init__(self, *, kube_api: bool) -> None:
+    def __init__(self, *, kube_api: bool, stderr: IO[bytes]) -> None:
         self.kube_api = kube_api
         self.port = free_port()
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = stderr
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -203,24 +207,27 @@ class ExporterProcess:
             time.sleep(0.1)
         raise RuntimeError(f"exporter not ready with sources {want} after {timeout_s} s")
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop the exporter; returns what it logged (warnings and worse)."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._stderr.close()
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace").splitlines()
 
 
 @contextmanager
-def exporter_process(*, kube_api: bool) -> Iterator[ExporterProcess]:
-    exporter = ExporterProcess(kube_api=kube_api)
-    try:
-        exporter.wait_ready()
-        yield exporter
-    finally:
-        exporter.stop()
+def exporter_process(*, kube_api: bool, log: list[str]) -> Iterator[ExporterProcess]:
+    with tempfile.TemporaryFile() as stderr:
+        exporter = ExporterProcess(kube_api=kube_api, stderr=stderr)
+        try:
+            exporter.wait_ready()
+            yield exporter
+        finally:
+            log.extend(exporter.stop())
 
 
 def scrape_latencies(
@@ -259,19 +266,21 @@ def scrape_latencies(
 def measure_scrapes_and_process_rss(plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
     scrapes: dict[str, Any] = {}
     process_rss: dict[str, Any] = {}
-    with exporter_process(kube_api=True) as exporter:
+    log: list[str] = []
+    with exporter_process(kube_api=True, log=log) as exporter:
         time.sleep(plan.settle_s)
         process_rss["kube_api_on"] = rss_mib(exporter.proc.pid)
         for name, headers in SCRAPE_VARIANTS.items():
             count = plan.scrapes if name == "text" else plan.variant_scrapes
             scrapes[name] = scrape_latencies(exporter.port, headers, count, plan.scrape_spacing_s)
         process_rss["kube_api_on_after_scrapes"] = rss_mib(exporter.proc.pid)
-    with exporter_process(kube_api=False) as exporter:
+    with exporter_process(kube_api=False, log=log) as exporter:
         time.sleep(plan.settle_s)
         process_rss["kube_api_off"] = rss_mib(exporter.proc.pid)
     process_rss["kube_api_cost"] = (
         process_rss["kube_api_on"]["rss"] - process_rss["kube_api_off"]["rss"]
     )
+    process_rss["exporter_stderr"] = log[-20:]
     return scrapes, process_rss
 
 
@@ -385,71 +394,119 @@ async def profile_cycles(plan: Plan, top: int = 30) -> str:
                 profiler.enable()
                 await sim.agent.cycle()
                 profiler.disable()
-    out = tempfile.SpooledTemporaryFile(mode="w+")
-    stats = pstats.Stats(profiler, stream=out)  # type: ignore[arg-type]
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
-    out.seek(0)
-    return str(out.read())
+    return out.getvalue()
 
 
-def churn_scenario(seconds: int) -> Scenario:
-    """node-8gpu plus a timeline that keeps pids and pods coming and going.
+class ChurnTimeline(Sequence[SimEvent]):
+    """node-8gpu's own timeline plus churn, with each second's events made on demand.
 
     Every second a worker process starts in one of the pods on a whole or time-sliced
     GPU and exits ``WORKER_LIFETIME_S`` later (so ~20 extra pids live at any time, each
     pid used once). Every ``JOB_PERIOD_S`` a pod ``churn/job-N`` is created with a
-    time-sliced GPU replica, runs one process, and is deleted: the kube watch, the
-    PodResources answer and the pod label sets churn too.
+    time-sliced GPU replica, runs one process, and is deleted, so the kube watch, the
+    PodResources answer and the pod label sets churn too. Made lazily because a list of
+    the ~20,000 events would itself add ~15 MiB to the RSS being measured; the simulated
+    node only asks for ``len()`` and ``timeline[i]``, in order.
     """
-    text = resources.files("exporter.sim").joinpath(f"scenarios/{SCENARIO}.yaml").read_text()
-    data = yaml.safe_load(text)
-    hosts = [
-        (f"{pod['namespace']}/{pod['name']}", container["name"], container["processes"][0]["gpu"])
-        for pod in data["pods"]
-        for container in pod["containers"]
-        if container.get("processes")
-        and all("mig" not in p for p in container["processes"])  # `start` has no MIG slot
-    ]
-    timeline: list[dict[str, Any]] = data.setdefault("timeline", [])
-    for t in range(1, seconds + 1):
-        pod, container, gpu = hosts[t % len(hosts)]
-        pid = 300_000 + t
-        worker = {"pid": pid, "gpu": gpu, "memory": "256MiB", "sm": 1, "comm": "churn_worker"}
-        timeline.append({"at": t, "start": {**worker, "pod": pod, "container": container}})
-        timeline.append({"at": t + WORKER_LIFETIME_S, "exit": pid})
-    for k, t in enumerate(range(30, seconds, JOB_PERIOD_S)):
-        pod, pid = f"churn/job-{k}", 900_000 + k
-        devices = {"nvidia.com/gpu.shared": ["gpu2::3"]}
-        add = {"pod": pod, "containers": [{"name": "main", "devices": devices}]}
-        job = {"pid": pid, "gpu": 2, "memory": "2GiB", "sm": 10, "comm": "python3"}
-        timeline.append({"at": t, "add_pod": add})
-        timeline.append({"at": t + 1, "start": {**job, "pod": pod, "container": "main"}})
-        timeline.append({"at": t + JOB_LIFETIME_S - 5, "exit": pid})
-        timeline.append({"at": t + JOB_LIFETIME_S, "delete_pod": pod})
-    return parse_scenario(data, f"{SCENARIO}-churn")
+
+    def __init__(
+        self, base: Sequence[SimEvent], hosts: list[tuple[str, str, int]], seconds: int
+    ) -> None:
+        self._base: dict[int, list[SimEvent]] = {}
+        for event in base:
+            self._base.setdefault(math.floor(event.at), []).append(event)
+        self._hosts = hosts
+        self._seconds = seconds
+        self._first = array("l")  # index of each second's first event
+        total = 0
+        for second in range(seconds + JOB_PERIOD_S + 1):
+            self._first.append(total)
+            total += len(self._events_at(second))
+        self._len = total
+        self._cached: tuple[int, list[SimEvent]] = (-1, [])
+
+    def _events_at(self, second: int) -> list[SimEvent]:
+        events = list(self._base.get(second, ()))
+        if 1 <= second <= self._seconds:
+            pod, container, gpu = self._hosts[second % len(self._hosts)]
+            worker = {"pid": 300_000 + second, "gpu": gpu, "memory": "256MiB", "sm": 1}
+            start = {**worker, "comm": "churn_worker", "pod": pod, "container": container}
+            events.append(SimEvent(second, "start", start))
+        if 1 <= second - WORKER_LIFETIME_S <= self._seconds:
+            events.append(SimEvent(second, "exit", {"value": 300_000 + second - WORKER_LIFETIME_S}))
+        job, at = divmod(second - JOB_PERIOD_S // 2, JOB_PERIOD_S)  # `at` s into job N
+        if job >= 0 and second - at < self._seconds:
+            pod, pid = f"churn/job-{job}", 900_000 + job
+            if at == 0:
+                devices = {"nvidia.com/gpu.shared": ["gpu2::3"]}
+                add = {"pod": pod, "containers": [{"name": "main", "devices": devices}]}
+                events.append(SimEvent(second, "add_pod", add))
+            elif at == 1:
+                job_proc = {"pid": pid, "gpu": 2, "memory": "2GiB", "sm": 10, "comm": "python3"}
+                start = {**job_proc, "pod": pod, "container": "main"}
+                events.append(SimEvent(second, "start", start))
+            elif at == JOB_LIFETIME_S - 5:
+                events.append(SimEvent(second, "exit", {"value": pid}))
+            elif at == JOB_LIFETIME_S:
+                events.append(SimEvent(second, "delete_pod", {"value": pod}))
+        return sorted(events, key=lambda e: e.at)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> SimEvent: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SimEvent]: ...
+    def __getitem__(self, index: int | slice) -> SimEvent | Sequence[SimEvent]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._len))]
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        second = bisect.bisect_right(self._first, index) - 1
+        if self._cached[0] != second:
+            self._cached = (second, self._events_at(second))
+        return self._cached[1][index - self._first[second]]
+
+
+def churn_scenario(seconds: int) -> Scenario:
+    """node-8gpu with ``ChurnTimeline`` as its timeline."""
+    scenario = load_scenario(SCENARIO)
+    hosts = sorted(
+        {
+            (p.pod, p.container, p.gpu)
+            for p in scenario.processes
+            if p.pod and p.container and p.mig is None  # `start` has no MIG slot
+        }
+    )
+    timeline = ChurnTimeline(scenario.timeline, hosts, seconds)
+    # Scenario.timeline is declared a list; the simulator only indexes it.
+    return replace(scenario, name=f"{SCENARIO}-churn", timeline=cast("list[SimEvent]", timeline))
 
 
 async def measure_memory(plan: Plan) -> dict[str, Any]:
     async with simulated_agent(churn_scenario(plan.memory_cycles)) as sim:
+        assert sim.env.kube_api is not None
         gc.collect()
-        samples = [
-            {"cycle": 0, **rss_mib(), "gc_objects": len(gc.get_objects()), "processes": 0}
-        ]
+        samples = [{"cycle": 0, **rss_mib(), "gc_objects": len(gc.get_objects())}]
         max_processes = churn_pod_cycles = 0
         for cycle in range(1, plan.memory_cycles + 1):
             await sim.step()
             if cycle % POD_RESOURCES_EVERY == 0:
                 await sim.agent.refresh_pod_resources()
+            if cycle % EXPIRE_HISTORY_EVERY == 0:
+                # Bounds the API stand-in's event history (simulator memory, not the
+                # exporter's) and makes the pod watch relist, as after a compaction.
+                sim.env.kube_api.expire_history()
             assert sim.agent.latest is not None and sim.agent.cache.text is not None
-            processes = len(sim.agent.latest.node.processes)
-            max_processes = max(max_processes, processes)
+            max_processes = max(max_processes, len(sim.agent.latest.node.processes))
             churn_pod_cycles += b'namespace="churn"' in sim.agent.cache.text.body
             if cycle % plan.rss_every == 0:
-                gc_objects = len(gc.get_objects())
-                samples.append(
-                    {"cycle": cycle, **rss_mib(), "gc_objects": gc_objects, "processes": processes}
-                )
+                samples.append({"cycle": cycle, **rss_mib(), "gc_objects": len(gc.get_objects())})
     tail = [s for s in samples if s["cycle"] >= plan.slope_from]
     slope = statistics.linear_regression([s["cycle"] for s in tail], [s["rss"] for s in tail])
     return {
@@ -459,10 +516,34 @@ async def measure_memory(plan: Plan) -> dict[str, Any]:
         "peak_rss": samples[-1]["peak"],
         "slope_mib_per_1000_cycles": slope.slope * 1000,
         "slope_from_cycle": plan.slope_from,
+        "pids_started": plan.memory_cycles + plan.memory_cycles // JOB_PERIOD_S,
         "max_processes": max_processes,
         "cycles_with_churn_pod_in_output": churn_pod_cycles,
         "samples": samples,
     }
+
+
+SECTIONS: dict[str, Callable[[Plan], Coroutine[Any, Any, Any]]] = {
+    "cycle": measure_cycles,
+    "memory": measure_memory,
+    "profile": profile_cycles,
+}
+
+
+def run_section(name: str, plan: Plan) -> Any:
+    """Runs in a fresh process, so RSS and CPU figures carry nothing from other sections."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    errors = ErrorCounter()
+    logging.getLogger().addHandler(errors)
+    result = asyncio.run(SECTIONS[name](plan))
+    if isinstance(result, dict):
+        result["errors_logged"] = errors.count
+    return result
+
+
+def in_fresh_process(name: str, plan: Plan) -> Any:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_section, name, plan).result()
 
 
 # -- report ----------------------------------------------------------------------------
@@ -507,7 +588,10 @@ class Row:
     verdict: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.verdict = "—" if self.target is None else "pass" if self.value <= self.target else "FAIL"
+        if self.target is None:
+            self.verdict = "—"
+        else:
+            self.verdict = "pass" if self.value <= self.target else "FAIL"
 
     def cells(self) -> tuple[str, str, str, str]:
         target = "—" if self.target is None else f"≤ {self.target:g} {self.unit}"
@@ -540,8 +624,14 @@ def rows(results: dict[str, Any]) -> list[Row]:
         )
     )
     process = results["process_rss"]
-    out.append(Row("RSS, exporter process, kube API on", process["kube_api_on"]["rss"], "MiB",
-                   TARGET_RSS_MIB))
+    out.append(
+        Row(
+            "RSS, exporter process, kube API on",
+            process["kube_api_on"]["rss"],
+            "MiB",
+            TARGET_RSS_MIB,
+        )
+    )
     out.append(Row("RSS, exporter process, --kube-api off", process["kube_api_off"]["rss"], "MiB"))
     out.append(Row("RSS cost of the kube API watch", process["kube_api_cost"], "MiB"))
     return out
@@ -585,17 +675,13 @@ def markdown(results: dict[str, Any], rows_: list[Row]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a fast smoke run (~30 s)")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (under a minute)")
     parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of the sample cycle"
     )
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    errors = ErrorCounter()
-    logging.getLogger().addHandler(errors)
-
     started = time.monotonic()
     now = datetime.now(UTC)
     results: dict[str, Any] = {
@@ -605,27 +691,30 @@ def main() -> int:
         "plan": asdict(plan),
         "machine": machine(),
     }
-    print(f"[1/3] scrape latency and process RSS ({mode})", flush=True)
+    print(f"[1/3] scrape latency and exporter process RSS ({mode} run)", flush=True)
     results["scrape"], results["process_rss"] = measure_scrapes_and_process_rss(plan)
-    print("[2/3] sample cycle time", flush=True)
-    results["cycle"] = asyncio.run(measure_cycles(plan))
+    print(f"[2/3] sample cycle time over {plan.cycles} cycles", flush=True)
+    results["cycle"] = in_fresh_process("cycle", plan)
     print(f"[3/3] RSS over {plan.memory_cycles} cycles with pids churning", flush=True)
-    results["memory"] = asyncio.run(measure_memory(plan))
+    results["memory"] = in_fresh_process("memory", plan)
     if args.profile:
-        print(asyncio.run(profile_cycles(plan)))
-    results["errors_logged"] = errors.count
+        print(in_fresh_process("profile", plan))
     results["duration_s"] = time.monotonic() - started
 
     rows_ = rows(results)
     results["verdicts"] = [asdict(r) for r in rows_]
+    memory = results["memory"]
+    errors = results["cycle"]["errors_logged"] + memory["errors_logged"]
     print()
     print(table(rows_))
-    memory = results["memory"]
     print(
-        f"\nchurn: up to {memory['max_processes']} processes per cycle; a churn pod was "
-        f"attributed in {memory['cycles_with_churn_pod_in_output']} cycles; "
-        f"{results['errors_logged']} errors logged; {results['duration_s']:.0f} s"
+        f"\nchurn: {memory['pids_started']} pids started, up to {memory['max_processes']} "
+        f"processes per cycle, a churn pod attributed in "
+        f"{memory['cycles_with_churn_pod_in_output']} cycles; {errors} errors logged; "
+        f"{results['duration_s']:.0f} s in all"
     )
+    for line in results["process_rss"]["exporter_stderr"]:
+        print(f"exporter stderr: {line}")
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     suffix = "-quick" if args.quick else ""
@@ -634,8 +723,7 @@ def main() -> int:
     md_path = RESULTS_DIR / f"latest{suffix}.md"
     md_path.write_text(markdown(results, rows_))
     print(f"wrote {json_path.relative_to(ROOT)} and {md_path.relative_to(ROOT)}")
-    failed = [r.figure for r in rows_ if r.verdict == "FAIL"]
-    return 1 if failed or errors.count else 0
+    return 1 if errors else 0  # a missed target is a finding, not a failure to measure
 
 
 if __name__ == "__main__":

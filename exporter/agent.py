@@ -30,7 +30,14 @@ from prometheus_client.registry import CollectorRegistry
 from exporter import __version__
 from exporter.analysis.health import HealthPolicy
 from exporter.analysis.idle import IdlePolicy
-from exporter.analysis.pipeline import Policy, analyse, initial_state
+from exporter.analysis.orphans import OrphanPolicy
+from exporter.analysis.pipeline import (
+    Policy,
+    analyse,
+    holder_scan_needed,
+    initial_state,
+    with_holder_scan,
+)
 from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
@@ -47,6 +54,7 @@ from exporter.model import (
 )
 from exporter.sources.backoff import Backoff
 from exporter.sources.dcgm import DcgmSource
+from exporter.sources.holders import scan_device_holders
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
@@ -139,6 +147,12 @@ class Agent:
             health=HealthPolicy(
                 xid_window_s=config.health_xid_window_s,
                 retired_pages_limit=config.retired_pages_limit,
+            ),
+            orphans=OrphanPolicy(
+                unattributed_threshold_bytes=config.orphan_threshold_bytes,
+                unattributed_cycles=config.orphan_cycles,
+                stuck_cycles=config.orphan_cycles,
+                deleted_pod_grace_s=config.deleted_pod_grace_s,
             ),
             idle=IdlePolicy(
                 threshold_ratio=config.idle_threshold, max_gap_s=max(60.0, 3 * config.interval_s)
@@ -338,6 +352,17 @@ class Agent:
 
     def _analyse_and_render(self, snapshot: NodeSnapshot, started: float) -> None:
         analysis, self.state = analyse(snapshot, self.state, self._take_xids(), self.policy)
+        request = holder_scan_needed(analysis, self.state, self.policy)
+        if request is not None:  # only when unattributed memory needs a holder, bounded
+            scan = scan_device_holders(
+                self.config.proc_root,
+                request.minors,
+                exclude_pids=request.exclude_pids | {os.getpid()},
+                start_pid=request.start_pid,
+            )
+            if scan.error:
+                self.self_metrics.errors.labels("procfs").inc()
+            analysis, self.state = with_holder_scan(analysis, self.state, scan, request)
         self.collector.set(build_families(analysis, self.options))
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)

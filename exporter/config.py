@@ -48,6 +48,9 @@ class Config:
     health_xid_window_s: float
     retired_pages_limit: int
     idle_threshold: float
+    orphan_threshold_bytes: int
+    orphan_cycles: int
+    deleted_pod_grace_s: float
     kmsg: bool
     kmsg_path: Path
     dcgm: str  # "auto" | "off" | "HOST:PORT"
@@ -194,6 +197,27 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         metavar="RATIO",
     )
     add(
+        "--orphan-threshold",
+        "MiB of device memory no listed process accounts for before "
+        "it is reported as orphaned ('unattributed').",
+        default="256",
+        metavar="MIB",
+    )
+    add(
+        "--orphan-cycles",
+        "Consecutive cycles unaccounted memory (or a process stuck in "
+        "state D/Z) must persist before it is reported.",
+        default="3",
+        metavar="N",
+    )
+    add(
+        "--deleted-pod-grace",
+        "Seconds after a pod's deletion deadline before its live "
+        "processes count as orphaned ('deleted_pod').",
+        default="60",
+        metavar="SECONDS",
+    )
+    add(
         "--kmsg",
         "Also read 'NVRM: Xid' lines from the kernel log, so XIDs raised while the "
         "exporter was down are counted.",
@@ -239,6 +263,16 @@ def _positive_float(text: str, flag: str, minimum: float, unit: str = " seconds"
     return value
 
 
+def _whole(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a whole number") from None
+    if value < 1:
+        raise ConfigError(f"{flag}: must be at least 1, got {value}")
+    return value
+
+
 def parse_listen(
     text: str, flag: str = "--listen", example: str = "0.0.0.0:9445"
 ) -> tuple[str, int]:
@@ -276,15 +310,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         parse_dcgm_mode(dcgm)
     except ValueError as exc:
         raise ConfigError(f"{exc} (e.g. localhost:5555)") from None
-    try:
-        retired_limit = int(args.retired_pages_limit)
-    except ValueError:
-        raise ConfigError(
-            f"--retired-pages-limit: {args.retired_pages_limit!r} is not a whole number"
-        ) from None
-    if retired_limit < 1:
-        raise ConfigError("--retired-pages-limit: must be at least 1")
+    retired_limit = _whole(args.retired_pages_limit, "--retired-pages-limit")
     idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
+    orphan_mib = _positive_float(args.orphan_threshold, "--orphan-threshold", 0.0, unit=" MiB")
+    orphan_cycles = _whole(args.orphan_cycles, "--orphan-cycles")
     if idle_threshold > 1:
         raise ConfigError(f"--idle-threshold: {args.idle_threshold} is above 1 (a ratio)")
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
@@ -309,6 +338,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         health_xid_window_s=_positive_float(args.health_xid_window, "--health-xid-window", 1.0),
         retired_pages_limit=retired_limit,
         idle_threshold=idle_threshold,
+        orphan_threshold_bytes=int(orphan_mib * 2**20),
+        orphan_cycles=orphan_cycles,
+        deleted_pod_grace_s=_positive_float(args.deleted_pod_grace, "--deleted-pod-grace", 0.0),
         kmsg=bool(args.kmsg),
         kmsg_path=Path(args.kmsg_path),
         dcgm=dcgm,

@@ -404,6 +404,9 @@ class Analysis:
     idle: tuple[IdleAllocation, ...] = ()
     # ((gpu, uuid, xid, severity), count): cumulative XID counts for gpu_xid_errors_total
     xid_counts: tuple[tuple[tuple[int | None, str | None, int, str], int], ...] = ()
+    orphans: tuple[OrphanedMemory, ...] = ()
+    orphan_holders: tuple[OrphanHolder, ...] = ()
+    driver_held: tuple[tuple[int, str, bool], ...] = ()  # (gpu, uuid, only drivers hold it)
 
 
 # ---------------------------------------------------------------------------
@@ -512,7 +515,8 @@ class DeviceHolder:
 
 @dataclass(frozen=True, slots=True)
 class HolderScan:
-    """One bounded walk of ``<proc-root>/*/fd`` for the given device minors.
+    """One bounded walk of ``<proc-root>/*/fd`` for the given device minors, or several
+    consecutive ones merged (a truncated walk is continued from ``resume_pid``).
 
     Only a ``complete`` scan can prove that nobody holds a device: a truncated walk,
     or fd tables the exporter may not read (no CAP_SYS_PTRACE), may have missed one.
@@ -523,6 +527,7 @@ class HolderScan:
     scanned_pids: int = 0
     unreadable_pids: int = 0  # fd table unreadable (permission): a holder may be missed
     truncated: bool = False  # the time or pid bound was hit
+    resume_pid: int | None = None  # where a truncated walk stopped, to go on from
     duration_s: float = 0.0
     error: str | None = None  # the proc root itself could not be listed
 
@@ -558,6 +563,7 @@ class OrphanState:
     stuck: tuple[tuple[int, int, float], ...] = ()  # (pid, cycles in D or Z, since)
     pod_missing_since: tuple[tuple[str, float], ...] = ()  # (pod uid, first seen gone)
     pod_names: tuple[tuple[str, str, str], ...] = ()  # (pod uid, namespace, name) learned
-    holder_scan: HolderScan | None = None  # last scan, while unattributed memory remains
+    holder_scan: HolderScan | None = None  # the walk shown (last finished, or a first one)
     holder_scan_at: float | None = None
     holder_scan_gpus: tuple[tuple[int, str, int], ...] = ()  # (gpu, uuid, minor) it covered
+    holder_scan_pending: HolderScan | None = None  # a rescan cut short, still going on

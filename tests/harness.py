@@ -82,8 +82,12 @@ class Harness:
         """
         await asyncio.to_thread(self.env.sync)
         due = sum(1 for x in self.env.node.xids if x.at <= self.clock())
-        await _wait_for(lambda: self.agent.xid_listener.events_total >= due
-                        or not self.agent.xid_listener.alive, "XID events to be delivered")
+        await _wait_for(
+            lambda: (
+                self.agent.xid_listener.events_total >= due or not self.agent.xid_listener.alive
+            ),
+            "XID events to be delivered",
+        )
         await self.agent.cycle()
 
     async def advance(self, seconds: float, *, cycle: bool = True) -> None:
@@ -144,8 +148,7 @@ async def simulated_exporter(
         watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig) if kube_api else None
         cache = MetricsCache()
         runner = await start_server(build_app(cache, paths.node_name), "127.0.0.1", 0)
-        wall_start = time.time()
-        agent = Agent(config, cache, pod_meta=watcher, wall_clock=lambda: wall_start + clock())
+        agent = Agent(config, cache, pod_meta=watcher, wall_clock=env.node.wall_time)
         try:
             agent.start_background()
             if watcher is not None:

@@ -556,6 +556,23 @@ def test_container_using_a_gpu_it_was_not_allocated_is_an_isolation_leak() -> No
     ]
 
 
+def test_process_left_behind_by_a_finished_pod_is_not_an_isolation_leak() -> None:
+    # The kubelet released the Succeeded pod's GPU; its lingering process is a matter
+    # for orphan detection, not a container using a GPU it was never given.
+    result = attribute(
+        node(
+            gpu(0, G0, proc(1, GiB)),
+            identities=(ident(1, UID_A, CID_A),),
+            pods=(pod(UID_A, "a", (CID_A, "main"), phase="Succeeded"),),
+            allocations=(alloc("a", "main", G0),),
+        )
+    )
+
+    assert [(p.pod, p.allocated) for p in result.processes] == [("a", None)]
+    assert result.unallocated_use == ()
+    assert result.allocations == ()
+
+
 def test_replica_of_a_gpu_covers_that_gpu() -> None:
     result = attribute(
         node(

@@ -485,9 +485,7 @@ def test_host_processes_are_owner_host_and_the_killed_process_is_owner_dead(
     dead = [p for p in scenario.processes if not p.alive]
     assert host and dead
 
-    by_pid = {
-        labels["pid"]: labels for labels, _ in scrape.find("gpu_process_memory_used_bytes")
-    }
+    by_pid = {labels["pid"]: labels for labels, _ in scrape.find("gpu_process_memory_used_bytes")}
     for proc in host:
         assert (by_pid[str(proc.pid)]["owner"], by_pid[str(proc.pid)]["pod"]) == ("host", "")
     for proc in dead:
@@ -577,7 +575,8 @@ def test_without_kube_api_time_sliced_gpu_processes_are_unknown_as_shared(
     on_shared = [p for p, d in listings(scenario) if d["gpu"] == gpu and p.pod and p.alive]
     assert on_shared
 
-    key = frozen({**device_labels(scenario, 2), "owner": "unknown", "reason": REASON_SHARED_NO_META})
+    shared = {"owner": "unknown", "reason": REASON_SHARED_NO_META}
+    key = frozen({**device_labels(scenario, 2), **shared})
     assert scrape.series("gpu_unattributed_processes")[key] == len(on_shared)
     assert scrape.series("gpu_unattributed_memory_used_bytes")[key] == sum(
         p.memory for p in on_shared
@@ -765,7 +764,8 @@ async def test_deleted_pod_leaves_the_pod_watch_and_its_container_series() -> No
         scenario, with_meta(scenario)
     )
     lingering = pod_processes(scenario, gone)
-    key = frozen({**device_labels(scenario, 2), "owner": "unknown", "reason": REASON_POD_NOT_ON_NODE})
+    orphaned = {"owner": "unknown", "reason": REASON_POD_NOT_ON_NODE}
+    key = frozen({**device_labels(scenario, 2), **orphaned})
     assert scrape.series("gpu_unattributed_memory_used_bytes")[key] == sum(
         p.memory for p in lingering
     )

@@ -32,7 +32,7 @@ async def test_every_emitted_metric_is_documented_and_every_documented_one_is_em
     every metric family served along the way."""
     emitted: dict[str, str] = {}
     async with simulated_exporter("node-8gpu", argv=["--per-process-metrics"]) as h:
-        for step in (5, 60, 60, 60):
+        for step in (5, 60, 30, 30, 30, 30):
             await h.advance(step)
             scrape = await h.scrape()
             emitted.update(scrape.types)

@@ -166,15 +166,31 @@ def test_per_process_sm_samples_come_once_per_driver_window(sim: list[Sim]) -> N
         ProcessUtilization(pid=1001, sm_percent=60, memory_percent=30, timestamp_us=EPOCH_US),
         ProcessUtilization(pid=1003, sm_percent=25, memory_percent=12, timestamp_us=EPOCH_US),
     )
-    # same 100 ms driver window: NVML says NOT_FOUND, which is "no new samples", no error
+    # same 100 ms driver window: NVML says NOT_FOUND, "no new samples"; the previous
+    # samples stand (so per-container SM series don't flap), and it is no error
     again = s.sample_at(0.05)
-    assert again.gpus[0].process_utilization == ()
+    assert again.gpus[0].process_utilization == first
     assert again.errors == ()
     later = s.sample_at(1.0).gpus[0].process_utilization
     assert [(u.pid, u.sm_percent, u.timestamp_us) for u in later] == [
         (1001, 60, EPOCH_US + 1_000_000),
         (1003, 25, EPOCH_US + 1_000_000),
     ]
+
+
+def test_previous_sm_samples_stand_in_for_missing_new_ones_for_ten_seconds_only(
+    sim: list[Sim],
+) -> None:
+    quiet_at_5 = {
+        **RICH,
+        "timeline": [{"at": 5, "set_process": {"pid": pid, "sm": 0}} for pid in (1001, 1003)],
+    }
+    s = start(sim, quiet_at_5)
+    first = s.sample_at(0.0).gpus[0].process_utilization
+    assert len(first) == 2
+    # from t=5 no process runs kernels: the driver has no new samples (NOT_FOUND)
+    assert s.sample_at(6.0).gpus[0].process_utilization == first  # 6 s after the last read
+    assert s.sample_at(10.5).gpus[0].process_utilization == ()  # 10.5 s: too old, dropped
 
 
 def test_timeline_set_of_a_size_field_changes_what_nvml_reports(sim: list[Sim]) -> None:

@@ -86,6 +86,7 @@ class _Context:
     pods: Mapping[str, PodMeta] | None  # by uid; None when pod metadata is unusable
     allocations: Mapping[str, Sequence[Allocation]] | None  # by GPU UUID; None: no data
     sharers: Mapping[_DeviceKey, frozenset[tuple[str, str | None]]]
+    finished: frozenset[tuple[str, str]] = frozenset()  # (namespace, pod) in a terminal phase
 
 
 def attribute(
@@ -95,7 +96,8 @@ def attribute(
 ) -> Attribution:
     """Attribute every NVML process and every PodResources device of one snapshot."""
     gpus = snapshot.nvml.gpus
-    allocations = _allocations(snapshot.pod_resources, snapshot.pod_meta, gpus, terminal_phases)
+    finished = _finished_pods(snapshot.pod_meta, terminal_phases)
+    allocations = _allocations(snapshot.pod_resources, gpus, finished)
     listed = _listed_processes(gpus)
     identities = {identity.pid: identity for identity in snapshot.processes}
     context = _Context(
@@ -103,6 +105,7 @@ def attribute(
         pods=_pods_by_uid(snapshot.pod_meta),
         allocations=None if allocations is None else _by_uuid(allocations),
         sharers=_sharers(listed, identities),
+        finished=finished,
     )
     processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
     return Attribution(
@@ -215,7 +218,7 @@ def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
         pod=owner.pod,
         container=owner.container,
         reason=owner.reason,
-        allocated=_is_allocated(owner, device, context.allocations),
+        allocated=_is_allocated(owner, device, context),
         pod_uid=identity.pod_uid if identity is not None and identity.alive else None,
     )
 
@@ -269,10 +272,14 @@ def _sole_allocated_container(
     return names.pop() if len(names) == 1 else None
 
 
-def _is_allocated(
-    owner: _Owner, device: _Device, allocations: Mapping[str, Sequence[Allocation]] | None
-) -> bool | None:
+def _is_allocated(owner: _Owner, device: _Device, context: _Context) -> bool | None:
+    """None when we cannot tell: no PodResources data, or a pod that already finished
+    (the kubelet released its devices; a process it left behind is an orphan, not a
+    container using a GPU it was never given)."""
+    allocations = context.allocations
     if owner.owner != OWNER_POD or allocations is None or device.mig_unresolved:
+        return None
+    if (owner.namespace, owner.pod) in context.finished:
         return None
     return any(
         (a.namespace, a.pod, a.container) == (owner.namespace, owner.pod, owner.container)
@@ -305,14 +312,12 @@ def _pods_by_uid(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
 
 def _allocations(
     pod_resources: PodResourcesSnapshot | None,
-    pod_meta: PodMetaSnapshot | None,
     gpus: Sequence[GpuSample],
-    terminal_phases: frozenset[str],
+    finished: frozenset[tuple[str, str]],
 ) -> tuple[Allocation, ...] | None:
     """Resolved allocations of running pods; None when PodResources gave no data."""
     if pod_resources is None or not pod_resources.ok:
         return None
-    finished = _finished_pods(pod_meta, terminal_phases)
     found = {
         _allocation(
             entry.namespace, entry.pod, entry.container, entry.resource_name, device_id, gpus

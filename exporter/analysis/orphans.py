@@ -8,8 +8,8 @@ needs a different fix:
 - ``dead_process``: NVML lists a pid that has no ``/proc`` entry (killed, context left);
 - ``stuck_process``: a live pid in state D or Z for ``stuck_cycles`` cycles (a thread
   wedged in the driver; SIGKILL cannot help);
-- ``deleted_pod``: a live pid whose pod the API and the kubelet no longer know, past
-  ``deleted_pod_grace_s``;
+- ``deleted_pod``: a live pid whose pod the API and the kubelet no longer know, or
+  that finished, for ``deleted_pod_grace_s``;
 - ``unattributed``: device memory used beyond what all listed processes account for,
   above ``unattributed_threshold_bytes`` for ``unattributed_cycles`` cycles ("nvidia-smi
   shows no process but memory is full", e.g. a forked child keeping the device open).
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from exporter.analysis.attribution import OWNER_DEAD, OWNER_POD
@@ -71,6 +71,8 @@ class OrphanPolicy:
     unattributed_cycles: int = 3
     deleted_pod_grace_s: float = 60.0
     stuck_cycles: int = 3
+    # A pod in one of these phases has no running containers left, per the kubelet.
+    terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
     def __post_init__(self) -> None:
         if self.unattributed_threshold_bytes < 0:
@@ -87,6 +89,7 @@ class ScanRequest:
 
     gpus: tuple[tuple[int, str, int], ...]  # (gpu index, uuid, minor)
     exclude_pids: frozenset[int]
+    start_pid: int = 0  # > 0: continue a truncated walk from there
 
     @property
     def minors(self) -> tuple[int, ...]:
@@ -111,6 +114,7 @@ class _Pods:
     watch: Mapping[str, PodMeta] | None  # by uid; None: no usable pod watch
     kubelet: frozenset[tuple[str, str]] | None  # (namespace, pod); None: PodResources down
     names: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> ns, name
+    finished: frozenset[str] = frozenset()  # uids of pods in a terminal phase
 
 
 def find_orphans(
@@ -131,7 +135,7 @@ def find_orphans(
         return (), state
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
-    pods = _pods(snapshot, attribution, state)
+    pods = _pods(snapshot, attribution, state, policy.terminal_phases)
     stuck = _stuck_streaks(rows, snapshot, state, now)
     missing = _missing_since(rows, pods, state, now)
 
@@ -181,6 +185,7 @@ def find_orphans(
         holder_scan=state.holder_scan if flagged_unattributed else None,
         holder_scan_at=state.holder_scan_at if flagged_unattributed else None,
         holder_scan_gpus=state.holder_scan_gpus if flagged_unattributed else (),
+        holder_scan_pending=state.holder_scan_pending if flagged_unattributed else None,
     )
     return orphans, next_state
 
@@ -230,17 +235,27 @@ def _stuck_streaks(
     return streaks
 
 
-def _pods(snapshot: NodeSnapshot, attribution: Attribution, state: OrphanState) -> _Pods:
+def _pods(
+    snapshot: NodeSnapshot,
+    attribution: Attribution,
+    state: OrphanState,
+    terminal_phases: frozenset[str],
+) -> _Pods:
     """Pod lookups, with names remembered for the UIDs of live GPU processes.
 
     A name learned while the pod was known (from the watch, or from an exclusive
     allocation without one) is what lets PodResources, which lists names and not UIDs,
-    vouch for a pod after the API forgot it.
+    vouch for a pod after the API forgot it. A finished pod does not count as listed
+    by the kubelet unless a running pod of the same name is there too (a recreation).
     """
     watch = _watch(snapshot.pod_meta)
+    known = list(watch.values()) if watch is not None else []
+    finished = frozenset(m.uid for m in known if m.phase in terminal_phases)
+    running = {(m.namespace, m.name) for m in known if m.uid not in finished}
+    done = {(m.namespace, m.name) for m in known if m.uid in finished} - running
     resources = snapshot.pod_resources
     kubelet = (
-        frozenset((c.namespace, c.pod) for c in resources.containers)
+        frozenset((c.namespace, c.pod) for c in resources.containers) - done
         if resources is not None and resources.ok
         else None
     )
@@ -258,7 +273,7 @@ def _pods(snapshot: NodeSnapshot, attribution: Attribution, state: OrphanState) 
             meta = watch.get(uid)
             if meta is not None:
                 names[uid] = (meta.namespace, meta.name)
-    return _Pods(watch=watch, kubelet=kubelet, names=names)
+    return _Pods(watch=watch, kubelet=kubelet, names=names, finished=finished)
 
 
 def _watch(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
@@ -268,7 +283,8 @@ def _watch(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
 
 
 def _gone(uid: str, pods: _Pods) -> bool:
-    """Neither the API nor the kubelet lists the pod (as far as either can be asked).
+    """The pod has finished, or neither the API nor the kubelet lists it (as far as
+    either can be asked); a terminating pod is judged by its deadline instead.
 
     Without the watch a pod counts as gone only when its name is known and PodResources
     no longer lists it: a UID alone cannot tell a deleted pod from an unallocated one.
@@ -276,7 +292,9 @@ def _gone(uid: str, pods: _Pods) -> bool:
     name = pods.names.get(uid)
     listed_by_kubelet = pods.kubelet is not None and name is not None and name in pods.kubelet
     if pods.watch is not None:
-        return uid not in pods.watch and not listed_by_kubelet
+        if uid in pods.watch:
+            return uid in pods.finished
+        return not listed_by_kubelet
     return pods.kubelet is not None and name is not None and not listed_by_kubelet
 
 
@@ -296,10 +314,11 @@ def _pod_gone_since(uid: str, missing: Mapping[str, float], pods: _Pods) -> floa
     """Since when a pod should have been gone; None while it should not.
 
     A terminating pod counts from its deletion timestamp, which the API sets to the
-    request time plus the pod's own grace period; a vanished one from when we saw it go.
+    request time plus the pod's own grace period; a vanished or finished one from when
+    we first saw it so.
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
-    if meta is not None:
+    if meta is not None and uid not in pods.finished:
         return meta.deletion_timestamp
     return missing.get(uid)
 
@@ -359,8 +378,9 @@ def gpus_needing_scan(
     """UUIDs of the GPUs to scan for holders now; empty on most cycles.
 
     A scan runs only while some GPU has unattributed memory, and then only when one of
-    them is not covered by the last scan or that scan is ``rescan_s`` old. It covers all
-    such GPUs at once: the walk costs the same for one minor as for eight.
+    them is not covered by the last scan, that scan is ``rescan_s`` old, or it was cut
+    short (it is then continued on the next cycles until it has seen every pid). It
+    covers all such GPUs at once: the walk costs the same for one minor as for eight.
     """
     flagged = sorted({o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED})
     if not flagged:
@@ -368,6 +388,7 @@ def gpus_needing_scan(
     covered = {uuid for _, uuid, _ in state.holder_scan_gpus}
     fresh = (
         state.holder_scan is not None
+        and _unfinished(state) is None
         and state.holder_scan_at is not None
         and now - state.holder_scan_at < rescan_s
     )
@@ -376,8 +397,20 @@ def gpus_needing_scan(
     return tuple(flagged)
 
 
-def scan_request(snapshot: NodeSnapshot, uuids: Iterable[str]) -> ScanRequest:
-    """Minors of the GPUs to scan and the pids NVML lists (already accounted for)."""
+def _unfinished(state: OrphanState) -> HolderScan | None:
+    """The walk a continuation extends: a rescan in progress, or a cut-short first scan."""
+    if state.holder_scan_pending is not None:
+        return state.holder_scan_pending
+    scan = state.holder_scan
+    return scan if scan is not None and scan.resume_pid is not None else None
+
+
+def scan_request(
+    snapshot: NodeSnapshot, uuids: Iterable[str], state: OrphanState | None = None
+) -> ScanRequest:
+    """Minors of the GPUs to scan, the pids NVML lists (already accounted for), and
+    where to start: where the last walk stopped if it was cut short for the same GPUs.
+    """
     wanted = set(uuids)
     gpus = tuple(
         (g.index, g.uuid, g.minor_number)
@@ -386,22 +419,51 @@ def scan_request(snapshot: NodeSnapshot, uuids: Iterable[str]) -> ScanRequest:
     )
     listed = {p.pid for g in snapshot.nvml.gpus for p in g.processes}
     listed.update(p.pid for g in snapshot.nvml.gpus for m in g.mig_instances for p in m.processes)
-    return ScanRequest(gpus=gpus, exclude_pids=frozenset(listed))
+    chain = _unfinished(state) if state is not None else None
+    resume = chain.resume_pid if chain is not None else None
+    same = state is not None and state.holder_scan_gpus == gpus
+    return ScanRequest(
+        gpus=gpus,
+        exclude_pids=frozenset(listed),
+        start_pid=resume if resume is not None and same else 0,
+    )
 
 
 def record_scan(
     state: OrphanState, scan: HolderScan, request: ScanRequest, *, now: float
 ) -> OrphanState:
-    """The state with this scan as the latest, for naming holders and rescan timing."""
-    return OrphanState(
-        first_seen=state.first_seen,
-        unattributed=state.unattributed,
-        stuck=state.stuck,
-        pod_missing_since=state.pod_missing_since,
-        pod_names=state.pod_names,
+    """The state with this scan recorded, for naming holders and rescan timing.
+
+    A continuation is merged into the walk it continues: holders of both (the newer
+    entry wins for a pid seen twice), complete only once the whole range was seen.
+    While a rescan of the same GPUs is still cut short, the last finished walk stays
+    the one shown, so verdicts do not blink out every ``rescan_s`` on a large node.
+    """
+    chain = _unfinished(state)
+    if request.start_pid > 0 and chain is not None:
+        holders = {h.pid: h for h in (*chain.holders, *scan.holders)}
+        scan = replace(
+            scan,
+            holders=tuple(holders[pid] for pid in sorted(holders)),
+            scanned_pids=chain.scanned_pids + scan.scanned_pids,
+            unreadable_pids=chain.unreadable_pids + scan.unreadable_pids,
+            duration_s=chain.duration_s + scan.duration_s,
+            error=scan.error or chain.error,
+        )
+    shown = state.holder_scan
+    if (
+        scan.resume_pid is not None
+        and shown is not None
+        and shown.resume_pid is None
+        and state.holder_scan_gpus == request.gpus
+    ):
+        return replace(state, holder_scan_pending=scan)
+    return replace(
+        state,
         holder_scan=scan,
         holder_scan_at=now,
         holder_scan_gpus=request.gpus,
+        holder_scan_pending=None,
     )
 
 

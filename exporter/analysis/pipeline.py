@@ -1,8 +1,10 @@
 """One cycle of analysis, composed (pure): snapshot + carried state -> Analysis + state.
 
 The agent owns the schedule and the state object; this module owns the order:
-attribution -> XID ledger -> health -> capacity -> idle accounting. Nothing here does
-I/O or reads a clock: time comes in as ``snapshot.timestamp``.
+DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle.
+Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
+one I/O step analysis can ask for — the holder scan for orphaned memory — is requested
+by ``holder_scan_needed`` and its result folded in by ``with_holder_scan``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,25 @@ from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
+from exporter.analysis.orphans import (
+    OrphanPolicy,
+    ScanRequest,
+    driver_held,
+    find_orphans,
+    gpus_needing_scan,
+    orphan_holders,
+    record_scan,
+    scan_request,
+)
 from exporter.analysis.xid import XidLedger, bus_id_map
 from exporter.model import (
     Analysis,
     DcgmSnapshot,
     GpuSample,
+    HolderScan,
     IdleAllocation,
     NodeSnapshot,
+    OrphanState,
     XidEvent,
 )
 
@@ -29,6 +43,8 @@ from exporter.model import (
 class Policy:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+    orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
+    holder_rescan_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,7 @@ class CarriedState:
 
     xids: XidLedger
     idle: tuple[IdleAllocation, ...] = ()
+    orphans: OrphanState = field(default_factory=OrphanState)
     last_timestamp: float | None = None
 
 
@@ -57,6 +74,9 @@ def analyse(
     gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
     snapshot = replace(snapshot, nvml=replace(snapshot.nvml, gpus=gpus))
     attribution = attribute(snapshot)
+    orphans, orphan_state = find_orphans(
+        snapshot, attribution, state.orphans, now=now, policy=policy.orphans
+    )
     xids = state.xids.record(xid_events, now, bus_id_map(gpus))
     health = assess(
         gpus,
@@ -81,8 +101,36 @@ def analyse(
         capacity=capacity,
         idle=idle,
         xid_counts=tuple(xids.counts.items()),
+        orphans=orphans,
     )
-    return analysis, replace(state, xids=xids, idle=idle, last_timestamp=now)
+    state = replace(state, xids=xids, idle=idle, orphans=orphan_state, last_timestamp=now)
+    return _with_holders(analysis, state), state
+
+
+def holder_scan_needed(
+    analysis: Analysis, state: CarriedState, policy: Policy
+) -> ScanRequest | None:
+    """Which GPUs' device files to look for, when unattributed memory needs a holder."""
+    uuids = gpus_needing_scan(
+        analysis.orphans, state.orphans, analysis.node.timestamp, rescan_s=policy.holder_rescan_s
+    )
+    return scan_request(analysis.node, uuids, state.orphans) if uuids else None
+
+
+def with_holder_scan(
+    analysis: Analysis, state: CarriedState, scan: HolderScan, request: ScanRequest
+) -> tuple[Analysis, CarriedState]:
+    orphan_state = record_scan(state.orphans, scan, request, now=analysis.node.timestamp)
+    state = replace(state, orphans=orphan_state)
+    return _with_holders(analysis, state), state
+
+
+def _with_holders(analysis: Analysis, state: CarriedState) -> Analysis:
+    return replace(
+        analysis,
+        orphan_holders=orphan_holders(analysis.node, analysis.orphans, state.orphans),
+        driver_held=driver_held(analysis.orphans, state.orphans),
+    )
 
 
 def prefer_dcgm(gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None) -> tuple[GpuSample, ...]:

@@ -100,6 +100,29 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Memory of processes no container owns (host, dead or unknown), with why.",
     ),
     "gpu_unattributed_processes": (GAUGE, "Processes no container owns, with why."),
+    # orphaned memory
+    "gpu_orphaned_memory_bytes": (
+        GAUGE,
+        "GPU memory held by no live, running container process, by kind: "
+        "dead_process, deleted_pod, stuck_process, unattributed (docs/orphans.md).",
+    ),
+    "gpu_orphaned_processes": (GAUGE, "Processes behind orphaned memory, by kind."),
+    "gpu_orphaned_memory_first_seen_timestamp_seconds": (
+        GAUGE,
+        "When this kind of orphaned memory was first seen on the GPU (survives "
+        "scrape gaps; resets when it clears).",
+    ),
+    "gpu_orphaned_holder_info": (
+        GAUGE,
+        "A process holding the device files of a GPU with unattributed memory; "
+        "role is holder or management (daemons that open every GPU).",
+    ),
+    "gpu_orphaned_memory_driver_held": (
+        GAUGE,
+        "1 when a complete scan found no process but management daemons holding "
+        "the GPU's unattributed memory (driver-held: reset the GPU); 0 when a holder "
+        "exists.",
+    ),
     # health and capacity
     "gpu_healthy": (GAUGE, "1 when no 'unhealthy' health reason is active for the GPU."),
     "gpu_health_reason": (
@@ -215,6 +238,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
     _add_attribution(out, analysis, migs, options)
+    _add_orphans(out, analysis)
     _add_health(out, analysis, migs)
     return out.families()
 
@@ -350,6 +374,32 @@ def _add_attribution(
             labels = _process_labels(p, where(p.gpu, p.uuid, p.mig_uuid))
             out.add("gpu_process_memory_used_bytes", labels, p.used_memory_bytes)
             out.add("gpu_process_sm_utilization_ratio", labels, p.sm_ratio)
+
+
+def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
+    for o in analysis.orphans:
+        labels = {**_gpu_labels(o.gpu, o.uuid), "kind": o.kind}
+        out.add("gpu_orphaned_memory_bytes", labels, o.memory_bytes)
+        if o.kind != "unattributed":  # no process to count there, by definition
+            out.add("gpu_orphaned_processes", labels, o.processes)
+        out.add("gpu_orphaned_memory_first_seen_timestamp_seconds", labels, o.first_seen)
+    for h in analysis.orphan_holders:
+        out.add(
+            "gpu_orphaned_holder_info",
+            {
+                "gpu": "" if h.gpu is None else str(h.gpu),
+                "uuid": h.uuid or "",
+                "pid": str(h.pid),
+                "namespace": h.namespace or "",
+                "pod": h.pod or "",
+                "container": h.container or "",
+                "comm": h.comm or "",
+                "role": h.role,
+            },
+            1,
+        )
+    for gpu, uuid, held in analysis.driver_held:
+        out.add("gpu_orphaned_memory_driver_held", _gpu_labels(gpu, uuid), int(held))
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NOT_AVAILABLE_ID = 0xFFFFFFFF
+SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
 # The device simply cannot answer this query: no series, not an error.
 _UNSUPPORTED = (
     pynvml.NVMLError_NotSupported,
@@ -88,6 +89,8 @@ class _Device:
     pci_bus_id: str | None
     minor_number: int | None
     last_utilization_ts: int = 0
+    last_utilization: tuple[ProcessUtilization, ...] = ()
+    last_utilization_at: float = 0.0  # source clock when last_utilization was read
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
     failed: bool = False  # re-open next cycle; the identity still labels the error sample
 
@@ -348,13 +351,20 @@ class NvmlSource:
             return self._query(name, getattr(pynvml, f"{name}_v2"), handle)
 
     def _process_utilization(self, device: _Device) -> tuple[ProcessUtilization, ...]:
-        """Per-process SM samples newer than the last ones seen, averaged per pid."""
+        """Per-process SM samples newer than the last ones seen, averaged per pid.
+
+        NotFound means the driver has no sample newer than the last one we read (two
+        reads within one driver sample period, or a quiet GPU): the previous samples
+        stand for up to ``SAMPLE_REUSE_S``, so the per-container SM series do not flap
+        on short intervals, and then drop out.
+        """
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(
                 device.handle, device.last_utilization_ts
             )
         except pynvml.NVMLError_NotFound:
-            return ()  # no new samples since the last cycle: normal
+            fresh = self._clock() - device.last_utilization_at <= SAMPLE_REUSE_S
+            return device.last_utilization if fresh else ()
         except _UNSUPPORTED:
             return ()
         except _GPU_FAILED:
@@ -366,7 +376,8 @@ class NvmlSource:
         for s in samples:
             per_pid.setdefault(s.pid, []).append(s)
             device.last_utilization_ts = max(device.last_utilization_ts, s.timeStamp)
-        return tuple(
+        device.last_utilization_at = self._clock()
+        device.last_utilization = tuple(
             ProcessUtilization(
                 pid=pid,
                 sm_percent=round(sum(s.smUtil for s in group) / len(group)),
@@ -375,6 +386,7 @@ class NvmlSource:
             )
             for pid, group in sorted(per_pid.items())
         )
+        return device.last_utilization
 
     def _mig_instances(self, device: _Device) -> tuple[MigInstance, ...]:
         count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)

@@ -1,0 +1,1234 @@
+#!/usr/bin/env python3
+"""Generate the Grafana dashboards in this folder from one description.
+
+Generated rather than hand-kept so that every panel gets the same datasource variable,
+label filters, units and layout, and a change to a selector changes it everywhere.
+Edit this file, then run ``python dashboards/generate.py``; ``--check`` exits 1 when the
+committed JSON differs (tests/test_dashboards.py does the same comparison).
+
+Conventions: every panel and query uses the ``${datasource}`` variable (no datasource
+UIDs); filters are regexes so "All" (``.*``) also matches series without the label, which
+keeps the dashboards working where Prometheus adds no ``node`` label (the Helm chart's
+ServiceMonitor relabels ``__meta_kubernetes_pod_node_name`` to ``node``; without it, pick
+the exporter by ``instance``). Whole-GPU series are selected with ``gpu_instance=""``;
+MIG instances with ``gpu_instance!=""`` (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+TAG = "gpu-occupancy-exporter"
+EXPORTER_JOB = ".*gpu-occupancy-exporter.*"  # the chart's Service name, with any release prefix
+DS: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
+
+# Label filters, by the labels a series carries.
+NODE = 'node=~"$node", instance=~"$instance"'
+GPU = f'{NODE}, uuid=~"$gpu"'
+NS = f'{NODE}, namespace=~"$namespace"'
+POD = f'{GPU}, namespace=~"$namespace", pod=~"$pod"'
+WHOLE = 'gpu_instance=""'
+MIG = 'gpu_instance!=""'
+SHARED_DEVICE = 'device_id=~".+::.+"'  # time-sliced replica IDs: GPU-…::N
+CONTAINER_KEYS = "instance, namespace, pod, container, uuid"
+
+GPU_LEGEND = "{{node}} GPU {{gpu}}"
+POD_LEGEND = "{{namespace}}/{{pod}}/{{container}} · GPU {{gpu}}"
+
+Json = dict[str, Any]
+
+
+# --- template variables --------------------------------------------------------------
+
+
+def datasource_variable() -> Json:
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "includeAll": False,
+        "multi": False,
+        "options": [],
+        "refresh": 1,
+        "regex": "",
+        "skipUrlSync": False,
+    }
+
+
+def query_variable(name: str, label: str, query: str, description: str) -> Json:
+    """Multi-select with an "All" that means ``.*`` (matches a missing label too)."""
+    return {
+        "name": name,
+        "label": label,
+        "description": description,
+        "type": "query",
+        "datasource": DS,
+        "definition": query,
+        "query": query,
+        "refresh": 2,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "regex": "",
+        "sort": 1,
+        "hide": 0,
+        "skipUrlSync": False,
+    }
+
+
+CONTAINER_SERIES = (
+    '{__name__=~"gpu_container_allocated|gpu_container_memory_used_bytes'
+    '|gpu_unallocated_use_memory_bytes", ' + NODE
+)
+VARIABLES: dict[str, Json] = {
+    "node": query_variable(
+        "node",
+        "Node",
+        "label_values(gpu_info, node)",
+        "Kubernetes node (the `node` label the Helm chart's ServiceMonitor adds). Empty "
+        "without that relabelling: use Instance.",
+    ),
+    "instance": query_variable(
+        "instance",
+        "Instance",
+        'label_values(gpu_info{node=~"$node"}, instance)',
+        "Exporter scrape target (pod IP:port).",
+    ),
+    "gpu": query_variable(
+        "gpu",
+        "GPU (UUID)",
+        f"label_values(gpu_info{{{NODE}}}, uuid)",
+        "Physical GPU; MIG instances belong to their GPU's UUID.",
+    ),
+    "namespace": query_variable(
+        "namespace",
+        "Namespace",
+        f"label_values({CONTAINER_SERIES}}}, namespace)",
+        "Namespaces with GPU allocations or GPU memory on the selected nodes.",
+    ),
+    "pod": query_variable(
+        "pod",
+        "Pod",
+        f'label_values({CONTAINER_SERIES}, namespace=~"$namespace"}}, pod)',
+        "Pods with GPU allocations or GPU memory.",
+    ),
+}
+
+
+# --- panels --------------------------------------------------------------------------
+
+
+def target(
+    expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False
+) -> Json:
+    return {
+        "datasource": DS,
+        "expr": expr,
+        "legendFormat": legend,
+        "range": not instant,
+        "instant": instant,
+        "format": "table" if table else "time_series",
+    }
+
+
+def _field_config(
+    unit: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    thresholds: list[tuple[float | None, str]] | None = None,
+    mappings: list[Json] | None = None,
+    custom: Json | None = None,
+) -> Json:
+    steps = [{"color": color, "value": value} for value, color in (thresholds or [(None, "green")])]
+    defaults: Json = {
+        "unit": unit,
+        "color": {"mode": "thresholds" if thresholds else "palette-classic"},
+        "thresholds": {"mode": "absolute", "steps": steps},
+        "mappings": mappings or [],
+    }
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    if custom:
+        defaults["custom"] = custom
+    return {"defaults": defaults, "overrides": []}
+
+
+def _panel(
+    kind: str,
+    title: str,
+    description: str,
+    targets: list[Json],
+    field_config: Json,
+    options: Json,
+    w: int,
+    h: int,
+) -> Json:
+    for ref, t in zip("ABCDEFGH", targets, strict=False):
+        t["refId"] = ref
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": field_config,
+        "options": options,
+        "gridPos": {"w": w, "h": h},
+    }
+
+
+LEGEND_TABLE = {
+    "displayMode": "table",
+    "placement": "bottom",
+    "showLegend": True,
+    "calcs": ["mean", "max", "lastNotNull"],
+}
+TOOLTIP = {"mode": "multi", "sort": "desc"}
+REDUCE_LAST = {"calcs": ["lastNotNull"], "fields": "", "values": False}
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: list[Json],
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    ratio: bool = False,
+    stacked: bool = False,
+    bars: bool = False,
+) -> Json:
+    custom = {
+        "drawStyle": "bars" if bars else "line",
+        "lineWidth": 1,
+        "fillOpacity": 20 if stacked or bars else 5,
+        "showPoints": "never",
+        "spanNulls": False,
+        "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+    }
+    fc = _field_config(
+        unit,
+        minimum=0 if ratio or stacked or bars else None,
+        maximum=1 if ratio else None,
+        custom=custom,
+    )
+    return _panel(
+        "timeseries",
+        title,
+        description,
+        targets,
+        fc,
+        {"legend": LEGEND_TABLE, "tooltip": TOOLTIP},
+        w,
+        h,
+    )
+
+
+def stat(
+    title: str,
+    description: str,
+    expr: str,
+    unit: str,
+    *,
+    w: int = 4,
+    h: int = 4,
+    thresholds: list[tuple[float | None, str]] | None = None,
+) -> Json:
+    fc = _field_config(unit, thresholds=thresholds or [(None, "blue")])
+    options = {
+        "reduceOptions": REDUCE_LAST,
+        "colorMode": "value",
+        "graphMode": "area",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "textMode": "auto",
+    }
+    return _panel("stat", title, description, [target(expr)], fc, options, w, h)
+
+
+def bargauge(
+    title: str,
+    description: str,
+    expr: str,
+    legend: str,
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    maximum: float | None = None,
+) -> Json:
+    fc = _field_config(
+        unit,
+        minimum=0,
+        maximum=maximum,
+        thresholds=[(None, "green"), (0.8 * maximum, "orange"), (0.95 * maximum, "red")]
+        if maximum
+        else None,
+    )
+    if maximum is None:
+        fc["defaults"]["color"] = {"mode": "continuous-BlPu"}
+    options = {
+        "displayMode": "gradient",
+        "orientation": "horizontal",
+        "reduceOptions": REDUCE_LAST,
+        "showUnfilled": True,
+        "valueMode": "color",
+        "namePlacement": "auto",
+        "sizing": "auto",
+        "minVizHeight": 16,
+        "minVizWidth": 8,
+        "maxVizHeight": 300,
+    }
+    return _panel(
+        "bargauge", title, description, [target(expr, legend, instant=True)], fc, options, w, h
+    )
+
+
+def table(
+    title: str,
+    description: str,
+    expr: str,
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    hide_value: bool = False,
+    rename: dict[str, str] | None = None,
+    sort_by: str = "Value",
+) -> Json:
+    hidden = {"Time": True, "__name__": True, "job": True}
+    if hide_value:
+        hidden["Value"] = True
+    panel = _panel(
+        "table",
+        title,
+        description,
+        [target(expr, instant=True, table=True)],
+        _field_config(unit),
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+            "sortBy": [] if hide_value else [{"displayName": sort_by, "desc": True}],
+        },
+        w,
+        h,
+    )
+    panel["transformations"] = [
+        {
+            "id": "organize",
+            "options": {"excludeByName": hidden, "indexByName": {}, "renameByName": rename or {}},
+        }
+    ]
+    return panel
+
+
+def state_timeline(
+    title: str,
+    description: str,
+    targets: list[Json],
+    unit: str,
+    mappings: dict[str, tuple[str, str]],
+    *,
+    w: int = 12,
+    h: int = 8,
+) -> Json:
+    """``mappings``: value -> (text, colour)."""
+    fc = _field_config(
+        unit,
+        mappings=[
+            {
+                "type": "value",
+                "options": {
+                    value: {"text": text, "color": color, "index": i}
+                    for i, (value, (text, color)) in enumerate(mappings.items())
+                },
+            }
+        ],
+        custom={"fillOpacity": 80, "lineWidth": 0},
+    )
+    options = {
+        "mergeValues": True,
+        "showValue": "never",
+        "alignValue": "left",
+        "rowHeight": 0.9,
+        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+        "tooltip": TOOLTIP,
+    }
+    return _panel("state-timeline", title, description, targets, fc, options, w, h)
+
+
+HEALTHY_MAP = {"1": ("healthy", "green"), "0": ("unhealthy", "red")}
+UP_MAP = {"1": ("up", "green"), "0": ("down", "red")}
+ACTIVE_MAP = {"1": ("active", "orange"), "0": ("clear", "transparent")}
+
+
+# --- dashboards ----------------------------------------------------------------------
+
+
+def layout(sections: Iterable[tuple[str, list[Json]]]) -> list[Json]:
+    """Rows of panels, filled left to right; assigns ids and grid positions."""
+    panels: list[Json] = []
+    y = 0
+    for title, row_panels in sections:
+        panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "panels": [],
+                "datasource": DS,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            }
+        )
+        y += 1
+        x, line_h = 0, 0
+        for p in row_panels:
+            w, h = p["gridPos"]["w"], p["gridPos"]["h"]
+            if x + w > 24:
+                x, y, line_h = 0, y + line_h, 0
+            p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+            x, line_h = x + w, max(line_h, h)
+            panels.append(p)
+        y += line_h
+    for i, p in enumerate(panels, start=1):
+        p["id"] = i
+    return panels
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    variables: list[str],
+    sections: list[tuple[str, list[Json]]],
+) -> Json:
+    return {
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ],
+        "annotations": {
+            "list": [
+                {
+                    "name": "GPU alerts",
+                    "datasource": DS,
+                    "enable": True,
+                    "hide": False,
+                    "iconColor": "red",
+                    "expr": 'ALERTS{alertstate="firing", alertname=~"GPU.*", '
+                    'node=~"$node", instance=~"$instance"}',
+                    "step": "60s",
+                    "titleFormat": "{{alertname}}",
+                    "textFormat": "{{node}}{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}",
+                    "useValueForTime": False,
+                }
+            ]
+        },
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "id": None,
+        "links": [
+            {
+                "title": "GPU dashboards",
+                "type": "dashboards",
+                "tags": [TAG],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
+                "url": "",
+            }
+        ],
+        "panels": layout(sections),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": [TAG, "gpu", "kubernetes"],
+        "templating": {"list": [datasource_variable()] + [VARIABLES[v] for v in variables]},
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "title": title,
+        "uid": uid,
+        "version": 1,
+        "weekStart": "",
+    }
+
+
+def node_overview() -> Json:
+    util = f"gpu_utilization_ratio{{{GPU}}}"
+    sm = f"gpu_sm_active_ratio{{{GPU}, {WHOLE}}}"
+    return dashboard(
+        "gpu-occupancy-node-overview",
+        "GPU / Node overview",
+        "Per-node GPU view: GPU-Util next to true SM activity, memory, power, "
+        "temperature, health and schedulable capacity.",
+        ["node", "instance", "gpu"],
+        [
+            (
+                "Summary",
+                [
+                    stat(
+                        "GPUs",
+                        "GPUs the selected exporters see.",
+                        f"count(gpu_info{{{GPU}}})",
+                        "short",
+                    ),
+                    stat(
+                        "Unhealthy GPUs",
+                        "GPUs with an active `unhealthy` health reason.",
+                        f"count(gpu_healthy{{{GPU}}} == 0) or vector(0)",
+                        "short",
+                        thresholds=[(None, "green"), (1, "red")],
+                    ),
+                    stat(
+                        "GPU-Util (average)",
+                        "NVML GPU-Util: share of time any kernel ran.",
+                        f"avg({util})",
+                        "percentunit",
+                    ),
+                    stat(
+                        "SM active (average)",
+                        "Share of SMs busy (GPM/DCGM): real work.",
+                        f"avg({sm})",
+                        "percentunit",
+                    ),
+                    stat(
+                        "GPU memory used",
+                        "Used / total over whole GPUs.",
+                        f"sum(gpu_memory_used_bytes{{{GPU}, {WHOLE}}}) / "
+                        f"sum(gpu_memory_total_bytes{{{GPU}, {WHOLE}}})",
+                        "percentunit",
+                        thresholds=[(None, "green"), (0.8, "orange"), (0.95, "red")],
+                    ),
+                    stat(
+                        "Power draw",
+                        "Total power of the selected GPUs.",
+                        f"sum(gpu_power_watts{{{GPU}}})",
+                        "watt",
+                    ),
+                ],
+            ),
+            (
+                "GPU-Util vs SM activity (the 100 % utilisation lie)",
+                [
+                    timeseries(
+                        "GPU-Util (NVML)",
+                        "Share of the sample window in which any kernel was running. "
+                        "One tiny kernel at a time reads 100 %.",
+                        [target(util, GPU_LEGEND)],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "SM active (GPM / DCGM)",
+                        "Share of SMs busy: what the GPU actually did. Absent on GPUs "
+                        "without GPM (before Hopper) unless DCGM provides it.",
+                        [target(sm, GPU_LEGEND)],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "GPU-Util minus SM active",
+                        "How far GPU-Util overstates SM activity. Near 0: honest; near "
+                        "1: busy-looking but idle SMs (alert "
+                        "GPUUtilizationWithoutSMActivity).",
+                        [target(f"gpu:gpu_utilization_minus_sm_active:ratio{{{GPU}}}", GPU_LEGEND)],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "Node average: GPU-Util vs SM active",
+                        "Averages over the node's GPUs (recording rules).",
+                        [
+                            target(
+                                f"node:gpu_utilization_ratio:avg{{{NODE}}}", "{{node}} GPU-Util"
+                            ),
+                            target(f"node:gpu_sm_active_ratio:avg{{{NODE}}}", "{{node}} SM active"),
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "SM occupancy, tensor and DRAM activity",
+                        "Resident warps vs maximum, tensor pipe activity and DRAM "
+                        "bandwidth vs peak (GPM / DCGM).",
+                        [
+                            target(
+                                f"gpu_sm_occupancy_ratio{{{GPU}, {WHOLE}}}",
+                                GPU_LEGEND + " occupancy",
+                            ),
+                            target(
+                                f"gpu_tensor_active_ratio{{{GPU}, {WHOLE}}}", GPU_LEGEND + " tensor"
+                            ),
+                            target(
+                                f"gpu_dram_active_ratio{{{GPU}, {WHOLE}}}", GPU_LEGEND + " DRAM"
+                            ),
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "MIG instances: SM active",
+                        "SM activity per MIG instance (GPU-Util is not reported in MIG mode).",
+                        [
+                            target(
+                                f"gpu_sm_active_ratio{{{GPU}, {MIG}}}",
+                                GPU_LEGEND + " {{mig_profile}} GI {{gpu_instance}}",
+                            )
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Memory",
+                [
+                    timeseries(
+                        "Memory used",
+                        "Excluding driver-reserved memory (NVML memory info v2).",
+                        [target(f"gpu_memory_used_bytes{{{GPU}, {WHOLE}}}", GPU_LEGEND)],
+                        "bytes",
+                    ),
+                    bargauge(
+                        "Memory used / total",
+                        "Now, per GPU.",
+                        f"gpu_memory_used_bytes{{{GPU}, {WHOLE}}} / "
+                        f"gpu_memory_total_bytes{{{GPU}, {WHOLE}}}",
+                        GPU_LEGEND,
+                        "percentunit",
+                        maximum=1,
+                    ),
+                    timeseries(
+                        "MIG instances: memory used",
+                        "Per MIG instance.",
+                        [
+                            target(
+                                f"gpu_memory_used_bytes{{{GPU}, {MIG}}}",
+                                GPU_LEGEND + " {{mig_profile}} GI {{gpu_instance}}",
+                            )
+                        ],
+                        "bytes",
+                    ),
+                    timeseries(
+                        "Memory controller busy (NVML)",
+                        "Share of the window in which device memory was read or written.",
+                        [target(f"gpu_memory_utilization_ratio{{{GPU}}}", GPU_LEGEND)],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Power, temperature, clocks",
+                [
+                    timeseries(
+                        "Power draw and limit",
+                        "Draw (solid) and enforced limit.",
+                        [
+                            target(f"gpu_power_watts{{{GPU}}}", GPU_LEGEND),
+                            target(f"gpu_power_limit_watts{{{GPU}}}", GPU_LEGEND + " limit"),
+                        ],
+                        "watt",
+                    ),
+                    timeseries(
+                        "Temperature",
+                        "GPU die temperature.",
+                        [target(f"gpu_temperature_celsius{{{GPU}}}", GPU_LEGEND)],
+                        "celsius",
+                    ),
+                    timeseries(
+                        "SM clock",
+                        "Drops under load point at thermal or power slowdown.",
+                        [target(f"gpu_sm_clock_hertz{{{GPU}}}", GPU_LEGEND)],
+                        "hertz",
+                    ),
+                    state_timeline(
+                        "Clock-event reasons holding clocks down",
+                        "Throttle reasons other than idle and settings "
+                        "(hw_* = slowdown: alert GPUThermalOrPowerSlowdown).",
+                        [
+                            target(
+                                f'gpu_clock_event_active{{{GPU}, reason!~"gpu_idle|'
+                                f'applications_clocks_setting|display_clock_setting"}}',
+                                GPU_LEGEND + " {{reason}}",
+                            )
+                        ],
+                        "bool_on_off",
+                        ACTIVE_MAP,
+                    ),
+                ],
+            ),
+            (
+                "Health and node capacity",
+                [
+                    state_timeline(
+                        "GPU health verdict",
+                        "gpu_healthy per GPU (docs/health.md).",
+                        [target(f"gpu_healthy{{{GPU}}}", GPU_LEGEND)],
+                        "bool_yes_no",
+                        HEALTHY_MAP,
+                    ),
+                    table(
+                        "Active health reasons",
+                        "Reasons behind unhealthy/degraded GPUs.",
+                        f"gpu_health_reason{{{GPU}}} == 1",
+                        "none",
+                        hide_value=True,
+                    ),
+                    timeseries(
+                        "Node devices by state",
+                        "allocatable = healthy advertised - allocated (per extended resource).",
+                        [target(f"gpu_node_devices{{{NODE}}}", "{{node}} {{resource}} {{state}}")],
+                        "short",
+                    ),
+                    bargauge(
+                        "Devices by state now",
+                        "Summed over the selected nodes.",
+                        f"sum by (resource, state) (gpu_node_devices{{{NODE}}})",
+                        "{{resource}} {{state}}",
+                        "short",
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+def _exclusive(metric: str) -> str:
+    return (
+        f'{metric}{{{POD}, mig_uuid=""}} and on ({CONTAINER_KEYS}) '
+        f'gpu_container_allocated{{{POD}, mig_uuid="", device_id!~".+::.+"}}'
+    )
+
+
+def _shared(metric: str) -> str:
+    return (
+        f"{metric}{{{POD}}} and on ({CONTAINER_KEYS}) "
+        f"gpu_container_allocated{{{POD}, {SHARED_DEVICE}}}"
+    )
+
+
+def pods() -> Json:
+    idle = f"gpu_container_idle_allocated_seconds_total{{{POD}}}"
+    return dashboard(
+        "gpu-occupancy-pods",
+        "GPU / Pods",
+        "Who uses the GPUs: per-namespace and per-pod memory and SM share on exclusive, "
+        "time-sliced and MIG GPUs, idle allocations and isolation leaks.",
+        ["node", "instance", "gpu", "namespace", "pod"],
+        [
+            (
+                "Namespaces",
+                [
+                    bargauge(
+                        "GPU memory by namespace",
+                        "Now (recording rule).",
+                        f"sum by (namespace) "
+                        f"(node_namespace:gpu_container_memory_used_bytes:sum{{{NS}}})",
+                        "{{namespace}}",
+                        "bytes",
+                        w=8,
+                    ),
+                    bargauge(
+                        "SM share by namespace",
+                        "Sum of the containers' SM shares: 100 % = one GPU's SMs fully "
+                        "busy. MIG instances are not included (no per-process samples).",
+                        f"sum by (namespace) "
+                        f"(node_namespace:gpu_container_sm_utilization_ratio:sum{{{NS}}})",
+                        "{{namespace}}",
+                        "percentunit",
+                        w=8,
+                    ),
+                    bargauge(
+                        "Idle allocated GPU time (dashboard range)",
+                        "Device time reserved and left idle over the selected range "
+                        "(1 hour = one idle GPU-hour).",
+                        f"sum by (namespace) (increase({idle}[$__range]))",
+                        "{{namespace}}",
+                        "s",
+                        w=8,
+                    ),
+                    timeseries(
+                        "Allocated devices by namespace",
+                        "Devices the kubelet allocated, by extended resource.",
+                        [
+                            target(
+                                f"sum by (namespace, resource) "
+                                f"(node_namespace:gpu_container_allocated:sum{{{NS}}})",
+                                "{{namespace}} {{resource}}",
+                            )
+                        ],
+                        "short",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Idle allocated devices by namespace",
+                        "Allocated devices idle (5-minute average, recording rule).",
+                        [
+                            target(
+                                f"sum by (namespace) (node_namespace:"
+                                f"gpu_container_idle_allocated_seconds:rate5m{{{NS}}})",
+                                "{{namespace}}",
+                            )
+                        ],
+                        "short",
+                        stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "Exclusive GPUs (one container per GPU)",
+                [
+                    timeseries(
+                        "Memory per container",
+                        "Containers allocated a whole GPU.",
+                        [target(_exclusive("gpu_container_memory_used_bytes"), POD_LEGEND)],
+                        "bytes",
+                    ),
+                    timeseries(
+                        "SM share per container",
+                        "From NVML per-process samples (sum over the container's processes).",
+                        [target(_exclusive("gpu_container_sm_utilization_ratio"), POD_LEGEND)],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Time-sliced GPUs (shared, no isolation)",
+                [
+                    timeseries(
+                        "Memory per container on shared GPUs",
+                        "Containers allocated a time-sliced replica (GPU-…::N). "
+                        "Nothing stops one from taking all the memory.",
+                        [target(_shared("gpu_container_memory_used_bytes"), POD_LEGEND)],
+                        "bytes",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "SM share per container on shared GPUs",
+                        "Each container's share of the GPU's SM time.",
+                        [target(_shared("gpu_container_sm_utilization_ratio"), POD_LEGEND)],
+                        "percentunit",
+                        stacked=True,
+                    ),
+                    bargauge(
+                        "Pods on each GPU",
+                        "Pods with memory on the GPU now.",
+                        f"count by (node, gpu, uuid) (count by (node, gpu, uuid, namespace,"
+                        f' pod) (gpu_container_memory_used_bytes{{{GPU}, mig_uuid=""}}))',
+                        GPU_LEGEND,
+                        "short",
+                    ),
+                    table(
+                        "Who shares with whom",
+                        "Containers on GPUs used by more than one container, with their memory.",
+                        f'gpu_container_memory_used_bytes{{{POD}, mig_uuid=""}} and on '
+                        f"(instance, uuid) (count by (instance, uuid) "
+                        f'(gpu_container_memory_used_bytes{{{GPU}, mig_uuid=""}}) > 1)',
+                        "bytes",
+                        rename={"Value": "memory"},
+                        sort_by="memory",
+                    ),
+                ],
+            ),
+            (
+                "MIG instances (hardware partitions)",
+                [
+                    timeseries(
+                        "Memory per container on MIG instances",
+                        "Per MIG instance.",
+                        [
+                            target(
+                                f'gpu_container_memory_used_bytes{{{POD}, mig_uuid!=""}}',
+                                POD_LEGEND + " {{mig_profile}}",
+                            )
+                        ],
+                        "bytes",
+                    ),
+                    timeseries(
+                        "SM active of each pod's MIG instance",
+                        "The instance's SM activity (GPM), named after the pod it is allocated to.",
+                        [
+                            target(
+                                f"gpu_sm_active_ratio{{{GPU}, {MIG}}} * on (instance, "
+                                f"mig_uuid) group_left (namespace, pod, container) max by "
+                                f"(instance, mig_uuid, namespace, pod, container) "
+                                f'(gpu_container_allocated{{{POD}, mig_uuid!=""}})',
+                                POD_LEGEND + " {{mig_profile}}",
+                            )
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Idle allocations",
+                [
+                    table(
+                        "Idle share of allocated devices (last hour)",
+                        "Share of the last hour each allocated device stayed below the idle "
+                        "threshold (alert GPUAllocatedButIdle above 90 % for an hour).",
+                        f"rate({idle}[1h])",
+                        "percentunit",
+                        rename={"Value": "idle share"},
+                        sort_by="idle share",
+                    ),
+                    timeseries(
+                        "Allocated devices idle now",
+                        "Per pod.",
+                        [
+                            target(
+                                f"sum by (namespace, pod) (gpu_container_allocated_idle{{{POD}}})",
+                                "{{namespace}}/{{pod}}",
+                            )
+                        ],
+                        "short",
+                        stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "Isolation leaks",
+                [
+                    stat(
+                        "Containers using GPUs not allocated to them",
+                        "e.g. NVIDIA_VISIBLE_DEVICES=all or a privileged pod (alert "
+                        "GPUIsolationLeak).",
+                        f"count(gpu_unallocated_use_memory_bytes{{{POD}}} > 0) or vector(0)",
+                        "short",
+                        w=6,
+                        h=8,
+                        thresholds=[(None, "green"), (1, "red")],
+                    ),
+                    table(
+                        "Memory used on devices not allocated to the container",
+                        "Now.",
+                        f"gpu_unallocated_use_memory_bytes{{{POD}}}",
+                        "bytes",
+                        w=18,
+                        rename={"Value": "memory"},
+                        sort_by="memory",
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+def health_orphans() -> Json:
+    orphans = f"gpu_orphaned_memory_bytes{{{GPU}}}"
+    return dashboard(
+        "gpu-occupancy-health-orphans",
+        "GPU / Health and orphaned memory",
+        "XID errors, health verdicts and reasons, orphaned (zombie) GPU memory with its "
+        "holders, and the exporter's own health.",
+        ["node", "instance", "gpu", "namespace", "pod"],
+        [
+            (
+                "Summary",
+                [
+                    stat(
+                        "Unhealthy GPUs",
+                        "GPUs with an active `unhealthy` reason.",
+                        f"count(gpu_healthy{{{GPU}}} == 0) or vector(0)",
+                        "short",
+                        thresholds=[(None, "green"), (1, "red")],
+                    ),
+                    stat(
+                        "Degraded GPUs",
+                        "GPUs slowed by heat or power.",
+                        f"count(max by (instance, uuid) (gpu_health_reason{{{GPU}, "
+                        f'severity="degraded"}}) == 1) or vector(0)',
+                        "short",
+                        thresholds=[(None, "green"), (1, "orange")],
+                    ),
+                    stat(
+                        "Fatal XIDs (range)",
+                        "Fatal XID errors in the selected range.",
+                        f'sum(increase(gpu_xid_errors_total{{{GPU}, severity="fatal"}}'
+                        f"[$__range])) or vector(0)",
+                        "short",
+                        thresholds=[(None, "green"), (1, "red")],
+                    ),
+                    stat(
+                        "Orphaned GPU memory",
+                        "All kinds, now.",
+                        f"sum({orphans}) or vector(0)",
+                        "bytes",
+                        thresholds=[(None, "green"), (1, "orange")],
+                    ),
+                    stat(
+                        "Orphaned processes",
+                        "Processes holding orphaned memory, now.",
+                        f"sum(gpu_orphaned_processes{{{GPU}}}) or vector(0)",
+                        "short",
+                        thresholds=[(None, "green"), (1, "orange")],
+                    ),
+                    stat(
+                        "Exporters up",
+                        "Share of exporter targets Prometheus can scrape.",
+                        f'avg(up{{job=~"{EXPORTER_JOB}", {NODE}}})',
+                        "percentunit",
+                        thresholds=[(None, "red"), (1, "green")],
+                    ),
+                ],
+            ),
+            (
+                "XID errors",
+                [
+                    timeseries(
+                        "XID errors by code",
+                        "New XIDs per interval, by code and severity class (docs/xid.md).",
+                        [
+                            target(
+                                f"sum by (node, gpu, uuid, xid, severity) (increase("
+                                f"gpu_xid_errors_total{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " XID {{xid}} ({{severity}})",
+                            )
+                        ],
+                        "short",
+                        bars=True,
+                    ),
+                    table(
+                        "XID errors seen",
+                        "Counts since the exporter started (with --kmsg: "
+                        "since the kernel log began).",
+                        f"gpu_xid_errors_total{{{GPU}}}",
+                        "short",
+                        rename={"Value": "errors"},
+                        sort_by="errors",
+                    ),
+                ],
+            ),
+            (
+                "Health",
+                [
+                    state_timeline(
+                        "GPU health verdict",
+                        "gpu_healthy per GPU.",
+                        [target(f"gpu_healthy{{{GPU}}}", GPU_LEGEND)],
+                        "bool_yes_no",
+                        HEALTHY_MAP,
+                    ),
+                    table(
+                        "Active health reasons",
+                        "unhealthy: take out of service; degraded: still schedulable but slower.",
+                        f"gpu_health_reason{{{GPU}}} == 1",
+                        "none",
+                        hide_value=True,
+                    ),
+                    timeseries(
+                        "ECC errors, remapped rows, PCIe replays",
+                        "New per interval.",
+                        [
+                            target(
+                                f"sum by (node, gpu, type) (increase(gpu_ecc_errors_total"
+                                f"{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " ECC {{type}}",
+                            ),
+                            target(
+                                f"sum by (node, gpu, cause) (increase("
+                                f"gpu_remapped_rows_total{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " remapped rows {{cause}}",
+                            ),
+                            target(
+                                f"sum by (node, gpu) (increase(gpu_pcie_replays_total"
+                                f"{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " PCIe replays",
+                            ),
+                        ],
+                        "short",
+                        bars=True,
+                    ),
+                    state_timeline(
+                        "Row remapping pending / failed",
+                        "Pending: reset the GPU. Failed: replace it.",
+                        [
+                            target(f"gpu_row_remap_pending{{{GPU}}}", GPU_LEGEND + " pending"),
+                            target(f"gpu_row_remap_failed{{{GPU}}}", GPU_LEGEND + " failed"),
+                        ],
+                        "bool_yes_no",
+                        ACTIVE_MAP,
+                    ),
+                ],
+            ),
+            (
+                "Orphaned GPU memory",
+                [
+                    timeseries(
+                        "Orphaned memory by kind",
+                        "dead_process, deleted_pod, stuck_process, unattributed.",
+                        [
+                            target(
+                                f"sum by (node, gpu, uuid, kind) ({orphans})",
+                                GPU_LEGEND + " {{kind}}",
+                            )
+                        ],
+                        "bytes",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Orphaned processes by kind",
+                        "Processes per kind.",
+                        [target(f"gpu_orphaned_processes{{{GPU}}}", GPU_LEGEND + " {{kind}}")],
+                        "short",
+                        stacked=True,
+                    ),
+                    table(
+                        "Orphan holders",
+                        "Processes holding orphaned memory: pid, command, and the pod they "
+                        "belonged to. Kill or restart these to free the memory "
+                        "(docs/runbooks.md#gpuorphanedmemory).",
+                        f'gpu_orphaned_holder_info{{{GPU}, namespace=~"$namespace", pod=~"$pod"}}',
+                        "none",
+                        w=16,
+                        hide_value=True,
+                    ),
+                    table(
+                        "Orphaned for",
+                        "Time since the exporter first saw each orphan.",
+                        f"time() - gpu_orphaned_memory_first_seen_timestamp_seconds{{{GPU}}}",
+                        "s",
+                        w=8,
+                        rename={"Value": "orphaned for"},
+                        sort_by="orphaned for",
+                    ),
+                    timeseries(
+                        "Memory of processes no container owns",
+                        "owner host / dead / unknown, with the reason.",
+                        [
+                            target(
+                                f"gpu_unattributed_memory_used_bytes{{{GPU}}}",
+                                GPU_LEGEND + " {{owner}} {{reason}}",
+                            )
+                        ],
+                        "bytes",
+                        w=24,
+                    ),
+                ],
+            ),
+            (
+                "Exporter",
+                [
+                    state_timeline(
+                        "Sources up",
+                        "nvml, procfs, podresources, kube, xid, dcgm.",
+                        [target(f"gpu_exporter_source_up{{{NODE}}}", "{{node}} {{source}}")],
+                        "bool_on_off",
+                        UP_MAP,
+                    ),
+                    timeseries(
+                        "Seconds since the last sample",
+                        "Alert GPUExporterSamplesStale above 60 s.",
+                        [
+                            target(
+                                f"time() - gpu_exporter_last_sample_timestamp_seconds{{{NODE}}}",
+                                "{{node}}",
+                            )
+                        ],
+                        "s",
+                    ),
+                    timeseries(
+                        "Sample cycle duration (p99)",
+                        "Sources and analysis per cycle.",
+                        [
+                            target(
+                                f"histogram_quantile(0.99, sum by (le, node, instance) "
+                                f"(rate(gpu_exporter_sample_duration_seconds_bucket"
+                                f"{{{NODE}}}[$__rate_interval])))",
+                                "{{node}}",
+                            )
+                        ],
+                        "s",
+                    ),
+                    timeseries(
+                        "Exporter errors",
+                        "Failed queries and refreshes per second.",
+                        [
+                            target(
+                                f"sum by (node, source) (rate(gpu_exporter_errors_total"
+                                f"{{{NODE}}}[$__rate_interval]))",
+                                "{{node}} {{source}}",
+                            )
+                        ],
+                        "cps",
+                    ),
+                    state_timeline(
+                        "NVML up",
+                        "0: no driver, or libnvidia-ml not mounted.",
+                        [target(f"gpu_exporter_nvml_up{{{NODE}}}", "{{node}}")],
+                        "bool_on_off",
+                        UP_MAP,
+                        w=24,
+                        h=5,
+                    ),
+                ],
+            ),
+        ],
+    )
+
+
+def build_all() -> dict[str, Json]:
+    """File name -> dashboard."""
+    return {
+        "gpu-node-overview.json": node_overview(),
+        "gpu-pods.json": pods(),
+        "gpu-health-orphans.json": health_orphans(),
+    }
+
+
+def render(board: Json) -> str:
+    return json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if a committed dashboard differs from the generated one",
+    )
+    args = parser.parse_args(argv)
+    stale = []
+    for name, board in build_all().items():
+        path = HERE / name
+        text = render(board)
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print(
+            f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""dashboards/: generated, importable Grafana dashboards whose every query parses as PromQL
+(checked by promtool) and reads only metrics the exporter documents or the recording rules
+produce."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_alert_rules import known_metrics, referenced_metrics, run_promtool
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARDS = ROOT / "dashboards"
+DOC = ROOT / "docs" / "dashboards.md"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "state-timeline"}
+# Grafana's own variables, replaced by durations when checking the PromQL.
+BUILTIN_DURATIONS = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h"}
+# Unit a panel must use when all its queries read metrics with this suffix and neither
+# divide nor count (a ratio of bytes is a percentage; a count of anything is a count).
+SUFFIX_UNITS = {
+    "_bytes": {"bytes", "decbytes"},
+    "_ratio": {"percentunit"},
+    "_watts": {"watt"},
+    "_celsius": {"celsius"},
+    "_hertz": {"hertz"},
+}
+
+Json = dict[str, Any]
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dashboard_files() -> list[Path]:
+    return sorted(DASHBOARDS.glob("*.json"))
+
+
+def load(path: Path) -> Json:
+    board: Json = json.loads(path.read_text(encoding="utf-8"))
+    return board
+
+
+def panels(board: Json) -> Iterator[Json]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # collapsed rows keep their panels inside
+
+
+def queries(board: Json) -> Iterator[tuple[str, str]]:
+    """(where, PromQL) for every panel target, annotation and variable query."""
+    for panel in panels(board):
+        for t in panel.get("targets", []):
+            yield f"panel {panel['id']} {panel['title']!r} {t['refId']}", t["expr"]
+    for a in board["annotations"]["list"]:
+        if "expr" in a:
+            yield f"annotation {a['name']!r}", a["expr"]
+    for v in board["templating"]["list"]:
+        if v["type"] == "query":
+            match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"], re.DOTALL)
+            assert match, f"variable {v['name']}: not label_values(selector, label)"
+            yield f"variable {v['name']}", match.group(1)
+
+
+def substitute(expr: str) -> str:
+    """Template variables -> values PromQL accepts: regex filters become `.*`."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return BUILTIN_DURATIONS.get(name, ".*")
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", value, expr)
+
+
+def all_boards() -> list[tuple[str, Json]]:
+    return [(p.name, load(p)) for p in dashboard_files()]
+
+
+BOARDS = all_boards()
+BOARD_IDS = [name for name, _ in BOARDS]
+
+
+def test_the_three_dashboards_exist() -> None:
+    assert BOARD_IDS == ["gpu-health-orphans.json", "gpu-node-overview.json", "gpu-pods.json"]
+
+
+def test_committed_dashboards_match_the_generator() -> None:
+    generator = load_generator()
+    generated = generator.build_all()
+    assert sorted(generated) == BOARD_IDS
+    for name, board in generated.items():
+        committed = (DASHBOARDS / name).read_text(encoding="utf-8")
+        assert committed == generator.render(board), (
+            f"{name} is out of date: run python dashboards/generate.py"
+        )
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_dashboard_is_importable(name: str, board: Json) -> None:
+    assert board["schemaVersion"] >= 39
+    assert board["uid"] and len(board["uid"]) <= 40
+    assert board["title"]
+    assert board.get("id") is None, "an exported id would clash on import"
+    assert "__inputs" not in board, "datasources come from the variable, not import inputs"
+    uids = [b["uid"] for _, b in BOARDS]
+    titles = [b["title"] for _, b in BOARDS]
+    assert len(set(uids)) == len(uids) and len(set(titles)) == len(titles)
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_panel_ids_are_unique(name: str, board: Json) -> None:
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids in {name}"
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_panels_stay_on_the_grid_without_overlapping(name: str, board: Json) -> None:
+    taken: set[tuple[int, int]] = set()
+    for p in panels(board):
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, p["title"]
+        cells = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & taken, f"{p['title']!r} overlaps another panel"
+        taken |= cells
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_everything_uses_the_datasource_variable(name: str, board: Json) -> None:
+    variables = board["templating"]["list"]
+    ds = [v for v in variables if v["type"] == "datasource"]
+    assert [(v["name"], v["query"]) for v in ds] == [("datasource", "prometheus")]
+    for v in variables:
+        if v["type"] == "query":
+            assert v["datasource"] == DS, f"variable {v['name']}"
+    for p in panels(board):
+        assert p.get("datasource") == DS, f"panel {p['title']!r}"
+        for t in p.get("targets", []):
+            assert t.get("datasource") == DS, f"panel {p['title']!r} target {t['refId']}"
+    for a in board["annotations"]["list"]:
+        assert a.get("datasource") == DS, f"annotation {a['name']!r}"
+    # and no datasource UID hidden anywhere else
+    text = json.dumps(board)
+    uids = set(re.findall(r'"uid": "([^"]*)"', text)) - {board["uid"]}
+    assert uids == {"${datasource}"}
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_template_variables_cover_node_instance_and_gpu(name: str, board: Json) -> None:
+    names = [v["name"] for v in board["templating"]["list"]]
+    assert names[:4] == ["datasource", "node", "instance", "gpu"]
+    for v in board["templating"]["list"][1:]:
+        # "All" must also match series without the label (no `node` relabelling)
+        assert v["includeAll"] and v["allValue"] == ".*", v["name"]
+
+
+def test_the_pod_dashboards_filter_by_namespace_and_pod() -> None:
+    for name, board in BOARDS:
+        if name != "gpu-node-overview.json":
+            names = [v["name"] for v in board["templating"]["list"]]
+            assert names[4:] == ["namespace", "pod"], name
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_every_variable_a_query_uses_is_defined(name: str, board: Json) -> None:
+    defined = {v["name"] for v in board["templating"]["list"]} | set(BUILTIN_DURATIONS)
+    for where, expr in queries(board):
+        used = {a or b for a, b in re.findall(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", expr)}
+        assert used <= defined, f"{where}: undefined {sorted(used - defined)}"
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_no_deprecated_panel_types(name: str, board: Json) -> None:
+    types = {p["type"] for p in panels(board)}
+    assert not types & {"graph", "singlestat", "table-old", "grafana-piechart-panel"}
+    assert types <= MODERN_TYPES
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_every_panel_that_shows_data_sets_a_unit(name: str, board: Json) -> None:
+    for p in panels(board):
+        if p["type"] == "row":
+            continue
+        assert p.get("targets"), f"{p['title']!r} has no query"
+        unit = p["fieldConfig"]["defaults"].get("unit")
+        assert unit, f"{p['title']!r} has no unit"
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_units_match_the_metric_suffix(name: str, board: Json) -> None:
+    for p in panels(board):
+        exprs = [t["expr"] for t in p.get("targets", [])]
+        if not exprs or any("/" in e or "count" in e for e in exprs):
+            continue
+        metrics = set().union(*(referenced_metrics(substitute(e)) for e in exprs))
+        bases = {m.split(":")[1] if ":" in m else m for m in metrics}
+        for suffix, units in SUFFIX_UNITS.items():
+            if bases and all(b.endswith(suffix) for b in bases):
+                unit = p["fieldConfig"]["defaults"]["unit"]
+                assert unit in units, f"{p['title']!r}: {suffix} shown as {unit!r}"
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_every_query_reads_documented_or_recorded_metrics(name: str, board: Json) -> None:
+    known = known_metrics()
+    for where, expr in queries(board):
+        metrics = referenced_metrics(substitute(expr))
+        assert metrics, f"{where}: reads no metric"
+        unknown = metrics - known
+        assert not unknown, f"{where}: not in docs/metrics.md nor recorded: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_every_query_parses_as_promql(name: str, board: Json, tmp_path: Path) -> None:
+    """promtool parses each rule's expr: every query becomes a recording rule."""
+    found = list(queries(board))
+    rules = [
+        {"record": f"dashboard_query_{i}", "expr": substitute(expr)}
+        for i, (_, expr) in enumerate(found)
+    ]
+    path = tmp_path / "queries.yaml"
+    path.write_text(
+        yaml.safe_dump({"groups": [{"name": name, "rules": rules}]}, width=1000), encoding="utf-8"
+    )
+    result = run_promtool("check", "rules", str(path))
+    failing = [
+        found[int(i)] for i in sorted(set(re.findall(r"dashboard_query_(\d+)", result.stdout)))
+    ]
+    assert result.returncode == 0, "\n".join(
+        [result.stdout, *(f"{where}: {expr}" for where, expr in failing)]
+    )
+
+
+def test_the_dashboard_doc_describes_every_dashboard() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    for name, board in BOARDS:
+        assert f"dashboards/{name}" in text, name
+        assert board["title"] in text, board["title"]

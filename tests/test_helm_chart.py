@@ -1,0 +1,1067 @@
+"""The Helm chart, rendered and linted by real Helm, against the Kubernetes API schemas.
+
+Helm runs in-process through ``helm-python-sdk`` (Helm's Go SDK as a shared library, no
+``helm`` binary); built-in kinds are validated with ``kubernetes-validate`` (the API's
+OpenAPI schemas, strict: unknown fields fail) for the oldest Kubernetes the chart
+supports and the newest the package knows. The Prometheus Operator kinds have no schema
+there: they are checked against a subset of their CRD schemas written below (the fields
+the chart uses, unknown fields rejected, since the API server would silently prune them).
+"""
+
+from __future__ import annotations
+
+import copy
+import filecmp
+import functools
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from exporter.config import parse_config
+from exporter.exposition.server import MetricsCache, build_app
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "gpu-occupancy-exporter"
+SYNC_SCRIPT = ROOT / "charts" / "sync-files.sh"
+RELEASE, NAMESPACE = "gpu", "gpu-monitoring"
+FULLNAME = "gpu-gpu-occupancy-exporter"
+KUBE_VERSIONS = ("1.25", kubernetes_validate.utils.latest_version())
+DEFAULTS: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+
+# -- value sets: every value in values.yaml is changed by at least one of them ----------
+
+RELABEL_JOB = {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "cluster_ns"}
+DROP_PER_PROCESS = {"sourceLabels": ["__name__"], "regex": "gpu_process_.*", "action": "drop"}
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "monitoring": {
+        "serviceMonitor": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+            "honorLabels": False,
+            "relabelings": [RELABEL_JOB],
+            "metricRelabelings": [DROP_PER_PROCESS],
+        },
+        "podMonitor": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "1m",
+            "scrapeTimeout": "15s",
+            "honorLabels": False,
+            "relabelings": [RELABEL_JOB],
+            "metricRelabelings": [DROP_PER_PROCESS],
+        },
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "dashboards": {
+            "enabled": True,
+            "label": "grafana_dashboard_gpu",
+            "labelValue": "yes",
+            "namespace": "grafana",
+            "annotations": {"grafana_folder": "GPUs"},
+        },
+    },
+    "kube-api-off": {"kubeApi": "off"},
+    "kube-api-off-unquoted-yaml": {"kubeApi": False},
+    "custom-runtime-class": {
+        "nvidia": {
+            "runtimeClassName": "nvidia-cdi",
+            "visibleDevices": "GPU-0,GPU-1",
+            "driverCapabilities": "utility,compute",
+        }
+    },
+    "no-runtime-class": {"nvidia": {"runtimeClassName": ""}},
+    "flags-and-extras": {
+        "image": {
+            "repository": "registry.example/gpu/exporter",
+            "tag": "0.1.0-rc1",
+            "pullPolicy": "Always",
+        },
+        "imagePullSecrets": [{"name": "registry-creds"}],
+        "port": 9500,
+        "interval": 2.5,
+        "podResourcesInterval": 30,
+        "perProcessMetrics": True,
+        "resourceNames": ["nvidia.com/gpu", "nvidia.com/mig-*"],
+        "logLevel": "debug",
+        "logFormat": "text",
+        "dcgm": {"mode": "127.0.0.1:5555", "bindingsPath": "/usr/local/dcgm/bindings/python3"},
+        "extraArgs": ["--idle-threshold=0.1", "--xid-severity=13=fatal"],
+        "extraEnv": [
+            {"name": "GPU_EXPORTER_HEALTH_XID_WINDOW", "value": "7200"},
+            {"name": "TZ", "value": "UTC"},
+        ],
+        "hostProc": {"hostPath": "/host-root/proc", "mountPath": "/hostproc"},
+        "podResources": {"hostPath": "/var/lib/k0s/kubelet/pod-resources"},
+        "gpuNodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+        ],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "other-exporter"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"operator": "Exists"}],
+        "priorityClassName": "",
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "20%"}},
+        "terminationGracePeriodSeconds": 30,
+        "podSecurityContext": {
+            "runAsUser": 65534,
+            "runAsGroup": 65534,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "Localhost", "localhostProfile": "gpu.json"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": True,
+            "readOnlyRootFilesystem": False,
+            "privileged": True,
+            "capabilities": {"drop": ["NET_RAW"]},
+        },
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "160Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": 9500},
+            "initialDelaySeconds": 15,
+            "periodSeconds": 30,
+            "timeoutSeconds": 3,
+            "failureThreshold": 5,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/metrics", "port": 9500},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 6,
+        },
+        "podAnnotations": {"example.com/owner": "gpu-team"},
+        "podLabels": {"team": "gpu"},
+        "extraVolumes": [{"name": "dcgm", "hostPath": {"path": "/usr/local/dcgm"}}],
+        "extraVolumeMounts": [{"name": "dcgm", "mountPath": "/usr/local/dcgm", "readOnly": True}],
+        "service": {
+            "type": "NodePort",
+            "port": 19445,
+            "annotations": {"example.com/scrape": "false"},
+            "labels": {"exposed": "yes"},
+        },
+    },
+    "digest-and-names": {
+        "image": {"digest": "sha256:" + "ab" * 32},
+        "nameOverride": "gpux",
+        "fullnameOverride": "gpu-telemetry",
+    },
+    "network-policy": {
+        "networkPolicy": {
+            "enabled": True,
+            "allowedNamespaces": ["monitoring", "observability"],
+            "allowedPodLabels": {"app.kubernetes.io/name": "prometheus"},
+            "extraFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+        }
+    },
+    "network-policy-closed": {
+        "networkPolicy": {"enabled": True, "allowedNamespaces": [], "allowedPodLabels": {}}
+    },
+    "kmsg": {"kmsg": {"enabled": True}},
+    "holder-scan-ptrace": {"holderScan": {"sysPtrace": True}},
+    "kmsg-unprivileged": {"kmsg": {"enabled": True, "privileged": False}},
+    "existing-service-account": {
+        "serviceAccount": {"create": False, "name": "gpu-reader"},
+        "rbac": {"create": False},
+    },
+    "annotated-service-account": {
+        "serviceAccount": {"name": "gpu-exporter", "annotations": {"example.com/role": "r"}}
+    },
+    "pod-monitor-without-service": {"service": {"enabled": False}, "podMonitor": {"enabled": True}},
+    "on-delete-updates": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}},
+}
+
+# -- minimal Prometheus Operator schemas (monitoring.coreos.com/v1, the fields we use) ---
+
+DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+    r"(([0-9]+)ms)?)$",
+}
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "replacement": {"type": "string"},
+        "action": {
+            "enum": [
+                *("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep"),
+                *("lowercase", "uppercase", "keepequal", "dropequal"),
+                *("Replace", "Keep", "Drop", "HashMod", "LabelMap", "LabelDrop", "LabelKeep"),
+                *("Lowercase", "Uppercase", "KeepEqual", "DropEqual"),
+            ]
+        },
+    },
+}
+SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"matchLabels": STRING_MAP, "matchExpressions": {"type": "array"}},
+}
+NAMESPACE_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "any": {"type": "boolean"},
+        "matchNames": {"type": "array", "items": {"type": "string"}},
+    },
+}
+ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["port"],
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "interval": DURATION,
+        "scrapeTimeout": DURATION,
+        "honorLabels": {"type": "boolean"},
+        "relabelings": {"type": "array", "items": RELABEL},
+        "metricRelabelings": {"type": "array", "items": RELABEL},
+    },
+}
+METADATA = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string"}, "labels": STRING_MAP},
+}
+
+
+def _crd(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"type": "string"},
+            "metadata": METADATA,
+            "spec": spec,
+        },
+    }
+
+
+RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["expr"],
+    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+    "properties": {
+        "alert": {"type": "string"},
+        "record": {"type": "string"},
+        "expr": {"type": ["string", "integer"]},
+        "for": DURATION,
+        "keep_firing_for": DURATION,
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+    },
+}
+CRD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ServiceMonitor": _crd(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "selector": SELECTOR,
+                "namespaceSelector": NAMESPACE_SELECTOR,
+                "endpoints": {"type": "array", "minItems": 1, "items": ENDPOINT},
+            },
+        }
+    ),
+    "PodMonitor": _crd(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "podMetricsEndpoints"],
+            "properties": {
+                "selector": SELECTOR,
+                "namespaceSelector": NAMESPACE_SELECTOR,
+                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": ENDPOINT},
+            },
+        }
+    ),
+    "PrometheusRule": _crd(
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "rules"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": DURATION,
+                            "query_offset": DURATION,
+                            "limit": {"type": "integer"},
+                            "labels": STRING_MAP,
+                            "rules": {"type": "array", "items": RULE},
+                        },
+                    },
+                }
+            },
+        }
+    ),
+}
+
+# -- sample alert and dashboard files, for a chart whose files/ content is known --------
+
+SAMPLE_RULES = {
+    "a-sample.rules.yaml": """\
+groups:
+  - name: sample.alerts
+    rules:
+      - alert: SampleGPUDown
+        expr: gpu_up == 0
+        for: 5m
+        labels:
+          severity: critical
+        annotations:
+          summary: GPU {{ $labels.gpu }} on {{ with $labels.node }}{{ . }}{{ end }} is down
+""",
+    "b-sample.recording.yaml": """\
+groups:
+  - name: sample.recording
+    interval: 1m
+    rules:
+      - record: node:gpu_utilization_ratio:avg
+        expr: avg by (node, instance) (gpu_utilization_ratio)
+""",
+}
+SAMPLE_DASHBOARDS = {
+    "gpu_overview.json": json.dumps(
+        {"title": "GPU {{ overview }}", "panels": [{"expr": 'sum(gpu_up{node="$node"})'}]},
+        indent=2,
+    )
+    + "\n",
+    "Pods.json": '{"title": "Pods"}',
+}
+
+
+def _chart_copy(tmp: Path, rules: dict[str, str], dashboards: dict[str, str]) -> Path:
+    chart = tmp / "gpu-occupancy-exporter"
+    shutil.copytree(CHART, chart)
+    for sub, files in (("alerts", rules), ("dashboards", dashboards)):
+        target = chart / "files" / sub
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for name, text in files.items():
+            (target / name).write_text(text)
+    return chart
+
+
+@pytest.fixture(scope="session")
+def sample_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart with the sample alert rules and dashboards in place of the repo's."""
+    return _chart_copy(tmp_path_factory.mktemp("sample"), SAMPLE_RULES, SAMPLE_DASHBOARDS)
+
+
+# -- rendering --------------------------------------------------------------------------
+
+
+@functools.cache
+def _loaded(path: Path) -> helm.Chart:
+    return helm.Chart.load(path)
+
+
+@functools.cache
+def _render_cached(path: Path, values_json: str) -> tuple[tuple[str, str], ...]:
+    manifests = _loaded(path).render(
+        json.loads(values_json), name=RELEASE, namespace=NAMESPACE, is_install=True
+    )
+    return tuple(sorted(manifests.items()))
+
+
+def render(values: dict[str, Any], chart: Path = CHART) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` would print it."""
+    return dict(_render_cached(chart, json.dumps(values, sort_keys=True)))
+
+
+def objects(values: dict[str, Any], chart: Path = CHART) -> list[dict[str, Any]]:
+    """Every rendered Kubernetes object (NOTES.txt left out)."""
+    found = []
+    for path, text in render(values, chart).items():
+        if path.endswith("NOTES.txt"):
+            continue
+        found.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return found
+
+
+def by_kind(values: dict[str, Any], kind: str, chart: Path = CHART) -> list[dict[str, Any]]:
+    return [o for o in objects(values, chart) if o["kind"] == kind]
+
+
+def one(values: dict[str, Any], kind: str, chart: Path = CHART) -> dict[str, Any]:
+    found = by_kind(values, kind, chart)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def pod_spec(values: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(values, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(values: dict[str, Any]) -> dict[str, Any]:
+    containers = pod_spec(values)["containers"]
+    assert len(containers) == 1
+    result: dict[str, Any] = containers[0]
+    return result
+
+
+def env_of(values: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(values)["env"]}
+
+
+def rule_groups(directory: Path) -> list[dict[str, Any]]:
+    """Groups of every rule file in the directory, in Helm's (sorted) file order."""
+    groups: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.yaml")):
+        groups.extend(yaml.safe_load(path.read_text())["groups"])
+    return groups
+
+
+ALL_SETS = pytest.mark.parametrize("name", sorted(VALUE_SETS))
+
+# -- lint, render, validate ------------------------------------------------------------
+
+
+def test_helm_sdk_is_helm_v4_and_loads_the_chart() -> None:
+    assert helm.helm_sdk_version().startswith("v4.")
+    chart = _loaded(CHART)
+    assert chart.name == "gpu-occupancy-exporter"
+    assert chart.values == DEFAULTS
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    metadata = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert metadata["appVersion"] == pyproject["project"]["version"]
+    assert one({}, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"gpu-occupancy-exporter:{pyproject['project']['version']}"
+    )
+
+
+@ALL_SETS
+def test_chart_lints_without_warnings(name: str) -> None:
+    report = helm.lint(CHART, VALUE_SETS[name], strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@ALL_SETS
+@pytest.mark.parametrize("which", ["repo-files", "sample-files"])
+def test_every_rendered_object_is_valid_for_the_kubernetes_api(
+    name: str, which: str, sample_chart: Path
+) -> None:
+    chart = CHART if which == "repo-files" else sample_chart
+    rendered = objects(VALUE_SETS[name], chart)
+    assert rendered
+    for obj in rendered:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in CRD_SCHEMAS:
+            jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{where} is invalid for Kubernetes {version}: {path}: {exc.message}")
+        if obj["kind"] != "ClusterRole" and obj["kind"] != "ClusterRoleBinding":
+            assert obj["metadata"]["namespace"] in (NAMESPACE, "grafana"), where
+
+
+def test_crd_subset_schemas_reject_unknown_fields() -> None:
+    monitor = copy.deepcopy(one(VALUE_SETS["monitoring"], "ServiceMonitor"))
+    monitor["spec"]["endpoints"][0]["scrapeInterval"] = "30s"  # not a field: pruned silently
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, CRD_SCHEMAS["ServiceMonitor"])
+
+
+@ALL_SETS
+def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
+    values = VALUE_SETS[name]
+    env = {k: v for k, v in env_of(values).items() if isinstance(v, str)}
+    env["NODE_NAME"] = "gpu-node-1"  # the downward API's spec.nodeName
+    config = parse_config(container(values)["args"], env)
+    merged = _loaded(CHART).merge_values(values)
+    assert config.node_name == "gpu-node-1"
+    assert config.listen_host == "" and config.listen_port == merged["port"]
+    assert config.interval_s == merged["interval"]
+    assert config.pod_resources_interval_s == merged["podResourcesInterval"]
+    assert str(config.proc_root) == merged["hostProc"]["mountPath"]
+    assert config.kube_api == ("off" if merged["kubeApi"] in ("off", False) else "auto")
+    assert config.per_process_metrics is merged["perProcessMetrics"]
+    assert config.log_format == merged["logFormat"] and config.log_level == merged["logLevel"]
+    assert config.kmsg is merged["kmsg"]["enabled"]
+    mounts = {m["mountPath"] for m in container(values)["volumeMounts"]}
+    assert str(config.pod_resources_socket.parent) in mounts
+    if merged["resourceNames"]:
+        assert list(config.resource_names) == merged["resourceNames"]
+
+
+def test_extra_args_come_last_and_extra_env_is_passed() -> None:
+    values = VALUE_SETS["flags-and-extras"]
+    args = container(values)["args"]
+    assert args[-2:] == values["extraArgs"]
+    env = env_of(values)
+    assert env["GPU_EXPORTER_HEALTH_XID_WINDOW"] == "7200" and env["TZ"] == "UTC"
+    config = parse_config(args, {"NODE_NAME": "n", "GPU_EXPORTER_HEALTH_XID_WINDOW": "7200"})
+    assert config.idle_threshold == 0.1 and config.health_xid_window_s == 7200
+    assert config.dcgm == "127.0.0.1:5555"
+    assert config.dcgm_bindings_path == "/usr/local/dcgm/bindings/python3"
+
+
+# -- host access, security, probes --------------------------------------------------------
+
+
+def test_daemonset_shares_the_host_pid_namespace() -> None:
+    for name, values in VALUE_SETS.items():
+        assert pod_spec(values)["hostPID"] is True, name
+
+
+def test_host_proc_and_pod_resources_are_mounted_read_only() -> None:
+    spec, main = pod_spec({}), container({})
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in main["volumeMounts"]}
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}
+    assert "--proc-root=/host/proc" in main["args"]
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in main["args"]
+
+
+@ALL_SETS
+def test_every_host_path_is_mounted_read_only(name: str) -> None:
+    values = VALUE_SETS[name]
+    host_volumes = {v["name"] for v in pod_spec(values)["volumes"] if "hostPath" in v}
+    for mount in container(values)["volumeMounts"]:
+        if mount["name"] in host_volumes:
+            assert mount.get("readOnly") is True, f"{name}: {mount['mountPath']} is writable"
+
+
+def test_default_security_context_is_hardened() -> None:
+    spec, main = pod_spec({}), container({})
+    assert main["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # root only for the root-owned pod-resources socket and NVML's device nodes
+    assert spec["securityContext"]["runAsUser"] == 0
+    assert spec["enableServiceLinks"] is False
+
+
+def test_run_as_user_is_configurable() -> None:
+    context = pod_spec(VALUE_SETS["flags-and-extras"])["securityContext"]
+    assert context["runAsUser"] == 65534 and context["runAsNonRoot"] is True
+
+
+def test_kmsg_mounts_the_kernel_log_with_cap_syslog_in_a_privileged_container() -> None:
+    main = container(VALUE_SETS["kmsg"])
+    assert {"--kmsg", "--kmsg-path=/dev/kmsg"} <= set(main["args"])
+    context = main["securityContext"]
+    assert context["privileged"] is True
+    assert "allowPrivilegeEscalation" not in context  # the API rejects it with privileged
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    volumes = {v["name"]: v for v in pod_spec(VALUE_SETS["kmsg"])["volumes"]}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+
+
+def test_holder_scan_can_read_fd_tables_with_cap_sys_ptrace_only() -> None:
+    context = container(VALUE_SETS["holder-scan-ptrace"])["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+    both = {"holderScan": {"sysPtrace": True}, "kmsg": {"enabled": True, "privileged": False}}
+    assert container(both)["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "SYSLOG"]
+
+
+def test_kmsg_unprivileged_keeps_the_hardening() -> None:
+    context = container(VALUE_SETS["kmsg-unprivileged"])["securityContext"]
+    assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["add"] == ["SYSLOG"]
+    assert "--kmsg" not in container({})["args"]
+
+
+def test_probes_use_the_exporters_health_endpoints_on_the_metrics_port() -> None:
+    main = container({})
+    (port,) = main["ports"]
+    assert port == {"name": "metrics", "containerPort": 9445, "protocol": "TCP"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    routes = {r.resource.canonical for r in build_app(MetricsCache(), "n").router.routes()}
+    assert {"/healthz", "/readyz", "/metrics"} <= routes
+
+
+def test_resources_cover_the_benchmarked_memory() -> None:
+    """Requests at least the measured RSS (benchmarks/results), limits 2x above it."""
+    results = ROOT / "benchmarks" / "results"
+    report = next(
+        (p for p in (results / "latest.md", results / "latest-quick.md") if p.is_file()), None
+    )
+    rss = [90.0]  # the target, while no benchmark has been recorded
+    if report is not None:
+        rss += [
+            float(m)
+            for line in report.read_text().splitlines()
+            if "RSS" in line and "growth" not in line
+            for m in re.findall(r"\|\s*([0-9.]+) MiB", line)
+        ]
+    resources = container({})["resources"]
+
+    def mib(quantity: str) -> float:
+        assert quantity.endswith("Mi"), quantity
+        return float(quantity[:-2])
+
+    assert mib(resources["requests"]["memory"]) >= max(rss)
+    assert mib(resources["limits"]["memory"]) >= 2 * max(rss)
+    assert resources["requests"]["cpu"] and resources["limits"]["cpu"]
+
+
+def test_no_value_set_requests_a_gpu() -> None:
+    for name, values in VALUE_SETS.items():
+        resources = container(values).get("resources", {})
+        names = {*resources.get("requests", {}), *resources.get("limits", {})}
+        assert not [n for n in names if n.startswith("nvidia.com/")], name
+
+
+# -- NVIDIA runtime and scheduling -------------------------------------------------------
+
+
+def test_nvidia_runtime_is_reached_through_the_runtime_class_and_env() -> None:
+    assert pod_spec({})["runtimeClassName"] == "nvidia"
+    env = env_of({})
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_runtime_class_is_configurable_or_absent() -> None:
+    custom = VALUE_SETS["custom-runtime-class"]
+    assert pod_spec(custom)["runtimeClassName"] == "nvidia-cdi"
+    assert env_of(custom)["NVIDIA_DRIVER_CAPABILITIES"] == "utility,compute"
+    assert "runtimeClassName" not in pod_spec(VALUE_SETS["no-runtime-class"])
+
+
+def test_scheduled_on_gpu_nodes_only_by_default() -> None:
+    spec = pod_spec({})
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    selected = [
+        (e["key"], e["operator"], e["values"])
+        for term in terms["nodeSelectorTerms"]
+        for e in term["matchExpressions"]
+    ]
+    assert selected == [  # two terms: ORed
+        ("nvidia.com/gpu.present", "In", ["true"]),
+        ("feature.node.kubernetes.io/pci-10de.present", "In", ["true"]),
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["priorityClassName"] == "system-node-critical"
+
+
+def test_custom_node_terms_and_affinity_combine() -> None:
+    spec = pod_spec(VALUE_SETS["flags-and-extras"])
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == VALUE_SETS["flags-and-extras"]["gpuNodeSelectorTerms"]
+    assert "podAntiAffinity" in spec["affinity"]
+    assert "priorityClassName" not in spec
+    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert pod_spec({"affinity": own})["affinity"] == own  # an explicit nodeAffinity wins
+
+
+# -- Kubernetes API access ---------------------------------------------------------------
+
+
+def test_pod_watch_gets_a_service_account_with_read_access_to_pods_only() -> None:
+    account = one({}, "ServiceAccount")
+    role, binding = one({}, "ClusterRole"), one({}, "ClusterRoleBinding")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert pod_spec({})["serviceAccountName"] == account["metadata"]["name"] == FULLNAME
+    assert "--kube-api=auto" in container({})["args"]
+
+
+@pytest.mark.parametrize("name", ["kube-api-off", "kube-api-off-unquoted-yaml"])
+def test_kube_api_off_creates_no_rbac_and_mounts_no_token(name: str) -> None:
+    kinds = {o["kind"] for o in objects(VALUE_SETS[name])}
+    assert not kinds & {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    spec = pod_spec(VALUE_SETS[name])
+    assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+    assert "--kube-api=off" in container(VALUE_SETS[name])["args"]
+
+
+def test_existing_service_account_is_used_without_creating_rbac() -> None:
+    values = VALUE_SETS["existing-service-account"]
+    kinds = {o["kind"] for o in objects(values)}
+    assert not kinds & {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert pod_spec(values)["serviceAccountName"] == "gpu-reader"
+    annotated = one(VALUE_SETS["annotated-service-account"], "ServiceAccount")
+    assert annotated["metadata"]["name"] == "gpu-exporter"
+    assert annotated["metadata"]["annotations"] == {"example.com/role": "r"}
+
+
+# -- Service, Prometheus Operator, alerts, dashboards -------------------------------------
+
+
+def test_service_exposes_the_metrics_port() -> None:
+    service = one({}, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9445, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = one({}, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not by_kind(VALUE_SETS["pod-monitor-without-service"], "Service")
+
+
+def test_monitoring_is_off_by_default() -> None:
+    kinds = {o["kind"] for o in objects({})}
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}
+    assert not kinds & {"NetworkPolicy"}
+
+
+def test_service_monitor_and_pod_monitor_select_the_exporter() -> None:
+    values = VALUE_SETS["monitoring"]
+    service = one(values, "Service")
+    monitor, pod_monitor = one(values, "ServiceMonitor"), one(values, "PodMonitor")
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["interval"] == "30s" and endpoint["metricRelabelings"] == [DROP_PER_PROCESS]
+    pod_labels = one(values, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    notes = render(values)["gpu-occupancy-exporter/templates/NOTES.txt"]
+    assert "scrapes every pod twice" in notes
+
+
+def test_default_monitors_keep_workload_labels_and_add_the_node() -> None:
+    values = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}
+    for endpoint in (
+        one(values, "ServiceMonitor")["spec"]["endpoints"][0],
+        one(values, "PodMonitor")["spec"]["podMetricsEndpoints"][0],
+    ):
+        assert endpoint["honorLabels"] is True
+        assert {
+            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node",
+        } in endpoint["relabelings"]
+        drops = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+        assert drops and re.fullmatch(drops[0]["regex"], "pod")
+
+
+def test_service_monitor_without_a_service_is_refused() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"needs service\.enabled"):
+        render({"serviceMonitor": {"enabled": True}, "service": {"enabled": False}})
+
+
+def test_prometheus_rule_holds_exactly_the_groups_of_the_alert_files() -> None:
+    """General over whatever alerts/*.yaml the repository holds (none: no object)."""
+    expected = rule_groups(ROOT / "alerts")
+    rules = by_kind(VALUE_SETS["monitoring"], "PrometheusRule")
+    if not expected:
+        assert rules == []
+        return
+    (rule,) = rules
+    assert rule["spec"]["groups"] == expected
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_prometheus_rule_from_sample_files_keeps_prometheus_templates(sample_chart: Path) -> None:
+    rule = one(VALUE_SETS["monitoring"], "PrometheusRule", sample_chart)
+    expected = rule_groups(sample_chart / "files" / "alerts")
+    assert [g["name"] for g in expected] == ["sample.alerts", "sample.recording"]
+    assert rule["spec"]["groups"] == expected
+    summary = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    assert "{{ $labels.gpu }}" in summary  # not evaluated by Helm
+
+
+def test_no_prometheus_rule_without_alert_files(tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path, {}, {})
+    assert not by_kind(VALUE_SETS["monitoring"], "PrometheusRule", chart)
+    assert not by_kind(VALUE_SETS["monitoring"], "ConfigMap", chart)
+    notes = render(VALUE_SETS["monitoring"], chart)["gpu-occupancy-exporter/templates/NOTES.txt"]
+    assert "no PrometheusRule was created" in notes and "no ConfigMap was created" in notes
+
+
+def test_a_file_that_is_not_a_rule_file_fails_the_render(tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path, {"notes.yaml": "owner: gpu-team\n"}, {})
+    with pytest.raises(helm.HelmRenderError, match="not a Prometheus rule file"):
+        render(VALUE_SETS["monitoring"], chart)
+
+
+def _dashboard_data(values: dict[str, Any], chart: Path) -> dict[str, str]:
+    data: dict[str, str] = {}
+    label, label_value = values["dashboards"]["label"], values["dashboards"]["labelValue"]
+    for config_map in by_kind(values, "ConfigMap", chart):
+        assert config_map["metadata"]["labels"][label] == label_value
+        assert not data.keys() & config_map["data"].keys()
+        data.update(config_map["data"])
+    return data
+
+
+def test_dashboard_config_maps_hold_exactly_the_dashboard_files() -> None:
+    """General over whatever dashboards/*.json the repository holds (none: no object)."""
+    expected = {p.name: p.read_text() for p in sorted((ROOT / "dashboards").glob("*.json"))}
+    assert _dashboard_data(VALUE_SETS["monitoring"], CHART) == expected
+    for name, text in expected.items():  # a ConfigMap key, and the sidecar's file name
+        assert re.fullmatch(r"[-._a-zA-Z0-9]+", name), name
+        assert len(text.encode()) < 900 * 1024, f"{name} nears the 1 MiB ConfigMap limit"
+
+
+def test_dashboards_from_sample_files_are_labelled_for_the_grafana_sidecar(
+    sample_chart: Path,
+) -> None:
+    values = VALUE_SETS["monitoring"]
+    assert _dashboard_data(values, sample_chart) == SAMPLE_DASHBOARDS
+    maps = {m["metadata"]["name"]: m for m in by_kind(values, "ConfigMap", sample_chart)}
+    assert sorted(maps) == [f"{FULLNAME}-dashboard-gpu-overview", f"{FULLNAME}-dashboard-pods"]
+    for config_map in maps.values():
+        assert config_map["metadata"]["namespace"] == "grafana"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+    default_label = {"dashboards": {"enabled": True}}
+    for config_map in by_kind(default_label, "ConfigMap", sample_chart):
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["namespace"] == NAMESPACE
+
+
+def _differences(source: Path, copy_dir: Path, pattern: str) -> list[str]:
+    originals = {p.name for p in source.glob(pattern)}
+    copies = {p.name for p in copy_dir.glob(pattern)}
+    problems = [f"missing copy of {n}" for n in sorted(originals - copies)]
+    problems += [f"stale copy {n}" for n in sorted(copies - originals)]
+    problems += [
+        f"{n} differs"
+        for n in sorted(originals & copies)
+        if not filecmp.cmp(source / n, copy_dir / n, shallow=False)
+    ]
+    return problems
+
+
+def test_chart_copies_of_alerts_and_dashboards_are_up_to_date() -> None:
+    problems = _differences(ROOT / "alerts", CHART / "files" / "alerts", "*.yaml")
+    problems += _differences(ROOT / "dashboards", CHART / "files" / "dashboards", "*.json")
+    assert not problems, f"run charts/sync-files.sh: {problems}"
+
+
+def test_sync_script_adds_updates_and_removes_copies(tmp_path: Path) -> None:
+    (tmp_path / "charts").mkdir()
+    shutil.copy2(SYNC_SCRIPT, tmp_path / "charts" / "sync-files.sh")
+    files = tmp_path / "charts" / "gpu-occupancy-exporter" / "files"
+    (files / "alerts").mkdir(parents=True)
+    (files / "alerts" / "gone.rules.yaml").write_text("groups: []\n")
+    (tmp_path / "alerts" / "tests").mkdir(parents=True)
+    (tmp_path / "alerts" / "gpu.rules.yaml").write_text("groups: []\n")
+    (tmp_path / "alerts" / "tests" / "gpu.test.yaml").write_text("tests: []\n")
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "dashboards" / "gpu.json").write_text("{}\n")
+    script = ["bash", str(tmp_path / "charts" / "sync-files.sh")]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*script, *args], capture_output=True, text=True, timeout=30, check=False
+        )
+
+    assert run("--check").returncode == 1
+    assert run().returncode == 0
+    assert sorted(p.name for p in (files / "alerts").iterdir()) == ["gpu.rules.yaml"]
+    assert (files / "dashboards" / "gpu.json").read_text() == "{}\n"
+    assert run("--check").returncode == 0
+    (tmp_path / "dashboards" / "gpu.json").write_text('{"title": "changed"}\n')
+    check = run("--check")
+    assert check.returncode == 1 and "files/dashboards/gpu.json" in check.stdout
+
+
+# -- NetworkPolicy -------------------------------------------------------------------------
+
+
+def test_network_policy_admits_only_the_configured_sources_to_the_metrics_port() -> None:
+    values = VALUE_SETS["network-policy"]
+    policy = one(values, "NetworkPolicy")
+    pod_labels = one(values, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9445, "protocol": "TCP"}]
+    assert rule["from"] == [
+        {
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "In",
+                        "values": ["monitoring", "observability"],
+                    }
+                ]
+            },
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        },
+        {"ipBlock": {"cidr": "10.0.0.0/8"}},
+    ]
+
+
+def test_network_policy_with_no_sources_admits_nothing() -> None:
+    policy = one(VALUE_SETS["network-policy-closed"], "NetworkPolicy")
+    assert policy["spec"]["ingress"] == []  # an empty `from` would admit everyone
+
+
+def test_network_policy_pod_labels_alone_match_in_every_namespace() -> None:
+    values = {"networkPolicy": {"enabled": True, "allowedNamespaces": [], "allowedPodLabels": {}}}
+    values["networkPolicy"]["allowedPodLabels"] = {"app": "prometheus"}
+    (rule,) = one(values, "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}}
+    ]
+
+
+# -- values.yaml and its schema ------------------------------------------------------------
+
+BAD_VALUES = {
+    "interval-not-a-number": ({"interval": "fast"}, "/interval"),
+    "interval-too-small": ({"interval": 0.01}, "/interval"),
+    "unknown-top-level-key": ({"intervall": 5}, "intervall"),
+    "unknown-nested-key": ({"serviceMonitor": {"enable": True}}, "enable"),
+    "kube-api-choice": ({"kubeApi": "maybe"}, "/kubeApi"),
+    "log-format-choice": ({"logFormat": "xml"}, "/logFormat"),
+    "port-type": ({"port": "9445"}, "/port"),
+    "port-range": ({"port": 70000}, "/port"),
+    "extra-args-not-a-list": ({"extraArgs": "--interval=1"}, "/extraArgs"),
+    "extra-env-without-name": ({"extraEnv": [{"value": "x"}]}, "/extraEnv"),
+    "enabled-not-a-bool": ({"prometheusRule": {"enabled": "yes"}}, "/prometheusRule/enabled"),
+    "dcgm-mode": ({"dcgm": {"mode": "on"}}, "/dcgm/mode"),
+    "relative-proc-path": ({"hostProc": {"mountPath": "host/proc"}}, "/hostProc/mountPath"),
+    "proc-over-proc": ({"hostProc": {"mountPath": "/proc"}}, "/hostProc/mountPath"),
+    "gpu-request": ({"resources": {"requests": {"nvidia.com/gpu": 1}}}, "nvidia.com/gpu"),
+    "gpu-limit": ({"resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}, "nvidia.com/mig"),
+    "image-digest": ({"image": {"digest": "latest"}}, "/image/digest"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_schema_rejects_bad_values(name: str) -> None:
+    values, where = BAD_VALUES[name]
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        _loaded(CHART).render(values, name=RELEASE, namespace=NAMESPACE)
+    report = helm.lint(CHART, values, strict=True)
+    assert report["errors"], f"helm lint accepted {values}"
+
+
+def test_schema_accepts_every_value_set_and_the_defaults() -> None:
+    for values in [DEFAULTS, *VALUE_SETS.values()]:
+        _loaded(CHART).validate_schema(values)
+
+
+def _leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Paths of values.yaml's leaves: scalars, lists and empty maps."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key)
+
+
+def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return _MISSING
+        tree = tree[key]
+    return tree
+
+
+def _with(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    result = copy.deepcopy(tree)
+    node = result
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return result
+
+
+_MISSING = object()
+LEAVES = sorted(_leaves(DEFAULTS))
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=[".".join(p) for p in LEAVES])
+def test_every_value_changes_the_rendered_output(path: tuple[str, ...], sample_chart: Path) -> None:
+    """Some value set sets it, and putting its default back changes what Helm renders."""
+    default = _get(DEFAULTS, path)
+    setting = [
+        name
+        for name, values in VALUE_SETS.items()
+        if _get(values, path) is not _MISSING and _get(values, path) != default
+    ]
+    assert setting, f"no value set in this file changes {'.'.join(path)}; add one"
+    for name in setting:
+        values = VALUE_SETS[name]
+        if render(values, sample_chart) != render(_with(values, path, default), sample_chart):
+            return
+    pytest.fail(f"{'.'.join(path)} has no effect on the output in value sets {setting}")
+
+
+def test_every_value_is_documented_in_install_md() -> None:
+    """Top-level keys, and the keys of the objects the schema closes, in docs/install.md."""
+    doc = (ROOT / "docs" / "install.md").read_text()
+    missing = []
+    for key, value in DEFAULTS.items():
+        names = [key]
+        properties = SCHEMA["properties"][key]
+        if isinstance(value, dict) and properties.get("additionalProperties") is False:
+            names = [f"{key}.{sub}" for sub in value]
+        missing += [n for n in names if f"`{n}`" not in doc]
+    assert not missing, f"docs/install.md's values reference lacks {missing}"
