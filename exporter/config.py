@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
+from exporter.sim.scenario import SHIPPED
 from exporter.sources.dcgm import parse_mode as parse_dcgm_mode
 from exporter.sources.podresources.client import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET_PATH
 
@@ -162,7 +163,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add(
         "--simulate",
         "Run on a simulated GPU node instead of the real NVML: a shipped "
-        "scenario (single-gpu, node-8gpu, no-gpu) or a YAML file.",
+        f"scenario ({', '.join(SHIPPED)}) or a YAML file.",
         default=None,
         metavar="SCENARIO",
     )
