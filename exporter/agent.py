@@ -58,7 +58,7 @@ from exporter.sources.holders import scan_device_holders
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
-from exporter.sources.procfs import read_processes
+from exporter.sources.procfs import ProcessReader
 from exporter.sources.xid import XidListener
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ class Agent:
             self.self_metrics.errors.labels(source)  # present from the start, at 0
         self.options = ExpositionOptions(per_process_metrics=config.per_process_metrics)
         self.nvml = NvmlSource()
+        self.process_reader = ProcessReader(config.proc_root)
         self.pod_resources_client = PodResourcesClient(
             config.pod_resources_socket, resource_names=config.resource_names
         )
@@ -296,7 +297,7 @@ class Agent:
             self.self_metrics.errors.labels("nvml").inc(errors)
         pids = {p.pid for g in nvml.gpus for p in g.processes}
         pids.update(p.pid for g in nvml.gpus for m in g.mig_instances for p in m.processes)
-        return nvml, read_processes(self.config.proc_root, pids), dcgm
+        return nvml, self.process_reader.read(pids), dcgm
 
     def _count_errors(self, source: str, total: int) -> None:
         """Turn a thread's running error total into increments of our counter."""

@@ -320,3 +320,19 @@ async def test_self_metrics_describe_the_exporter_and_its_cycles() -> None:
     previous = second.get("gpu_exporter_last_sample_timestamp_seconds")
     assert last - previous == pytest.approx(10, abs=1e-3)
     assert s.get("gpu_exporter_nvml_up") == 1
+
+
+async def test_only_formats_scrapers_ask_for_are_rendered_each_cycle() -> None:
+    async with simulated_exporter("single-gpu") as h:
+        cache = h.agent.cache
+        assert cache.cached("openmetrics") is None  # nobody asked yet: text only
+        om = "application/openmetrics-text; version=1.0.0"
+        async with h.session.get(h.url + "/metrics", headers={"Accept": om}) as response:
+            body = await response.read()  # rendered on demand, once
+        assert body.endswith(b"# EOF\n")
+        await h.advance(1)
+        assert cache.cached("openmetrics") is not None  # now rendered eagerly each cycle
+        for _ in range(12):  # nobody asks for OpenMetrics any more
+            await h.advance(1)
+            await h.scrape()  # text
+        assert cache._rendered.keys() == {"text"}

@@ -20,7 +20,7 @@ from exporter.sim.proctree import (
     remove_process,
     write_process,
 )
-from exporter.sources.procfs import parse_cgroup, read_process, read_processes
+from exporter.sources.procfs import ProcessReader, parse_cgroup, read_process, read_processes
 
 # Real-looking identities: RFC 4122 pod UIDs as the API server mints them, a static
 # pod UID (the 32-hex manifest hash the kubelet uses), 64-hex container ids.
@@ -639,3 +639,38 @@ def test_read_process_on_real_proc_self() -> None:
     assert identity.state in {"R", "S"}
     assert identity.comm
     assert read_process(Path("/proc"), 2**22 + 12345).alive is False
+
+
+def test_process_reader_reads_a_known_pids_cgroup_only_once(tmp_path: Path) -> None:
+    reader = ProcessReader(tmp_path)
+    write_process(tmp_path, 40, comm="trainer", state="R", cgroup=kubepods_cgroup(UID, CID))
+    first = reader.read([40])
+    # the cgroup file may now be anything: a live pid keeps its cgroup, so it is not re-read
+    (tmp_path / "40" / "cgroup").write_text(host_cgroup())
+    write_process(tmp_path, 40, comm="trainer", state="D", cgroup=host_cgroup())
+    (tmp_path / "40" / "cgroup").write_text("garbage that would not parse")
+    second = reader.read([40])
+    assert first == (ProcessIdentity(40, True, UID, CID, "trainer", "R"),)
+    assert second == (ProcessIdentity(40, True, UID, CID, "trainer", "D"),)  # state is fresh
+
+
+def test_process_reader_rereads_the_cgroup_when_a_pid_is_reused(tmp_path: Path) -> None:
+    reader = ProcessReader(tmp_path)
+    write_process(tmp_path, 41, comm="old", cgroup=kubepods_cgroup(UID, CID))
+    reader.read([41])
+    remove_process(tmp_path, 41)
+    assert reader.read([41]) == (ProcessIdentity(pid=41, alive=False),)
+    # a new process with the same pid, a later start time and another cgroup
+    write_process(tmp_path, 41, comm="new", cgroup=host_cgroup())
+    stat = (tmp_path / "41" / "stat").read_text().split(" ")
+    stat[21] = str(int(stat[21]) + 1000)
+    (tmp_path / "41" / "stat").write_text(" ".join(stat))
+    assert reader.read([41]) == (ProcessIdentity(41, True, None, None, "new", "S"),)
+
+
+def test_process_reader_agrees_with_read_processes(tmp_path: Path) -> None:
+    write_process(tmp_path, 50, comm="a", state="R", cgroup=kubepods_cgroup(UID, CID))
+    write_process(tmp_path, 51, comm="b", state="Z", cgroup=host_cgroup())
+    reader = ProcessReader(tmp_path)
+    for _ in range(2):  # uncached, then cached
+        assert reader.read([51, 50, 52, 50]) == read_processes(tmp_path, [50, 51, 52])

@@ -7,9 +7,12 @@ with GPU count and a slow driver never stalls Prometheus.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import html
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
@@ -32,23 +35,60 @@ class _Rendered:
         return self.gzipped
 
 
-@dataclass
-class MetricsCache:
-    """The latest cycle's exposition in both formats."""
+TEXT, OPENMETRICS = "text", "openmetrics"
+_RENDERERS: dict[str, Callable[[CollectorRegistry], bytes]] = {
+    TEXT: generate_text,
+    OPENMETRICS: generate_openmetrics,
+}
+KEEP_RENDERING_CYCLES = 10  # a format nobody asked for in this many cycles is dropped
 
-    text: _Rendered | None = None
-    openmetrics: _Rendered | None = None
-    cycles: int = field(default=0)
+
+class MetricsCache:
+    """The latest cycle's exposition, in the formats scrapers actually ask for.
+
+    Each cycle renders, in its worker thread, every format requested within the last
+    ``KEEP_RENDERING_CYCLES`` cycles (text until anyone asks): Prometheus asks for
+    OpenMetrics, curl for text, and rendering both every cycle would double the cost.
+    A format not rendered this cycle is rendered once on its first request.
+    """
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self._registry: CollectorRegistry | None = None
+        self._rendered: dict[str, _Rendered] = {}
+        self._last_wanted: dict[str, int] = {TEXT: 0}
+        self._lock = threading.Lock()
 
     def render(self, registry: CollectorRegistry) -> None:
-        """Render both formats now; called once per sample cycle (in a worker thread)."""
-        self.text = _Rendered(generate_text(registry))
-        self.openmetrics = _Rendered(generate_openmetrics(registry))  # type: ignore[no-untyped-call]
-        self.cycles += 1
+        """Render the wanted formats now; called once per sample cycle."""
+        rendered = {
+            fmt: _Rendered(_RENDERERS[fmt](registry))
+            for fmt, cycle in self._last_wanted.items()
+            if self.cycles - cycle < KEEP_RENDERING_CYCLES
+        }
+        with self._lock:
+            self._registry, self._rendered = registry, rendered
+            self.cycles += 1
 
     @property
     def ready(self) -> bool:
-        return self.text is not None
+        return self._registry is not None
+
+    def cached(self, fmt: str) -> _Rendered | None:
+        """This cycle's bytes in ``fmt`` if already rendered (cheap, for the event loop)."""
+        with self._lock:
+            self._last_wanted[fmt] = self.cycles
+            return self._rendered.get(fmt)
+
+    def render_now(self, fmt: str) -> _Rendered:
+        """Render ``fmt`` for the current cycle once (blocking: run it in a thread)."""
+        with self._lock:
+            done = self._rendered.get(fmt)
+            if done is None:
+                if self._registry is None:
+                    raise RuntimeError("no cycle has been rendered yet")
+                done = self._rendered[fmt] = _Rendered(_RENDERERS[fmt](self._registry))
+            return done
 
 
 def _wants_openmetrics(accept: str) -> bool:
@@ -96,10 +136,13 @@ LANDING = """<!doctype html>
 
 def build_app(cache: MetricsCache, node_name: str) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
-        if not cache.ready or cache.text is None or cache.openmetrics is None:
+        if not cache.ready:
             return web.Response(status=503, text="no sample yet\n")
         openmetrics = _wants_openmetrics(request.headers.get("Accept", ""))
-        rendered = cache.openmetrics if openmetrics else cache.text
+        fmt = OPENMETRICS if openmetrics else TEXT
+        rendered = cache.cached(fmt)
+        if rendered is None:  # first request for this format in this cycle
+            rendered = await asyncio.to_thread(cache.render_now, fmt)
         # generate_text writes the 0.0.4 text format; prometheus_client's
         # CONTENT_TYPE_LATEST now says version=1.0.0, which would mislabel it.
         content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_PLAIN_0_0_4

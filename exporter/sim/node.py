@@ -92,7 +92,12 @@ class SimNode:
         return self.epoch + (self.clock() if at is None else at)
 
     def advance(self) -> None:
-        """Apply every timeline event that is due."""
+        """Apply every timeline event that is due.
+
+        GPM counters are integrated up to each event (the values are piecewise constant
+        between events), and up to "now" only when a GPM sample is taken, so ordinary
+        NVML calls stay cheap.
+        """
         with self.lock:
             now = self.clock()
             timeline = self.scenario.timeline
@@ -102,9 +107,15 @@ class SimNode:
                 self._apply(timeline[self._next_event])
                 self._next_event += 1
                 applied = True
-            self._integrate(now)
             if applied:
                 self.changed.notify_all()
+
+    def gpm_counters(self, gpu: int, slot: int | None) -> dict[str, float]:
+        """The GPM counters of a GPU (or MIG slot) as of now."""
+        with self.lock:
+            self.advance()
+            self._integrate(self.clock())
+            return dict(self.gpm_integral[(gpu, slot)])
 
     def _integrate(self, until: float) -> None:
         dt = until - self._integrated_to

@@ -109,13 +109,6 @@ class SimNvmlLibrary:
         ] = {}
         self._event_sets: dict[int, dict[str, Any]] = {}
 
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("nvml"):
-            node = object.__getattribute__(self, "node")
-            if name in node.scenario.missing_functions:
-                raise AttributeError(name)
-        return object.__getattribute__(self, name)
-
     # -- handles ----------------------------------------------------------------------
 
     def resolve(self, handle: Any) -> tuple[SimGpu, SimMig | None] | None:
@@ -498,7 +491,7 @@ class SimNvmlLibrary:
         sample_id = _address(sample)
         if sample_id not in self._gpm_samples:
             return INVALID_ARGUMENT
-        integral = dict(self.node.gpm_integral[(gpu.index, slot)])
+        integral = self.node.gpm_counters(gpu.index, slot)
         self._gpm_samples[sample_id] = (self.node.now(), (gpu.index, slot), integral)
         return SUCCESS
 
@@ -595,9 +588,30 @@ class SimNvmlLibrary:
             return SUCCESS if self._event_sets.pop(_address(event_set), None) else INVALID_ARGUMENT
 
 
+def _missing(name: str) -> property:
+    def lookup(self: SimNvmlLibrary) -> Any:
+        if name in self.node.scenario.missing_functions:
+            raise AttributeError(name)  # what dlsym failing looks like to pynvml
+        return getattr(SimNvmlLibrary, name).__get__(self)  # a test "upgraded" the driver
+
+    return property(lookup)
+
+
 def install(node: SimNode) -> SimNvmlLibrary:
-    """Make pynvml use the simulated library from now on (process-wide, like dlopen)."""
-    library = SimNvmlLibrary(node)
+    """Make pynvml use the simulated library from now on (process-wide, like dlopen).
+
+    Entry points the scenario's driver lacks are hidden by a subclass whose attributes
+    of those names raise AttributeError, as a missing symbol would.
+    """
+    missing = sorted(node.scenario.missing_functions)
+    cls: type[SimNvmlLibrary] = SimNvmlLibrary
+    if missing:
+        cls = type(
+            "SimNvmlLibraryOlderDriver",
+            (SimNvmlLibrary,),
+            {name: _missing(name) for name in missing},
+        )
+    library = cls(node)
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library
         pynvml._nvmlGetFunctionPointer_cache.clear()

@@ -126,7 +126,7 @@ def _stat_line(pid: int, comm: str, state: str) -> str:
         "0",  # nice
         "12",  # num_threads (20)
         "0",  # itrealvalue
-        "1843265",  # starttime
+        str(1_843_265 + pid),  # starttime (clock ticks after boot; differs per process)
         "35817193472",  # vsize
         "412031",  # rss (pages)
         "18446744073709551615",  # rsslim (25)

@@ -211,3 +211,55 @@ def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
 def read_processes(proc_root: Path, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
     """Identify each distinct pid, sorted by pid. Blocking: run it in a worker thread."""
     return tuple(read_process(proc_root, pid) for pid in sorted(set(pids)))
+
+
+def _start_time(stat: str) -> str | None:
+    """Field 22 of ``stat`` (start time in clock ticks): with the pid, it names one
+    process for its whole life, so a reused pid is never mistaken for the old one."""
+    fields = stat[stat.rfind(")") + 1 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+class ProcessReader:
+    """``read_processes`` for the sample loop: a pid's cgroup does not change while it
+    lives, so its parsed identity is kept (keyed by pid and start time) and later
+    cycles read only ``stat`` — for state, comm and liveness. Only pids asked about in
+    the last call are remembered, so the cache is bounded by the GPU process count.
+    """
+
+    def __init__(self, proc_root: Path) -> None:
+        self.proc_root = proc_root
+        self._identities: dict[int, tuple[str, tuple[str | None, str | None]]] = {}
+
+    def read(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
+        remembered: dict[int, tuple[str, tuple[str | None, str | None]]] = {}
+        out = []
+        for pid in sorted(set(pids)):
+            identity = self._read_one(pid, remembered)
+            out.append(identity)
+        self._identities = remembered
+        return tuple(out)
+
+    def _read_one(
+        self, pid: int, remembered: dict[int, tuple[str, tuple[str | None, str | None]]]
+    ) -> ProcessIdentity:
+        pid_dir = self.proc_root / str(pid)
+        stat = _read_text(pid_dir / "stat")
+        if stat is _Vanished.GONE:
+            return ProcessIdentity(pid=pid, alive=False)
+        start = _start_time(stat) if isinstance(stat, str) else None
+        cached = self._identities.get(pid)
+        if start is not None and cached is not None and cached[0] == start:
+            ids = cached[1]
+            remembered[pid] = cached
+        else:
+            cgroup = _read_text(pid_dir / "cgroup")
+            if cgroup is _Vanished.GONE:
+                return ProcessIdentity(pid=pid, alive=False)
+            ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
+            if start is not None and isinstance(cgroup, str):  # unreadable: try again
+                remembered[pid] = (start, ids)
+        comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
+        return ProcessIdentity(
+            pid=pid, alive=True, pod_uid=ids[0], container_id=ids[1], comm=comm, state=state
+        )
