@@ -91,38 +91,34 @@ class MetricsCache:
             return done
 
 
-def _wants_openmetrics(accept: str) -> bool:
-    for part in accept.split(","):
-        media, _, params = part.strip().partition(";")
-        if media.strip() == OPENMETRICS_MEDIA:
-            quality = 1.0
-            for param in params.split(";"):
-                key, _, value = param.strip().partition("=")
-                if key == "q":
-                    try:
-                        quality = float(value)
-                    except ValueError:
-                        quality = 0.0
-            return quality > 0
+def _quality(params: list[str]) -> float:
+    """The ``q=`` weight among an Accept header entry's parameters (default 1)."""
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip() == "q":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
+def _accepted(header: str, wanted: str) -> bool:
+    """``wanted`` (a media type or coding) is listed with a non-zero quality."""
+    for part in header.split(","):
+        name, *params = (p.strip() for p in part.split(";"))
+        if name.lower() == wanted:
+            return _quality(params) > 0
     return False
+
+
+def _wants_openmetrics(accept: str) -> bool:
+    return _accepted(accept, OPENMETRICS_MEDIA)
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:
-    """``gzip`` listed with a non-zero quality (``gzip;q=0.5`` accepts, ``gzip;q=0`` not)."""
-    for part in accept_encoding.split(","):
-        coding, *params = (p.strip() for p in part.split(";"))
-        if coding.lower() != "gzip":
-            continue
-        quality = 1.0
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip() == "q":
-                try:
-                    quality = float(value)
-                except ValueError:
-                    quality = 0.0
-        return quality > 0
-    return False
+    """``gzip;q=0.5`` accepts, ``gzip;q=0`` refuses."""
+    return _accepted(accept_encoding, "gzip")
 
 
 LANDING = """<!doctype html>

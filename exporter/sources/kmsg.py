@@ -33,6 +33,7 @@ from pathlib import Path
 
 from exporter.model import XidEvent
 from exporter.sources.backoff import Backoff
+from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +96,19 @@ def boot_epoch(proc_root: str | Path, now: float) -> float | None:
     return now - uptime
 
 
-class KmsgReader:
+class KmsgReader(ThreadedSource):
     """Reads the kernel log backlog, then follows it, from a daemon thread.
+
+    ``last_error`` says why the log cannot be read (e.g. "EACCES"), or "uptime" when
+    records are stamped at read time; ``errors_total`` counts open/read failures and
+    failing callbacks.
 
     Works on ``/dev/kmsg`` (a character device: one record per read, EAGAIN when
     drained, EPIPE when records were overwritten before we read them) and on a regular
     file in the same format (tests, replay), which is polled for appended lines.
     """
+
+    thread_name = "kmsg-reader"
 
     def __init__(
         self,
@@ -120,32 +127,12 @@ class KmsgReader:
         self._poll_interval_s = poll_interval_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._clock = clock
-        self._stop = threading.Event()
+        super().__init__()
         self._caught_up = threading.Event()
-        self._thread: threading.Thread | None = None
         self._last_seq = -1
-        self._errors_total = 0
         self._overruns_total = 0
-        self._events_total = 0
-        self._last_error: str | None = None
 
     # -- public surface ---------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="kmsg-reader", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     @property
     def caught_up(self) -> bool:
@@ -156,24 +143,9 @@ class KmsgReader:
         return self._caught_up.wait(timeout_s)
 
     @property
-    def errors_total(self) -> int:
-        """Open/read failures and failing callbacks, cumulative."""
-        return self._errors_total
-
-    @property
     def overruns_total(self) -> int:
         """Times the kernel overwrote records before we read them (EPIPE)."""
         return self._overruns_total
-
-    @property
-    def events_total(self) -> int:
-        return self._events_total
-
-    @property
-    def last_error(self) -> str | None:
-        """Why the log cannot be read (e.g. "EACCES"), or "uptime" when records are
-        stamped at read time; None while it is followed normally."""
-        return self._last_error
 
     # -- the thread -------------------------------------------------------------------
 

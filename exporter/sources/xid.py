@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import pynvml
 
 from exporter.model import XidEvent
 from exporter.sources.backoff import Backoff
+from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,10 @@ class _Registration:
     skipped_lost: bool = False  # a GPU was lost: rebuild later to pick it up again
 
 
-class XidListener:
+class XidListener(ThreadedSource):
     """Delivers NVML XID events to ``on_event`` from its own daemon thread."""
+
+    thread_name = "xid-listener"
 
     def __init__(
         self,
@@ -99,53 +101,16 @@ class XidListener:
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._rebuild_after_lost_s = rebuild_after_lost_s
         self._clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._initialised = False
-        self._errors_total = 0
-        self._events_total = 0
         self._registered: tuple[int, ...] = ()
-        self._last_error: str | None = None
 
     # -- public surface ---------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="xid-listener", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask the thread to finish and wait for it: one wait timeout at most."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        """The thread runs (it may be backing off; see ``registered``)."""
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     @property
     def registered(self) -> tuple[int, ...]:
         """GPU indices the current event set listens to; empty while backing off."""
         return self._registered
-
-    @property
-    def errors_total(self) -> int:
-        """NVML errors (init, set, registration, wait) and failing callbacks, cumulative."""
-        return self._errors_total
-
-    @property
-    def events_total(self) -> int:
-        return self._events_total
-
-    @property
-    def last_error(self) -> str | None:
-        """Why the listener is not listening (e.g. "DriverNotLoaded"); None once a wait
-        answers again. A GPU skipped at registration does not keep it set."""
-        return self._last_error
 
     # -- the thread -------------------------------------------------------------------
 
