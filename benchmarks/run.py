@@ -6,7 +6,7 @@ Measures, against the targets from the issue (2-core machine):
    over one keep-alive connection, against ``python -m exporter --simulate node-8gpu``;
 2. wall and CPU time of one sample cycle, with the agent run in-process on the
    simulated node and a manual clock (every source on: NVML, procfs, PodResources
-   gRPC, the Kubernetes API watch);
+   gRPC, the XID listener, the Kubernetes API watch);
 3. resident memory over a long run with pids and pods churning, and the RSS of a bare
    exporter process with and without the Kubernetes API.
 
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from exporter import __version__  # noqa: E402
 from exporter.agent import Agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
-from exporter.exposition.server import MetricsCache  # noqa: E402
+from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache  # noqa: E402
 from exporter.sim.environment import SimEnvironment  # noqa: E402
 from exporter.sim.node import ManualClock  # noqa: E402
 from exporter.sim.scenario import Scenario, SimEvent, load_scenario  # noqa: E402
@@ -68,12 +68,19 @@ TARGET_CYCLE_CPU_MS = 10.0
 TARGET_RSS_MIB = 90.0
 TARGET_RSS_SLOPE_MIB = 0.1  # growth per 1,000 cycles after warm-up that still counts as flat
 
-SCRAPE_VARIANTS: dict[str, dict[str, str]] = {
-    "text": {},
-    "gzip": {"Accept-Encoding": "gzip"},
-    "openmetrics": {"Accept": "application/openmetrics-text; version=1.0.0"},
+# name: (request headers, seconds of unrecorded warm-up scrapes). The exporter renders
+# each cycle only the formats asked for in its last 10 cycles, so the OpenMetrics series
+# warms up until the text format the earlier series asked for has dropped out.
+SCRAPE_VARIANTS: dict[str, tuple[dict[str, str], float]] = {
+    "text": ({}, 2.0),
+    "gzip": ({"Accept-Encoding": "gzip"}, 2.0),
+    "openmetrics": ({"Accept": "application/openmetrics-text; version=1.0.0"}, 12.0),
 }
 POD_RESOURCES_EVERY = 10  # cycles between PodResources refreshes (the default 10 s at 1 s)
+# The agent renders only the formats scraped lately, so the cycle is timed once per
+# format: OpenMetrics is what Prometheus asks for by default (its scrape_protocols prefer
+# it), text what older Prometheus and curl get. The memory run asks for both.
+CYCLE_FORMATS = (OPENMETRICS, TEXT)
 EXPIRE_HISTORY_EVERY = 1000  # cycles between API history compactions (watch relists)
 WORKER_LIFETIME_S = 20  # churn: each extra worker process lives this long
 JOB_PERIOD_S = 60  # churn: a short-lived pod is created this often ...
@@ -97,8 +104,8 @@ class Plan:
     settle_s: float  # a fresh exporter runs this long before its RSS is read
 
 
-FULL = Plan(2000, 500, 0.005, 20, 500, 10_000, 500, 2000, 5.0)
-QUICK = Plan(200, 50, 0.005, 5, 50, 1000, 100, 200, 3.0)
+FULL = Plan(2000, 500, 0.005, 20, 500, 10_000, 100, 2000, 5.0)
+QUICK = Plan(200, 50, 0.005, 12, 50, 1000, 50, 200, 3.0)
 
 
 # -- small helpers ---------------------------------------------------------------------
@@ -129,6 +136,12 @@ def rss_mib(pid: int | str = "self") -> dict[str, float]:
         if key in ("VmRSS", "VmHWM"):
             fields[key] = int(value.split()[0]) / 1024
     return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
+
+
+def python_heap() -> dict[str, int]:
+    """Objects the collector tracks and pymalloc blocks in use: if these stay flat while
+    RSS grows, the growth is allocator fragmentation, not objects kept alive."""
+    return {"gc_objects": len(gc.get_objects()), "allocated_blocks": sys.getallocatedblocks()}
 
 
 def free_port() -> int:
@@ -189,8 +202,8 @@ class ExporterProcess:
             conn.close()
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Until /readyz answers and every source (the kube watch included) is up."""
-        want = ["nvml", "procfs", "podresources"] + (["kube"] if self.kube_api else [])
+        """Until /metrics is served and says every source (the kube watch too) is up."""
+        want = ["nvml", "procfs", "podresources", "xid"] + (["kube"] if self.kube_api else [])
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -231,15 +244,16 @@ def exporter_process(*, kube_api: bool, log: list[str]) -> Iterator[ExporterProc
 
 
 def scrape_latencies(
-    port: int, headers: dict[str, str], count: int, spacing_s: float
+    port: int, headers: dict[str, str], count: int, spacing_s: float, warmup_s: float
 ) -> dict[str, Any]:
     """Per-request wall time (request sent to body read) over one keep-alive connection."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     times: list[float] = []
     size = 0
     content_type = encoding = ""
+    warmup = math.ceil(warmup_s / spacing_s)
     try:
-        for i in range(count + count // 10):  # the first tenth warms up, unrecorded
+        for i in range(warmup + count):
             started = time.perf_counter()
             conn.request("GET", "/metrics", headers=headers)
             response = conn.getresponse()
@@ -247,7 +261,7 @@ def scrape_latencies(
             elapsed = time.perf_counter() - started
             if response.status != 200:
                 raise RuntimeError(f"/metrics answered {response.status}")
-            if i >= count // 10:
+            if i >= warmup:
                 times.append(elapsed * 1000)
             size = len(body)
             content_type = response.getheader("Content-Type", "")
@@ -257,6 +271,7 @@ def scrape_latencies(
         conn.close()
     return {
         "ms": summarise(times),
+        "slow_pct": 100 * sum(t > TARGET_SCRAPE_P99_MS for t in times) / len(times),
         "body_bytes": size,
         "content_type": content_type,
         "content_encoding": encoding,
@@ -270,9 +285,11 @@ def measure_scrapes_and_process_rss(plan: Plan) -> tuple[dict[str, Any], dict[st
     with exporter_process(kube_api=True, log=log) as exporter:
         time.sleep(plan.settle_s)
         process_rss["kube_api_on"] = rss_mib(exporter.proc.pid)
-        for name, headers in SCRAPE_VARIANTS.items():
+        for name, (headers, warmup_s) in SCRAPE_VARIANTS.items():
             count = plan.scrapes if name == "text" else plan.variant_scrapes
-            scrapes[name] = scrape_latencies(exporter.port, headers, count, plan.scrape_spacing_s)
+            scrapes[name] = scrape_latencies(
+                exporter.port, headers, count, plan.scrape_spacing_s, warmup_s
+            )
         process_rss["kube_api_on_after_scrapes"] = rss_mib(exporter.proc.pid)
     with exporter_process(kube_api=False, log=log) as exporter:
         time.sleep(plan.settle_s)
@@ -291,18 +308,30 @@ def measure_scrapes_and_process_rss(plan: Plan) -> tuple[dict[str, Any], dict[st
 class SimulatedAgent:
     env: SimEnvironment
     agent: Agent
-    watcher: PodWatcher
     clock: ManualClock
+    scraped: tuple[str, ...]  # exposition formats a scraper asks for after every cycle
 
     async def step(self) -> None:
         """One second of simulated time, then one sample cycle as the sample loop runs it."""
         self.clock.advance(1.0)
         self.env.sync()
         await self.agent.cycle()
+        self.scrape()
+
+    def scrape(self) -> dict[str, bytes]:
+        """What a scrape does to the cache: take this cycle's bytes, which also tells the
+        agent to keep rendering that format (a scraper that is not there costs nothing)."""
+        out = {}
+        for fmt in self.scraped:
+            rendered = self.agent.cache.cached(fmt)
+            out[fmt] = rendered.body if rendered else self.agent.cache.render_now(fmt).body
+        return out
 
 
 @asynccontextmanager
-async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
+async def simulated_agent(
+    scenario: Scenario, scraped: tuple[str, ...]
+) -> AsyncIterator[SimulatedAgent]:
     """The real Agent with every source on, like tests/harness.py but without HTTP."""
     clock = ManualClock()
     env = SimEnvironment(scenario, clock=clock, kube_api=True)
@@ -337,7 +366,7 @@ async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
                     raise RuntimeError("the pod watch did not list pods within 30 s")
                 await asyncio.sleep(0.02)
             await agent.refresh_pod_resources()
-            sim = SimulatedAgent(env, agent, watcher, clock)
+            sim = SimulatedAgent(env, agent, clock, scraped)
             await sim.step()
             assert agent.latest is not None
             down = [s.name for s in agent.latest.node.sources if not s.up]
@@ -351,29 +380,32 @@ async def simulated_agent(scenario: Scenario) -> AsyncIterator[SimulatedAgent]:
 
 
 async def measure_cycles(plan: Plan) -> dict[str, Any]:
-    async with simulated_agent(load_scenario(SCENARIO)) as sim:
-        for _ in range(plan.warmup_cycles):
-            await sim.step()
-        walls: list[float] = []
-        cpus: list[float] = []
-        for _ in range(plan.cycles):
-            sim.clock.advance(1.0)
-            sim.env.sync()
-            wall, cpu = time.perf_counter(), time.process_time()
-            await sim.agent.cycle()
-            cpus.append((time.process_time() - cpu) * 1000)
-            walls.append((time.perf_counter() - wall) * 1000)
-        assert sim.agent.latest is not None
-        cache = sim.agent.cache
-        assert cache.text is not None and cache.openmetrics is not None
-        return {
-            "wall_ms": summarise(walls),
-            "cpu_ms": summarise(cpus),
-            "processes": len(sim.agent.latest.node.processes),
-            "exposition_lines": cache.text.body.count(b"\n"),
-            "exposition_bytes": len(cache.text.body),
-            "openmetrics_bytes": len(cache.openmetrics.body),
-        }
+    """Cycle times with a scraper asking for each format in turn (see CYCLE_FORMATS)."""
+    by_format: dict[str, Any] = {}
+    for fmt in CYCLE_FORMATS:
+        async with simulated_agent(load_scenario(SCENARIO), (fmt,)) as sim:
+            for _ in range(plan.warmup_cycles):
+                await sim.step()
+            walls: list[float] = []
+            cpus: list[float] = []
+            for _ in range(plan.cycles):
+                sim.clock.advance(1.0)
+                sim.env.sync()
+                wall, cpu = time.perf_counter(), time.process_time()
+                await sim.agent.cycle()
+                cpus.append((time.process_time() - cpu) * 1000)
+                walls.append((time.perf_counter() - wall) * 1000)
+                sim.scrape()
+            assert sim.agent.latest is not None
+            body = sim.scrape()[fmt]
+            by_format[fmt] = {
+                "wall_ms": summarise(walls),
+                "cpu_ms": summarise(cpus),
+                "processes": len(sim.agent.latest.node.processes),
+                "exposition_lines": body.count(b"\n"),
+                "exposition_bytes": len(body),
+            }
+    return {"by_format": by_format}
 
 
 async def _inline(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -383,7 +415,7 @@ async def _inline(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 async def profile_cycles(plan: Plan, top: int = 30) -> str:
     """cProfile of the cycles, with ``asyncio.to_thread`` run inline so one profiler
     sees the worker-thread work too."""
-    async with simulated_agent(load_scenario(SCENARIO)) as sim:
+    async with simulated_agent(load_scenario(SCENARIO), CYCLE_FORMATS[:1]) as sim:
         for _ in range(plan.warmup_cycles):
             await sim.step()
         profiler = cProfile.Profile()
@@ -394,6 +426,7 @@ async def profile_cycles(plan: Plan, top: int = 30) -> str:
                 profiler.enable()
                 await sim.agent.cycle()
                 profiler.disable()
+                sim.scrape()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(top)
@@ -489,10 +522,10 @@ def churn_scenario(seconds: int) -> Scenario:
 
 
 async def measure_memory(plan: Plan) -> dict[str, Any]:
-    async with simulated_agent(churn_scenario(plan.memory_cycles)) as sim:
+    async with simulated_agent(churn_scenario(plan.memory_cycles), (TEXT, OPENMETRICS)) as sim:
         assert sim.env.kube_api is not None
         gc.collect()
-        samples = [{"cycle": 0, **rss_mib(), "gc_objects": len(gc.get_objects())}]
+        samples = [{"cycle": 0, **rss_mib(), **python_heap()}]
         max_processes = churn_pod_cycles = 0
         for cycle in range(1, plan.memory_cycles + 1):
             await sim.step()
@@ -502,19 +535,25 @@ async def measure_memory(plan: Plan) -> dict[str, Any]:
                 # Bounds the API stand-in's event history (simulator memory, not the
                 # exporter's) and makes the pod watch relist, as after a compaction.
                 sim.env.kube_api.expire_history()
-            assert sim.agent.latest is not None and sim.agent.cache.text is not None
+            assert sim.agent.latest is not None
             max_processes = max(max_processes, len(sim.agent.latest.node.processes))
-            churn_pod_cycles += b'namespace="churn"' in sim.agent.cache.text.body
+            churn_pod_cycles += b'namespace="churn"' in sim.scrape()[TEXT]
             if cycle % plan.rss_every == 0:
-                samples.append({"cycle": cycle, **rss_mib(), "gc_objects": len(gc.get_objects())})
+                samples.append({"cycle": cycle, **rss_mib(), **python_heap()})
     tail = [s for s in samples if s["cycle"] >= plan.slope_from]
-    slope = statistics.linear_regression([s["cycle"] for s in tail], [s["rss"] for s in tail])
+
+    def per_1000_cycles(key: str) -> float:
+        fit = statistics.linear_regression([s["cycle"] for s in tail], [s[key] for s in tail])
+        return fit.slope * 1000
+
     return {
         "cycles": plan.memory_cycles,
         "start_rss": samples[0]["rss"],
         "end_rss": samples[-1]["rss"],
         "peak_rss": samples[-1]["peak"],
-        "slope_mib_per_1000_cycles": slope.slope * 1000,
+        "slope_mib_per_1000_cycles": per_1000_cycles("rss"),
+        "slope_blocks_per_1000_cycles": per_1000_cycles("allocated_blocks"),
+        "slope_gc_objects_per_1000_cycles": per_1000_cycles("gc_objects"),
         "slope_from_cycle": plan.slope_from,
         "pids_started": plan.memory_cycles + plan.memory_cycles // JOB_PERIOD_S,
         "max_processes": max_processes,
@@ -572,6 +611,7 @@ def machine() -> dict[str, Any]:
         "usable_cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "kernel": platform.release(),
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),  # glibc default when None
         "python": platform.python_version(),
         "exporter": __version__,
         "commit": commit,
@@ -605,24 +645,23 @@ def rows(results: dict[str, Any]) -> list[Row]:
         what = f"scrape {name} ({scrape['body_bytes'] / 1024:.0f} KiB), {ms['n']} scrapes"
         out.append(Row(f"{what}: p50", ms["p50"], "ms"))
         out.append(Row(f"{what}: p99", ms["p99"], "ms", TARGET_SCRAPE_P99_MS))
-    cycles = results["cycle"]
-    label = f"sample cycle, {cycles['cpu_ms']['n']} cycles"
-    out.append(Row(f"{label}: CPU median", cycles["cpu_ms"]["p50"], "ms", TARGET_CYCLE_CPU_MS))
-    out.append(Row(f"{label}: CPU p99", cycles["cpu_ms"]["p99"], "ms"))
-    out.append(Row(f"{label}: wall median", cycles["wall_ms"]["p50"], "ms"))
-    out.append(Row(f"{label}: wall p99", cycles["wall_ms"]["p99"], "ms"))
+        out.append(Row(f"{what}: share over {TARGET_SCRAPE_P99_MS:g} ms", scrape["slow_pct"], "%"))
+    for fmt, cycles in results["cycle"]["by_format"].items():
+        label = f"sample cycle ({fmt} scraped), {cycles['cpu_ms']['n']} cycles"
+        cpu, wall = cycles["cpu_ms"], cycles["wall_ms"]
+        out.append(Row(f"{label}: CPU median", cpu["p50"], "ms", TARGET_CYCLE_CPU_MS))
+        out.append(Row(f"{label}: CPU p99", cpu["p99"], "ms"))
+        out.append(Row(f"{label}: wall median", wall["p50"], "ms"))
+        out.append(Row(f"{label}: wall p99", wall["p99"], "ms"))
     memory = results["memory"]
     label = f"RSS, in-process, all sources, {memory['cycles']} churn cycles"
     out.append(Row(f"{label}: start", memory["start_rss"], "MiB"))
     out.append(Row(f"{label}: end", memory["end_rss"], "MiB", TARGET_RSS_MIB))
+    growth = f"growth per 1,000 cycles after cycle {memory['slope_from_cycle']}"
     out.append(
-        Row(
-            f"RSS growth after cycle {memory['slope_from_cycle']} (per 1,000 cycles)",
-            memory["slope_mib_per_1000_cycles"],
-            "MiB",
-            TARGET_RSS_SLOPE_MIB,
-        )
+        Row(f"RSS {growth}", memory["slope_mib_per_1000_cycles"], "MiB", TARGET_RSS_SLOPE_MIB)
     )
+    out.append(Row(f"pymalloc blocks {growth}", memory["slope_blocks_per_1000_cycles"], "blocks"))
     process = results["process_rss"]
     out.append(
         Row(
@@ -661,6 +700,7 @@ def markdown(results: dict[str, Any], rows_: list[Row]) -> str:
         f"| cores | {m['cores']} ({m['usable_cores']} usable) |",
         f"| memory | {m['memory_gib']} GiB |",
         f"| kernel | {m['kernel']} |",
+        f"| MALLOC_ARENA_MAX | {m['malloc_arena_max'] or 'unset (glibc default)'} |",
         f"| Python | {m['python']} |",
         f"| exporter | {m['exporter']} ({m['commit']}) |",
         f"| packages | {packages} |",

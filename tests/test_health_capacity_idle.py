@@ -252,3 +252,9 @@ def test_mig_allocation_without_a_signal_is_not_judged_and_gaps_are_not_counted(
     assert idle_step(a, [usage("GPU-0", 1, None, mig="MIG-x")], [gpu]) == {"MIG-x": (False, 0.0)}
     # no process on the instance: idle, but an exporter outage (gap > max) adds nothing
     assert idle_step(a, [], [gpu], elapsed=600) == {"MIG-x": (True, 0.0)}
+
+
+def test_allocation_on_a_lost_or_unknown_gpu_is_not_counted_as_idle() -> None:
+    lost = GpuSample(index=0, uuid="GPU-0", error="GpuIsLost")
+    a = [alloc("GPU-0", "GPU-0"), alloc("GPU-9", "GPU-9", pod="q")]
+    assert idle_step(a, [], [lost]) == {"GPU-0": (False, 0.0), "GPU-9": (False, 0.0)}

@@ -1,6 +1,7 @@
 """Allocated but idle (pure): how long each container held a device without using it.
 
-The activity signal per allocation, best first:
+The activity signal per allocation, best first (a GPU NVML does not know or that
+failed is not judged at all):
 - no process of the container on the device at all: idle;
 - a time-sliced replica: the container's own SM share (per-process samples), since the
   GPU's activity belongs to everyone sharing it;
@@ -28,14 +29,14 @@ def _activity(
     usage: dict[tuple[str, str, str, str, str | None], ContainerGpuUsage],
     gpus: dict[str, GpuSample],
 ) -> float | None:
+    gpu = gpus.get(a.uuid)
+    if gpu is None or gpu.error:
+        return None  # a lost GPU is not idle, it is broken: its health says so
     used = usage.get((a.namespace, a.pod, a.container, a.uuid, a.mig_uuid))
     if used is None or used.processes == 0:
         return 0.0
     if a.shared:
         return used.sm_ratio or 0.0
-    gpu = gpus.get(a.uuid)
-    if gpu is None:
-        return None
     if a.mig_uuid:
         mig = next((m for m in gpu.mig_instances if m.uuid == a.mig_uuid), None)
         return mig.occupancy.sm_active if mig and mig.occupancy else None

@@ -1,0 +1,257 @@
+"""The processes of the e2e test: the exporter on a simulated node and a real Prometheus.
+
+Both run as child processes under coreutils' `timeout`, so even a test runner that is
+killed outright leaves nothing running for longer than ``PROCESS_LIFETIME_S``; the test
+stops them itself (SIGTERM, then SIGKILL) in its fixture's teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PROCESS_LIFETIME_S = 300  # hard ceiling per child process, whatever happens to the test
+JOB = "e2e-gpu-occupancy-exporter"  # matches the rules' job=~".*gpu-occupancy-exporter.*"
+NODE = "sim-node-e2e"
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    *,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.5,
+    diagnostics: Callable[[], str] = lambda: "",
+) -> T:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (OSError, ValueError) as exc:  # not up yet: connection refused, bad JSON
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}"
+                f"{f' (last error: {last_error})' if last_error else ''}\n{diagnostics()}"
+            )
+        time.sleep(interval_s)
+
+
+class Child:
+    """A child process with its output in a file, bounded in time, stopped by pid."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, cwd: Path = ROOT) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        bounded = list(argv)
+        if timeout := shutil.which("timeout"):
+            bounded = [timeout, "--kill-after=10", str(PROCESS_LIFETIME_S), *bounded]
+        self.process = subprocess.Popen(
+            bounded, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.running():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+        self._log.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        if not self.running():
+            raise AssertionError(
+                f"{self.name} exited with status {self.process.returncode}:\n{self.log_tail()}"
+            )
+
+
+def simulation_start(exporter_log: str) -> float | None:
+    """Unix time at which the simulated node's clock started (the scenario's t=0), from
+    the exporter's first log line about it (text format: local time, milliseconds)."""
+    match = re.search(
+        r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO +exporter\.sim\.environment: "
+        r"simulated node",
+        exporter_log,
+        re.MULTILINE,
+    )
+    if match is None:
+        return None
+    return time.mktime(time.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + int(match[2]) / 1000
+
+
+def start_exporter(scenario: Path, port: int, log_path: Path) -> Child:
+    return Child(
+        "exporter",
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--simulate",
+            str(scenario),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "1",
+            "--orphan-cycles",
+            "2",
+            "--deleted-pod-grace",
+            "5",
+            "--dcgm",
+            "off",
+        ],
+        log_path,
+    )
+
+
+def prometheus_config(exporter_port: int | None, rule_files: Sequence[Path]) -> dict[str, Any]:
+    """Scrape and evaluate every second.
+
+    ``None``: the job stays but has no target (a ServiceMonitor that selects nothing).
+    Prometheus then writes staleness markers for the target's series, so `up` is gone at
+    once; removing the whole job instead would leave its last `up` sample visible for the
+    5-minute lookback (a stopped scrape pool writes no staleness markers).
+    """
+    targets = (
+        [{"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"node": NODE}}]
+        if exporter_port is not None
+        else []
+    )
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "static_configs": targets,
+            }
+        ],
+    }
+
+
+def write_prometheus_config(
+    path: Path, exporter_port: int | None, rule_files: Sequence[Path]
+) -> None:
+    path.write_text(yaml.safe_dump(prometheus_config(exporter_port, rule_files)), "utf-8")
+
+
+def start_prometheus(binary: str, config: Path, data: Path, port: int, log_path: Path) -> Child:
+    return Child(
+        "prometheus",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            "--log.level=warn",
+        ],
+        log_path,
+    )
+
+
+class PromApi:
+    """The parts of Prometheus' HTTP API the test reads."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    def ready(self) -> bool:
+        return http_get(f"{self.base}/-/ready", timeout=2)[0] == 200
+
+    def _get(self, path: str, **params: str | float) -> dict[str, Any]:
+        url = f"{self.base}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode({k: str(v) for k, v in params.items()})
+        status, body = http_get(url)
+        try:
+            data: dict[str, Any] = json.loads(body)
+        except ValueError:
+            data = {"status": "error", "error": f"HTTP {status}: {body[:200]!r}"}
+        return data
+
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        return self._get("/api/v1/query", query=expr, **({"time": at} if at else {}))
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> dict[str, Any]:
+        return self._get("/api/v1/query_range", query=expr, start=start, end=end, step=step)
+
+    def label_values(self, label: str, match: str, start: float, end: float) -> dict[str, Any]:
+        return self._get(
+            f"/api/v1/label/{urllib.parse.quote(label)}/values",
+            **{"match[]": match, "start": start, "end": end},
+        )
+
+    def series(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The result of an instant query; fails on a query error."""
+        data = self.query(expr, at)
+        if data.get("status") != "success":
+            raise AssertionError(f"query {expr!r} failed: {data.get('error')}")
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
+
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = self._get("/api/v1/alerts")["data"]["alerts"]
+        return alerts
+
+    def rules(self) -> list[dict[str, Any]]:
+        groups = self._get("/api/v1/rules")["data"]["groups"]
+        return [rule for group in groups for rule in group["rules"]]
+
+    def targets(self) -> list[dict[str, Any]]:
+        targets: list[dict[str, Any]] = self._get("/api/v1/targets")["data"]["activeTargets"]
+        return targets
+
+    def reload(self) -> None:
+        request = urllib.request.Request(f"{self.base}/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200, f"reload answered {response.status}"

@@ -1,0 +1,601 @@
+"""End to end: the exporter on a simulated node, scraped by a real Prometheus that loads
+the alerting rules (on an e2e time scale, see shrink_rules.py) and the recording rules,
+checked through Prometheus' HTTP API. docs/e2e.md describes the run.
+
+One module-scoped run (~2 minutes) plays the scenario tests/e2e/node-e2e.yaml:
+1. start the exporter, then Prometheus (scrape and evaluation every second);
+2. poll until every expected alert has fired (bounded; progress is printed);
+3. while the exporter still runs: read every dashboard query, every recording rule and
+   every rule's health, and render the PNG plots;
+4. stop the exporter: GPUExporterDown must fire; then drop its target from Prometheus'
+   configuration: GPUExporterAbsent must fire.
+The tests below then assert on what the run saw; each failure message carries the alert
+states and the relevant lines of the exporter's last scrape.
+
+Prometheus (`/usr/bin/prometheus`, Debian's `prometheus` package, as promtool) is
+required: without it the run fails, like the promtool tests, rather than skips.
+
+Self-check: `GPU_E2E_BREAK=rule` breaks GPUIsolationLeak's expression in the loaded copy
+and `GPU_E2E_BREAK=query` breaks one dashboard query; either must make a test below fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import render_plots
+from tests.e2e.shrink_rules import (
+    FLOOR_S,
+    SCALE,
+    shrink_duration,
+    shrink_expr,
+    time_constants_blanked,
+    write_shrunk_rules,
+)
+from tests.e2e.stack import (
+    JOB,
+    NODE,
+    Child,
+    PromApi,
+    free_port,
+    http_get,
+    simulation_start,
+    start_exporter,
+    start_prometheus,
+    wait_until,
+    write_prometheus_config,
+)
+from tests.test_alert_rules import (
+    ALERTS,
+    alerting_rules,
+    duration_s,
+    load_yaml,
+    referenced_metrics,
+    run_promtool,
+)
+from tests.test_dashboards import dashboard_files, load, panels
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SCENARIO = HERE / "node-e2e.yaml"
+ALERT_RULES = ALERTS / "gpu-occupancy-exporter.rules.yaml"
+RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
+DOCS_IMG = ROOT / "docs" / "img"
+BREAK = os.environ.get("GPU_E2E_BREAK", "")
+
+# Budgets (seconds). Every alert is expected ~80 s after the simulation starts (the last:
+# GPUAllocatedButIdle, a 15 s rate window filling up, then `for: 60s`); the rest is slack
+# for a slow, busy CI machine. An alert that never fires costs the whole ALERTS_TIMEOUT_S:
+# about 3 minutes in all.
+START_TIMEOUT_S = 30
+ALERTS_TIMEOUT_S = 150
+DOWN_TIMEOUT_S = 40
+ABSENT_TIMEOUT_S = 50
+POLL_S = 1.0
+
+# Grafana's built-in variables for a query over the run: a 2 s step, and
+# $__rate_interval = max($__interval + scrape interval, 4 x scrape interval).
+STEP_S = 2
+BUILTINS = {"__interval": f"{STEP_S}s", "__rate_interval": "4s"}
+# A stat panel's fallback for "nothing to count"; stripped before counting series.
+FALLBACK = re.compile(r"\s+or\s+vector\(0\)\s*$")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Firing instances: each of ``must`` matches one; every one matches ``must`` or ``may``."""
+
+    must: tuple[dict[str, str], ...]
+    may: tuple[dict[str, str], ...] = ()
+
+
+# What the scenario makes fire (labels as the rules produce them).
+EXPECTED: dict[str, Expect] = {
+    "GPUOrphanedMemory": Expect(
+        (
+            {"gpu": "5", "kind": "dead_process"},  # kill -9 at t=20
+            {"gpu": "1", "kind": "stuck_process"},  # state D at t=25
+            {"gpu": "4", "kind": "unattributed"},  # fork_orphan at t=30
+            {"gpu": "2", "kind": "deleted_pod"},  # delete_pod at t=35
+        )
+    ),
+    "GPUOrphanedMemoryLarge": Expect(({"gpu": "5"},)),  # 30 of 80 GiB
+    "GPUFatalXID": Expect(({"gpu": "6", "xid": "79"},)),  # XID 31 on GPU 2 is not fatal
+    "GPUUnhealthy": Expect(({"gpu": "6"},)),
+    "GPUNodeCapacityReduced": Expect(({"resource": "nvidia.com/gpu", "node": NODE},)),
+    "GPUThermalOrPowerSlowdown": Expect(({"gpu": "1"},)),
+    "GPUUtilizationWithoutSMActivity": Expect(({"gpu": "4"},)),
+    "GPUAllocatedButIdle": Expect(
+        # GPU 6's allocation is not idle once the GPU is lost (t=41): it is broken,
+        # which GPUUnhealthy reports; idle time is not counted on a failed GPU
+        ({"pod": "idle-reservation", "gpu": "7"}, {"pod": "tiny-kernels", "gpu": "4"}),
+    ),
+    "GPUIsolationLeak": Expect(({"namespace": "debug", "pod": "leaky-shell", "gpu": "5"},)),
+}
+# Fire only once the exporter is stopped (step 4).
+STOP_PHASE = ("GPUExporterDown", "GPUExporterAbsent")
+
+# Dashboard panel queries allowed to return no series, with the reason. Keep it minimal:
+# each entry must still be valid PromQL, and must really return nothing (else remove it).
+NO_SERIES_IN_SIMULATION: dict[tuple[str, str, str], str] = {}
+
+# Labels worth showing when describing an alert.
+ALERT_KEYS = ("gpu", "kind", "xid", "namespace", "pod", "resource", "source", "node")
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    board: str
+    where: str
+    expr: str
+    mode: str  # range | instant | variable
+    status: str
+    error: str
+    series: int
+
+
+@dataclass
+class Run:
+    api: PromApi
+    sim_t0: float  # Unix time of the scenario's t=0
+    prom_start: float
+    first_scrape: float = 0.0
+    main_end: float = 0.0
+    fired: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    state: str = ""  # alert states and targets at the end of the main phase
+    scrape: str = ""  # the exporter's /metrics at the end of the main phase
+    dashboards: list[QueryResult] = field(default_factory=list)
+    recorded: dict[str, int] = field(default_factory=dict)
+    rule_health: list[tuple[str, str, str]] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+    stop_phase_fired: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    fired_over_run: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    stop_phase_state: str = ""
+    runtime_s: float = 0.0
+
+    def scrape_lines(self, metrics: set[str]) -> str:
+        """The lines of the last scrape for ``metrics`` (recorded names: their sources)."""
+        names = {m.split(":")[1] if m.count(":") == 2 else m for m in metrics}
+        lines = [
+            line
+            for line in self.scrape.splitlines()
+            if line
+            and not line.startswith("#")
+            and any(re.match(rf"{re.escape(n)}(_bucket|_sum|_count)?[{{ ]", line) for n in names)
+        ]
+        shown = "\n".join(lines[:60]) + (f"\n... {len(lines) - 60} more" if len(lines) > 60 else "")
+        return f"last scrape, {sorted(names)}:\n{shown or '(no such lines)'}"
+
+
+def alert_names() -> list[str]:
+    return [r["alert"] for r in alerting_rules()]
+
+
+def _label_subset(labels: dict[str, str]) -> str:
+    return ", ".join(f"{k}={labels[k]}" for k in ALERT_KEYS if labels.get(k))
+
+
+def describe(api: PromApi) -> str:
+    """Alert states and targets, for failure messages."""
+    lines = ["Prometheus alerts (state, name, labels, active since):"]
+    try:
+        alerts = sorted(api.alerts(), key=lambda a: (a["labels"]["alertname"], a["state"]))
+        for a in alerts:
+            lines.append(
+                f"  {a['state']:8} {a['labels']['alertname']:32} "
+                f"{_label_subset(a['labels'])}  {a.get('activeAt', '')}"
+            )
+        if not alerts:
+            lines.append("  (none pending or firing)")
+        lines.append("targets:")
+        for t in api.targets():
+            lines.append(
+                f"  {t['labels'].get('job')} {t['scrapeUrl']}: {t['health']} "
+                f"last scrape {t.get('lastScrape')} {t.get('lastError') or ''}"
+            )
+    except (OSError, ValueError, KeyError) as exc:
+        lines.append(f"  (Prometheus did not answer: {exc})")
+    return "\n".join(lines)
+
+
+def fired_since(api: PromApi, start: float) -> dict[str, list[dict[str, str]]]:
+    """Every alert instance that was firing at some evaluation since ``start``."""
+    window = math.ceil(time.time() - start) + 2
+    fired: dict[str, list[dict[str, str]]] = {}
+    for item in api.series(f'max_over_time(ALERTS{{alertstate="firing"}}[{window}s])'):
+        labels = item["metric"]
+        fired.setdefault(labels["alertname"], []).append(labels)
+    return fired
+
+
+def _matches(labels: dict[str, str], wanted: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def missing_instances(fired: dict[str, list[dict[str, str]]]) -> dict[str, list[dict[str, str]]]:
+    """Expected firing instances not seen yet."""
+    missing = {}
+    for name, expect in EXPECTED.items():
+        absent = [w for w in expect.must if not any(_matches(f, w) for f in fired.get(name, []))]
+        if absent:
+            missing[name] = absent
+    return missing
+
+
+def rule_file_for_run(tmp: Path) -> Path:
+    path = write_shrunk_rules(ALERT_RULES, tmp / "alerts.e2e.rules.yaml")
+    if BREAK == "rule":  # self-check: a broken expression must fail the run
+        text = path.read_text(encoding="utf-8")
+        broken = text.replace(
+            "expr: gpu_unallocated_use_memory_bytes > 0",
+            "expr: gpu_unallocated_used_memory_bytes > 0",
+        )
+        assert broken != text, "GPU_E2E_BREAK=rule: GPUIsolationLeak's expression changed"
+        path.write_text(broken, encoding="utf-8")
+    return path
+
+
+def wait_for_expected_alerts(api: PromApi, run: Run, prometheus: Child, exporter: Child) -> None:
+    deadline = time.monotonic() + ALERTS_TIMEOUT_S
+    seen: dict[tuple[str, str], str] = {}
+    while True:
+        prometheus.check_alive()
+        exporter.check_alive()
+        for a in api.alerts():
+            key = (a["labels"]["alertname"], _label_subset(a["labels"]))
+            if seen.get(key) != a["state"]:
+                seen[key] = a["state"]
+                print(
+                    f"[e2e t={time.time() - run.sim_t0:5.1f} s] {a['state']:8} {key[0]} {key[1]}",
+                    flush=True,
+                )
+        missing = missing_instances(fired_since(api, run.prom_start))
+        if not missing or time.monotonic() >= deadline:
+            if missing:
+                print(f"[e2e] gave up waiting for {missing}", flush=True)
+            return
+        time.sleep(POLL_S)
+
+
+def substitute(expr: str, range_s: int) -> str:
+    """Grafana's variables for a query over the whole run; filters become `.*`."""
+    values = {**BUILTINS, "__range": f"{range_s}s"}
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return values.get(name, ".*")
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", value, expr)
+
+
+def dashboard_queries() -> Iterator[tuple[str, str, str, str, str]]:
+    """(board, where, expr, mode, label) for every panel target, annotation and variable;
+    ``label`` is the variable's label for mode ``variable``."""
+    for path in dashboard_files():
+        board = load(path)
+        for panel in panels(board):
+            for t in panel.get("targets", []):
+                mode = "instant" if t.get("instant") else "range"
+                yield path.name, f"{panel['title']} {t['refId']}", t["expr"], mode, ""
+        for a in board["annotations"]["list"]:
+            if "expr" in a:
+                yield path.name, f"annotation {a['name']}", a["expr"], "range", ""
+        for v in board["templating"]["list"]:
+            if v["type"] == "query":
+                match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"], re.DOTALL)
+                assert match, f"{path.name} variable {v['name']}: not label_values(...)"
+                yield path.name, f"variable {v['name']}", match.group(1), "variable", match[2]
+
+
+def _fetch(api: PromApi, expr: str, mode: str, label: str, start: float, end: float) -> Any:
+    if mode == "variable":
+        return api.label_values(label, expr, start, end)
+    if mode == "instant":
+        return api.query(expr, end)
+    return api.query_range(expr, start, end, STEP_S)
+
+
+def run_dashboard_queries(api: PromApi, start: float, end: float) -> list[QueryResult]:
+    """Each query as Grafana would send it (status), and its series counted without a
+    stat panel's `or vector(0)` fallback, which would answer even for a misspelt metric."""
+    results = []
+    range_s = math.ceil(end - start)
+    for board, where, raw, mode, label in dashboard_queries():
+        if BREAK == "query" and where == "Orphan holders A":  # self-check
+            raw = raw.replace("gpu_orphaned_holder_info", "gpu_orphaned_holders_info")
+        expr = substitute(raw, range_s)
+        data = _fetch(api, expr, mode, label, start, end)
+        checked = FALLBACK.sub("", expr)
+        if checked != expr and data.get("status") == "success":
+            data = _fetch(api, checked, mode, label, start, end)
+        ok = data.get("status") == "success"
+        result = data.get("data", []) if ok else []
+        if mode != "variable" and ok:
+            result = result["result"]
+        results.append(
+            QueryResult(
+                board,
+                where,
+                checked,
+                mode,
+                data.get("status", "?"),
+                data.get("error", ""),
+                len(result),
+            )
+        )
+    return results
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail(
+            "prometheus not found on PATH. Install Debian's prometheus package: "
+            "apt-get update && apt-get install -y prometheus",
+            pytrace=False,
+        )
+    tmp = tmp_path_factory.mktemp("e2e")
+    began = time.monotonic()
+    exporter_port, prom_port = free_port(), free_port()
+    rules = [rule_file_for_run(tmp), RECORDING_RULES]
+    config = tmp / "prometheus.yml"
+    write_prometheus_config(config, exporter_port, rules)
+    children: list[Child] = []
+    try:
+        exporter_t0 = time.time()
+        exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log")
+        children.append(exporter)
+
+        def exporter_ready() -> bool:
+            exporter.check_alive()
+            return http_get(f"http://127.0.0.1:{exporter_port}/readyz", timeout=2)[0] == 200
+
+        wait_until(exporter_ready, timeout_s=START_TIMEOUT_S, what="the exporter's /readyz")
+        # the scenario's t=0; the exporter process started a little earlier
+        sim_t0 = simulation_start(exporter.log_path.read_text(encoding="utf-8")) or exporter_t0
+        prometheus = start_prometheus(binary, config, tmp / "tsdb", prom_port, tmp / "prom.log")
+        children.append(prometheus)
+        api = PromApi(prom_port)
+
+        def prometheus_ready() -> bool:
+            prometheus.check_alive()
+            return api.ready()
+
+        wait_until(prometheus_ready, timeout_s=START_TIMEOUT_S, what="Prometheus' /-/ready")
+        run = Run(api=api, sim_t0=sim_t0, prom_start=time.time())
+        wait_until(
+            lambda: api.series(f'up{{job="{JOB}"}} == 1'),
+            timeout_s=START_TIMEOUT_S,
+            what="the first successful scrape",
+            diagnostics=lambda: describe(api) + "\n" + prometheus.log_tail(),
+        )
+        # Prometheus applies new targets on a 5 s tick: the first sample comes a little
+        # after /-/ready. The plots start there.
+        run.first_scrape = time.time() - POLL_S
+        print(f"[e2e] exporter and Prometheus up after {time.monotonic() - began:.1f} s")
+
+        wait_for_expected_alerts(api, run, prometheus, exporter)
+        run.main_end = time.time()
+        run.fired = fired_since(api, run.prom_start)
+        run.state = describe(api)
+        run.scrape = http_get(f"http://127.0.0.1:{exporter_port}/metrics")[1].decode()
+        run.dashboards = run_dashboard_queries(api, run.prom_start, run.main_end)
+        with_series = sum(1 for r in run.dashboards if r.series)
+        print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
+        run.recorded = {
+            r["record"]: len(api.series(r["record"], run.main_end))
+            for g in load_yaml(RECORDING_RULES)["groups"]
+            for r in g["rules"]
+        }
+        run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
+        events = render_plots.load_events(SCENARIO)
+        window = {"start": run.first_scrape, "end": run.main_end, "t0": sim_t0}
+        run.plots = render_plots.render_all(api, **window, events=events, out_dir=tmp / "img")
+        if os.environ.get("E2E_WRITE_IMAGES") == "1":
+            render_plots.render_all(api, **window, events=events, out_dir=DOCS_IMG)
+            print(f"[e2e] wrote the plots to {DOCS_IMG}")
+        print(f"[e2e] main phase done after {time.monotonic() - began:.1f} s; stopping exporter")
+
+        exporter.stop()
+
+        def stop_fired(name: str) -> bool:
+            return any(
+                a["labels"]["alertname"] == name and a["state"] == "firing" for a in api.alerts()
+            )
+
+        for name, timeout_s in zip(STOP_PHASE, (DOWN_TIMEOUT_S, ABSENT_TIMEOUT_S), strict=True):
+            if name == "GPUExporterAbsent":  # the target goes away entirely
+                write_prometheus_config(config, None, rules)
+                api.reload()
+            try:
+                wait_until(lambda n=name: stop_fired(n), timeout_s=timeout_s, what=name)
+                print(f"[e2e] {name} firing after {time.monotonic() - began:.1f} s")
+            except AssertionError as exc:
+                print(f"[e2e] {exc}")
+        run.stop_phase_state = describe(api)
+        run.fired_over_run = fired_since(api, run.prom_start)
+        run.stop_phase_fired = {n: run.fired_over_run.get(n, []) for n in STOP_PHASE}
+        run.runtime_s = time.monotonic() - began
+        print(f"[e2e] run took {run.runtime_s:.1f} s")
+        yield run
+    finally:
+        for child in reversed(children):
+            child.stop()
+
+
+# --- the rule rewriting (no Prometheus needed) ----------------------------------------
+
+_LITERALS = re.compile(r"\[([^\]]+)\]|offset\s+(\w+)|time\(\)\s*-[^<>=!]*?>\s*(\d+(?:\.\d+)?)")
+
+
+def _shrunk_alerts() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(rule, {**rule, "expr": shrink_expr(rule["expr"])}) for rule in alerting_rules()]
+
+
+def test_shrinking_divides_every_for_by_the_scale_with_a_floor() -> None:
+    for rule in alerting_rules():
+        if "for" in rule:
+            expected = max(math.ceil(duration_s(rule["for"]) / SCALE), FLOOR_S)
+            assert shrink_duration(rule["for"]) == f"{expected}s", rule["alert"]
+    assert shrink_duration("1h") == "60s" and shrink_duration("2m") == f"{FLOOR_S}s"
+
+
+def test_shrinking_changes_only_time_constants() -> None:
+    for rule, shrunk in _shrunk_alerts():
+        assert time_constants_blanked(shrunk["expr"]) == time_constants_blanked(rule["expr"])
+        if _LITERALS.search(rule["expr"]):
+            assert shrunk["expr"] != rule["expr"], f"{rule['alert']}: nothing was shrunk"
+
+
+def test_no_time_constant_of_production_size_is_left() -> None:
+    """Every range, offset and age in the loaded copy is at most a minute."""
+    for _, shrunk in _shrunk_alerts():
+        for rng, offset, age in _LITERALS.findall(shrunk["expr"]):
+            seconds = float(age) if age else duration_s(rng or offset)
+            assert FLOOR_S <= seconds <= 60, f"{shrunk['alert']}: {rng or offset or age}"
+
+
+def test_shrinking_examples() -> None:
+    assert shrink_expr("increase(x[10m]) > 0 unless x offset 10m") == (
+        "increase(x[10s]) > 0 unless x offset 10s"
+    )
+    assert shrink_expr("(time() - min by (a) (ts)\n > 600)") == "(time() - min by (a) (ts)\n > 10)"
+    assert shrink_expr("time() - ts > 60") == f"time() - ts > {FLOOR_S}"
+    assert shrink_expr("rate(x[15m]) > 0.9") == "rate(x[15s]) > 0.9"
+
+
+def test_the_rewritten_rule_file_passes_promtool(tmp_path: Path) -> None:
+    path = write_shrunk_rules(ALERT_RULES, tmp_path / "rules.yaml")
+    result = run_promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout
+    original = [r["alert"] for g in load_yaml(ALERT_RULES)["groups"] for r in g["rules"]]
+    assert [r["alert"] for g in load_yaml(path)["groups"] for r in g["rules"]] == original
+
+
+def test_the_expectations_name_real_alerts() -> None:
+    assert set(EXPECTED) | set(STOP_PHASE) <= set(alert_names())
+
+
+# --- the run's results ----------------------------------------------------------------
+
+
+def test_expected_alerts_fire(e2e: Run) -> None:
+    missing = missing_instances(e2e.fired)
+    assert not missing, (
+        f"alerts that never fired (expected instances): {json.dumps(missing)}\n{e2e.state}\n"
+        + e2e.scrape_lines(
+            {
+                m
+                for r in alerting_rules()
+                if r["alert"] in missing
+                for m in referenced_metrics(r["expr"])
+            }
+        )
+    )
+
+
+def test_expected_alerts_fire_only_for_the_expected_gpus_and_pods(e2e: Run) -> None:
+    for name, expect in EXPECTED.items():
+        allowed = expect.must + expect.may
+        extra = [f for f in e2e.fired.get(name, []) if not any(_matches(f, w) for w in allowed)]
+        assert not extra, f"{name} fired for {[_label_subset(f) for f in extra]}\n{e2e.state}"
+
+
+def test_other_alerts_stay_quiet(e2e: Run) -> None:
+    """Nothing else fires while the exporter runs: not the exporter's own alerts (all its
+    sources are up, samples are fresh) and not the stop-phase alerts."""
+    quiet = set(alert_names()) - set(EXPECTED)
+    assert quiet >= {"GPUExporterSourceDown", "GPUExporterNVMLDown", "GPUExporterSamplesStale"}
+    noisy = {name: e2e.fired[name] for name in quiet & set(e2e.fired)}
+    assert not noisy, f"fired but should not have: {json.dumps(noisy)}\n{e2e.state}"
+
+
+def test_exporter_down_and_absent_fire_once_it_is_gone(e2e: Run) -> None:
+    for name in STOP_PHASE:
+        assert e2e.stop_phase_fired[name], f"{name} did not fire\n{e2e.stop_phase_state}"
+    after_stop = {
+        name: e2e.fired_over_run[name]
+        for name in set(alert_names()) - set(EXPECTED) - set(STOP_PHASE)
+        if name in e2e.fired_over_run
+    }
+    assert not after_stop, f"fired after the stop: {after_stop}\n{e2e.stop_phase_state}"
+
+
+def test_every_rule_evaluates_without_error(e2e: Run) -> None:
+    bad = [(n, h, e) for n, h, e in e2e.rule_health if h != "ok" or e]
+    assert not bad, f"rules with evaluation errors: {bad}"
+    names = {n for n, _, _ in e2e.rule_health}
+    assert set(alert_names()) <= names and set(e2e.recorded) <= names
+
+
+def test_every_recording_rule_produces_series(e2e: Run) -> None:
+    empty = [name for name, count in e2e.recorded.items() if count == 0]
+    assert not empty, f"recording rules without series: {empty}\n" + e2e.scrape_lines(
+        {
+            m
+            for g in load_yaml(RECORDING_RULES)["groups"]
+            for r in g["rules"]
+            if r["record"] in empty
+            for m in referenced_metrics(r["expr"])
+        }
+    )
+
+
+def test_every_dashboard_query_is_valid_promql(e2e: Run) -> None:
+    errors = [r for r in e2e.dashboards if r.status != "success"]
+    assert not errors, "\n".join(f"{r.board} {r.where}: {r.error}\n  {r.expr}" for r in errors)
+    assert len(e2e.dashboards) > 50  # every panel of the three boards was read
+
+
+def test_every_dashboard_query_returns_series(e2e: Run) -> None:
+    empty = [
+        r
+        for r in e2e.dashboards
+        if r.status == "success"
+        and r.series == 0
+        and (r.board, *r.where.rsplit(" ", 1)) not in NO_SERIES_IN_SIMULATION
+    ]
+    assert not empty, (
+        "\n\n".join(
+            f"{r.board} {r.where} ({r.mode}) returned no series:\n  {r.expr}\n"
+            + e2e.scrape_lines(referenced_metrics(r.expr))
+            for r in empty
+        )
+        + f"\n\n{e2e.state}"
+    )
+
+
+def test_the_no_series_list_is_current(e2e: Run) -> None:
+    by_key = {(r.board, *r.where.rsplit(" ", 1)): r for r in e2e.dashboards}
+    for key, reason in NO_SERIES_IN_SIMULATION.items():
+        assert key in by_key, f"{key} ({reason}): no such panel query any more"
+        assert by_key[key].series == 0, f"{key} returns series now: remove it from the list"
+
+
+def test_plots_are_png_images(e2e: Run) -> None:
+    assert sorted(p.name for p in e2e.plots) == sorted(render_plots.FILES.values())
+    for path in e2e.plots:
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width >= 800 and height >= 400, (path, width, height)
+        assert len(data) > 30_000, f"{path}: {len(data)} bytes, suspiciously little drawn"
+
+
+def test_the_run_stays_within_its_budget(e2e: Run) -> None:
+    assert e2e.runtime_s < 240, f"the e2e run took {e2e.runtime_s:.0f} s"
