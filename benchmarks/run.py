@@ -66,7 +66,9 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGET_SCRAPE_P99_MS = 2.0
 TARGET_CYCLE_CPU_MS = 10.0
 TARGET_RSS_MIB = 90.0
-TARGET_RSS_SLOPE_MIB = 0.1  # growth per 1,000 cycles after warm-up that still counts as flat
+# Growth per 1,000 cycles after warm-up that still counts as flat. RSS wanders by ±2 MiB
+# for runs of ~1,000 cycles as malloc reuses its arenas, which makes smaller slopes noise.
+TARGET_RSS_SLOPE_MIB = 0.25
 
 # name: (request headers, seconds of unrecorded warm-up scrapes). The exporter renders
 # each cycle only the formats asked for in its last 10 cycles, so the OpenMetrics series
@@ -104,8 +106,8 @@ class Plan:
     settle_s: float  # a fresh exporter runs this long before its RSS is read
 
 
-FULL = Plan(2000, 500, 0.005, 20, 500, 10_000, 100, 2000, 5.0)
-QUICK = Plan(200, 50, 0.005, 12, 50, 1000, 50, 200, 3.0)
+FULL = Plan(2000, 500, 0.005, 20, 500, 10_000, 100, 3000, 5.0)
+QUICK = Plan(200, 50, 0.005, 12, 50, 1000, 50, 300, 3.0)
 
 
 # -- small helpers ---------------------------------------------------------------------

@@ -5,15 +5,17 @@ the cgroup identities read from /proc into pod labels. One daemon thread lists t
 node's pods, then watches from the list's resourceVersion, and relists on any break
 (410 Gone, a dropped connection, an error) and every ``resync_s`` as a safety net.
 
-``kubernetes`` is imported only inside that thread: it costs ~20 MB of RSS and a second
-of start-up, and with ``--kube-api off`` it must never be loaded. Pods are read as raw
-JSON rather than the client's models: cheaper per event, and immune to model
-validation tripping over fields a newer API server adds or omits.
+``kubernetes`` is imported only inside that thread: it costs ~20 MiB of RSS and a second
+of start-up (its generated ``CoreV1Api`` would cost another ~21 MiB, so the one request
+we need is built through ``ApiClient``), and with ``--kube-api off`` it is never loaded.
+Pods are read as raw JSON rather than the client's models: cheaper per event, and
+immune to model validation tripping over fields a newer API server adds or omits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -31,6 +33,14 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 LIST_READ_TIMEOUT_S = 60.0
+# CoreV1Api keyword -> query parameter, for the pod list and watch requests
+_QUERY_NAMES = {
+    "field_selector": "fieldSelector",
+    "resource_version": "resourceVersion",
+    "timeout_seconds": "timeoutSeconds",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "watch": "watch",
+}
 # A watch with no events is silent; the read timeout only has to outlast the window the
 # server was asked to keep open, so a half-open connection is still noticed.
 WATCH_READ_GRACE_S = 10.0
@@ -291,7 +301,7 @@ class PodWatcher:
                     if stopping.is_set():
                         break
                     gone = getattr(exc, "status", None) == 410
-                    where = f"{stage} ({v1.api_client.configuration.host})" if v1 else stage
+                    where = f"{stage} ({v1.configuration.host})" if v1 else stage
                     message = f"{where}: {describe_error(exc)}"
                     failures += 1
                     if stage == "watch pods" and failures == 1:
@@ -303,10 +313,10 @@ class PodWatcher:
         finally:
             if v1 is not None:
                 with contextlib.suppress(Exception):
-                    v1.api_client.close()
+                    v1.close()
 
     def _connect(self) -> Any:
-        """A CoreV1Api on a private Configuration, so nothing global is touched."""
+        """An ApiClient on a private Configuration, so nothing global is touched."""
         from kubernetes import client, config
 
         cfg = client.Configuration()
@@ -316,16 +326,40 @@ class PodWatcher:
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=self._kubeconfig, client_configuration=cfg, persist_config=False
             )
-        return client.CoreV1Api(client.ApiClient(configuration=cfg))
+        return client.ApiClient(configuration=cfg)
+
+    def _get_pods(self, api: Any, **kwargs: Any) -> Any:
+        """GET /api/v1/pods exactly as ``CoreV1Api.list_pod_for_all_namespaces`` builds
+        it, without loading ``CoreV1Api``: that generated module alone costs ~21 MiB of
+        resident memory, for the one call a node agent makes. Returns the raw urllib3
+        response (what ``watch.stream`` and ``_list`` read); keyword names are the
+        CoreV1Api ones, so ``watch.stream`` can call this in its place.
+        """
+        kwargs.pop("_preload_content", None)
+        timeout = kwargs.pop("_request_timeout", None)
+        query = [(_QUERY_NAMES[key], value) for key, value in kwargs.items() if value is not None]
+        method, url, headers, body, post = api.param_serialize(
+            "GET",
+            "/api/v1/pods",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+        return response.response
 
     def _list(self, v1: Any) -> str:
         """LIST this node's pods, replace the whole set; returns the resourceVersion."""
-        resp = v1.list_pod_for_all_namespaces(
+        resp = self._get_pods(
+            v1,
             field_selector=self._selector,
-            _preload_content=False,
             _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S),
         )
         try:
+            if not 200 <= resp.status <= 299:
+                from kubernetes.client.exceptions import ApiException
+
+                raise ApiException(http_resp=resp)  # reads status, reason, body
             body = json.loads(resp.data)
         finally:
             resp.release_conn()
@@ -361,7 +395,7 @@ class PodWatcher:
                 if stopping.is_set():
                     return
                 stream = watch.stream(
-                    v1.list_pod_for_all_namespaces,
+                    functools.partial(self._get_pods, v1),
                     field_selector=self._selector,
                     resource_version=rv,
                     timeout_seconds=window,
