@@ -183,6 +183,7 @@ class Agent:
         self._dcgm_seen_up = False
         self._errors_seen: dict[str, int] = {}
         self._stopping = asyncio.Event()
+        self._frozen = False
         self.latest: Analysis | None = None
 
     # -- lifecycle --------------------------------------------------------------------
@@ -237,16 +238,8 @@ class Agent:
     async def _sample_loop(self) -> None:
         interval = self.config.interval_s
         next_at = time.monotonic()
-        frozen = False
         while True:
             await self.cycle()
-            if not frozen and (self.pod_meta is None or self.pod_meta.snapshot().ok):
-                # Start-up is over: what is loaded now (kubernetes, pydantic,
-                # prometheus_client: ~150k objects) lives as long as the process. Out of
-                # the collector's view, it no longer costs 55-85 ms full collections.
-                gc.collect()
-                gc.freeze()
-                frozen = True
             next_at += interval
             now = time.monotonic()
             if next_at < now:  # overran: skip missed slots rather than bunch up
@@ -377,6 +370,13 @@ class Agent:
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)
         self.latest = analysis
+        if not self._frozen and (self.pod_meta is None or self.pod_meta.snapshot().ok):
+            # Start-up is over: what is loaded now (kubernetes, pydantic,
+            # prometheus_client: ~150k objects) lives as long as the process. Out of the
+            # collector's view, it no longer costs 55-85 ms full collections.
+            gc.collect()
+            gc.freeze()
+            self._frozen = True
 
 
 def with_overrides(config: Config, **changes: object) -> Config:

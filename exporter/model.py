@@ -107,6 +107,7 @@ class GpuSample:
     ecc_corrected_total: int | None = None
     ecc_uncorrected_total: int | None = None
     ecc_uncorrected_volatile: int | None = None  # since the driver loaded
+    recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (XID 154)
     retired_pages: int | None = None  # page retirement (pre-Ampere); NotSupported on H100
     remapped_rows: RemappedRows | None = None
     mig_enabled: bool | None = None
@@ -402,8 +403,11 @@ class Analysis:
     health: tuple[GpuHealth, ...] = ()
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()
-    # ((gpu, uuid, xid, severity), count): cumulative XID counts for gpu_xid_errors_total
-    xid_counts: tuple[tuple[tuple[int | None, str | None, int, str], int], ...] = ()
+    # ((gpu, uuid, xid, severity, gpu instance, compute instance), count): cumulative
+    # XID counts for gpu_xid_errors_total (instance ids only on MIG XIDs)
+    xid_counts: tuple[
+        tuple[tuple[int | None, str | None, int, str, int | None, int | None], int], ...
+    ] = ()
     orphans: tuple[OrphanedMemory, ...] = ()
     orphan_holders: tuple[OrphanHolder, ...] = ()
     driver_held: tuple[tuple[int, str, bool], ...] = ()  # (gpu, uuid, only drivers hold it)

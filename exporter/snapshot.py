@@ -155,7 +155,7 @@ def render_text(analysis: Analysis) -> str:
             ["GPU", "XID", "SEVERITY", "COUNT"],
             (
                 [gpu, xid, severity, count]
-                for (gpu, _, xid, severity), count in sorted(analysis.xid_counts, key=str)
+                for (gpu, _, xid, severity, _, _), count in sorted(analysis.xid_counts, key=str)
             ),
         )
     if analysis.capacity:

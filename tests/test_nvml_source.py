@@ -492,3 +492,17 @@ def test_gpu_without_gpm_has_no_occupancy_and_no_error(sim: list[Sim]) -> None:
     assert snap.gpus[1].occupancy is not None
     assert snap.gpus[1].occupancy.sm_active == pytest.approx(0.5)
     assert snap.errors == ()
+
+
+def test_recovery_action_field_is_read_and_absent_where_the_driver_lacks_it(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        "gpus": [{"recovery_action": 0}, {"recovery_action": None}],
+        "timeline": [{"at": 5, "set": {"gpu": 0, "recovery_action": 2}}],
+    }
+    s = start(sim, scenario)
+    first = s.sample_at(0.0)
+    assert [g.recovery_action for g in first.gpus] == [0, None]
+    assert first.errors == ()  # an unsupported field is no error
+    assert s.sample_at(6.0).gpus[0].recovery_action == 2  # NODE_REBOOT, after XID 154

@@ -673,7 +673,10 @@ def test_ledger_does_not_merge_different_mig_instances() -> None:
         now=1_101.0,
         bus_ids=BUS_IDS,
     )
-    assert ledger.counts == {XidKey(0, UUID_A, 31, APPLICATION): 2}
+    assert ledger.counts == {
+        XidKey(0, UUID_A, 31, APPLICATION, 1, None): 1,
+        XidKey(0, UUID_A, 31, APPLICATION, 2, None): 1,
+    }
     assert ledger.duplicates_total == 0
 
 
@@ -749,3 +752,35 @@ def test_docs_list_every_xid_with_its_class() -> None:
     for severity in OVERRIDABLE:
         assert f"`{severity}`" in text
     assert "gpu_xid_errors_total" in text and "--xid-severity" in text
+
+
+def test_mig_xids_are_counted_per_gpu_and_compute_instance() -> None:
+    ledger = XidLedger(started_at=0.0).record(
+        [
+            XidEvent(
+                gpu=0,
+                uuid=UUID_A,
+                xid=43,
+                timestamp=1.0,
+                source="nvml",
+                gpu_instance_id=1,
+                compute_instance_id=0,
+            ),
+            XidEvent(
+                gpu=0,
+                uuid=UUID_A,
+                xid=43,
+                timestamp=2.0,
+                source="nvml",
+                gpu_instance_id=2,
+                compute_instance_id=0,
+            ),
+            XidEvent(gpu=0, uuid=UUID_A, xid=43, timestamp=3.0, source="nvml"),
+        ],
+        now=3.0,
+    )
+    assert ledger.counts == {
+        XidKey(0, UUID_A, 43, APPLICATION, 1, 0): 1,
+        XidKey(0, UUID_A, 43, APPLICATION, 2, 0): 1,
+        XidKey(0, UUID_A, 43, APPLICATION): 1,
+    }

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.analysis.xid import recovery_action_name
 from exporter.model import GpuHealth, GpuSample, HealthReason
 
 UNHEALTHY, DEGRADED = "unhealthy", "degraded"
@@ -24,6 +25,7 @@ REASONS = (
     "row_remap_failure",
     "row_remap_pending",
     "retired_pages_limit",
+    "recovery_action",
     "dcgm_health",
     "thermal_slowdown",
     "power_slowdown",
@@ -84,6 +86,10 @@ def _reasons(
         out.append(HealthReason("row_remap_failure", UNHEALTHY, "replace the GPU"))
     if rows is not None and rows.pending:
         out.append(HealthReason("row_remap_pending", UNHEALTHY, "reset the GPU"))
+    if gpu.recovery_action:  # 0 is "none"
+        out.append(
+            HealthReason("recovery_action", UNHEALTHY, recovery_action_name(gpu.recovery_action))
+        )
     if gpu.retired_pages is not None and gpu.retired_pages >= policy.retired_pages_limit:
         out.append(
             HealthReason("retired_pages_limit", UNHEALTHY, f"{gpu.retired_pages} pages retired")

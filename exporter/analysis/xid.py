@@ -192,12 +192,14 @@ def bus_id_map(gpus: Iterable[GpuSample]) -> dict[str, tuple[int, str]]:
 
 
 class XidKey(NamedTuple):
-    """One ``gpu_xid_errors_total`` series."""
+    """One ``gpu_xid_errors_total`` series; MIG XIDs also name their instance."""
 
     gpu: int | None
     uuid: str | None
     xid: int
     severity: str
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +267,14 @@ class XidLedger:
                 continue
             severity = classify(event.xid, self.overrides)
             historical = event.source == "kmsg" and event.timestamp < self.started_at
-            key = XidKey(event.gpu, event.uuid, event.xid, severity)
+            key = XidKey(
+                event.gpu,
+                event.uuid,
+                event.xid,
+                severity,
+                event.gpu_instance_id,
+                event.compute_instance_id,
+            )
             counts[key] = counts.get(key, 0) + 1
             if historical:
                 historical_counts[key] = historical_counts.get(key, 0) + 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
     Analysis,
     AttributedProcess,
@@ -82,6 +83,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_row_remap_pending": (GAUGE, "1 when a row remap waits for a GPU reset."),
     "gpu_row_remap_failed": (GAUGE, "1 when a row remap failed (replace the GPU)."),
     "gpu_xid_errors": (COUNTER, "XID errors by code and severity class (docs/xid.md)."),
+    "gpu_recovery_action": (
+        GAUGE,
+        "1 for the recovery action the driver asks for (XID 154): none, gpu_reset, "
+        "node_reboot, drain_p2p, drain_and_reset, … (docs/xid.md).",
+    ),
     # processes and attribution
     "gpu_processes": (GAUGE, "Processes NVML lists on the device, by kind."),
     "gpu_container_memory_used_bytes": (GAUGE, "GPU memory used by a container's processes."),
@@ -286,6 +292,9 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
     out.add("gpu_pcie_replays", labels, gpu.pcie_replay_count)
     out.add("gpu_ecc_errors", {**labels, "type": "corrected"}, gpu.ecc_corrected_total)
     out.add("gpu_ecc_errors", {**labels, "type": "uncorrected"}, gpu.ecc_uncorrected_total)
+    if gpu.recovery_action is not None:
+        action = recovery_action_name(gpu.recovery_action)
+        out.add("gpu_recovery_action", {**labels, "action": action}, 1)
     rows = gpu.remapped_rows
     if rows is not None:
         out.add("gpu_remapped_rows", {**labels, "cause": "correctable"}, rows.correctable)
@@ -403,8 +412,11 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
-    for (gpu, uuid, xid, severity), count in analysis.xid_counts:
+    for (gpu, uuid, xid, severity, gi, ci), count in analysis.xid_counts:
         labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid or ""}
+        if gi is not None:  # a MIG XID names the instance it happened in
+            labels["gpu_instance"] = str(gi)
+            labels["compute_instance"] = "" if ci is None else str(ci)
         out.add("gpu_xid_errors", {**labels, "xid": str(xid), "severity": severity}, count)
     for verdict in analysis.health:
         labels = _gpu_labels(verdict.gpu, verdict.uuid)

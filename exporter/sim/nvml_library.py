@@ -319,6 +319,25 @@ class SimNvmlLibrary:
         return SUCCESS
 
     @device_call
+    def nvmlDeviceGetFieldValues(
+        self, gpu: SimGpu, mig: SimMig | None, count: Any, values: Any
+    ) -> int:
+        """Per-field answers, as the driver gives them: unknown fields NOT_SUPPORTED."""
+        entries = _out(values)
+        for i in range(_value(count)):
+            entry = entries[i]
+            if (
+                entry.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+                and gpu.recovery_action is not None
+            ):
+                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                entry.value.uiVal = gpu.recovery_action
+                entry.nvmlReturn = SUCCESS
+            else:
+                entry.nvmlReturn = NOT_SUPPORTED
+        return SUCCESS
+
+    @device_call
     def nvmlDeviceGetRetiredPages(
         self, gpu: SimGpu, mig: SimMig | None, cause: Any, count: Any, pages: Any
     ) -> int:

@@ -84,6 +84,7 @@ class SimGpu:
     remapped_failure: bool
     retired_pages_sbe: int
     retired_pages_dbe: int
+    recovery_action: int | None  # NVML_GPU_RECOVERY_ACTION_*; None: field unsupported
     unsupported: set[str]
     lost: bool
     mig: list[SimMig]
@@ -202,6 +203,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "remapped_failure": False,
     "retired_pages_sbe": 0,
     "retired_pages_dbe": 0,
+    "recovery_action": 0,
     "unsupported": [],
     "lost": False,
     "mig": [],

@@ -256,6 +256,7 @@ class NvmlSource:
                 pynvml.NVML_VOLATILE_ECC,
             ),
             retired_pages=self._retired_pages(h),
+            recovery_action=self._recovery_action(h),
             remapped_rows=RemappedRows(
                 remapped[0], remapped[1], bool(remapped[2]), bool(remapped[3])
             )
@@ -311,6 +312,19 @@ class NvmlSource:
         if v1 is None:
             return None, None, None, None
         return v1.total, v1.used, v1.free, None
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """What the driver says the GPU needs (raised with XID 154), from the field
+        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``; None on drivers that lack the field."""
+        fields = self._query(
+            "recovery_action",
+            pynvml.nvmlDeviceGetFieldValues,
+            handle,
+            [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION],
+        )
+        if fields is None or fields[0].nvmlReturn != pynvml.NVML_SUCCESS:
+            return None
+        return int(fields[0].value.uiVal)
 
     def _retired_pages(self, handle: Any) -> int | None:
         """Pages retired for double-bit or repeated single-bit ECC errors."""
