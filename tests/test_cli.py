@@ -183,3 +183,13 @@ def test_no_driver_keeps_serving_nvml_down() -> None:
     finally:
         process.terminate()
         process.communicate(timeout=15)
+
+
+def test_a_value_of_the_wrong_kind_in_a_scenario_is_one_line_too(tmp_path: Path) -> None:
+    bad = tmp_path / "kinds.yaml"
+    bad.write_text("gpus: [{}]\nhost_processes:\n  - {gpu: 0, sm: lots}\n")
+    result = run("--simulate", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "scenario 'kinds': invalid value:" in lines[0]

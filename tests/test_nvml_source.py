@@ -506,3 +506,38 @@ def test_recovery_action_field_is_read_and_absent_where_the_driver_lacks_it(
     assert [g.recovery_action for g in first.gpus] == [0, None]
     assert first.errors == ()  # an unsupported field is no error
     assert s.sample_at(6.0).gpus[0].recovery_action == 2  # NODE_REBOOT, after XID 154
+
+
+def test_a_gpu_that_comes_back_does_not_leak_the_drivers_gpm_buffers() -> None:
+    from exporter.sim.node import ManualClock, SimNode
+    from exporter.sim.nvml_library import install
+    from exporter.sim.scenario import parse_scenario
+
+    scenario = parse_scenario(
+        {
+            "gpus": [{}, {}],
+            "timeline": [
+                {"at": 5, "set": {"gpu": 1, "lost": True}},
+                {"at": 10, "set": {"gpu": 1, "lost": False}},
+            ],
+        },
+        "flaky",
+    )
+    clock = ManualClock()
+    library = install(SimNode(scenario, clock))
+    source = NvmlSource(clock=clock)
+    try:
+        for t in (0.0, 1.0):
+            clock.now = t
+            source.sample()
+        assert len(library._gpm_samples) == 4  # two buffers per GPU
+        clock.now = 6.0
+        assert source.sample().gpus[1].error == "GpuIsLost"
+        for t in (11.0, 12.0):  # re-opened with fresh buffers, the old ones freed
+            clock.now = t
+            snapshot = source.sample()
+        assert snapshot.gpus[1].error is None and snapshot.gpus[1].occupancy is not None
+        assert len(library._gpm_samples) == 4
+    finally:
+        source.close()
+    assert library._gpm_samples == {}  # close() frees everything

@@ -501,4 +501,10 @@ def load_scenario(name_or_path: str) -> Scenario:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         at = f" at line {line + 1}" if line is not None else ""
         raise ScenarioError(f"scenario {name!r} is not valid YAML{at}") from exc
-    return parse_scenario(data, name)
+    try:
+        return parse_scenario(data, name)
+    except ScenarioError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # a value of the wrong kind somewhere the checks above do not name (e.g. sm: lots)
+        raise ScenarioError(f"scenario {name!r}: invalid value: {exc}") from exc

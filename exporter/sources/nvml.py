@@ -136,11 +136,16 @@ class NvmlSource:
     def close(self) -> None:
         if self._initialised:
             for device in self._devices:
-                for state in device.gpm.values() if device else ():
-                    for buffer in state.samples:
-                        self._optional(pynvml.nvmlGpmSampleFree, buffer)
+                if device is not None:
+                    self._free_gpm(device)
             self._optional(pynvml.nvmlShutdown)
             self._initialised = False
+
+    def _free_gpm(self, device: _Device) -> None:
+        for state in device.gpm.values():
+            for buffer in state.samples:
+                self._optional(pynvml.nvmlGpmSampleFree, buffer)
+        device.gpm.clear()
 
     # -- one cycle --------------------------------------------------------------------
 
@@ -165,7 +170,10 @@ class NvmlSource:
         device = self._devices[index]
         try:
             if device is None or device.failed:
-                device = self._devices[index] = self._open(index)
+                fresh = self._open(index)
+                if device is not None:
+                    self._free_gpm(device)  # the driver's sample buffers of the old handle
+                device = self._devices[index] = fresh
             return self._read(device)
         except (GpuFailed, pynvml.NVMLError) as exc:
             # Any NVML error escaping one GPU's queries fails that GPU only, never the cycle.
