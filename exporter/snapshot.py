@@ -171,8 +171,7 @@ def render_text(analysis: Analysis) -> str:
 
 
 def _orphan_lines(analysis: Analysis) -> list[str]:
-    orphans = getattr(analysis, "orphans", ())
-    holders = getattr(analysis, "orphan_holders", ())
+    orphans, holders = analysis.orphans, analysis.orphan_holders
     if not orphans:
         return []
     lines = ["", "ORPHANED GPU MEMORY"]
@@ -180,6 +179,12 @@ def _orphan_lines(analysis: Analysis) -> list[str]:
         ["GPU", "KIND", "MEM GiB", "PROCS"],
         ([o.gpu, o.kind, _gib(o.memory_bytes), o.processes] for o in orphans),
     )
+    held = [gpu for gpu, _, driver_only in analysis.driver_held if driver_only]
+    if held:
+        lines.append(
+            "driver-held (no process holds the device; reset the GPU): GPU "
+            + ", ".join(str(g) for g in held)
+        )
     if holders:
         lines += ["", "HOLDERS OF ORPHANED MEMORY (open device files)"]
         lines += _table(

@@ -78,3 +78,33 @@ def test_snapshot_help_lists_its_own_flags_and_the_source_flags() -> None:
     assert result.returncode == 0
     for flag in ("--json", "--window", "--simulate", "--proc-root", "--pod-resources-socket"):
         assert flag in result.stdout
+
+
+def test_snapshot_names_orphan_holders_and_driver_held_memory() -> None:
+    from exporter.model import (
+        Analysis,
+        Attribution,
+        NodeSnapshot,
+        NvmlSnapshot,
+        OrphanedMemory,
+        OrphanHolder,
+    )
+    from exporter.snapshot import render_text
+
+    analysis = Analysis(
+        node=NodeSnapshot(node_name="n", nvml=NvmlSnapshot(ok=True, timestamp=0.0)),
+        attribution=Attribution(),
+        orphans=(
+            OrphanedMemory(3, "GPU-c", "unattributed", 2 * 1024**3, 0, 0.0),
+            OrphanedMemory(4, "GPU-d", "unattributed", 1024**3, 0, 0.0),
+        ),
+        orphan_holders=(
+            OrphanHolder(3, "GPU-c", 5302, "ml", "trainer", "main", "pt_data_worker", "holder"),
+        ),
+        driver_held=((3, "GPU-c", False), (4, "GPU-d", True)),
+    )
+    out = render_text(analysis)
+    assert "ORPHANED GPU MEMORY" in out
+    assert "driver-held (no process holds the device; reset the GPU): GPU 4\n" in out
+    holder_line = next(ln for ln in out.splitlines() if "5302" in ln)
+    assert holder_line.split() == ["3", "5302", "pt_data_worker", "ml", "trainer", "main", "holder"]
