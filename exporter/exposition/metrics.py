@@ -206,10 +206,18 @@ class FamilyBuilder:
         return list(self._families.values())
 
 
-def _gpu_labels(gpu: GpuSample | int, uuid: str | None = None) -> dict[str, str]:
-    if isinstance(gpu, GpuSample):
-        return {"gpu": str(gpu.index), "uuid": gpu.uuid}
-    return {"gpu": str(gpu), "uuid": uuid or ""}
+def _device_labels(
+    gpu: int | None,
+    uuid: str | None,
+    mig_uuid: str | None = None,
+    migs: Mapping[str, dict[str, str]] | None = None,
+) -> dict[str, str]:
+    """``gpu`` and ``uuid`` (empty when unknown), plus the MIG instance's labels when the
+    series belongs to one; the one place device labels are spelled."""
+    labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid or ""}
+    if mig_uuid and migs:
+        labels.update(migs.get(mig_uuid, {}))
+    return labels
 
 
 def _mig_labels(mig: MigInstance) -> dict[str, str]:
@@ -250,7 +258,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
 
 
 def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None:
-    labels = _gpu_labels(gpu)
+    labels = _device_labels(gpu.index, gpu.uuid)
     out.add("gpu_up", labels, 0 if gpu.error else 1)
     out.add(
         "gpu_info",
@@ -305,7 +313,7 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
 
 
 def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:
-    labels = {**_gpu_labels(gpu), **_mig_labels(mig)}
+    labels = {**_device_labels(gpu.index, gpu.uuid), **_mig_labels(mig)}
     out.add("gpu_mig_info", labels, 1)
     out.add("gpu_memory_total_bytes", labels, mig.memory_total_bytes)
     out.add("gpu_memory_used_bytes", labels, mig.memory_used_bytes)
@@ -337,8 +345,7 @@ def _add_attribution(
     attribution = analysis.attribution
 
     def where(gpu: int | None, uuid: str, mig_uuid: str | None) -> dict[str, str]:
-        labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid}
-        return {**labels, **migs.get(mig_uuid, {})} if mig_uuid else labels
+        return _device_labels(gpu, uuid, mig_uuid, migs)
 
     for c in attribution.containers:
         labels = {
@@ -387,7 +394,7 @@ def _add_attribution(
 
 def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
     for o in analysis.orphans:
-        labels = {**_gpu_labels(o.gpu, o.uuid), "kind": o.kind}
+        labels = {**_device_labels(o.gpu, o.uuid), "kind": o.kind}
         out.add("gpu_orphaned_memory_bytes", labels, o.memory_bytes)
         if o.kind != "unattributed":  # no process to count there, by definition
             out.add("gpu_orphaned_processes", labels, o.processes)
@@ -396,8 +403,7 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
         out.add(
             "gpu_orphaned_holder_info",
             {
-                "gpu": "" if h.gpu is None else str(h.gpu),
-                "uuid": h.uuid or "",
+                **_device_labels(h.gpu, h.uuid),
                 "pid": str(h.pid),
                 "namespace": h.namespace or "",
                 "pod": h.pod or "",
@@ -408,18 +414,18 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
             1,
         )
     for gpu, uuid, held in analysis.driver_held:
-        out.add("gpu_orphaned_memory_driver_held", _gpu_labels(gpu, uuid), int(held))
+        out.add("gpu_orphaned_memory_driver_held", _device_labels(gpu, uuid), int(held))
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
     for (gpu, uuid, xid, severity, gi, ci), count in analysis.xid_counts:
-        labels = {"gpu": "" if gpu is None else str(gpu), "uuid": uuid or ""}
+        labels = _device_labels(gpu, uuid)
         if gi is not None:  # a MIG XID names the instance it happened in
             labels["gpu_instance"] = str(gi)
             labels["compute_instance"] = "" if ci is None else str(ci)
         out.add("gpu_xid_errors", {**labels, "xid": str(xid), "severity": severity}, count)
     for verdict in analysis.health:
-        labels = _gpu_labels(verdict.gpu, verdict.uuid)
+        labels = _device_labels(verdict.gpu, verdict.uuid)
         out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)
         for reason in verdict.reasons:
             out.add(
@@ -437,9 +443,7 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
             "namespace": idle.namespace,
             "pod": idle.pod,
             "container": idle.container,
-            "gpu": "" if idle.gpu is None else str(idle.gpu),
-            "uuid": idle.uuid,
-            **(migs.get(idle.mig_uuid, {}) if idle.mig_uuid else {}),
+            **_device_labels(idle.gpu, idle.uuid, idle.mig_uuid, migs),
             "device_id": idle.device_id,
         }
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
