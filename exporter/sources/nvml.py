@@ -29,18 +29,12 @@ from exporter.model import (
     RemappedRows,
 )
 from exporter.sources.backoff import Backoff
+from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-NOT_AVAILABLE_ID = 0xFFFFFFFF
 SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
-# The device simply cannot answer this query: no series, not an error.
-_UNSUPPORTED = (
-    pynvml.NVMLError_NotSupported,
-    pynvml.NVMLError_FunctionNotFound,
-    pynvml.NVMLError_NoPermission,
-)
 # The whole GPU stopped answering: isolate it.
 _GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
 _GPM_METRICS = {
@@ -62,11 +56,6 @@ _PROCESS_LISTINGS = (
 
 class GpuFailed(Exception):
     """Raised inside one GPU's sampling to abandon that GPU for this cycle."""
-
-
-def error_name(exc: BaseException) -> str:
-    """``NVMLError_GpuIsLost`` -> ``GpuIsLost``: short, stable, fit for a label."""
-    return type(exc).__name__.removeprefix("NVMLError_")
 
 
 @dataclass
@@ -283,7 +272,7 @@ class NvmlSource:
         """One NVML query: value, or None when unsupported; whole-GPU failures escape."""
         try:
             return fn(*args)
-        except _UNSUPPORTED:
+        except UNSUPPORTED:
             return None
         except _GPU_FAILED:
             raise
@@ -314,7 +303,7 @@ class NvmlSource:
             return v2.total, v2.used, v2.free, v2.reserved
         except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
             pass
-        except _UNSUPPORTED:
+        except UNSUPPORTED:
             return None, None, None, None
         v1 = self._query("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
         if v1 is None:
@@ -359,8 +348,8 @@ class NvmlSource:
                         pid=proc.pid,
                         used_memory_bytes=proc.usedGpuMemory,
                         kind=kind,
-                        gpu_instance_id=None if gi == NOT_AVAILABLE_ID else gi,
-                        compute_instance_id=None if ci == NOT_AVAILABLE_ID else ci,
+                        gpu_instance_id=instance_id(gi),
+                        compute_instance_id=instance_id(ci),
                     )
                 )
         return tuple(found)
@@ -387,7 +376,7 @@ class NvmlSource:
         except pynvml.NVMLError_NotFound:
             fresh = self._clock() - device.last_utilization_at <= SAMPLE_REUSE_S
             return device.last_utilization if fresh else ()
-        except _UNSUPPORTED:
+        except UNSUPPORTED:
             return ()
         except _GPU_FAILED:
             raise
@@ -461,7 +450,7 @@ class NvmlSource:
                 pynvml.nvmlGpmSampleGet(device.handle, current)
             else:
                 pynvml.nvmlGpmMigSampleGet(device.handle, gpu_instance, current)
-        except _UNSUPPORTED:
+        except UNSUPPORTED:
             state.supported = False
             return None
         state.samples.reverse()  # the current sample becomes next cycle's previous

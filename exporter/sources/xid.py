@@ -35,26 +35,16 @@ import pynvml
 
 from exporter.model import XidEvent
 from exporter.sources.backoff import Backoff
+from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
 from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
 
-NOT_AVAILABLE_ID = 0xFFFFFFFF
 XID_EVENT: int = pynvml.nvmlEventTypeXidCriticalError
 ECC_EVENTS: dict[int, str] = {
     pynvml.nvmlEventTypeSingleBitEccError: "single_bit",
     pynvml.nvmlEventTypeDoubleBitEccError: "double_bit",
 }
-# The GPU cannot deliver events: skip it, not an error of the listener.
-_UNSUPPORTED = (
-    pynvml.NVMLError_NotSupported,
-    pynvml.NVMLError_FunctionNotFound,
-    pynvml.NVMLError_NoPermission,
-)
-
-
-def _error_name(exc: BaseException) -> str:
-    return type(exc).__name__.removeprefix("NVMLError_")
 
 
 def _address(handle: Any) -> int | None:
@@ -63,10 +53,6 @@ def _address(handle: Any) -> int | None:
         return ctypes.cast(handle, ctypes.c_void_p).value
     except (ctypes.ArgumentError, TypeError):
         return None
-
-
-def _instance_id(value: int) -> int | None:
-    return None if value == NOT_AVAILABLE_ID else int(value)
 
 
 @dataclass
@@ -163,7 +149,7 @@ class XidListener(ThreadedSource):
                 try:
                     pynvml.nvmlEventSetFree(registration.event_set)
                 except pynvml.NVMLError as exc:
-                    log.debug("freeing the XID event set failed: %s", _error_name(exc))
+                    log.debug("freeing the XID event set failed: %s", error_name(exc))
 
     def _ensure_initialised(self) -> None:
         if not self._initialised:
@@ -189,15 +175,15 @@ class XidListener(ThreadedSource):
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-            except _UNSUPPORTED:
+            except UNSUPPORTED:
                 supported = XID_EVENT  # cannot ask: try XIDs and let registration decide
             mask = wanted & supported
             if not mask & XID_EVENT:
                 log.info("GPU %d does not deliver XID events; not listening to it", index)
                 return
             pynvml.nvmlDeviceRegisterEvents(handle, mask, registration.event_set)
-        except _UNSUPPORTED as exc:
-            log.info("GPU %d cannot register XID events (%s); skipped", index, _error_name(exc))
+        except UNSUPPORTED as exc:
+            log.info("GPU %d cannot register XID events (%s); skipped", index, error_name(exc))
             return
         except pynvml.NVMLError_GpuIsLost as exc:
             self._fail(exc, f"GPU {index} lost during registration")
@@ -227,8 +213,8 @@ class XidListener(ThreadedSource):
                     xid=int(data.eventData),
                     timestamp=self._clock(),
                     source="nvml",
-                    gpu_instance_id=_instance_id(data.gpuInstanceId),
-                    compute_instance_id=_instance_id(data.computeInstanceId),
+                    gpu_instance_id=instance_id(data.gpuInstanceId),
+                    compute_instance_id=instance_id(data.computeInstanceId),
                 ),
             )
         for bit, kind in ECC_EVENTS.items():
@@ -267,5 +253,5 @@ class XidListener(ThreadedSource):
 
     def _fail(self, exc: pynvml.NVMLError, context: str = "XID event set failed") -> None:
         self._errors_total += 1
-        self._last_error = _error_name(exc)
+        self._last_error = error_name(exc)
         log.warning("%s: %s", context, self._last_error)
