@@ -183,29 +183,45 @@ def _parse_stat(text: str) -> tuple[str | None, str | None]:
     return text[start + 1 : end], state
 
 
-def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
-    """What ``<proc_root>/<pid>`` says about ``pid``; never raises for a per-pid problem.
+_Known = tuple[str, Attribution]  # (start time, parsed cgroup identity)
+
+
+def _identify(
+    pid_dir: Path, pid: int, known: _Known | None
+) -> tuple[ProcessIdentity, _Known | None]:
+    """Read one pid; ``known`` is its cgroup identity from an earlier read, reused when
+    the start time shows it is still the same process. Returns the identity and what
+    to remember for the next read (None: nothing worth remembering).
 
     A real pid directory always holds both files, so a missing one (or ESRCH) means
     the process exited, possibly between the two reads: the pid is dead. Checking the
     directory again instead would mistake a reused pid for the old process. A file
     unreadable for any other reason (permission, I/O) only leaves its fields unknown.
     """
-    pid_dir = proc_root / str(pid)
-    cgroup = _read_text(pid_dir / "cgroup")
-    stat = _read_text(pid_dir / "stat") if cgroup is not _Vanished.GONE else cgroup
-    if _Vanished.GONE in (cgroup, stat):
-        return ProcessIdentity(pid=pid, alive=False)
-    pod_uid, container_id = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
+    stat = _read_text(pid_dir / "stat")
+    if stat is _Vanished.GONE:
+        return ProcessIdentity(pid=pid, alive=False), None
+    start = _start_time(stat) if isinstance(stat, str) else None
+    remember: _Known | None
+    if start is not None and known is not None and known[0] == start:
+        ids, remember = known[1], known
+    else:
+        cgroup = _read_text(pid_dir / "cgroup")
+        if cgroup is _Vanished.GONE:
+            return ProcessIdentity(pid=pid, alive=False), None
+        ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
+        # an unreadable cgroup file is tried again next time
+        remember = (start, ids) if start is not None and isinstance(cgroup, str) else None
     comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
-    return ProcessIdentity(
-        pid=pid,
-        alive=True,
-        pod_uid=pod_uid,
-        container_id=container_id,
-        comm=comm,
-        state=state,
+    identity = ProcessIdentity(
+        pid=pid, alive=True, pod_uid=ids[0], container_id=ids[1], comm=comm, state=state
     )
+    return identity, remember
+
+
+def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
+    """What ``<proc_root>/<pid>`` says about ``pid``; never raises for a per-pid problem."""
+    return _identify(proc_root / str(pid), pid, None)[0]
 
 
 def read_processes(proc_root: Path, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
@@ -229,37 +245,15 @@ class ProcessReader:
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
-        self._identities: dict[int, tuple[str, tuple[str | None, str | None]]] = {}
+        self._known: dict[int, _Known] = {}
 
     def read(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
-        remembered: dict[int, tuple[str, tuple[str | None, str | None]]] = {}
+        known: dict[int, _Known] = {}
         out = []
         for pid in sorted(set(pids)):
-            identity = self._read_one(pid, remembered)
+            identity, remember = _identify(self.proc_root / str(pid), pid, self._known.get(pid))
+            if remember is not None:
+                known[pid] = remember
             out.append(identity)
-        self._identities = remembered
+        self._known = known
         return tuple(out)
-
-    def _read_one(
-        self, pid: int, remembered: dict[int, tuple[str, tuple[str | None, str | None]]]
-    ) -> ProcessIdentity:
-        pid_dir = self.proc_root / str(pid)
-        stat = _read_text(pid_dir / "stat")
-        if stat is _Vanished.GONE:
-            return ProcessIdentity(pid=pid, alive=False)
-        start = _start_time(stat) if isinstance(stat, str) else None
-        cached = self._identities.get(pid)
-        if start is not None and cached is not None and cached[0] == start:
-            ids = cached[1]
-            remembered[pid] = cached
-        else:
-            cgroup = _read_text(pid_dir / "cgroup")
-            if cgroup is _Vanished.GONE:
-                return ProcessIdentity(pid=pid, alive=False)
-            ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
-            if start is not None and isinstance(cgroup, str):  # unreadable: try again
-                remembered[pid] = (start, ids)
-        comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
-        return ProcessIdentity(
-            pid=pid, alive=True, pod_uid=ids[0], container_id=ids[1], comm=comm, state=state
-        )
