@@ -28,17 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario = load_scenario(config.simulate) if config.simulate else None
     except (ConfigError, ScenarioError) as exc:
         fail(str(exc))
-    args = list(sys.argv[1:] if argv is None else argv)
-    snapshot = bool(args) and args[0] == "snapshot"
     # A scrape waiting for the GIL while a cycle runs in its worker thread would wait
     # up to the default 5 ms switch interval; 1 ms keeps scrape latency tails short.
     sys.setswitchinterval(0.001)
     setup_logging(
-        "warning" if snapshot and config.log_level == "info" else config.log_level,
+        "warning" if config.snapshot and config.log_level == "info" else config.log_level,
         config.log_format,
     )
     try:
-        asyncio.run(take_snapshot(config, scenario) if snapshot else serve(config, scenario))
+        asyncio.run(take_snapshot(config, scenario) if config.snapshot else serve(config, scenario))
     except ConfigError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

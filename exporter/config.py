@@ -58,6 +58,7 @@ class Config:
     dcgm_bindings_path: str | None
     log_level: str
     log_format: str  # "text" | "json"
+    snapshot: bool = False  # the `snapshot` subcommand, not the server
     snapshot_json: bool = False  # snapshot subcommand only
     snapshot_window_s: float = 1.0
 
@@ -348,6 +349,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         dcgm_bindings_path=args.dcgm_bindings_path,
         log_level=args.log_level,
         log_format=args.log_format,
+        snapshot=snapshot,
         snapshot_json=bool(getattr(args, "json", False)),
         snapshot_window_s=_positive_float(getattr(args, "window", "1"), "--window", 0.1),
     )
