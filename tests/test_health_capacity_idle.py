@@ -262,3 +262,15 @@ def test_allocation_on_a_lost_or_unknown_gpu_is_not_counted_as_idle() -> None:
     lost = GpuSample(index=0, uuid="GPU-0", error="GpuIsLost")
     a = [alloc("GPU-0", "GPU-0"), alloc("GPU-9", "GPU-9", pod="q")]
     assert idle_step(a, [], [lost]) == {"GPU-0": (False, 0.0), "GPU-9": (False, 0.0)}
+
+
+def test_docs_health_table_lists_exactly_the_reasons_the_analysis_knows() -> None:
+    import re
+    from pathlib import Path
+
+    from exporter.analysis.health import REASONS
+
+    doc = (Path(__file__).parent.parent / "docs" / "health.md").read_text()
+    assert set(re.findall(r"^\| `([a-z_]+)` \| (?:unhealthy|degraded) \|", doc, re.M)) == set(
+        REASONS
+    )
