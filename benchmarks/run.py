@@ -52,13 +52,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from exporter import __version__  # noqa: E402
-from exporter.agent import Agent  # noqa: E402
+from exporter.agent import Agent, build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache  # noqa: E402
 from exporter.sim.environment import SimEnvironment  # noqa: E402
 from exporter.sim.node import ManualClock  # noqa: E402
 from exporter.sim.scenario import Scenario, SimEvent, load_scenario  # noqa: E402
-from exporter.sources.kube import PodWatcher  # noqa: E402
+from exporter.sources.base import Source  # noqa: E402
+from exporter.sources.podresources.source import PodResourcesSource  # noqa: E402
 
 SCENARIO = "node-8gpu"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -355,19 +356,20 @@ async def simulated_agent(
             ],
             env={},
         )
-        watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig)
         wall_start = time.time()
-        agent = Agent(
-            config, MetricsCache(), pod_meta=watcher, wall_clock=lambda: wall_start + clock()
-        )
-        agent.start_background()
+        agent = build_agent(config, MetricsCache(), wall_clock=lambda: wall_start + clock())
+        # Background threads start, no refresh task: step() decides when PodResources
+        # is refreshed, as tests/harness.py does.
+        for source in agent.sources:
+            source.start()
         try:
+            await asyncio.gather(*(s.prime(30.0) for s in agent.sources))
             deadline = time.monotonic() + 30
-            while not watcher.snapshot().ok:
+            while not all(_up(agent.source(n)) for n in ("kube", "resourceslices")):
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the pod watch did not list pods within 30 s")
+                    raise RuntimeError("the API watches did not list within 30 s")
                 await asyncio.sleep(0.02)
-            await agent.refresh_pod_resources()
+            await refresh_pod_resources(agent)
             sim = SimulatedAgent(env, agent, clock, scraped)
             await sim.step()
             assert agent.latest is not None
@@ -376,9 +378,20 @@ async def simulated_agent(
                 raise RuntimeError(f"sources down in the simulated agent: {down}")
             yield sim
         finally:
-            await agent.stop_background()
+            await agent.close()
     finally:
         await env.stop()
+
+
+def _up(source: Source | None) -> bool:
+    status = source.status() if source is not None else None
+    return source is None or (status is not None and status.up)
+
+
+async def refresh_pod_resources(agent: Agent) -> None:
+    source = agent.source("podresources")
+    assert isinstance(source, PodResourcesSource)
+    await source.refresh()
 
 
 async def measure_cycles(plan: Plan) -> dict[str, Any]:
@@ -532,7 +545,7 @@ async def measure_memory(plan: Plan) -> dict[str, Any]:
         for cycle in range(1, plan.memory_cycles + 1):
             await sim.step()
             if cycle % POD_RESOURCES_EVERY == 0:
-                await sim.agent.refresh_pod_resources()
+                await refresh_pod_resources(sim.agent)
             if cycle % EXPIRE_HISTORY_EVERY == 0:
                 # Bounds the API stand-in's event history (simulator memory, not the
                 # exporter's) and makes the pod watch relist, as after a compaction.

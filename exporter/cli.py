@@ -7,17 +7,18 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from exporter.agent import Agent, PodMetaSource, kube_api_configured, with_overrides
+from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.logs import setup_logging
-from exporter.sim.scenario import Scenario, ScenarioError, load_scenario
 from exporter.snapshot import render_json, render_text
 
 if TYPE_CHECKING:
-    from exporter.sim.environment import SimPaths
+    from exporter.sim.environment import SimEnvironment
+    from exporter.sim.scenario import Scenario
 
 log = logging.getLogger("exporter")
 
@@ -25,8 +26,8 @@ log = logging.getLogger("exporter")
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv)
-        scenario = load_scenario(config.simulate) if config.simulate else None
-    except (ConfigError, ScenarioError) as exc:
+        scenario = _load_scenario(config.simulate) if config.simulate else None
+    except ConfigError as exc:
         fail(str(exc))
     # A scrape waiting for the GIL while a cycle runs in its worker thread would wait
     # up to the default 5 ms switch interval; 1 ms keeps scrape latency tails short.
@@ -44,43 +45,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
-    """Two cycles ``--window`` apart through the exporter's own code path, then print."""
-    sim = None
-    if scenario is not None:
-        from exporter.sim.environment import SimEnvironment
+def _load_scenario(name: str) -> Scenario:
+    """The simulator is imported only under ``--simulate``."""
+    from exporter.sim.scenario import ScenarioError, load_scenario
 
-        sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
-        config = _simulated(config, await sim.start())
-    agent = Agent(config, MetricsCache(), pod_meta=_pod_meta_source(config))
     try:
-        agent.start_background()
-        await agent.refresh_pod_resources()
-        if agent.pod_meta is not None:
-            deadline = asyncio.get_running_loop().time() + 5.0
-            while not agent.pod_meta.snapshot().ok and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
-        await agent.cycle()
-        await asyncio.sleep(config.snapshot_window_s)
-        await agent.cycle()
-    finally:
-        await agent.stop_background()
-        if sim is not None:
-            await sim.stop()
-    if agent.latest is None:
-        raise ConfigError("no sample could be taken; run with --log-level debug to see why")
-    render = render_json if config.snapshot_json else render_text
-    sys.stdout.write(render(agent.latest))
+        return load_scenario(name)
+    except ScenarioError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _simulated(config: Config, paths: SimPaths) -> Config:
-    return with_overrides(
+async def _simulated(config: Config, scenario: Scenario) -> tuple[Config, SimEnvironment]:
+    """Start the simulated node and point the flags at it instead of the host."""
+    from exporter.sim.environment import SimEnvironment
+
+    sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
+    paths = await sim.start()
+    config = replace(
         config,
         proc_root=paths.proc_root,
         pod_resources_socket=paths.pod_resources_socket,
         kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
         node_name=paths.node_name,
     )
+    return config, sim
+
+
+async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
+    """Two cycles ``--window`` apart through the exporter's own code path, then print."""
+    sim = None
+    if scenario is not None:
+        config, sim = await _simulated(config, scenario)
+    agent = build_agent(config, MetricsCache())
+    try:
+        await agent.start()
+        await agent.cycle()
+        await asyncio.sleep(config.snapshot_window_s)
+        await agent.cycle()
+    finally:
+        await agent.close()
+        if sim is not None:
+            await sim.stop()
+    if agent.latest is None:
+        raise ConfigError("no sample could be taken; run with --log-level debug to see why")
+    render = render_json if config.snapshot_json else render_text
+    sys.stdout.write(render(agent.latest))
 
 
 async def serve(config: Config, scenario: Scenario | None) -> None:
@@ -97,11 +106,8 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
     sim = None
     try:
         if scenario is not None:
-            from exporter.sim.environment import SimEnvironment  # only when simulating
-
-            sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
-            config = _simulated(config, await sim.start())
-        agent = Agent(config, cache, pod_meta=_pod_meta_source(config))
+            config, sim = await _simulated(config, scenario)
+        agent = build_agent(config, cache)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)
@@ -119,16 +125,3 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         await runner.cleanup()
         if sim is not None:
             await sim.stop()
-
-
-def _pod_meta_source(config: Config) -> PodMetaSource | None:
-    if not kube_api_configured(config):
-        if config.kube_api == "auto":
-            log.info(
-                "no Kubernetes API credentials found; pod names come from the kubelet "
-                "only (use --kubeconfig, or run in-cluster)"
-            )
-        return None
-    from exporter.sources.kube import PodWatcher  # imports kubernetes lazily, in its thread
-
-    return PodWatcher(config.node_name, kubeconfig=config.kubeconfig)

@@ -18,13 +18,21 @@ from typing import NoReturn
 
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
-from exporter.sim.scenario import SHIPPED
-from exporter.sources.dcgm import parse_mode as parse_dcgm_mode
-from exporter.sources.podresources.client import DEFAULT_RESOURCE_NAMES, DEFAULT_SOCKET_PATH
+from exporter.model import (
+    GPU_DRA_DRIVERS,
+    GPU_RESOURCE_NAMES,
+    KUBELET_POD_RESOURCES_SOCKET,
+    DcgmMode,
+)
 
 ENV_PREFIX = "GPU_EXPORTER_"
 MIN_INTERVAL_S = 0.1
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The shipped scenarios are the YAML files beside the simulator; listed, not imported,
+# so parsing flags never loads the simulator.
+SHIPPED_SCENARIOS = tuple(
+    sorted(p.stem for p in (Path(__file__).parent / "sim" / "scenarios").glob("*.yaml"))
+)
 
 
 class ConfigError(ValueError):
@@ -54,8 +62,9 @@ class Config:
     deleted_pod_grace_s: float
     kmsg: bool
     kmsg_path: Path
-    dcgm: str  # "auto" | "off" | "HOST:PORT"
+    dcgm: DcgmMode
     dcgm_bindings_path: str | None
+    dra_drivers: tuple[str, ...]
     log_level: str
     log_format: str  # "text" | "json"
     snapshot: bool = False  # the `snapshot` subcommand, not the server
@@ -127,7 +136,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add(
         "--pod-resources-socket",
         "The kubelet PodResources API unix socket.",
-        default=DEFAULT_SOCKET_PATH,
+        default=KUBELET_POD_RESOURCES_SOCKET,
         metavar="PATH",
     )
     add(
@@ -139,7 +148,14 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add(
         "--resource-names",
         "Comma-separated extended resource names that are GPUs; a trailing * matches a prefix.",
-        default=",".join(DEFAULT_RESOURCE_NAMES),
+        default=",".join(GPU_RESOURCE_NAMES),
+        metavar="LIST",
+    )
+    add(
+        "--dra-drivers",
+        "Comma-separated DRA drivers whose devices are GPUs; their ResourceSlices on this "
+        "node are watched to resolve claimed devices ('' turns the watch off).",
+        default=",".join(GPU_DRA_DRIVERS),
         metavar="LIST",
     )
     add(
@@ -164,7 +180,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add(
         "--simulate",
         "Run on a simulated GPU node instead of the real NVML: a shipped "
-        f"scenario ({', '.join(SHIPPED)}) or a YAML file.",
+        f"scenario ({', '.join(SHIPPED_SCENARIOS)}) or a YAML file.",
         default=None,
         metavar="SCENARIO",
     )
@@ -275,13 +291,33 @@ def _whole(text: str, flag: str) -> int:
     return value
 
 
-def parse_listen(
-    text: str, flag: str = "--listen", example: str = "0.0.0.0:9445"
+def parse_host_port(
+    text: str, flag: str = "--listen", example: str = "0.0.0.0:9445", *, need_host: bool = False
 ) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6addr]:PORT`` too) -> (host without brackets, port)."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if (
+        not sep
+        or not port_text.isdigit()
+        or not 0 <= int(port_text) <= 65535
+        or (need_host and (not host or int(port_text) == 0))
+    ):
         raise ConfigError(f"{flag}: {text!r} is not HOST:PORT (e.g. {example})")
     return host.strip("[]"), int(port_text)
+
+
+def parse_dcgm_mode(text: str) -> DcgmMode:
+    """``auto`` | ``off`` | ``HOST:PORT`` of a DCGM host engine."""
+    value = text.strip()
+    if value.lower() in ("auto", "off"):
+        return DcgmMode(kind="auto" if value.lower() == "auto" else "off")
+    try:
+        parse_host_port(value, "--dcgm", "localhost:5555", need_host=True)
+    except ConfigError:
+        raise ConfigError(
+            f"--dcgm must be 'auto', 'off' or HOST:PORT, got {text!r} (e.g. localhost:5555)"
+        ) from None
+    return DcgmMode(kind="hostengine", address=value)
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
@@ -302,16 +338,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
                 f"{_env_name('--' + flag.replace('_', '-'))}: {value!r} is not "
                 f"one of {', '.join(choices)}"
             )
-    host, port = parse_listen(args.listen)
+    host, port = parse_host_port(args.listen)
     try:
         xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    dcgm = args.dcgm.strip()
-    try:
-        parse_dcgm_mode(dcgm)
-    except ValueError as exc:
-        raise ConfigError(f"{exc} (e.g. localhost:5555)") from None
+    dcgm = parse_dcgm_mode(args.dcgm)
     retired_limit = _whole(args.retired_pages_limit, "--retired-pages-limit")
     idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
     orphan_mib = _positive_float(args.orphan_threshold, "--orphan-threshold", 0.0, unit=" MiB")
@@ -347,6 +379,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         kmsg_path=Path(args.kmsg_path),
         dcgm=dcgm,
         dcgm_bindings_path=args.dcgm_bindings_path,
+        dra_drivers=tuple(d.strip() for d in args.dra_drivers.split(",") if d.strip()),
         log_level=args.log_level,
         log_format=args.log_format,
         snapshot=snapshot,

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from exporter.model import Analysis, GpuSample
+from exporter.model import Analysis, ContainerRef, DeviceRef, GpuSample
 
 GIB = 1024**3
 
@@ -108,11 +108,11 @@ def render_text(analysis: Analysis) -> str:
         ["NAMESPACE", "POD", "CONTAINER", "GPU", "MIG", "MEM GiB", "SM", "PROCS"],
         (
             [
-                c.namespace,
-                c.pod,
-                c.container,
-                c.gpu,
-                mig_profile.get(c.mig_uuid or ""),
+                c.container.namespace,
+                c.container.pod,
+                c.container.container,
+                c.device.gpu,
+                mig_profile.get(c.device.mig_uuid or ""),
                 _gib(c.memory_used_bytes),
                 _pct(c.sm_ratio),
                 c.processes,
@@ -125,17 +125,14 @@ def render_text(analysis: Analysis) -> str:
         lines += ["", "ALLOCATED BUT IDLE"]
         lines += _table(
             ["NAMESPACE", "POD", "CONTAINER", "DEVICE", "IDLE SECONDS"],
-            (
-                [i.namespace, i.pod, i.container, i.device_id, f"{i.idle_seconds_total:.0f}"]
-                for i in idle
-            ),
+            ([*_names(i.container), i.device_id, f"{i.idle_seconds_total:.0f}"] for i in idle),
         )
     if att.unallocated_use:
         lines += ["", "ISOLATION LEAKS (using a GPU not allocated to the container)"]
         lines += _table(
             ["NAMESPACE", "POD", "CONTAINER", "GPU", "MEM GiB"],
             (
-                [u.namespace, u.pod, u.container, u.gpu, _gib(u.memory_used_bytes)]
+                [*_names(u.container), u.device.gpu, _gib(u.memory_used_bytes)]
                 for u in att.unallocated_use
             ),
         )
@@ -144,7 +141,7 @@ def render_text(analysis: Analysis) -> str:
         lines += _table(
             ["GPU", "OWNER", "REASON", "MEM GiB", "PROCS"],
             (
-                [u.gpu, u.owner, u.reason, _gib(u.memory_used_bytes), u.processes]
+                [u.device.gpu, u.owner, u.reason, _gib(u.memory_used_bytes), u.processes]
                 for u in att.unattributed
             ),
         )
@@ -177,9 +174,9 @@ def _orphan_lines(analysis: Analysis) -> list[str]:
     lines = ["", "ORPHANED GPU MEMORY"]
     lines += _table(
         ["GPU", "KIND", "MEM GiB", "PROCS"],
-        ([o.gpu, o.kind, _gib(o.memory_bytes), o.processes] for o in orphans),
+        ([o.gpu, o.kind, _gib(o.memory_used_bytes), o.processes] for o in orphans),
     )
-    held = [gpu for gpu, _, driver_only in analysis.driver_held if driver_only]
+    held = [h.gpu for h in analysis.driver_held if h.only_drivers]
     if held:
         lines.append(
             "driver-held (no process holds the device; reset the GPU): GPU "
@@ -195,8 +192,17 @@ def _orphan_lines(analysis: Analysis) -> list[str]:
 
 
 def _jsonable(value: Any) -> Any:
+    """Dataclasses as objects; the container and device references a row carries are
+    spelled out as its own namespace/pod/container and gpu/uuid/mig_uuid fields."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if isinstance(item, ContainerRef | DeviceRef):
+                out.update(_jsonable(item))
+            else:
+                out[f.name] = _jsonable(item)
+        return out
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, frozenset, set)):
@@ -208,3 +214,7 @@ def render_json(analysis: Analysis) -> str:
     data = _jsonable(analysis)
     data["health"] = [{**_jsonable(h), "healthy": h.healthy} for h in analysis.health]
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _names(ref: ContainerRef) -> list[object]:
+    return [ref.namespace, ref.pod, ref.container]

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.agent import Agent
+from exporter.agent import Agent, build_agent
 from exporter.config import parse_config
 from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
 from exporter.sim.environment import SimEnvironment
 from exporter.sim.node import ManualClock
 from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
-from exporter.sources.kube import PodWatcher
+from exporter.sources.base import Source
+from exporter.sources.podresources.source import PodResourcesSource
+from exporter.sources.xid import XidListener
 
 Labels = frozenset[tuple[str, str]]
 
@@ -74,6 +76,27 @@ class Harness:
     clock: ManualClock
     session: aiohttp.ClientSession
 
+    def source(self, name: str) -> Source:
+        found = self.agent.source(name)
+        assert found is not None, f"no {name} source in this configuration"
+        return found
+
+    @property
+    def xid_listener(self) -> XidListener:
+        listener = self.source("xid")
+        assert isinstance(listener, XidListener)
+        return listener
+
+    @property
+    def pod_resources(self) -> PodResourcesSource:
+        source = self.source("podresources")
+        assert isinstance(source, PodResourcesSource)
+        return source
+
+    async def refresh_pod_resources(self) -> None:
+        """What the agent's refresh task would do on its next tick."""
+        await self.pod_resources.refresh()
+
     async def cycle(self) -> None:
         """One sample cycle as the agent's loop would run it (simulator synced first).
 
@@ -82,10 +105,9 @@ class Harness:
         """
         await asyncio.to_thread(self.env.sync)
         due = sum(1 for x in self.env.node.xids if x.at <= self.clock())
+        listener = self.xid_listener
         await _wait_for(
-            lambda: (
-                self.agent.xid_listener.events_total >= due or not self.agent.xid_listener.alive
-            ),
+            lambda: listener.events_total >= due or not listener.alive,
             "XID events to be delivered",
         )
         await self.agent.cycle()
@@ -145,15 +167,19 @@ async def simulated_exporter(
             ],
             env={},
         )
-        watcher = PodWatcher(paths.node_name, kubeconfig=config.kubeconfig) if kube_api else None
         cache = MetricsCache()
         runner = await start_server(build_app(cache, paths.node_name), "127.0.0.1", 0)
-        agent = Agent(config, cache, pod_meta=watcher, wall_clock=env.node.wall_time)
+        agent = build_agent(config, cache, wall_clock=env.node.wall_time)
         try:
-            agent.start_background()
-            if watcher is not None:
-                await _wait_for(lambda: watcher.snapshot().ok, "pod watch to list pods")
-            await agent.refresh_pod_resources()
+            # Background sources start, but no refresh task runs: the test decides when
+            # PodResources is refreshed (Harness.refresh_pod_resources).
+            for source in agent.sources:
+                source.start()
+            await asyncio.gather(*(s.prime(10.0) for s in agent.sources))
+            for name in ("kube", "resourceslices"):
+                watch = agent.source(name)
+                if watch is not None:
+                    await _wait_for(lambda w=watch: _up(w), f"{name} watch to list")
             async with aiohttp.ClientSession() as session:
                 harness = Harness(
                     env, agent, f"http://127.0.0.1:{bound_port(runner)}", clock, session
@@ -163,9 +189,14 @@ async def simulated_exporter(
                 yield harness
         finally:
             await runner.cleanup()
-            await agent.stop_background()
+            await agent.close()
     finally:
         await env.stop()
+
+
+def _up(source: Source) -> bool:
+    status = source.status()
+    return status is not None and status.up
 
 
 async def _wait_for(predicate: object, what: str, timeout_s: float = 10.0) -> None:

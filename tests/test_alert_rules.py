@@ -240,6 +240,7 @@ def _run_unit_tests_with_for(tmp_path: Path, alert: str, new_for: str) -> str:
     return "\n".join(outputs)
 
 
+@pytest.mark.slow  # two promtool runs per alert (~1 s each alert)
 @pytest.mark.parametrize("alert", _alerts_with_for())
 def test_unit_tests_pin_the_for_duration(alert: str, tmp_path: Path) -> None:
     """Without its `for:` the alert must fire where a test expects quiet (it must not fire

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
 from exporter.analysis.attribution import attribute
@@ -10,6 +12,8 @@ from exporter.model import (
     AttributedProcess,
     ContainerDevices,
     ContainerGpuUsage,
+    ContainerRef,
+    DeviceRef,
     GpuProcess,
     GpuSample,
     MigInstance,
@@ -130,7 +134,7 @@ def pod_row(
         gpu_instance_id=None,
         compute_instance_id=None,
         pid=pid,
-        used_memory_bytes=memory,
+        memory_used_bytes=memory,
         sm_ratio=sm_ratio,
         kind="compute",
         owner="pod",
@@ -161,10 +165,14 @@ def test_exclusive_gpu_with_pod_metadata_is_attributed_to_its_container() -> Non
         pod_row(100, "train", "trainer", UID_A, memory=3 * GiB, sm_ratio=0.42),
     )
     assert result.containers == (
-        ContainerGpuUsage("ml", "train", "trainer", 0, G0, None, 3 * GiB, 0.42, 1),
+        ContainerGpuUsage(
+            ContainerRef("ml", "train", "trainer"), DeviceRef(0, G0, None), 3 * GiB, 0.42, 1
+        ),
     )
     assert result.allocations == (
-        Allocation("ml", "train", "trainer", 0, G0, G0, None, GPU_RESOURCE, False),
+        Allocation(
+            ContainerRef("ml", "train", "trainer"), DeviceRef(0, G0, None), G0, GPU_RESOURCE, False
+        ),
     )
     assert result.unallocated_use == ()
     assert result.unattributed == ()
@@ -196,11 +204,19 @@ def test_time_sliced_gpu_gives_each_pod_its_own_memory_and_sm() -> None:
     )
 
     assert result.containers == (
-        ContainerGpuUsage("ml", "a", "main", 0, G0, None, 1 * GiB, 0.10, 1),
-        ContainerGpuUsage("ml", "b", "main", 0, G0, None, 2 * GiB, 0.20, 1),
-        ContainerGpuUsage("ml", "c", "main", 0, G0, None, 3 * GiB, 0.30, 1),
+        ContainerGpuUsage(
+            ContainerRef("ml", "a", "main"), DeviceRef(0, G0, None), 1 * GiB, 0.10, 1
+        ),
+        ContainerGpuUsage(
+            ContainerRef("ml", "b", "main"), DeviceRef(0, G0, None), 2 * GiB, 0.20, 1
+        ),
+        ContainerGpuUsage(
+            ContainerRef("ml", "c", "main"), DeviceRef(0, G0, None), 3 * GiB, 0.30, 1
+        ),
     )
-    assert [(a.pod, a.gpu, a.uuid, a.shared) for a in result.allocations] == [
+    assert [
+        (a.container.pod, a.device.gpu, a.device.uuid, a.shared) for a in result.allocations
+    ] == [
         ("a", 0, G0, True),
         ("b", 0, G0, True),
         ("c", 0, G0, True),
@@ -226,12 +242,20 @@ def test_mig_processes_are_attributed_per_instance() -> None:
         for p in result.processes
     ] == [(10, 0, G0, MIG_A, 1, 0, True), (20, 0, G0, MIG_B, 2, 0, True)]
     assert result.containers == (
-        ContainerGpuUsage("ml", "a", "main", 0, G0, MIG_A, 1 * GiB, None, 1),
-        ContainerGpuUsage("ml", "b", "main", 0, G0, MIG_B, 2 * GiB, None, 1),
+        ContainerGpuUsage(
+            ContainerRef("ml", "a", "main"), DeviceRef(0, G0, MIG_A), 1 * GiB, None, 1
+        ),
+        ContainerGpuUsage(
+            ContainerRef("ml", "b", "main"), DeviceRef(0, G0, MIG_B), 2 * GiB, None, 1
+        ),
     )
     assert result.allocations == (
-        Allocation("ml", "a", "main", 0, G0, MIG_A, MIG_A, GPU_RESOURCE, False),
-        Allocation("ml", "b", "main", 0, G0, MIG_B, MIG_B, GPU_RESOURCE, False),
+        Allocation(
+            ContainerRef("ml", "a", "main"), DeviceRef(0, G0, MIG_A), MIG_A, GPU_RESOURCE, False
+        ),
+        Allocation(
+            ContainerRef("ml", "b", "main"), DeviceRef(0, G0, MIG_B), MIG_B, GPU_RESOURCE, False
+        ),
     )
 
 
@@ -246,7 +270,9 @@ def test_mig_process_is_not_attributed_to_a_sibling_instance_allocation() -> Non
         )
     )
 
-    assert result.unallocated_use == (UnallocatedUse("ml", "a", "main", 0, G0, MIG_B, GiB, 1),)
+    assert result.unallocated_use == (
+        UnallocatedUse(ContainerRef("ml", "a", "main"), DeviceRef(0, G0, MIG_B), GiB, 1),
+    )
 
 
 def test_whole_gpu_allocation_covers_its_mig_instances() -> None:
@@ -274,7 +300,7 @@ def test_same_pid_listed_twice_on_a_device_is_counted_once() -> None:
         )
     )
 
-    assert [(p.gpu, p.mig_uuid, p.pid, p.used_memory_bytes) for p in result.processes] == [
+    assert [(p.gpu, p.mig_uuid, p.pid, p.memory_used_bytes) for p in result.processes] == [
         (0, MIG_A, 10, 5 * GiB),
         (1, None, 30, 2 * GiB),
     ]
@@ -312,7 +338,7 @@ def test_process_outside_kubepods_is_owned_by_the_host() -> None:
         AttributedProcess(0, G0, None, None, None, 7, GiB, None, "compute", "host"),
     )
     assert result.containers == ()
-    assert result.unattributed == (UnattributedUse(0, G0, None, "host", None, GiB, 1),)
+    assert result.unattributed == (UnattributedUse(DeviceRef(0, G0, None), "host", None, GiB, 1),)
 
 
 @pytest.mark.parametrize(
@@ -339,7 +365,9 @@ def test_pid_without_a_live_process_is_dead(identities: tuple[ProcessIdentity, .
     assert result.processes == (
         AttributedProcess(0, G0, None, None, None, 9, 2 * GiB, None, "compute", "dead"),
     )
-    assert result.unattributed == (UnattributedUse(0, G0, None, "dead", None, 2 * GiB, 1),)
+    assert result.unattributed == (
+        UnattributedUse(DeviceRef(0, G0, None), "dead", None, 2 * GiB, 1),
+    )
     assert result.containers == ()
 
 
@@ -362,7 +390,7 @@ def test_pod_uid_missing_from_metadata_is_a_pod_not_on_this_node() -> None:
         None,
     )
     assert result.unattributed == (
-        UnattributedUse(0, G0, None, "unknown", "pod not on this node", GiB, 1),
+        UnattributedUse(DeviceRef(0, G0, None), "unknown", "pod not on this node", GiB, 1),
     )
 
 
@@ -438,7 +466,9 @@ def test_without_pod_metadata_exclusive_gpu_is_named_via_pod_resources(
         ("pod", "train", "trainer", True),
     ]
     assert result.containers == (
-        ContainerGpuUsage("ml", "train", "trainer", 0, G0, None, 5 * GiB, None, 2),
+        ContainerGpuUsage(
+            ContainerRef("ml", "train", "trainer"), DeviceRef(0, G0, None), 5 * GiB, None, 2
+        ),
     )
 
 
@@ -548,9 +578,11 @@ def test_container_using_a_gpu_it_was_not_allocated_is_an_isolation_leak() -> No
         (1, 2, False),
         (1, 3, False),
     ]
-    assert result.unallocated_use == (UnallocatedUse("ml", "a", "main", 1, G1, None, 2 * GiB, 2),)
+    assert result.unallocated_use == (
+        UnallocatedUse(ContainerRef("ml", "a", "main"), DeviceRef(1, G1, None), 2 * GiB, 2),
+    )
     # the leak is still the container's usage
-    assert [(c.gpu, c.memory_used_bytes, c.processes) for c in result.containers] == [
+    assert [(c.device.gpu, c.memory_used_bytes, c.processes) for c in result.containers] == [
         (0, GiB, 1),
         (1, 2 * GiB, 2),
     ]
@@ -648,7 +680,7 @@ def test_terminal_pod_allocations_are_dropped_but_a_recreated_pod_keeps_its_own(
         )
     )
 
-    assert [a.pod for a in result.allocations] == ["unlisted", "web"]
+    assert [a.container.pod for a in result.allocations] == ["unlisted", "web"]
 
 
 def test_terminal_phases_are_configurable() -> None:
@@ -660,7 +692,7 @@ def test_terminal_phases_are_configurable() -> None:
 
     result = attribute(snapshot, terminal_phases=frozenset({"Evicted"}))
 
-    assert [a.pod for a in result.allocations] == ["job"]
+    assert [a.container.pod for a in result.allocations] == ["job"]
 
 
 @pytest.mark.parametrize(
@@ -678,12 +710,14 @@ def test_terminal_phases_are_configurable() -> None:
             (None, "GPU-99999999-9999-9999-9999-999999999999", None, True),
             id="unknown-replica",
         ),
-        pytest.param("MIG-unknown", GPU_RESOURCE, (None, "MIG-unknown", None, False), id="junk"),
-        pytest.param(f"MIG-{G0}/9/0", GPU_RESOURCE, (None, f"MIG-{G0}/9/0", None, False)),
+        # a MIG id that matches no instance does not name its GPU: unresolved, no uuid
+        pytest.param("MIG-unknown", GPU_RESOURCE, (None, None, None, False), id="junk"),
+        pytest.param(f"MIG-{G0}/9/0", GPU_RESOURCE, (None, None, None, False)),
+        pytest.param("vendor.example/accel-3", GPU_RESOURCE, (None, None, None, False)),
     ],
 )
 def test_device_ids_resolve_to_their_physical_gpu(
-    device_id: str, resource: str, expected: tuple[int | None, str, str | None, bool]
+    device_id: str, resource: str, expected: tuple[int | None, str | None, str | None, bool]
 ) -> None:
     result = attribute(
         node(
@@ -696,7 +730,7 @@ def test_device_ids_resolve_to_their_physical_gpu(
     (allocation,) = result.allocations
     assert allocation.device_id == device_id
     assert allocation.resource_name == resource
-    assert (allocation.gpu, allocation.uuid, allocation.mig_uuid, allocation.shared) == expected
+    assert (*astuple(allocation.device), allocation.shared) == expected
 
 
 def test_allocations_are_listed_without_nvml() -> None:
@@ -711,7 +745,7 @@ def test_allocations_are_listed_without_nvml() -> None:
     result = attribute(snapshot)
 
     assert result.processes == ()
-    assert [(a.gpu, a.uuid, a.shared) for a in result.allocations] == [
+    assert [(a.device.gpu, a.device.uuid, a.shared) for a in result.allocations] == [
         (None, G0, False),
         (None, G0, True),
     ]
@@ -761,7 +795,8 @@ def test_container_memory_is_the_sum_of_its_processes_memory() -> None:
     result = attribute(mixed_node())
 
     assert [
-        (c.pod, c.gpu, c.mig_uuid, c.memory_used_bytes, c.processes) for c in result.containers
+        (c.container.pod, c.device.gpu, c.device.mig_uuid, c.memory_used_bytes, c.processes)
+        for c in result.containers
     ] == [
         ("a", 0, None, 3 * GiB, 2),  # pid 2's unknown memory counts 0
         ("b", 0, None, 5 * GiB, 1),
@@ -769,12 +804,12 @@ def test_container_memory_is_the_sum_of_its_processes_memory() -> None:
     ]
     pod_rows = [p for p in result.processes if p.owner == "pod"]
     assert sum(c.memory_used_bytes for c in result.containers) == sum(
-        p.used_memory_bytes or 0 for p in pod_rows
+        p.memory_used_bytes or 0 for p in pod_rows
     )
     assert sum(c.processes for c in result.containers) == len(pod_rows)
     assert result.unattributed == (
-        UnattributedUse(0, G0, None, "dead", None, 7 * GiB, 1),
-        UnattributedUse(0, G0, None, "host", None, GiB, 1),
+        UnattributedUse(DeviceRef(0, G0, None), "dead", None, 7 * GiB, 1),
+        UnattributedUse(DeviceRef(0, G0, None), "host", None, GiB, 1),
     )
 
 
@@ -790,7 +825,7 @@ def test_sm_ratio_is_the_latest_sample_and_container_sums_are_capped() -> None:
         6: None,
         7: None,
     }
-    assert {c.pod: c.sm_ratio for c in result.containers} == {
+    assert {c.container.pod: c.sm_ratio for c in result.containers} == {
         "a": 1.0,  # 0.70 + 0.50, capped
         "b": 0.15,
         "c": None,  # no samples at all (MIG has no per-process utilisation)

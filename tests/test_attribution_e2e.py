@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.model import PodMetaSnapshot
 from exporter.sim.proctree import remove_process
 from exporter.sim.scenario import (
     Scenario,
@@ -24,6 +25,7 @@ from exporter.sim.scenario import (
     load_scenario,
     parse_scenario,
 )
+from exporter.sources.base import Cycle
 from tests.harness import Harness, Labels, Scrape, simulated_exporter
 
 NODE = "node-8gpu"
@@ -323,8 +325,8 @@ async def wait_until(predicate: Callable[[], bool], what: str) -> None:
 
 def watched_pods(h: Harness) -> dict[str, str | None]:
     """``namespace/name`` -> phase, as the exporter's pod watch currently sees them."""
-    assert h.agent.pod_meta is not None
-    snapshot = h.agent.pod_meta.snapshot()
+    snapshot = h.source("kube").read(Cycle(0.0))
+    assert isinstance(snapshot, PodMetaSnapshot)
     return {f"{p.namespace}/{p.name}": p.phase for p in snapshot.pods}
 
 
@@ -658,7 +660,7 @@ async def test_missing_pod_resources_socket_keeps_attribution_by_cgroup_and_pod_
     missing = tmp_path / "kubelet.sock"
     argv = [*PER_PROCESS, "--pod-resources-socket", str(missing)]
     async with simulated_exporter(scenario, argv=argv) as h:
-        await h.agent.refresh_pod_resources()
+        await h.refresh_pod_resources()
         await h.advance(1)
         scrape = await h.scrape()
 
@@ -673,7 +675,7 @@ async def test_kubelet_going_down_drops_allocations_but_keeps_pod_attribution() 
         assert before.series("gpu_container_allocated")
         # The simulator offers no public way to stop its kubelet; its gRPC server is it.
         await h.env._grpc.stop(None)
-        await h.agent.refresh_pod_resources()
+        await h.refresh_pod_resources()
         await h.advance(1)
         scrape = await h.scrape()
 
@@ -745,7 +747,7 @@ async def test_deleted_pod_leaves_the_pod_watch_and_its_container_series() -> No
 
         await h.advance(10)
         await wait_until(lambda: gone not in watched_pods(h), f"{gone} to leave the pod watch")
-        await h.agent.refresh_pod_resources()
+        await h.refresh_pod_resources()
         await h.advance(1)
         scrape = await h.scrape()
 
@@ -831,11 +833,11 @@ async def test_pod_in_a_terminal_phase_has_its_allocated_series_dropped() -> Non
         await wait_until(
             lambda: watched_pods(h).get(finished) == "Succeeded", f"{finished} to succeed"
         )
-        await h.agent.refresh_pod_resources()
+        await h.refresh_pod_resources()
         await h.advance(1)
         scrape = await h.scrape()
         # the kubelet still lists the finished pod's devices: dropping them is the exporter's
-        still_listed = {(c.namespace, c.pod) for c in h.agent.pod_resources.containers}
+        still_listed = {(c.namespace, c.pod) for c in h.pod_resources.read(Cycle(0.0)).containers}
         assert (namespace, name) in still_listed
 
     for pod in scenario.pods:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, parse_config
+from exporter.config import ConfigError, build_parser, parse_config
+from exporter.model import DcgmMode
 
 EXE = [sys.executable, "-m", "exporter"]
 
@@ -35,6 +36,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow  # one exporter process per case (~0.6 s each)
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -110,12 +112,38 @@ def test_help_explains_every_flag_with_its_environment_variable() -> None:
         "--kubeconfig",
         "--per-process-metrics",
         "--resource-names",
+        "--dra-drivers",
         "--pod-resources-interval",
     ]
     for flag in flags:
         assert flag in result.stdout
         env_name = "GPU_EXPORTER_" + flag[2:].replace("-", "_").upper()
         assert env_name in result.stdout, env_name
+
+
+def test_every_flag_is_in_the_readme_flag_table() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    flags = {
+        option
+        for action in build_parser({})._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+    assert flags
+    missing = sorted(flag for flag in flags if f"`{flag}" not in readme)
+    assert not missing, f"README.md's flag table lacks {missing}"
+
+
+def test_dra_drivers_and_dcgm_are_stored_parsed() -> None:
+    config = parse_config(
+        ["--dra-drivers", " gpu.nvidia.com, , example.com/gpu ", "--dcgm", "[::1]:5555"], env={}
+    )
+    assert config.dra_drivers == ("gpu.nvidia.com", "example.com/gpu")
+    assert config.dcgm == DcgmMode("hostengine", "[::1]:5555")
+    assert parse_config(["--dra-drivers", ""], env={}).dra_drivers == ()
+    assert parse_config([], env={}).dcgm == DcgmMode("auto")
+    with pytest.raises(ConfigError, match="--dcgm must be 'auto', 'off' or HOST:PORT"):
+        parse_config(["--dcgm", "localhost"], env={})
 
 
 def test_port_in_use_exits_2_before_starting_anything() -> None:

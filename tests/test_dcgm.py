@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from exporter.model import DcgmHealthIncident, Occupancy
+from exporter.config import parse_dcgm_mode as parse_mode
+from exporter.model import DcgmHealthIncident, DcgmMode, Occupancy
 from exporter.sources.backoff import Backoff
-from exporter.sources.dcgm import DcgmMode, DcgmSource, parse_mode
+from exporter.sources.dcgm import DcgmSource
 from tests.conftest import DCGM_BINDING_MODULES as BINDING_MODULES
 
 FAKE_BINDINGS = str(Path(__file__).parent / "fake_dcgm")
@@ -79,7 +80,7 @@ def make_source(clock: FakeClock) -> Iterator[Any]:
         mode: str = "auto", bindings_path: str | None = FAKE_BINDINGS, **kw: Any
     ) -> DcgmSource:
         source = DcgmSource(
-            mode,
+            parse_mode(mode),
             bindings_path=bindings_path,
             clock=clock,
             backoff=Backoff(initial_s=1.0, max_s=8.0, jitter=0.0),

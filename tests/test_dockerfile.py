@@ -26,7 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import build_parser, parse_listen
+from exporter.config import build_parser, parse_host_port
+
+# The install steps pip-install the package into a fresh venv (~40 s): the slow tier.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -300,7 +303,7 @@ def test_exposed_port_is_the_exporters_default_listen_port(
     instructions: list[Instruction],
 ) -> None:
     exposed = [i.args for i in instructions if i.keyword == "EXPOSE"]
-    _, default_port = parse_listen(build_parser({}).get_default("listen"))
+    _, default_port = parse_host_port(build_parser({}).get_default("listen"))
     assert exposed == [str(default_port)]
 
 

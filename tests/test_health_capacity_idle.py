@@ -11,6 +11,8 @@ from exporter.model import (
     AllocatableDevices,
     Allocation,
     ContainerGpuUsage,
+    ContainerRef,
+    DeviceRef,
     GpuHealth,
     GpuSample,
     HealthReason,
@@ -116,7 +118,9 @@ def alloc(
     shared: bool = False,
     gpu: int | None = 0,
 ) -> Allocation:
-    return Allocation("ns", pod, "c", gpu, uuid, device, mig, resource, shared)
+    return Allocation(
+        ContainerRef("ns", pod, "c"), DeviceRef(gpu, uuid, mig), device, resource, shared
+    )
 
 
 def test_capacity_counts_healthy_advertised_minus_allocated_per_resource() -> None:
@@ -182,7 +186,9 @@ def test_capacity_falls_back_to_nvml_when_the_kubelet_cannot_say() -> None:
 def usage(
     uuid: str, processes: int, sm: float | None, mig: str | None = None, pod: str = "p"
 ) -> ContainerGpuUsage:
-    return ContainerGpuUsage("ns", pod, "c", 0, uuid, mig, 1, sm, processes)
+    return ContainerGpuUsage(
+        ContainerRef("ns", pod, "c"), DeviceRef(0, uuid, mig), 1, sm, processes
+    )
 
 
 def idle_step(

@@ -30,6 +30,10 @@ import yaml
 
 from exporter.config import parse_config
 from exporter.exposition.server import MetricsCache, build_app
+from exporter.model import DcgmMode
+
+# ~250 chart renderings and API-schema validations (~16 s): the slow tier.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-occupancy-exporter"
@@ -186,6 +190,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kmsg": {"kmsg": {"enabled": True}},
     "holder-scan-ptrace": {"holderScan": {"sysPtrace": True}},
     "kmsg-unprivileged": {"kmsg": {"enabled": True, "privileged": False}},
+    "no-dra-rbac": {"rbac": {"dra": False}},
     "existing-service-account": {
         "serviceAccount": {"create": False, "name": "gpu-reader"},
         "rbac": {"create": False},
@@ -417,7 +422,7 @@ def render(values: dict[str, Any], chart: Path = CHART) -> dict[str, str]:
 
 def objects(values: dict[str, Any], chart: Path = CHART) -> list[dict[str, Any]]:
     """Every rendered Kubernetes object (NOTES.txt left out)."""
-    found = []
+    found: list[dict[str, Any]] = []
     for path, text in render(values, chart).items():
         if path.endswith("NOTES.txt"):
             continue
@@ -547,7 +552,7 @@ def test_extra_args_come_last_and_extra_env_is_passed() -> None:
     assert env["GPU_EXPORTER_HEALTH_XID_WINDOW"] == "7200" and env["TZ"] == "UTC"
     config = parse_config(args, {"NODE_NAME": "n", "GPU_EXPORTER_HEALTH_XID_WINDOW": "7200"})
     assert config.idle_threshold == 0.1 and config.health_xid_window_s == 7200
-    assert config.dcgm == "127.0.0.1:5555"
+    assert config.dcgm == DcgmMode("hostengine", "127.0.0.1:5555")
     assert config.dcgm_bindings_path == "/usr/local/dcgm/bindings/python3"
 
 
@@ -632,7 +637,8 @@ def test_probes_use_the_exporters_health_endpoints_on_the_metrics_port() -> None
     assert port == {"name": "metrics", "containerPort": 9445, "protocol": "TCP"}
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    routes = {r.resource.canonical for r in build_app(MetricsCache(), "n").router.routes()}
+    app = build_app(MetricsCache(), "n")
+    routes = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     assert {"/healthz", "/readyz", "/metrics"} <= routes
 
 
@@ -710,19 +716,25 @@ def test_custom_node_terms_and_affinity_combine() -> None:
     assert terms["nodeSelectorTerms"] == VALUE_SETS["flags-and-extras"]["gpuNodeSelectorTerms"]
     assert "podAntiAffinity" in spec["affinity"]
     assert "priorityClassName" not in spec
-    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    own: dict[str, Any] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert pod_spec({"affinity": own})["affinity"] == own  # an explicit nodeAffinity wins
 
 
 # -- Kubernetes API access ---------------------------------------------------------------
 
 
-def test_pod_watch_gets_a_service_account_with_read_access_to_pods_only() -> None:
+POD_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+RESOURCE_SLICE_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["resourceslices"],
+    "verbs": ["get", "list", "watch"],
+}
+
+
+def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices_only() -> None:
     account = one({}, "ServiceAccount")
     role, binding = one({}, "ClusterRole"), one({}, "ClusterRoleBinding")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert role["rules"] == [POD_RULE, RESOURCE_SLICE_RULE]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -733,6 +745,13 @@ def test_pod_watch_gets_a_service_account_with_read_access_to_pods_only() -> Non
     ]
     assert pod_spec({})["serviceAccountName"] == account["metadata"]["name"] == FULLNAME
     assert "--kube-api=auto" in container({})["args"]
+
+
+def test_rbac_dra_false_drops_only_the_resource_slice_rule() -> None:
+    values = VALUE_SETS["no-dra-rbac"]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE]
+    assert one(values, "ClusterRoleBinding")["roleRef"] == one({}, "ClusterRoleBinding")["roleRef"]
+    assert container(values)["args"] == container({})["args"]  # RBAC only, same flags
 
 
 @pytest.mark.parametrize("name", ["kube-api-off", "kube-api-off-unquoted-yaml"])
@@ -972,7 +991,7 @@ def test_network_policy_pod_labels_alone_match_in_every_namespace() -> None:
 
 # -- values.yaml and its schema ------------------------------------------------------------
 
-BAD_VALUES = {
+BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "interval-not-a-number": ({"interval": "fast"}, "/interval"),
     "interval-too-small": ({"interval": 0.01}, "/interval"),
     "unknown-top-level-key": ({"intervall": 5}, "intervall"),
@@ -990,6 +1009,7 @@ BAD_VALUES = {
     "gpu-request": ({"resources": {"requests": {"nvidia.com/gpu": 1}}}, "nvidia.com/gpu"),
     "gpu-limit": ({"resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}, "nvidia.com/mig"),
     "image-digest": ({"image": {"digest": "latest"}}, "/image/digest"),
+    "rbac-dra-not-a-bool": ({"rbac": {"dra": "yes"}}, "/rbac/dra"),
 }
 
 

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.model import HolderScan
+from exporter.model import ROLE_HOLDER, ROLE_MANAGEMENT, HolderScan
 from exporter.sim.proctree import gpu_fds, host_cgroup, kubepods_cgroup, write_process
 from exporter.sources.holders import (
-    ROLE_HOLDER,
-    ROLE_MANAGEMENT,
     classify,
     scan_device_holders,
 )

@@ -313,8 +313,11 @@ async def test_self_metrics_describe_the_exporter_and_its_cycles() -> None:
     assert s.get("gpu_exporter_sample_duration_seconds_sum") > 0
     assert s.types["gpu_exporter_errors"] == "counter"
     errors = {labels["source"]: v for labels, v in s.find("gpu_exporter_errors_total")}
-    assert {"nvml", "procfs", "podresources", "kube", "agent"} <= set(errors)
+    # one series per registered source (no Kubernetes API, no --kmsg here) and the agent
+    assert set(errors) == {"nvml", "dcgm", "procfs", "holders", "xid", "podresources", "agent"}
     assert errors["nvml"] == 0 and errors["agent"] == 0
+    reads = {labels["source"] for labels, _ in s.find("gpu_exporter_source_read_seconds")}
+    assert reads == set(errors) - {"agent"}
     last = s.get("gpu_exporter_last_sample_timestamp_seconds")
     assert last == cycle_started
     previous = second.get("gpu_exporter_last_sample_timestamp_seconds")

@@ -15,12 +15,15 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
-from exporter.model import PodMeta, PodMetaSnapshot
+from exporter.model import PodMeta, PodMetaSnapshot, SourceStatus
 from exporter.sim.kube_api import FakeKubeApi, LoggedRequest, pod_dict, write_kubeconfig
+from exporter.sources.base import Cycle
 from exporter.sources.kube import PodWatcher, pod_meta_from_dict
+from exporter.sources.kube_watch import KubeWatchSource, WatchSnapshot
 
 NODE = "gpu-node-1"
 CID_A = "a" * 64
@@ -37,11 +40,15 @@ def wait_for(probe: Callable[[], bool], timeout: float = 5.0, what: str = "condi
         time.sleep(0.02)
 
 
+S = TypeVar("S", bound=WatchSnapshot)
+
+
 def wait_snapshot(
-    watcher: PodWatcher, holds: Callable[[PodMetaSnapshot], bool], what: str
-) -> PodMetaSnapshot:
-    """The first snapshot for which ``holds`` is true (one read, so no torn checks)."""
-    seen: list[PodMetaSnapshot] = []
+    watcher: KubeWatchSource[Any, Any, S], holds: Callable[[S], bool], what: str
+) -> S:
+    """The first snapshot for which ``holds`` is true (one read, so no torn checks);
+    for any list + watch source (pods here, ResourceSlices in test_resourceslices)."""
+    seen: list[S] = []
 
     def probe() -> bool:
         seen.append(snap := watcher.snapshot())
@@ -73,22 +80,29 @@ def fake() -> Iterator[FakeKubeApi]:
     api.stop_in_thread()
 
 
-@pytest.fixture
-def make_watcher(tmp_path: Path) -> Iterator[Callable[..., PodWatcher]]:
-    started: list[PodWatcher] = []
+W = TypeVar("W", bound=KubeWatchSource[Any, Any, Any])
 
-    def make(url: str, *, resync_s: float = 300.0, watch_timeout_s: int = 60) -> PodWatcher:
+
+def watcher_factory(kind: type[W], tmp_path: Path) -> Iterator[Callable[..., W]]:
+    """Body of a ``make_watcher`` fixture: ``make(url, **kwargs)`` starts a ``kind``
+    watcher for NODE against ``url``; all are closed when the test ends."""
+    started: list[W] = []
+
+    def make(url: str, **kwargs: Any) -> W:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url)
-        watcher = PodWatcher(
-            NODE, kubeconfig=str(kubeconfig), resync_s=resync_s, watch_timeout_s=watch_timeout_s
-        )
+        watcher = kind(NODE, kubeconfig=str(kubeconfig), **kwargs)
         watcher.start()
         started.append(watcher)
         return watcher
 
     yield make
     for watcher in started:
-        watcher.stop()
+        watcher.close()
+
+
+@pytest.fixture
+def make_watcher(tmp_path: Path) -> Iterator[Callable[..., PodWatcher]]:
+    yield from watcher_factory(PodWatcher, tmp_path)
 
 
 def synced(watcher: PodWatcher, n_pods: int) -> PodMetaSnapshot:
@@ -130,12 +144,14 @@ def test_pod_meta_parses_deletion_timestamp_with_fraction_and_skips_pods_without
     assert pod_meta_from_dict({"metadata": {"name": "no-uid"}}) is None
 
 
-def test_importing_kube_source_does_not_import_kubernetes() -> None:
+def test_importing_kube_sources_does_not_import_kubernetes() -> None:
     code = (
         "import sys\n"
         "import exporter.sources.kube as k\n"
+        "import exporter.sources.resourceslices as r\n"
         "w = k.PodWatcher('n')\n"
         "w.snapshot()\n"
+        "r.ResourceSliceWatcher('n').snapshot()\n"
         "bad = sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.'))\n"
         "print(','.join(bad))\n"
         "sys.exit(1 if bad else 0)\n"
@@ -292,6 +308,7 @@ def test_api_server_down_at_start_reports_readable_error_then_recovers(
     assert snap.pods[0].name == "trainer"
 
 
+@pytest.mark.slow  # waits on real watch/retry timers (~1 s)
 def test_api_error_status_is_reported_with_the_servers_message(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
@@ -314,6 +331,7 @@ def test_api_error_status_is_reported_with_the_servers_message(
     assert synced(watcher, 1).error is None
 
 
+@pytest.mark.slow  # waits on real watch/retry timers (~1 s)
 def test_watch_window_end_rewatches_from_last_version_without_relisting(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
@@ -338,6 +356,7 @@ def test_watch_window_end_rewatches_from_last_version_without_relisting(
     assert watcher.snapshot().ok
 
 
+@pytest.mark.slow  # waits on real watch/retry timers (~1 s)
 def test_resync_relists_even_when_the_watch_is_healthy(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
@@ -379,4 +398,40 @@ async def test_fake_serves_from_the_callers_event_loop_as_the_simulator_runs_it(
         assert [(p.name, p.containers) for p in snap.pods] == [("trainer", ((CID_A, "main"),))]
     finally:
         await asyncio.to_thread(watcher.stop)
+        await fake.stop()
+
+
+def test_pod_watcher_is_the_kube_source_filling_pod_meta(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    idle = PodWatcher(NODE)
+    assert (idle.name, idle.field) == ("kube", "pod_meta")
+    assert idle.status() == SourceStatus("kube", False, "not started")
+    assert idle.errors_total == 0
+
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = make_watcher(fake.start_in_thread())
+    snap = synced(watcher, 1)
+    assert watcher.read(Cycle(timestamp=time.time())) is watcher.snapshot() is snap
+    assert watcher.status() == SourceStatus("kube", True, None)
+    watcher.close()
+    assert not any(t.name == "pod-watcher" and t.is_alive() for t in threading.enumerate())
+
+
+async def test_prime_waits_for_the_first_list_and_returns_at_once_when_not_started(
+    tmp_path: Path,
+) -> None:
+    fake = FakeKubeApi()
+    url = await fake.start()
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE, containers=[("main", CID_A)]))
+    watcher = PodWatcher(NODE, kubeconfig=str(write_kubeconfig(tmp_path / "kc", url)))
+    try:
+        began = time.monotonic()
+        await watcher.prime(5.0)  # not started: nothing to wait for
+        assert time.monotonic() - began < 0.5
+        watcher.start()
+        await watcher.prime(5.0)
+        assert [p.name for p in watcher.snapshot().pods] == ["trainer"]
+    finally:
+        await watcher.aclose()
         await fake.stop()

@@ -14,6 +14,7 @@ SELF_INSTRUMENTS = {
     "gpu_exporter_build_info",
     "gpu_exporter_errors",
     "gpu_exporter_sample_duration_seconds",
+    "gpu_exporter_source_read_seconds",
 }
 
 

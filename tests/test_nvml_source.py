@@ -60,9 +60,9 @@ RICH: dict[str, object] = {
 # GPU 0: listed processes + memory no process accounts for; v2 "used" excludes reserved.
 RICH_USED = 10 * GiB + 512 * MiB + 3 * GiB + 2 * GiB
 RICH_PROCESSES = (
-    GpuProcess(pid=1001, used_memory_bytes=10 * GiB, kind="compute"),
-    GpuProcess(pid=1002, used_memory_bytes=512 * MiB, kind="graphics"),
-    GpuProcess(pid=1003, used_memory_bytes=3 * GiB, kind="mps"),
+    GpuProcess(pid=1001, memory_used_bytes=10 * GiB, kind="compute"),
+    GpuProcess(pid=1002, memory_used_bytes=512 * MiB, kind="graphics"),
+    GpuProcess(pid=1003, memory_used_bytes=3 * GiB, kind="mps"),
 )
 
 
@@ -148,7 +148,7 @@ def test_every_nvml_reading_equals_the_scenario_value(sim: list[Sim]) -> None:
         1,
         35,
     )
-    assert other.processes == (GpuProcess(pid=1004, used_memory_bytes=1 * GiB, kind="compute"),)
+    assert other.processes == (GpuProcess(pid=1004, memory_used_bytes=1 * GiB, kind="compute"),)
 
 
 def test_energy_counter_grows_with_power_over_simulated_time(sim: list[Sim]) -> None:
@@ -400,7 +400,7 @@ def test_mig_instances_carry_ids_profile_memory_and_their_processes(sim: list[Si
         assert mig.processes == tuple(
             GpuProcess(
                 pid=p.pid,
-                used_memory_bytes=p.memory,
+                memory_used_bytes=p.memory,
                 kind="compute",
                 gpu_instance_id=mig.gpu_instance_id,
                 compute_instance_id=mig.compute_instance_id,

@@ -7,28 +7,27 @@ state what an operator would see for a node in a given condition.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import pytest
 
 from exporter.analysis.attribution import attribute
 from exporter.analysis.orphans import (
+    OrphanPolicy,
+    driver_held,
+    find_orphans,
+    holder_request,
+    name_holders,
+    orphan_holders,
+)
+from exporter.model import (
     KIND_DEAD_PROCESS,
     KIND_DELETED_POD,
     KIND_STUCK_PROCESS,
     KIND_UNATTRIBUTED,
-    OrphanPolicy,
-    ScanRequest,
-    driver_held,
-    find_orphans,
-    gpus_needing_scan,
-    name_holders,
-    orphan_holders,
-    record_scan,
-    scan_request,
-)
-from exporter.model import (
     ContainerDevices,
     DeviceHolder,
+    DriverHeld,
     GpuProcess,
     GpuSample,
     HolderScan,
@@ -39,6 +38,7 @@ from exporter.model import (
     OrphanState,
     PodMeta,
     PodMetaSnapshot,
+    PodName,
     PodResourcesSnapshot,
     ProcessIdentity,
 )
@@ -69,7 +69,7 @@ def gpu(
     """A GPU whose used memory defaults to exactly what its processes list."""
     listed = [*processes, *(p for m in mig for p in m.processes)]
     if used is None:
-        used = sum(p.used_memory_bytes or 0 for p in listed)
+        used = sum(p.memory_used_bytes or 0 for p in listed)
     return GpuSample(
         index=index,
         uuid=uuid_of(index),
@@ -85,7 +85,7 @@ def gpu(
 
 
 def proc(pid: int, memory: int | None) -> GpuProcess:
-    return GpuProcess(pid=pid, used_memory_bytes=memory, kind="compute")
+    return GpuProcess(pid=pid, memory_used_bytes=memory, kind="compute")
 
 
 def alive(
@@ -161,7 +161,7 @@ class Run:
 
 
 def kinds(orphans: Iterable[OrphanedMemory]) -> dict[tuple[int, str], tuple[int, int]]:
-    return {(o.gpu, o.kind): (o.memory_bytes, o.processes) for o in orphans}
+    return {(o.gpu, o.kind): (o.memory_used_bytes, o.processes) for o in orphans}
 
 
 # ---------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_a_new_pod_the_watch_has_not_delivered_yet_is_not_flagged_within_the_gra
     assert run.cycle(lagging, T0) == ()
     assert run.cycle(lagging, T0 + 30) == ()
     assert run.cycle(delivered, T0 + 60) == ()
-    assert run.state.pod_missing_since == ()
+    assert run.state.pod_missing_since == {}
 
 
 def test_a_terminating_pod_is_flagged_only_grace_seconds_after_its_deletion_deadline() -> None:
@@ -332,7 +332,7 @@ def test_without_the_pod_watch_podresources_alone_flags_a_pod_it_named_before() 
     allocated = node([gpu_with_pod_process()], identity, pod_resources=kubelet(("ml", "t", 0)))
     released = node([gpu_with_pod_process()], identity, pod_resources=kubelet())
     assert run.cycle(allocated, T0) == ()
-    assert run.state.pod_names == ((UID_A, "ml", "t"),)
+    assert run.state.pod_names == {UID_A: PodName("ml", "t")}
     assert run.cycle(released, T0 + 10) == ()
     assert kinds(run.cycle(released, T0 + 70)) == {(0, KIND_DELETED_POD): (7 * GIB, 1)}
 
@@ -478,7 +478,7 @@ def test_first_seen_persists_while_the_condition_holds_and_resets_after_it_clear
     run = Run()
     assert [o.first_seen for o in run.cycle(zombie, T0)] == [T0]
     assert [o.first_seen for o in run.cycle(bigger, T0 + 10)] == [T0]  # same kind, more pids
-    assert [o.memory_bytes for o in run.cycle(zombie, T0 + 20)] == [2 * GIB]
+    assert [o.memory_used_bytes for o in run.cycle(zombie, T0 + 20)] == [2 * GIB]
     assert run.cycle(clean, T0 + 30) == ()
     assert [o.first_seen for o in run.cycle(zombie, T0 + 40)] == [T0 + 40]
 
@@ -502,7 +502,7 @@ def test_a_lost_gpu_is_skipped_and_its_history_dropped() -> None:
         KIND_UNATTRIBUTED,
     }
     assert run.cycle(lost, T0 + 10) == ()
-    assert run.state.first_seen == () and run.state.unattributed == ()
+    assert run.state.first_seen == {} and run.state.unattributed == {}
     assert {o.first_seen for o in run.cycle(zombie_and_leak, T0 + 20)} == {T0 + 20}
 
 
@@ -553,46 +553,27 @@ def unattributed(*gpus: int) -> tuple[OrphanedMemory, ...]:
     return tuple(OrphanedMemory(g, uuid_of(g), KIND_UNATTRIBUTED, GIB, 0, T0) for g in gpus)
 
 
-def scanned(
-    state: OrphanState,
-    gpus: Sequence[int],
-    holders: Sequence[DeviceHolder],
-    *,
-    at: float,
-    complete: bool = True,
-) -> OrphanState:
-    request = ScanRequest(gpus=tuple((g, uuid_of(g), g) for g in gpus), exclude_pids=frozenset())
-    scan = HolderScan(minors=request.minors, holders=tuple(holders), truncated=not complete)
-    return record_scan(state, scan, request, now=at)
+def covering(gpus: Sequence[int], holders: Sequence[DeviceHolder] = (), **kw: object) -> HolderScan:
+    """A walk that covered ``gpus`` (minor = index) and found ``holders``."""
+    return HolderScan(
+        minors=tuple(gpus),
+        holders=tuple(holders),
+        gpus=tuple((g, uuid_of(g), g) for g in gpus),
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def test_no_scan_is_asked_for_without_unattributed_memory() -> None:
     dead_only = (OrphanedMemory(0, uuid_of(0), KIND_DEAD_PROCESS, GIB, 1, T0),)
-    assert gpus_needing_scan(dead_only, OrphanState(), T0) == ()
+    assert holder_request(node([gpu(0)]), dead_only) is None
 
 
-def test_a_scan_covers_every_flagged_gpu_and_is_not_repeated_until_rescan_s() -> None:
-    orphans = unattributed(3, 4)
-    assert gpus_needing_scan(orphans, OrphanState(), T0) == (uuid_of(3), uuid_of(4))
-    state = scanned(OrphanState(), [3, 4], [], at=T0)
-    assert gpus_needing_scan(orphans, state, T0 + 59, rescan_s=60) == ()
-    assert gpus_needing_scan(orphans, state, T0 + 60, rescan_s=60) == (uuid_of(3), uuid_of(4))
-
-
-def test_a_newly_flagged_gpu_triggers_a_scan_before_rescan_s() -> None:
-    state = scanned(OrphanState(), [3], [], at=T0)
-    assert gpus_needing_scan(unattributed(3, 5), state, T0 + 1) == (uuid_of(3), uuid_of(5))
-
-
-def test_the_scan_request_names_minors_and_excludes_every_pid_nvml_lists() -> None:
-    mig = [MigInstance(0, "MIG-a", 1, 0, "3g.40gb", 40 * GIB, GIB, (proc(30, GIB),))]
-    snapshot = node(
-        [gpu(0, processes=[proc(10, GIB)]), gpu(1, mig=mig), gpu(2, processes=[proc(20, GIB)])]
-    )
-    request = scan_request(snapshot, [uuid_of(1), uuid_of(2)])
+def test_the_scan_request_names_every_flagged_gpu_with_its_minor() -> None:
+    snapshot = node([gpu(0), gpu(1), gpu(2)])
+    request = holder_request(snapshot, unattributed(1, 2))
+    assert request is not None
+    assert request.gpus == ((1, uuid_of(1), 1), (2, uuid_of(2), 2))
     assert request.minors == (1, 2)
-    assert request.uuids == (uuid_of(1), uuid_of(2))
-    assert request.exclude_pids == {10, 20, 30}
 
 
 def test_holders_are_named_from_the_pod_watch_per_gpu_they_hold() -> None:
@@ -615,99 +596,24 @@ def test_holders_are_named_from_the_pod_watch_per_gpu_they_hold() -> None:
 
 
 def test_holders_are_shown_only_for_gpus_that_still_have_unattributed_memory() -> None:
-    state = scanned(OrphanState(), [3, 4], [DeviceHolder(1, (3, 4), "python3", "holder")], at=T0)
-    snapshot = node([gpu(3), gpu(4)])
-    assert [r.gpu for r in orphan_holders(snapshot, unattributed(4), state)] == [4]
+    scan = covering([3, 4], [DeviceHolder(1, (3, 4), "python3", "holder")])
+    snapshot = replace(node([gpu(3), gpu(4)]), holder_scan=scan)
+    assert [r.gpu for r in orphan_holders(snapshot, unattributed(4))] == [4]
     assert name_holders(None, None, [gpu(3)]) == ()
 
 
 def test_memory_only_management_daemons_hold_is_driver_held() -> None:
     persistenced = DeviceHolder(812, (3, 4), "nvidia-persiste", "management")
     child = DeviceHolder(5302, (3,), "pt_data_worker", "holder")
-    state = scanned(OrphanState(), [3, 4], [persistenced, child], at=T0)
-    assert driver_held(unattributed(3, 4), state) == (
-        (3, uuid_of(3), False),
-        (4, uuid_of(4), True),
+    scan = covering([3, 4], [persistenced, child])
+    assert driver_held(unattributed(3, 4), scan) == (
+        DriverHeld(3, uuid_of(3), False),
+        DriverHeld(4, uuid_of(4), True),
     )
 
 
 def test_no_driver_held_verdict_from_an_incomplete_scan_or_an_uncovered_gpu() -> None:
-    truncated = scanned(OrphanState(), [4], [], at=T0, complete=False)
-    assert driver_held(unattributed(4), truncated) == ()
-    unreadable = record_scan(
-        OrphanState(),
-        HolderScan(minors=(4,), unreadable_pids=2),
-        ScanRequest(gpus=((4, uuid_of(4), 4),), exclude_pids=frozenset()),
-        now=T0,
-    )
-    assert driver_held(unattributed(4), unreadable) == ()
-    covered = scanned(OrphanState(), [4], [], at=T0)
-    assert driver_held(unattributed(5), covered) == ()
-    assert driver_held(unattributed(4), OrphanState()) == ()
-
-
-def test_the_last_scan_is_kept_while_unattributed_memory_remains_and_dropped_after() -> None:
-    run = Run(OrphanPolicy(unattributed_cycles=1))
-    run.cycle(leaking(2 * GIB), T0)
-    run.state = scanned(run.state, [0], [], at=T0)
-    run.cycle(leaking(2 * GIB), T0 + 10)
-    assert run.state.holder_scan is not None and run.state.holder_scan_at == T0
-    run.cycle(leaking(0), T0 + 20)
-    assert run.state.holder_scan is None and run.state.holder_scan_gpus == ()
-
-
-def test_a_truncated_scan_is_continued_next_cycle_and_merged_until_complete() -> None:
-    orphans = unattributed(3, 4)
-    snapshot = node([gpu(3), gpu(4)])
-    first_request = scan_request(snapshot, gpus_needing_scan(orphans, OrphanState(), T0))
-    assert first_request.start_pid == 0
-    child = DeviceHolder(100, (3,), "pt_data_worker", "holder")
-    cut = HolderScan((3, 4), (child,), scanned_pids=50, truncated=True, resume_pid=101)
-    state = record_scan(OrphanState(), cut, first_request, now=T0)
-    assert driver_held(orphans, state) == ()  # not yet: pids above 100 unseen
-
-    assert gpus_needing_scan(orphans, state, T0 + 10) == (uuid_of(3), uuid_of(4))
-    request = scan_request(snapshot, (uuid_of(3), uuid_of(4)), state)
-    assert request.start_pid == 101
-    daemon = DeviceHolder(812, (3, 4), "nvidia-persiste", "management")
-    rest = HolderScan(minors=(3, 4), holders=(daemon,), scanned_pids=20, unreadable_pids=0)
-    state = record_scan(state, rest, request, now=T0 + 10)
-    merged = state.holder_scan
-    assert merged is not None and merged.complete and merged.scanned_pids == 70
-    assert [h.pid for h in merged.holders] == [100, 812]
-    assert driver_held(orphans, state) == ((3, uuid_of(3), False), (4, uuid_of(4), True))
-    assert gpus_needing_scan(orphans, state, T0 + 20) == ()
-
-
-def test_a_continuation_restarts_from_the_first_pid_when_the_gpus_changed() -> None:
-    cut = HolderScan(minors=(3,), truncated=True, resume_pid=101)
-    request = ScanRequest(gpus=((3, uuid_of(3), 3),), exclude_pids=frozenset())
-    state = record_scan(OrphanState(), cut, request, now=T0)
-    snapshot = node([gpu(3), gpu(4)])
-    assert scan_request(snapshot, [uuid_of(3), uuid_of(4)], state).start_pid == 0
-    assert scan_request(snapshot, [uuid_of(3)], state).start_pid == 101
-
-
-def test_a_cut_short_rescan_keeps_the_last_finished_verdict_until_it_completes() -> None:
-    orphans = unattributed(4)
-    snapshot = node([gpu(4)])
-    daemon = DeviceHolder(812, (4,), "nvidia-persiste", "management")
-    state = scanned(OrphanState(), [4], [daemon], at=T0)
-    assert driver_held(orphans, state) == ((4, uuid_of(4), True),)
-
-    assert gpus_needing_scan(orphans, state, T0 + 60) == (uuid_of(4),)  # rescan due
-    fresh = scan_request(snapshot, [uuid_of(4)], state)
-    assert fresh.start_pid == 0
-    cut = HolderScan((4,), (), scanned_pids=10, truncated=True, resume_pid=500)
-    state = record_scan(state, cut, fresh, now=T0 + 60)
-    assert driver_held(orphans, state) == ((4, uuid_of(4), True),)  # still the last one
-    assert state.holder_scan_at == T0
-
-    assert gpus_needing_scan(orphans, state, T0 + 70) == (uuid_of(4),)  # go on at once
-    more = scan_request(snapshot, [uuid_of(4)], state)
-    assert more.start_pid == 500
-    child = DeviceHolder(900, (4,), "python3", "holder")
-    state = record_scan(state, HolderScan((4,), (child,), scanned_pids=5), more, now=T0 + 70)
-    assert state.holder_scan_pending is None and state.holder_scan_at == T0 + 70
-    assert driver_held(orphans, state) == ((4, uuid_of(4), False),)
-    assert gpus_needing_scan(orphans, state, T0 + 80) == ()
+    assert driver_held(unattributed(4), covering([4], truncated=True)) == ()
+    assert driver_held(unattributed(4), covering([4], unreadable_pids=2)) == ()
+    assert driver_held(unattributed(5), covering([4])) == ()
+    assert driver_held(unattributed(4), None) == ()

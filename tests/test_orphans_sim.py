@@ -10,7 +10,6 @@ from the scenario object.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import time
 from collections.abc import Callable
@@ -21,19 +20,20 @@ import pytest
 
 from exporter.analysis.attribution import attribute
 from exporter.analysis.orphans import (
+    OrphanPolicy,
+    driver_held,
+    find_orphans,
+    holder_request,
+    orphan_holders,
+)
+from exporter.model import (
     KIND_DEAD_PROCESS,
     KIND_DELETED_POD,
     KIND_STUCK_PROCESS,
     KIND_UNATTRIBUTED,
-    OrphanPolicy,
-    driver_held,
-    find_orphans,
-    gpus_needing_scan,
-    orphan_holders,
-    record_scan,
-    scan_request,
-)
-from exporter.model import (
+    DriverHeld,
+    HolderScan,
+    HolderScanRequest,
     NodeSnapshot,
     OrphanedMemory,
     OrphanHolder,
@@ -50,11 +50,13 @@ from exporter.sim.scenario import (
     load_scenario,
     parse_scenario,
 )
+from exporter.sources import base
+from exporter.sources.holder_scan import HolderScanSource
 from exporter.sources.holders import scan_device_holders
 from exporter.sources.kube import PodWatcher
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
-from exporter.sources.procfs import read_processes
+from exporter.sources.procfs import ProcessReader
 
 STEP_S = 10
 END_S = 150
@@ -67,7 +69,7 @@ class Cycle:
     orphans: tuple[OrphanedMemory, ...]
     state: OrphanState
     holders: tuple[OrphanHolder, ...]
-    driver_held: tuple[tuple[int, str, bool], ...]
+    driver_held: tuple[DriverHeld, ...]
     scanned: bool
     identities: dict[int, ProcessIdentity]
     watched_deleting: set[str]  # pod uids the watch shows with a deletion timestamp
@@ -89,7 +91,16 @@ async def run_timeline(scenario: Scenario, *, kube_api: bool) -> tuple[dict[int,
     watcher = PodWatcher(paths.node_name, kubeconfig=str(paths.kubeconfig)) if kube_api else None
     client = PodResourcesClient(paths.pod_resources_socket)
     nvml = NvmlSource()
+    procfs = ProcessReader(paths.proc_root)
+    walks: list[int] = []
+
+    def walk(*args: object, **kwargs: object) -> HolderScan:
+        walks.append(t)
+        return scan_device_holders(*args, **kwargs)  # type: ignore[arg-type]
+
+    holders = HolderScanSource(paths.proc_root, walk=walk)
     state = OrphanState()
+    request: HolderScanRequest | None = None  # what last cycle's analysis asked for
     cycles: dict[int, Cycle] = {}
     try:
         if watcher is not None:
@@ -108,40 +119,30 @@ async def run_timeline(scenario: Scenario, *, kube_api: bool) -> tuple[dict[int,
 
                 await wait_until(in_step, f"the pod watch at t={t}")
             pod_resources = await client.fetch()
-            sample = await asyncio.to_thread(nvml.sample)
-            pids = {p.pid for g in sample.gpus for p in g.processes}
-            pids |= {p.pid for g in sample.gpus for m in g.mig_instances for p in m.processes}
             now = env.node.wall_time()
+            cycle = base.Cycle(now, holder_request=request)
+            sample = await asyncio.to_thread(nvml.read, cycle)
+            cycle.readings["nvml"] = sample
+            scan = await asyncio.to_thread(holders.read, cycle)
             snapshot = NodeSnapshot(
                 node_name=paths.node_name,
                 nvml=sample,
                 timestamp=now,
-                processes=read_processes(paths.proc_root, pids),
+                processes=procfs.read(cycle),
                 pod_resources=pod_resources,
                 pod_meta=watcher.snapshot() if watcher is not None else None,
+                holder_scan=scan,
             )
             orphans, state = find_orphans(
                 snapshot, attribute(snapshot), state, now=now, policy=POLICY
             )
-            need = gpus_needing_scan(orphans, state, now)
-            if need:
-                request = scan_request(snapshot, need, state)
-                scan = await asyncio.to_thread(
-                    functools.partial(
-                        scan_device_holders,
-                        paths.proc_root,
-                        request.minors,
-                        exclude_pids=request.exclude_pids,
-                        start_pid=request.start_pid,
-                    )
-                )
-                state = record_scan(state, scan, request, now=now)
+            request = holder_request(snapshot, orphans)
             cycles[t] = Cycle(
                 orphans=orphans,
                 state=state,
-                holders=orphan_holders(snapshot, orphans, state),
-                driver_held=driver_held(orphans, state),
-                scanned=bool(need),
+                holders=orphan_holders(snapshot, orphans),
+                driver_held=driver_held(orphans, scan),
+                scanned=t in walks,
                 identities={p.pid: p for p in snapshot.processes},
                 watched_deleting={
                     p.uid
@@ -171,7 +172,7 @@ def pod_uid(scenario: Scenario, key: str) -> str:
 
 
 def by_kind(orphans: tuple[OrphanedMemory, ...]) -> dict[tuple[int, str], tuple[int, float]]:
-    return {(o.gpu, o.kind): (o.memory_bytes, o.first_seen) for o in orphans}
+    return {(o.gpu, o.kind): (o.memory_used_bytes, o.first_seen) for o in orphans}
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +251,7 @@ def test_a_one_cycle_allocation_spike_is_seen_but_not_flagged(
 ) -> None:
     cycles, _ = with_kube
     spiking = scenario.gpus[int(str(event_args(scenario, "set")["gpu"]))]
-    streaks = {uuid: above for uuid, above, _ in cycles[40].state.unattributed}
+    streaks = {uuid: streak.cycles for uuid, streak in cycles[40].state.unattributed.items()}
     assert streaks.get(spiking.uuid) == 1  # the spike was seen, for one cycle
     assert all(o.gpu != spiking.index for c in cycles.values() for o in c.orphans)
 
@@ -269,7 +270,9 @@ def test_holders_are_scanned_once_unattributed_memory_is_confirmed_then_every_mi
 ) -> None:
     cycles, _ = with_kube
     confirm = 30 + STEP_S * (POLICY.unattributed_cycles - 1)
-    assert [t for t, c in cycles.items() if c.scanned] == [confirm, confirm + 60]
+    # the cycle that confirms it asks; the holder scan source answers in the next one
+    asked = confirm + STEP_S
+    assert [t for t, c in cycles.items() if c.scanned] == [asked, asked + 60]
 
 
 def test_the_forked_child_is_named_and_the_daemons_are_management(
@@ -304,9 +307,11 @@ def test_memory_nobody_but_the_daemons_holds_is_driver_held(
     forked = process(scenario, int(str(event_args(scenario, "fork_orphan")["pid"]))).gpu
     orphaned = process(scenario, int(str(event_args(scenario, "orphan")["value"]))).gpu
     uuids = {g.index: g.uuid for g in scenario.gpus}
-    assert cycles[END_S].driver_held == tuple(
-        sorted([(forked, uuids[forked], False), (orphaned, uuids[orphaned], True)])
-    )
+    expected = [
+        DriverHeld(forked, uuids[forked], False),
+        DriverHeld(orphaned, uuids[orphaned], True),
+    ]
+    assert cycles[END_S].driver_held == tuple(sorted(expected, key=lambda held: held.gpu))
 
 
 def test_without_the_pod_watch_holders_are_found_but_not_named(

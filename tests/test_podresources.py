@@ -14,7 +14,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from exporter.model import AllocatableDevices, ContainerDevices
+from exporter.kubelet_api import api_pb2, api_pb2_grpc
+from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 from exporter.sim.podresources_server import (
     Allocations,
     PodResourcesProvider,
@@ -23,8 +24,8 @@ from exporter.sim.podresources_server import (
     start_podresources_server,
 )
 from exporter.sources.backoff import Backoff
-from exporter.sources.podresources import api_pb2, api_pb2_grpc
 from exporter.sources.podresources.client import (
+    DEFAULT_DRA_DRIVERS,
     DEFAULT_RESOURCE_NAMES,
     MAX_RECEIVE_MESSAGE_BYTES,
     PodResourcesClient,
@@ -484,6 +485,7 @@ def _many_pods(count: int) -> tuple[ContainerDevices, ...]:
     )
 
 
+@pytest.mark.slow  # builds and sends a >4 MiB response
 async def test_response_larger_than_grpc_default_4mib_is_received(
     start_server: ServerFactory, client: PodResourcesClient
 ) -> None:
@@ -501,6 +503,7 @@ async def test_response_larger_than_grpc_default_4mib_is_received(
     assert snap.containers[0].device_ids[0].startswith("GPU-8a1b2c3d-")
 
 
+@pytest.mark.slow  # builds and sends a >16 MiB response
 async def test_response_over_16mib_is_a_readable_failure(
     start_server: ServerFactory, sock: Path
 ) -> None:
@@ -621,3 +624,173 @@ def test_backoff_survives_very_long_outages() -> None:
 def test_backoff_rejects_nonsense_settings(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         Backoff(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------
+# DRA claims (dynamic_resources)
+# ---------------------------------------------------------------------------
+
+NV = "gpu.nvidia.com"
+
+
+def claim(
+    pod: str,
+    container: str,
+    name: str,
+    device: str,
+    *,
+    driver: str = NV,
+    share_id: str | None = None,
+    namespace: str = "ml",
+) -> ClaimDevice:
+    return ClaimDevice(
+        namespace,
+        pod,
+        container,
+        namespace,
+        name,
+        driver,
+        "node-1",
+        device,
+        (f"k8s.{driver}/claim=0d3c7e1a-{device}",),
+        share_id,
+    )
+
+
+def test_nvidias_dra_driver_is_the_default_and_a_bare_string_is_rejected(sock: Path) -> None:
+    assert DEFAULT_DRA_DRIVERS == ("gpu.nvidia.com",)
+    with pytest.raises(TypeError):
+        PodResourcesClient(sock, dra_drivers="gpu.nvidia.com")
+
+
+async def test_claim_devices_of_the_gpu_driver_arrive_sorted_and_other_drivers_are_dropped(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    claims = (
+        claim("trainer-0", "main", "trainer-0-main-gpu", "gpu-1"),
+        claim("trainer-0", "main", "trainer-0-main-gpu", "gpu-0"),
+        claim("trainer-0", "main", "trainer-0-nic", "eth1", driver="sriovnetwork.k8s.io"),
+        claim("infer-7", "server", "infer-7-server-gpu", "gpu-2-mig-1g10gb-19-0"),
+    )
+    await start_server(lambda: (CONTAINERS, ALLOCATABLE, claims))
+
+    snap = await client.fetch()
+
+    assert snap.ok is True, snap.error
+    assert snap.claims == (claims[3], claims[1], claims[0])
+
+
+async def test_a_claim_shared_by_two_containers_is_listed_for_each_with_its_share_id(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    shared = (
+        claim("chat-a", "main", "gpu1-shared", "gpu-1"),
+        claim("chat-b", "main", "gpu1-shared", "gpu-1"),
+        claim("embed", "main", "embed-gpu", "gpu-2", share_id="b8f3a3c2-share"),
+    )
+    await start_server(lambda: ((), (), shared))
+
+    snap = await client.fetch()
+
+    assert [(c.pod, c.claim_name, c.device, c.share_id) for c in snap.claims] == [
+        ("chat-a", "gpu1-shared", "gpu-1", None),  # absent share_id: None, not ""
+        ("chat-b", "gpu1-shared", "gpu-1", None),
+        ("embed", "embed-gpu", "gpu-2", "b8f3a3c2-share"),
+    ]
+
+
+async def test_an_empty_share_id_reads_as_unshared(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(lambda: ((), (), (claim("a", "main", "a-gpu", "gpu-0", share_id=""),)))
+
+    snap = await client.fetch()
+
+    assert [c.share_id for c in snap.claims] == [None]
+
+
+async def test_a_claim_device_sent_twice_is_one_claim_device_and_snapshots_compare_equal(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    # The kubelet walks Go maps: order differs from call to call, and a device can repeat.
+    orders = iter(
+        [
+            (claim("b", "main", "b-gpu", "gpu-1"), claim("a", "main", "a-gpu", "gpu-0")),
+            (
+                claim("a", "main", "a-gpu", "gpu-0"),
+                claim("b", "main", "b-gpu", "gpu-1"),
+                claim("a", "main", "a-gpu", "gpu-0"),
+            ),
+        ]
+    )
+    # A pre-1.21 kubelet (no GetAllocatableResources): one provider call per fetch.
+    await start_server(lambda: ((), (), next(orders)), allocatable_implemented=False)
+
+    first, second = await client.fetch(), await client.fetch()
+
+    assert first.claims == second.claims
+    assert [c.pod for c in first.claims] == ["a", "b"]
+
+
+async def test_a_container_with_devices_and_claims_keeps_both(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    claims = (claim("trainer-0", "main", "trainer-0-extra", "gpu-7"),)
+    await start_server(lambda: (CONTAINERS, ALLOCATABLE, claims), split_devices=True)
+
+    snap = await client.fetch()
+
+    assert ContainerDevices("ml", "trainer-0", "main", "nvidia.com/gpu", (GPU0, GPU1)) in (
+        snap.containers
+    )
+    assert snap.claims == claims
+
+
+async def test_dra_drivers_select_whose_claims_are_kept(
+    start_server: ServerFactory, sock: Path
+) -> None:
+    claims = (
+        claim("a", "main", "a-gpu", "gpu-0"),
+        claim("b", "main", "b-gpu", "gpu-0", driver="gpu.example.com"),
+    )
+    await start_server(lambda: ((), (), claims))
+    client = PodResourcesClient(sock, dra_drivers=["gpu.example.com"])
+    try:
+        snap = await client.fetch()
+    finally:
+        await client.close()
+
+    assert [c.driver for c in snap.claims] == ["gpu.example.com"]
+
+
+async def test_claims_are_grouped_per_container_and_claim_on_the_wire(
+    start_server: ServerFactory, sock: Path
+) -> None:
+    # What the kubelet sends: one DynamicResource per claim, its devices inside.
+    claims = (
+        claim("t", "main", "t-main-gpu", "gpu-0"),
+        claim("t", "main", "t-main-gpu", "gpu-1"),
+        claim("t", "side", "t-side-gpu", "gpu-2"),
+    )
+    await start_server(lambda: ((), (), claims))
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
+        got = await stub.Get(
+            api_pb2.GetPodResourcesRequest(pod_name="t", pod_namespace="ml"), timeout=5
+        )
+
+    (pod,) = listed.pod_resources
+    assert got.pod_resources == pod
+    shape = {
+        c.name: [
+            (d.claim_namespace, d.claim_name, [r.device_name for r in d.claim_resources])
+            for d in c.dynamic_resources
+        ]
+        for c in pod.containers
+    }
+    assert shape == {
+        "main": [("ml", "t-main-gpu", ["gpu-0", "gpu-1"])],
+        "side": [("ml", "t-side-gpu", ["gpu-2"])],
+    }
+    assert not pod.containers[0].dynamic_resources[0].claim_resources[0].HasField("share_id")

@@ -21,7 +21,7 @@ from exporter.sim.proctree import (
     remove_process,
     write_process,
 )
-from exporter.sources.procfs import ProcessReader, parse_cgroup, read_process, read_processes
+from exporter.sources.procfs import ProcessReader, parse_cgroup, read_process
 
 # Real-looking identities: RFC 4122 pod UIDs as the API server mints them, a static
 # pod UID (the 32-hex manifest hash the kubelet uses), 64-hex container ids.
@@ -451,7 +451,7 @@ def test_host_cgroup_is_not_attributed() -> None:
 
 
 # ---------------------------------------------------------------------------
-# read_process / read_processes
+# read_process / ProcessReader.identify
 # ---------------------------------------------------------------------------
 
 # A verbatim stat line (52 fields) as the kernel writes it, comm with ")" and spaces.
@@ -601,6 +601,7 @@ def test_read_process_concurrent_churn_never_raises_or_misattributes(tmp_path: P
 
     writer = threading.Thread(target=churn)
     writer.start()
+    reader = ProcessReader(tmp_path)
     seen_alive = rounds = 0
     deadline = time.monotonic() + 20
     try:
@@ -608,7 +609,7 @@ def test_read_process_concurrent_churn_never_raises_or_misattributes(tmp_path: P
         # schedule the writer so that early rounds only ever find the pids gone)
         while (rounds < 300 or seen_alive == 0) and time.monotonic() < deadline:
             rounds += 1
-            for identity in read_processes(tmp_path, pids):
+            for identity in reader.identify(pids):
                 if identity.alive:
                     seen_alive += 1
                     assert identity == ProcessIdentity(
@@ -627,14 +628,14 @@ def test_read_process_concurrent_churn_never_raises_or_misattributes(tmp_path: P
     assert seen_alive > 0
 
 
-def test_read_processes_sorted_deduplicated_mixed(tmp_path: Path) -> None:
+def test_process_reader_identify_sorted_deduplicated_mixed(tmp_path: Path) -> None:
     write_process(tmp_path, 30, comm="a", cgroup=kubepods_cgroup(UID, CID))
     write_process(tmp_path, 10, comm="b", cgroup=host_cgroup())
-    result = read_processes(tmp_path, [30, 20, 10, 30, 10])
+    result = ProcessReader(tmp_path).identify([30, 20, 10, 30, 10])
     assert [p.pid for p in result] == [10, 20, 30]
     assert [p.alive for p in result] == [True, False, True]
     assert result[2].pod_uid == UID
-    assert read_processes(tmp_path, []) == ()
+    assert ProcessReader(tmp_path).identify([]) == ()
 
 
 def test_read_process_on_real_proc_self() -> None:
@@ -649,12 +650,12 @@ def test_read_process_on_real_proc_self() -> None:
 def test_process_reader_reads_a_known_pids_cgroup_only_once(tmp_path: Path) -> None:
     reader = ProcessReader(tmp_path)
     write_process(tmp_path, 40, comm="trainer", state="R", cgroup=kubepods_cgroup(UID, CID))
-    first = reader.read([40])
+    first = reader.identify([40])
     # the cgroup file may now be anything: a live pid keeps its cgroup, so it is not re-read
     (tmp_path / "40" / "cgroup").write_text(host_cgroup())
     write_process(tmp_path, 40, comm="trainer", state="D", cgroup=host_cgroup())
     (tmp_path / "40" / "cgroup").write_text("garbage that would not parse")
-    second = reader.read([40])
+    second = reader.identify([40])
     assert first == (ProcessIdentity(40, True, UID, CID, "trainer", "R"),)
     assert second == (ProcessIdentity(40, True, UID, CID, "trainer", "D"),)  # state is fresh
 
@@ -662,20 +663,21 @@ def test_process_reader_reads_a_known_pids_cgroup_only_once(tmp_path: Path) -> N
 def test_process_reader_rereads_the_cgroup_when_a_pid_is_reused(tmp_path: Path) -> None:
     reader = ProcessReader(tmp_path)
     write_process(tmp_path, 41, comm="old", cgroup=kubepods_cgroup(UID, CID))
-    reader.read([41])
+    reader.identify([41])
     remove_process(tmp_path, 41)
-    assert reader.read([41]) == (ProcessIdentity(pid=41, alive=False),)
+    assert reader.identify([41]) == (ProcessIdentity(pid=41, alive=False),)
     # a new process with the same pid, a later start time and another cgroup
     write_process(tmp_path, 41, comm="new", cgroup=host_cgroup())
     stat = (tmp_path / "41" / "stat").read_text().split(" ")
     stat[21] = str(int(stat[21]) + 1000)
     (tmp_path / "41" / "stat").write_text(" ".join(stat))
-    assert reader.read([41]) == (ProcessIdentity(41, True, None, None, "new", "S"),)
+    assert reader.identify([41]) == (ProcessIdentity(41, True, None, None, "new", "S"),)
 
 
-def test_process_reader_agrees_with_read_processes(tmp_path: Path) -> None:
+def test_process_reader_agrees_with_read_process(tmp_path: Path) -> None:
     write_process(tmp_path, 50, comm="a", state="R", cgroup=kubepods_cgroup(UID, CID))
     write_process(tmp_path, 51, comm="b", state="Z", cgroup=host_cgroup())
     reader = ProcessReader(tmp_path)
+    uncached = tuple(read_process(tmp_path, pid) for pid in (50, 51, 52))
     for _ in range(2):  # uncached, then cached
-        assert reader.read([51, 50, 52, 50]) == read_processes(tmp_path, [50, 51, 52])
+        assert reader.identify([51, 50, 52, 50]) == uncached

@@ -276,6 +276,33 @@ def _error(data: object) -> str:
     return message
 
 
+def test_minor_number_defaults_to_the_index(node: SimNode) -> None:
+    minors = [pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)]
+    assert minors == [0, 1]
+
+
+def test_a_gpus_minor_number_is_the_scenarios_not_its_index(clock: ManualClock) -> None:
+    scenario = {"gpus": [{"minor": 3}, {"minor": 0}]}
+    for _ in run_nvml(scenario, clock):
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1)]
+        assert [pynvml.nvmlDeviceGetMinorNumber(h) for h in handles] == [3, 0]
+
+
+def test_two_gpus_with_one_minor_are_rejected_in_one_line() -> None:
+    message = _error({"gpus": [{"minor": 1}, {}]})
+    assert message == "gpus[1].minor: 1 is already GPU 0's minor"
+
+
+def test_a_minor_that_is_not_a_number_is_named() -> None:
+    assert _error({"gpus": [{"minor": "two"}]}) == (
+        "gpus[0].minor: 'two' is not a device minor (0..255)"
+    )
+
+
+def test_a_bad_allocator_is_one_line_naming_the_choices() -> None:
+    assert _error({"allocator": ["gke"]}) == ("allocator: ['gke'] is not one of nvidia, gke, dra")
+
+
 def test_unknown_top_level_key_is_named() -> None:
     assert _error({"gpus": [{}], "gpu_count": 8}).startswith("bad: unknown key 'gpu_count'")
 

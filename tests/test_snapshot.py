@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from exporter.sim.scenario import load_scenario
 
 
@@ -18,6 +20,7 @@ def snapshot(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a snapshot process on the 8-GPU simulated node (~2.5 s)
 def test_snapshot_prints_gpus_pods_leaks_and_capacity_as_tables() -> None:
     result = snapshot("--simulate", "node-8gpu")
     assert result.returncode == 0, result.stderr
@@ -40,6 +43,7 @@ def test_snapshot_prints_gpus_pods_leaks_and_capacity_as_tables() -> None:
     assert "leaky-shell" in out.split("ISOLATION LEAKS")[1]
 
 
+@pytest.mark.slow  # a snapshot process on the 8-GPU simulated node (~2.5 s)
 def test_snapshot_json_carries_the_whole_analysis() -> None:
     result = snapshot("--simulate", "node-8gpu", "--json")
     assert result.returncode == 0, result.stderr
@@ -84,6 +88,7 @@ def test_snapshot_names_orphan_holders_and_driver_held_memory() -> None:
     from exporter.model import (
         Analysis,
         Attribution,
+        DriverHeld,
         NodeSnapshot,
         NvmlSnapshot,
         OrphanedMemory,
@@ -101,7 +106,7 @@ def test_snapshot_names_orphan_holders_and_driver_held_memory() -> None:
         orphan_holders=(
             OrphanHolder(3, "GPU-c", 5302, "ml", "trainer", "main", "pt_data_worker", "holder"),
         ),
-        driver_held=((3, "GPU-c", False), (4, "GPU-d", True)),
+        driver_held=(DriverHeld(3, "GPU-c", False), DriverHeld(4, "GPU-d", True)),
     )
     out = render_text(analysis)
     assert "ORPHANED GPU MEMORY" in out

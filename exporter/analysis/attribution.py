@@ -12,27 +12,31 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.analysis.devices import SHARED_RESOURCE_SUFFIX, DeviceResolver
 from exporter.model import (
+    OWNER_DEAD,
+    OWNER_HOST,
+    OWNER_POD,
+    OWNER_UNKNOWN,
     Allocation,
     AttributedProcess,
     Attribution,
     ContainerGpuUsage,
+    ContainerRef,
+    DeviceRef,
     GpuProcess,
     GpuSample,
     MigInstance,
     NodeSnapshot,
+    Owner,
     PodMeta,
     PodMetaSnapshot,
     PodResourcesSnapshot,
     ProcessIdentity,
+    ResourceSliceSnapshot,
     UnallocatedUse,
     UnattributedUse,
 )
-
-OWNER_POD = "pod"
-OWNER_HOST = "host"
-OWNER_UNKNOWN = "unknown"
-OWNER_DEAD = "dead"
 
 REASON_NO_POD_META = "no pod metadata"
 REASON_POD_NOT_ON_NODE = "pod not on this node"
@@ -40,11 +44,6 @@ REASON_CONTAINER_UNKNOWN = "container id unknown"
 REASON_SHARED_NO_META = "shared GPU without pod metadata"
 REASON_AMBIGUOUS_NO_META = "several pods on an exclusive GPU without pod metadata"
 
-_REPLICA_SEPARATOR = "::"
-_SHARED_RESOURCE_SUFFIX = ".shared"
-_LEGACY_MIG_PREFIX = "MIG-GPU-"  # pre-R470 MIG device ids: MIG-GPU-<uuid>/<gi>/<ci>
-
-_ContainerKey = tuple[str, str, str]  # namespace, pod, container
 _DeviceKey = tuple[str, str | None]  # physical GPU UUID, MIG UUID
 
 
@@ -71,11 +70,17 @@ class _Listed:
 
 @dataclass(frozen=True, slots=True)
 class _Owner:
-    owner: str
+    owner: Owner
     namespace: str | None = None
     pod: str | None = None
     container: str | None = None
     reason: str | None = None
+
+    @property
+    def ref(self) -> ContainerRef | None:
+        if self.namespace is None or self.pod is None or self.container is None:
+            return None
+        return ContainerRef(self.namespace, self.pod, self.container)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,8 @@ class _Context:
     allocations: Mapping[str, Sequence[Allocation]] | None  # by GPU UUID; None: no data
     sharers: Mapping[_DeviceKey, frozenset[tuple[str, str | None]]]
     finished: frozenset[tuple[str, str]] = frozenset()  # (namespace, pod) in a terminal phase
+    # containers holding an allocation no form resolves: their use is never a leak
+    unresolved: frozenset[ContainerRef] = frozenset()
 
 
 def attribute(
@@ -97,7 +104,7 @@ def attribute(
     """Attribute every NVML process and every PodResources device of one snapshot."""
     gpus = snapshot.nvml.gpus
     finished = _finished_pods(snapshot.pod_meta, terminal_phases)
-    allocations = _allocations(snapshot.pod_resources, gpus, finished)
+    allocations = _allocations(snapshot.pod_resources, gpus, snapshot.resource_slices, finished)
     listed = _listed_processes(gpus)
     identities = {identity.pid: identity for identity in snapshot.processes}
     context = _Context(
@@ -106,6 +113,7 @@ def attribute(
         allocations=None if allocations is None else _by_uuid(allocations),
         sharers=_sharers(listed, identities),
         finished=finished,
+        unresolved=frozenset(a.container for a in allocations or () if not a.resolved),
     )
     processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
     return Attribution(
@@ -157,9 +165,9 @@ def _merge(first: _Listed, second: _Listed) -> _Listed:
     a, b = first.process, second.process
     process = GpuProcess(
         pid=a.pid,
-        used_memory_bytes=a.used_memory_bytes
-        if a.used_memory_bytes is not None
-        else b.used_memory_bytes,
+        memory_used_bytes=a.memory_used_bytes
+        if a.memory_used_bytes is not None
+        else b.memory_used_bytes,
         kind=a.kind,
         gpu_instance_id=a.gpu_instance_id if a.gpu_instance_id is not None else b.gpu_instance_id,
         compute_instance_id=(
@@ -210,7 +218,7 @@ def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
             device.mig.compute_instance_id if device.mig else process.compute_instance_id
         ),
         pid=process.pid,
-        used_memory_bytes=process.used_memory_bytes,
+        memory_used_bytes=process.memory_used_bytes,
         sm_ratio=entry.sm_ratio,
         kind=process.kind,
         owner=owner.owner,
@@ -251,13 +259,13 @@ def _owner_from_allocation(
     covering = [a for a in _allocations_on(device, allocations) if _covers(a, device)]
     if not covering:
         return _Owner(OWNER_UNKNOWN, reason=REASON_NO_POD_META)
-    containers = {(a.namespace, a.pod, a.container) for a in covering}
+    containers = {a.container for a in covering}
     if len(containers) > 1 or any(a.shared for a in covering):
         return _Owner(OWNER_UNKNOWN, reason=REASON_SHARED_NO_META)
     if len(sharers) > 1:  # another pod uses the device too: one of them is a leak
         return _Owner(OWNER_UNKNOWN, reason=REASON_AMBIGUOUS_NO_META)
-    namespace, pod, container = containers.pop()
-    return _Owner(OWNER_POD, namespace, pod, container)
+    ref = containers.pop()
+    return _Owner(OWNER_POD, ref.namespace, ref.pod, ref.container)
 
 
 def _sole_allocated_container(
@@ -265,9 +273,10 @@ def _sole_allocated_container(
 ) -> str | None:
     """Name a container the pod status does not list yet (e.g. just restarted)."""
     names = {
-        a.container
+        a.container.container
         for a in _allocations_on(device, allocations)
-        if a.namespace == meta.namespace and a.pod == meta.name and _covers(a, device)
+        if (a.container.namespace, a.container.pod) == (meta.namespace, meta.name)
+        and _covers(a, device)
     }
     return names.pop() if len(names) == 1 else None
 
@@ -281,10 +290,11 @@ def _is_allocated(owner: _Owner, device: _Device, context: _Context) -> bool | N
         return None
     if (owner.namespace, owner.pod) in context.finished:
         return None
+    ref = owner.ref
+    if ref in context.unresolved:
+        return None  # it may hold this very device under a name we cannot read
     return any(
-        (a.namespace, a.pod, a.container) == (owner.namespace, owner.pod, owner.container)
-        and _covers(a, device)
-        for a in _allocations_on(device, allocations)
+        a.container == ref and _covers(a, device) for a in _allocations_on(device, allocations)
     )
 
 
@@ -296,7 +306,8 @@ def _allocations_on(
 
 def _covers(allocation: Allocation, device: _Device) -> bool:
     """A whole-GPU (or replica) allocation covers the GPU and its MIG instances."""
-    return allocation.uuid == device.uuid and allocation.mig_uuid in (None, device.key[1])
+    held = allocation.device
+    return held.uuid == device.uuid and held.mig_uuid in (None, device.key[1])
 
 
 def _pods_by_uid(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
@@ -313,19 +324,47 @@ def _pods_by_uid(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
 def _allocations(
     pod_resources: PodResourcesSnapshot | None,
     gpus: Sequence[GpuSample],
+    slices: ResourceSliceSnapshot | None,
     finished: frozenset[tuple[str, str]],
 ) -> tuple[Allocation, ...] | None:
-    """Resolved allocations of running pods; None when PodResources gave no data."""
+    """Resolved allocations of running pods (device plugins' and DRA claims'); None
+    when PodResources gave no data."""
     if pod_resources is None or not pod_resources.ok:
         return None
-    found = {
-        _allocation(
-            entry.namespace, entry.pod, entry.container, entry.resource_name, device_id, gpus
+    resolver = DeviceResolver(gpus, slices)
+    found = set()
+    for entry in pod_resources.containers:
+        if (entry.namespace, entry.pod) in finished:
+            continue
+        for device_id in entry.device_ids:
+            device = resolver.device_id(device_id)
+            found.add(
+                Allocation(
+                    container=ContainerRef(entry.namespace, entry.pod, entry.container),
+                    device=device.ref,
+                    device_id=device_id,
+                    resource_name=entry.resource_name,
+                    shared=device.replica or entry.resource_name.endswith(SHARED_RESOURCE_SUFFIX),
+                )
+            )
+    claims = [c for c in pod_resources.claims if (c.namespace, c.pod) not in finished]
+    holders: dict[tuple[str, str, str, str, str], set[ContainerRef]] = defaultdict(set)
+    for c in claims:
+        key = (c.claim_namespace, c.claim_name, c.driver, c.pool, c.device)
+        holders[key].add(ContainerRef(c.namespace, c.pod, c.container))
+    for c in claims:
+        device = resolver.claim(c.driver, c.pool, c.device)
+        key = (c.claim_namespace, c.claim_name, c.driver, c.pool, c.device)
+        found.add(
+            Allocation(
+                container=ContainerRef(c.namespace, c.pod, c.container),
+                device=device.ref,
+                device_id=f"{c.pool}/{c.device}",
+                resource_name=c.driver,
+                shared=c.share_id is not None or len(holders[key]) > 1,
+                claim=f"{c.claim_namespace}/{c.claim_name}",
+            )
         )
-        for entry in pod_resources.containers
-        if (entry.namespace, entry.pod) not in finished
-        for device_id in entry.device_ids
-    }
     return tuple(sorted(found, key=_allocation_order))
 
 
@@ -343,58 +382,11 @@ def _finished_pods(
     )
 
 
-def _allocation(
-    namespace: str,
-    pod: str,
-    container: str,
-    resource_name: str,
-    device_id: str,
-    gpus: Sequence[GpuSample],
-) -> Allocation:
-    base, separator, _ = device_id.partition(_REPLICA_SEPARATOR)
-    gpu, uuid, mig_uuid = _resolve_device(base, gpus)
-    return Allocation(
-        namespace=namespace,
-        pod=pod,
-        container=container,
-        gpu=gpu,
-        uuid=uuid,
-        device_id=device_id,
-        mig_uuid=mig_uuid,
-        resource_name=resource_name,
-        shared=bool(separator) or resource_name.endswith(_SHARED_RESOURCE_SUFFIX),
-    )
-
-
-def _resolve_device(
-    device_id: str, gpus: Sequence[GpuSample]
-) -> tuple[int | None, str, str | None]:
-    """(GPU index, physical UUID, MIG UUID) of a kubelet device id without replica suffix."""
-    legacy = _parse_legacy_mig(device_id)
-    for gpu in gpus:
-        if gpu.uuid == device_id:
-            return gpu.index, gpu.uuid, None
-        for mig in gpu.mig_instances:
-            if mig.uuid == device_id or (
-                legacy == (gpu.uuid, mig.gpu_instance_id, mig.compute_instance_id)
-            ):
-                return gpu.index, gpu.uuid, mig.uuid
-    return None, device_id, None
-
-
-def _parse_legacy_mig(device_id: str) -> tuple[str, int, int] | None:
-    if not device_id.startswith(_LEGACY_MIG_PREFIX):
-        return None
-    parts = device_id.removeprefix("MIG-").split("/")
-    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
-        return None
-    return parts[0], int(parts[1]), int(parts[2])
-
-
 def _by_uuid(allocations: Iterable[Allocation]) -> dict[str, list[Allocation]]:
     grouped: dict[str, list[Allocation]] = defaultdict(list)
     for allocation in allocations:
-        grouped[allocation.uuid].append(allocation)
+        if allocation.device.uuid is not None:
+            grouped[allocation.device.uuid].append(allocation)
     return dict(grouped)
 
 
@@ -403,41 +395,21 @@ def _by_uuid(allocations: Iterable[Allocation]) -> dict[str, list[Allocation]]:
 # ---------------------------------------------------------------------------
 
 
-def _pod_container(row: AttributedProcess) -> _ContainerKey | None:
-    if row.owner != OWNER_POD or row.namespace is None or row.pod is None:
-        return None
-    if row.container is None:
-        return None
-    return (row.namespace, row.pod, row.container)
-
-
 def _group_by_container(
     rows: Iterable[AttributedProcess],
-) -> dict[tuple[_ContainerKey, int, str, str | None], list[AttributedProcess]]:
-    groups: dict[tuple[_ContainerKey, int, str, str | None], list[AttributedProcess]]
-    groups = defaultdict(list)
+) -> dict[tuple[ContainerRef, DeviceRef], list[AttributedProcess]]:
+    groups: dict[tuple[ContainerRef, DeviceRef], list[AttributedProcess]] = defaultdict(list)
     for row in rows:
-        container = _pod_container(row)
-        if container is not None:
-            groups[(container, row.gpu, row.uuid, row.mig_uuid)].append(row)
+        if row.owner == OWNER_POD and row.namespace and row.pod and row.container:
+            container = ContainerRef(row.namespace, row.pod, row.container)
+            groups[(container, DeviceRef(row.gpu, row.uuid, row.mig_uuid))].append(row)
     return groups
 
 
 def _container_usage(processes: Sequence[AttributedProcess]) -> tuple[ContainerGpuUsage, ...]:
-    groups = _group_by_container(processes)
     usage = (
-        ContainerGpuUsage(
-            namespace=namespace,
-            pod=pod,
-            container=container,
-            gpu=gpu,
-            uuid=uuid,
-            mig_uuid=mig_uuid,
-            memory_used_bytes=_memory(rows),
-            sm_ratio=_sm_sum(rows),
-            processes=len(rows),
-        )
-        for ((namespace, pod, container), gpu, uuid, mig_uuid), rows in groups.items()
+        ContainerGpuUsage(container, device, _memory(rows), _sm_sum(rows), len(rows))
+        for (container, device), rows in _group_by_container(processes).items()
     )
     return tuple(sorted(usage, key=_container_order))
 
@@ -445,44 +417,28 @@ def _container_usage(processes: Sequence[AttributedProcess]) -> tuple[ContainerG
 def _unallocated_use(processes: Sequence[AttributedProcess]) -> tuple[UnallocatedUse, ...]:
     groups = _group_by_container(row for row in processes if row.allocated is False)
     leaks = (
-        UnallocatedUse(
-            namespace=namespace,
-            pod=pod,
-            container=container,
-            gpu=gpu,
-            uuid=uuid,
-            mig_uuid=mig_uuid,
-            memory_used_bytes=_memory(rows),
-            processes=len(rows),
-        )
-        for ((namespace, pod, container), gpu, uuid, mig_uuid), rows in groups.items()
+        UnallocatedUse(container, device, _memory(rows), len(rows))
+        for (container, device), rows in groups.items()
     )
     return tuple(sorted(leaks, key=_container_order))
 
 
 def _unattributed(processes: Sequence[AttributedProcess]) -> tuple[UnattributedUse, ...]:
-    groups: dict[tuple[int, str, str | None, str, str | None], list[AttributedProcess]]
+    groups: dict[tuple[DeviceRef, Owner, str | None], list[AttributedProcess]]
     groups = defaultdict(list)
     for row in processes:
         if row.owner != OWNER_POD:
-            groups[(row.gpu, row.uuid, row.mig_uuid, row.owner, row.reason)].append(row)
+            device = DeviceRef(row.gpu, row.uuid, row.mig_uuid)
+            groups[(device, row.owner, row.reason)].append(row)
     usage = (
-        UnattributedUse(
-            gpu=gpu,
-            uuid=uuid,
-            mig_uuid=mig_uuid,
-            owner=owner,
-            reason=reason,
-            memory_used_bytes=_memory(rows),
-            processes=len(rows),
-        )
-        for (gpu, uuid, mig_uuid, owner, reason), rows in groups.items()
+        UnattributedUse(device, owner, reason, _memory(rows), len(rows))
+        for (device, owner, reason), rows in groups.items()
     )
     return tuple(sorted(usage, key=_unattributed_order))
 
 
 def _memory(rows: Iterable[AttributedProcess]) -> int:
-    return sum(row.used_memory_bytes or 0 for row in rows)
+    return sum(row.memory_used_bytes or 0 for row in rows)
 
 
 def _sm_sum(rows: Iterable[AttributedProcess]) -> float | None:
@@ -502,13 +458,16 @@ def _row_order(row: AttributedProcess) -> tuple[int, str, int]:
 
 def _container_order(
     row: ContainerGpuUsage | UnallocatedUse,
-) -> tuple[str, str, str, int, str]:
-    return (row.namespace, row.pod, row.container, row.gpu, row.mig_uuid or "")
+) -> tuple[ContainerRef, int, str]:
+    device = row.device
+    return (row.container, -1 if device.gpu is None else device.gpu, device.mig_uuid or "")
 
 
-def _allocation_order(row: Allocation) -> tuple[str, str, str, str, str]:
-    return (row.namespace, row.pod, row.container, row.resource_name, row.device_id)
+def _allocation_order(row: Allocation) -> tuple[ContainerRef, str, str]:
+    return (row.container, row.resource_name, row.device_id)
 
 
 def _unattributed_order(row: UnattributedUse) -> tuple[int, str, str, str]:
-    return (row.gpu, row.mig_uuid or "", row.owner, row.reason or "")
+    device = row.device
+    gpu = -1 if device.gpu is None else device.gpu
+    return (gpu, device.mig_uuid or "", row.owner, row.reason or "")

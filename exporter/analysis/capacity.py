@@ -1,21 +1,27 @@
-"""Node GPU capacity (pure): the seed's equation made a metric.
+"""Node GPU capacity (pure): what the scheduler could still place on this node.
 
     allocatable = healthy advertised devices - allocated healthy devices
 
-Devices are counted per extended resource in the units the scheduler sees (whole GPUs,
-MIG instances, time-sliced replicas); each maps to its physical GPU for health.
+Devices are counted per resource in the units the scheduler sees: whole GPUs, MIG
+instances and time-sliced replicas of a device plugin's extended resource (in whatever
+form the plugin names them), and the devices of a DRA driver's ResourceSlices (the
+resource is then the driver's name). Each device is resolved to its physical GPU for
+health: a device on an unhealthy GPU is unhealthy; one that cannot be resolved is
+counted as the kubelet advertises it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from exporter.analysis.devices import DeviceResolver
 from exporter.model import (
     Allocation,
     DeviceCapacity,
     GpuHealth,
     GpuSample,
     PodResourcesSnapshot,
+    ResourceSliceSnapshot,
 )
 
 NVML_RESOURCE = "nvidia.com/gpu"
@@ -26,30 +32,34 @@ def node_capacity(
     health: Sequence[GpuHealth],
     pod_resources: PodResourcesSnapshot | None,
     allocations: Sequence[Allocation],
+    slices: ResourceSliceSnapshot | None = None,
 ) -> tuple[DeviceCapacity, ...]:
-    """Advertised devices come from the kubelet's GetAllocatableResources where it
-    answers, else from NVML (one ``nvidia.com/gpu`` per physical GPU)."""
+    """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
+    ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU)."""
     unhealthy_gpus = {h.uuid for h in health if not h.healthy}
-    parent = {m.uuid: g.uuid for g in gpus for m in g.mig_instances}
-
-    def physical(device_id: str) -> str:
-        base = device_id.partition("::")[0]
-        return parent.get(base, base)
-
-    advertised: dict[str, set[str]] = {}
-    if pod_resources is not None and pod_resources.ok and pod_resources.allocatable_ok:
+    resolver = DeviceResolver(gpus, slices)
+    # resource -> device id -> physical GPU UUID (None: unresolved)
+    advertised: dict[str, dict[str, str | None]] = {}
+    kubelet_ok = pod_resources is not None and pod_resources.ok and pod_resources.allocatable_ok
+    if kubelet_ok and pod_resources is not None:
         for entry in pod_resources.allocatable:
-            advertised.setdefault(entry.resource_name, set()).update(entry.device_ids)
-    elif gpus:
-        advertised[NVML_RESOURCE] = {g.uuid for g in gpus}
+            devices = advertised.setdefault(entry.resource_name, {})
+            for device_id in entry.device_ids:
+                devices[device_id] = resolver.device_id(device_id).uuid
+    if slices is not None and slices.ok:
+        for device in slices.devices:
+            uuid = resolver.claim(device.driver, device.pool, device.name).uuid
+            advertised.setdefault(device.driver, {})[f"{device.pool}/{device.name}"] = uuid
+    if not kubelet_ok and not advertised and gpus:
+        advertised[NVML_RESOURCE] = {g.uuid: g.uuid for g in gpus}
     allocated: dict[str, set[str]] = {}
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
     out = []
     for resource, devices in sorted(advertised.items()):
-        unhealthy = {d for d in devices if physical(d) in unhealthy_gpus}
-        healthy = devices - unhealthy
-        taken = devices & allocated.get(resource, set())
+        unhealthy = {d for d, uuid in devices.items() if uuid in unhealthy_gpus}
+        healthy = devices.keys() - unhealthy
+        taken = devices.keys() & allocated.get(resource, set())
         out.append(
             DeviceCapacity(
                 resource=resource,

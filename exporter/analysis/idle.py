@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.model import Allocation, ContainerGpuUsage, GpuSample, IdleAllocation
-
-_Key = tuple[str, str, str, str]
+from exporter.model import Allocation, ContainerGpuUsage, ContainerRef, GpuSample, IdleAllocation
 
 
 @dataclass(frozen=True)
@@ -26,19 +24,21 @@ class IdlePolicy:
 
 def _activity(
     a: Allocation,
-    usage: dict[tuple[str, str, str, str, str | None], ContainerGpuUsage],
+    usage: dict[tuple[ContainerRef, str | None, str | None], ContainerGpuUsage],
     gpus: dict[str, GpuSample],
 ) -> float | None:
-    gpu = gpus.get(a.uuid)
+    device = a.device
+    gpu = gpus.get(device.uuid) if device.uuid is not None else None
     if gpu is None or gpu.error:
-        return None  # a lost GPU is not idle, it is broken: its health says so
-    used = usage.get((a.namespace, a.pod, a.container, a.uuid, a.mig_uuid))
+        # an unresolved device cannot be judged; a lost GPU is not idle, it is broken
+        return None
+    used = usage.get((a.container, gpu.uuid, device.mig_uuid))
     if used is None or used.processes == 0:
         return 0.0
     if a.shared:
         return used.sm_ratio or 0.0
-    if a.mig_uuid:
-        mig = next((m for m in gpu.mig_instances if m.uuid == a.mig_uuid), None)
+    if device.mig_uuid:
+        mig = next((m for m in gpu.mig_instances if m.uuid == device.mig_uuid), None)
         return mig.occupancy.sm_active if mig and mig.occupancy else None
     if gpu.occupancy is not None and gpu.occupancy.sm_active is not None:
         return gpu.occupancy.sm_active
@@ -60,21 +60,15 @@ def account_idle(
     Allocations that disappeared drop out; their counters end with them. An allocation
     whose activity cannot be judged (no signal at all) is not counted as idle.
     """
-    before: dict[_Key, IdleAllocation] = {
-        (p.namespace, p.pod, p.container, p.device_id): p for p in previous
-    }
-    usage = {(c.namespace, c.pod, c.container, c.uuid, c.mig_uuid): c for c in containers}
+    before = {(p.container, p.device_id): p for p in previous}
+    usage = {(c.container, c.device.uuid, c.device.mig_uuid): c for c in containers}
     by_uuid = {g.uuid: g for g in gpus}
     step = elapsed_s if 0 < elapsed_s <= policy.max_gap_s else 0.0
     out = []
     for a in allocations:
         activity = _activity(a, usage, by_uuid)
         idle = activity is not None and activity < policy.threshold_ratio
-        prior = before.get((a.namespace, a.pod, a.container, a.device_id))
+        prior = before.get((a.container, a.device_id))
         total = (prior.idle_seconds_total if prior else 0.0) + (step if idle else 0.0)
-        out.append(
-            IdleAllocation(
-                a.namespace, a.pod, a.container, a.gpu, a.uuid, a.mig_uuid, a.device_id, idle, total
-            )
-        )
+        out.append(IdleAllocation(a.container, a.device, a.device_id, idle, total))
     return tuple(out)

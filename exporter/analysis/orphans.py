@@ -16,43 +16,46 @@ needs a different fix:
 
 A listed process counts in at most one kind (dead, then stuck, then deleted pod), so
 kinds add up. Pure: the clock is ``now`` and memory between cycles is ``OrphanState``.
-Who holds unattributed memory is found by ``exporter.sources.holders``; the helpers
-at the end decide when that scan runs and turn its result into exposition rows.
+Who holds unattributed memory is found by the holder scan source: analysis asks for it
+(``holder_request``) and names what the scan it delivered found (``orphan_holders``,
+``driver_held``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final
 
-from exporter.analysis.attribution import OWNER_DEAD, OWNER_POD
 from exporter.model import (
+    KIND_DEAD_PROCESS,
+    KIND_DELETED_POD,
+    KIND_STUCK_PROCESS,
+    KIND_UNATTRIBUTED,
+    ORPHAN_KINDS,
+    OWNER_DEAD,
+    OWNER_POD,
+    ROLE_MANAGEMENT,
     AttributedProcess,
     Attribution,
+    DriverHeld,
     GpuSample,
     HolderScan,
+    HolderScanRequest,
     NodeSnapshot,
     OrphanedMemory,
     OrphanHolder,
+    OrphanKind,
     OrphanState,
     PodMeta,
     PodMetaSnapshot,
+    PodName,
+    Streak,
 )
-
-KIND_DEAD_PROCESS: Final = "dead_process"
-KIND_DELETED_POD: Final = "deleted_pod"
-KIND_STUCK_PROCESS: Final = "stuck_process"
-KIND_UNATTRIBUTED: Final = "unattributed"
-KINDS: Final = (KIND_DEAD_PROCESS, KIND_DELETED_POD, KIND_STUCK_PROCESS, KIND_UNATTRIBUTED)
-
-ROLE_HOLDER: Final = "holder"  # same values as exporter.sources.holders
-ROLE_MANAGEMENT: Final = "management"
 
 STUCK_STATES: Final = frozenset({"D", "Z"})  # uninterruptible sleep; exited, not reaped
 MIB: Final = 1024**2
-DEFAULT_RESCAN_S: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +86,6 @@ class OrphanPolicy:
             raise ValueError("deleted_pod_grace_s must be >= 0")
 
 
-@dataclass(frozen=True, slots=True)
-class ScanRequest:
-    """What the agent hands ``scan_device_holders``: minors, and pids NVML accounts for."""
-
-    gpus: tuple[tuple[int, str, int], ...]  # (gpu index, uuid, minor)
-    exclude_pids: frozenset[int]
-    start_pid: int = 0  # > 0: continue a truncated walk from there
-
-    @property
-    def minors(self) -> tuple[int, ...]:
-        return tuple(sorted({minor for _, _, minor in self.gpus}))
-
-    @property
-    def uuids(self) -> tuple[str, ...]:
-        return tuple(uuid for _, uuid, _ in self.gpus)
-
-
 @dataclass(slots=True)
 class _Acc:
     since: float  # earliest start of the condition among what it adds up
@@ -113,7 +99,7 @@ class _Pods:
 
     watch: Mapping[str, PodMeta] | None  # by uid; None: no usable pod watch
     kubelet: frozenset[tuple[str, str]] | None  # (namespace, pod); None: PodResources down
-    names: dict[str, tuple[str, str]] = field(default_factory=dict)  # uid -> ns, name
+    names: dict[str, PodName] = field(default_factory=dict)  # by uid
     finished: frozenset[str] = frozenset()  # uids of pods in a terminal phase
 
 
@@ -139,24 +125,24 @@ def find_orphans(
     stuck = _stuck_streaks(rows, snapshot, state, now)
     missing = _missing_since(rows, pods, state, now)
 
-    found: dict[tuple[str, str], _Acc] = {}
+    found: dict[tuple[str, OrphanKind], _Acc] = {}
     for row in rows:
         judged = _kind(row, stuck, missing, pods, now, policy)
         if judged is not None:
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
             acc.since = min(acc.since, since)
-            acc.memory += row.used_memory_bytes or 0
+            acc.memory += row.memory_used_bytes or 0
             acc.processes += 1
 
     streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)
-    for uuid, (cycles, since, excess) in streaks.items():
-        if cycles >= policy.unattributed_cycles:
-            found[(uuid, KIND_UNATTRIBUTED)] = _Acc(since, memory=excess)
+    for uuid, (streak, excess) in streaks.items():
+        if streak.cycles >= policy.unattributed_cycles:
+            found[(uuid, KIND_UNATTRIBUTED)] = _Acc(streak.since, memory=excess)
 
     # A condition dates from when it was first observed, confirmation windows (cycles,
     # grace) included, so an alert's "for 10m" measures the condition itself.
-    started = {(uuid, kind): since for uuid, kind, since in state.first_seen}
+    started = state.first_seen
     orphans = tuple(
         sorted(
             (
@@ -164,28 +150,21 @@ def find_orphans(
                     gpu=healthy[uuid].index,
                     uuid=uuid,
                     kind=kind,
-                    memory_bytes=acc.memory,
+                    memory_used_bytes=acc.memory,
                     processes=acc.processes,
                     first_seen=started.get((uuid, kind), acc.since),
                 )
                 for (uuid, kind), acc in found.items()
             ),
-            key=lambda o: (o.gpu, KINDS.index(o.kind)),
+            key=lambda o: (o.gpu, ORPHAN_KINDS.index(o.kind)),
         )
     )
-    flagged_unattributed = any(o.kind == KIND_UNATTRIBUTED for o in orphans)
     next_state = OrphanState(
-        first_seen=tuple((o.uuid, o.kind, o.first_seen) for o in orphans),
-        unattributed=tuple(
-            (uuid, cycles, since) for uuid, (cycles, since, _) in sorted(streaks.items())
-        ),
-        stuck=tuple((pid, cycles, since) for pid, (cycles, since) in sorted(stuck.items())),
-        pod_missing_since=tuple(sorted(missing.items())),
-        pod_names=tuple(sorted((uid, ns, name) for uid, (ns, name) in pods.names.items())),
-        holder_scan=state.holder_scan if flagged_unattributed else None,
-        holder_scan_at=state.holder_scan_at if flagged_unattributed else None,
-        holder_scan_gpus=state.holder_scan_gpus if flagged_unattributed else (),
-        holder_scan_pending=state.holder_scan_pending if flagged_unattributed else None,
+        first_seen={(o.uuid, o.kind): o.first_seen for o in orphans},
+        unattributed={uuid: streak for uuid, (streak, _) in streaks.items()},
+        stuck=stuck,
+        pod_missing_since=missing,
+        pod_names=pods.names,
     )
     return orphans, next_state
 
@@ -197,12 +176,12 @@ def find_orphans(
 
 def _kind(
     row: AttributedProcess,
-    stuck: Mapping[int, tuple[int, float]],
+    stuck: Mapping[int, Streak],
     missing: Mapping[str, float],
     pods: _Pods,
     now: float,
     policy: OrphanPolicy,
-) -> tuple[str, float] | None:
+) -> tuple[OrphanKind, float] | None:
     """The one kind a listed process counts in, if any, and since when it has applied.
 
     A process stuck long enough outranks its deleted pod (killing it will not work);
@@ -210,9 +189,9 @@ def _kind(
     """
     if row.owner == OWNER_DEAD:
         return KIND_DEAD_PROCESS, now
-    cycles, since = stuck.get(row.pid, (0, now))
-    if cycles >= policy.stuck_cycles:
-        return KIND_STUCK_PROCESS, since
+    streak = stuck.get(row.pid)
+    if streak is not None and streak.cycles >= policy.stuck_cycles:
+        return KIND_STUCK_PROCESS, streak.since
     if row.pod_uid is not None:
         gone_since = _pod_gone_since(row.pod_uid, missing, pods)
         if gone_since is not None and now - gone_since >= policy.deleted_pod_grace_s:
@@ -222,16 +201,15 @@ def _kind(
 
 def _stuck_streaks(
     rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState, now: float
-) -> dict[int, tuple[int, float]]:
-    """(consecutive cycles, since when) each live listed pid has been in D or Z."""
-    previous = {pid: (cycles, since) for pid, cycles, since in state.stuck}
+) -> dict[int, Streak]:
+    """How long each live listed pid has been in D or Z."""
     states = {p.pid: p.state for p in snapshot.processes if p.alive}
     listed = {row.pid for row in rows if row.owner != OWNER_DEAD}
-    streaks: dict[int, tuple[int, float]] = {}
+    streaks: dict[int, Streak] = {}
     for pid in listed:
         if states.get(pid) in STUCK_STATES:
-            cycles, since = previous.get(pid, (0, now))
-            streaks[pid] = (cycles + 1, since)
+            seen = state.stuck.get(pid, Streak(0, now))
+            streaks[pid] = Streak(seen.cycles + 1, seen.since)
     return streaks
 
 
@@ -264,15 +242,15 @@ def _pods(
         for row in attribution.processes
         if row.pod_uid is not None and row.owner != OWNER_DEAD
     }
-    names = {uid: (ns, name) for uid, ns, name in state.pod_names if uid in live_uids}
+    names = {uid: name for uid, name in state.pod_names.items() if uid in live_uids}
     for row in attribution.processes:
         if row.owner == OWNER_POD and row.pod_uid and row.namespace and row.pod:
-            names[row.pod_uid] = (row.namespace, row.pod)
+            names[row.pod_uid] = PodName(row.namespace, row.pod)
     if watch is not None:
         for uid in live_uids:
             meta = watch.get(uid)
             if meta is not None:
-                names[uid] = (meta.namespace, meta.name)
+                names[uid] = PodName(meta.namespace, meta.name)
     return _Pods(watch=watch, kubelet=kubelet, names=names, finished=finished)
 
 
@@ -290,7 +268,11 @@ def _gone(uid: str, pods: _Pods) -> bool:
     no longer lists it: a UID alone cannot tell a deleted pod from an unallocated one.
     """
     name = pods.names.get(uid)
-    listed_by_kubelet = pods.kubelet is not None and name is not None and name in pods.kubelet
+    listed_by_kubelet = (
+        pods.kubelet is not None
+        and name is not None
+        and (name.namespace, name.name) in pods.kubelet
+    )
     if pods.watch is not None:
         if uid in pods.watch:
             return uid in pods.finished
@@ -302,7 +284,7 @@ def _missing_since(
     rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
 ) -> dict[str, float]:
     """Since when each live GPU process's pod has been gone, for the grace period."""
-    previous = dict(state.pod_missing_since)
+    previous = state.pod_missing_since
     return {
         uid: previous.get(uid, now)
         for uid in {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
@@ -334,23 +316,22 @@ def _unattributed_streaks(
     state: OrphanState,
     now: float,
     policy: OrphanPolicy,
-) -> dict[str, tuple[int, float, int]]:
-    """Per GPU above the threshold now: (consecutive cycles, since when, excess bytes).
+) -> dict[str, tuple[Streak, int]]:
+    """Per GPU above the threshold now: its streak and the excess bytes.
 
     ``used`` is NVML v2, which already excludes driver-reserved memory. Without v2
     (``memory_reserved_bytes`` None) used includes the reserve, whose size we cannot
     know, so the GPU is not judged rather than always flagged; likewise when a listed
     process's memory is unknown (the sum would be a guess).
     """
-    previous = {uuid: (cycles, since) for uuid, cycles, since in state.unattributed}
     listed: dict[str, int] = defaultdict(int)
     unknown: set[str] = set()
     for row in rows:
-        if row.used_memory_bytes is None:
+        if row.memory_used_bytes is None:
             unknown.add(row.uuid)
         else:
-            listed[row.uuid] += row.used_memory_bytes
-    streaks: dict[str, tuple[int, float, int]] = {}
+            listed[row.uuid] += row.memory_used_bytes
+    streaks: dict[str, tuple[Streak, int]] = {}
     for gpu in gpus:
         if gpu.memory_used_bytes is None or gpu.memory_reserved_bytes is None:
             continue
@@ -359,8 +340,8 @@ def _unattributed_streaks(
         excess = gpu.memory_used_bytes - listed[gpu.uuid]
         if excess <= policy.unattributed_threshold_bytes:
             continue
-        cycles, since = previous.get(gpu.uuid, (0, now))
-        streaks[gpu.uuid] = (cycles + 1, since, excess)
+        seen = state.unattributed.get(gpu.uuid, Streak(0, now))
+        streaks[gpu.uuid] = (Streak(seen.cycles + 1, seen.since), excess)
     return streaks
 
 
@@ -369,101 +350,22 @@ def _unattributed_streaks(
 # ---------------------------------------------------------------------------
 
 
-def gpus_needing_scan(
-    orphans: Iterable[OrphanedMemory],
-    state: OrphanState,
-    now: float,
-    rescan_s: float = DEFAULT_RESCAN_S,
-) -> tuple[str, ...]:
-    """UUIDs of the GPUs to scan for holders now; empty on most cycles.
+def holder_request(
+    snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory]
+) -> HolderScanRequest | None:
+    """The GPUs whose unattributed memory needs a holder named; None when there are none.
 
-    A scan runs only while some GPU has unattributed memory, and then only when one of
-    them is not covered by the last scan, that scan is ``rescan_s`` old, or it was cut
-    short (it is then continued on the next cycles until it has seen every pid). It
-    covers all such GPUs at once: the walk costs the same for one minor as for eight.
+    One walk covers them all: it costs the same for one device minor as for eight.
     """
-    flagged = sorted({o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED})
+    flagged = {o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED}
     if not flagged:
-        return ()
-    covered = {uuid for _, uuid, _ in state.holder_scan_gpus}
-    fresh = (
-        state.holder_scan is not None
-        and _unfinished(state) is None
-        and state.holder_scan_at is not None
-        and now - state.holder_scan_at < rescan_s
-    )
-    if fresh and covered.issuperset(flagged):
-        return ()
-    return tuple(flagged)
-
-
-def _unfinished(state: OrphanState) -> HolderScan | None:
-    """The walk a continuation extends: a rescan in progress, or a cut-short first scan."""
-    if state.holder_scan_pending is not None:
-        return state.holder_scan_pending
-    scan = state.holder_scan
-    return scan if scan is not None and scan.resume_pid is not None else None
-
-
-def scan_request(
-    snapshot: NodeSnapshot, uuids: Iterable[str], state: OrphanState | None = None
-) -> ScanRequest:
-    """Minors of the GPUs to scan, the pids NVML lists (already accounted for), and
-    where to start: where the last walk stopped if it was cut short for the same GPUs.
-    """
-    wanted = set(uuids)
-    gpus = tuple(
-        (g.index, g.uuid, g.minor_number)
-        for g in snapshot.nvml.gpus
-        if g.uuid in wanted and g.minor_number is not None
-    )
-    listed = {p.pid for g in snapshot.nvml.gpus for p in g.processes}
-    listed.update(p.pid for g in snapshot.nvml.gpus for m in g.mig_instances for p in m.processes)
-    chain = _unfinished(state) if state is not None else None
-    resume = chain.resume_pid if chain is not None else None
-    same = state is not None and state.holder_scan_gpus == gpus
-    return ScanRequest(
-        gpus=gpus,
-        exclude_pids=frozenset(listed),
-        start_pid=resume if resume is not None and same else 0,
-    )
-
-
-def record_scan(
-    state: OrphanState, scan: HolderScan, request: ScanRequest, *, now: float
-) -> OrphanState:
-    """The state with this scan recorded, for naming holders and rescan timing.
-
-    A continuation is merged into the walk it continues: holders of both (the newer
-    entry wins for a pid seen twice), complete only once the whole range was seen.
-    While a rescan of the same GPUs is still cut short, the last finished walk stays
-    the one shown, so verdicts do not blink out every ``rescan_s`` on a large node.
-    """
-    chain = _unfinished(state)
-    if request.start_pid > 0 and chain is not None:
-        holders = {h.pid: h for h in (*chain.holders, *scan.holders)}
-        scan = replace(
-            scan,
-            holders=tuple(holders[pid] for pid in sorted(holders)),
-            scanned_pids=chain.scanned_pids + scan.scanned_pids,
-            unreadable_pids=chain.unreadable_pids + scan.unreadable_pids,
-            duration_s=chain.duration_s + scan.duration_s,
-            error=scan.error or chain.error,
+        return None
+    return HolderScanRequest(
+        gpus=tuple(
+            (g.index, g.uuid, g.minor_number)
+            for g in snapshot.nvml.gpus
+            if g.uuid in flagged and g.minor_number is not None
         )
-    shown = state.holder_scan
-    if (
-        scan.resume_pid is not None
-        and shown is not None
-        and shown.resume_pid is None
-        and state.holder_scan_gpus == request.gpus
-    ):
-        return replace(state, holder_scan_pending=scan)
-    return replace(
-        state,
-        holder_scan=scan,
-        holder_scan_at=now,
-        holder_scan_gpus=request.gpus,
-        holder_scan_pending=None,
     )
 
 
@@ -503,32 +405,31 @@ def name_holders(
 
 
 def orphan_holders(
-    snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory], state: OrphanState
+    snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory]
 ) -> tuple[OrphanHolder, ...]:
     """Holders of the GPUs that have unattributed memory now, from the last scan."""
     flagged = {o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED}
     gpus = [g for g in snapshot.nvml.gpus if g.uuid in flagged]
-    return name_holders(state.holder_scan, snapshot.pod_meta, gpus)
+    return name_holders(snapshot.holder_scan, snapshot.pod_meta, gpus)
 
 
 def driver_held(
-    orphans: Iterable[OrphanedMemory], state: OrphanState
-) -> tuple[tuple[int, str, bool], ...]:
-    """(gpu, uuid, held by the driver alone) per GPU with unattributed memory.
+    orphans: Iterable[OrphanedMemory], scan: HolderScan | None
+) -> tuple[DriverHeld, ...]:
+    """Per GPU with unattributed memory: whether only the driver holds it.
 
     True when a complete scan covering the GPU found no process but management daemons
     with it open: nothing to kill, only a GPU reset frees the memory. A GPU the scan
     did not cover, or covered incompletely, is left out: we do not know.
     """
-    scan = state.holder_scan
     if scan is None or not scan.complete:
         return ()
-    minors = {uuid: minor for _, uuid, minor in state.holder_scan_gpus}
+    minors = {uuid: minor for _, uuid, minor in scan.gpus}
     verdicts = []
     for orphan in orphans:
         if orphan.kind != KIND_UNATTRIBUTED or orphan.uuid not in minors:
             continue
         minor = minors[orphan.uuid]
         held = any(h.role != ROLE_MANAGEMENT and minor in h.minors for h in scan.holders)
-        verdicts.append((orphan.gpu, orphan.uuid, not held))
-    return tuple(sorted(verdicts))
+        verdicts.append(DriverHeld(orphan.gpu, orphan.uuid, not held))
+    return tuple(sorted(verdicts, key=lambda v: v.gpu))

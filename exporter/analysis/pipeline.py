@@ -3,13 +3,13 @@
 The agent owns the schedule and the state object; this module owns the order:
 DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle.
 Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
-one I/O step analysis can ask for — the holder scan for orphaned memory — is requested
-by ``holder_scan_needed`` and its result folded in by ``with_holder_scan``.
+one I/O step analysis asks for, the holder scan for orphaned memory, is a finding
+(``Analysis.holder_request``) that the holder scan source answers in the next cycle's
+snapshot; ``analyse`` is the single entry point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from exporter.analysis.attribution import attribute
@@ -18,24 +18,19 @@ from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
 from exporter.analysis.orphans import (
     OrphanPolicy,
-    ScanRequest,
     driver_held,
     find_orphans,
-    gpus_needing_scan,
+    holder_request,
     orphan_holders,
-    record_scan,
-    scan_request,
 )
 from exporter.analysis.xid import XidLedger, bus_id_map
 from exporter.model import (
     Analysis,
     DcgmSnapshot,
     GpuSample,
-    HolderScan,
     IdleAllocation,
     NodeSnapshot,
     OrphanState,
-    XidEvent,
 )
 
 
@@ -44,7 +39,6 @@ class Policy:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
-    holder_rescan_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -65,10 +59,7 @@ def initial_state(started_at: float, policy: Policy, xid_overrides: dict[int, st
 
 
 def analyse(
-    snapshot: NodeSnapshot,
-    state: CarriedState,
-    xid_events: Sequence[XidEvent],
-    policy: Policy,
+    snapshot: NodeSnapshot, state: CarriedState, policy: Policy
 ) -> tuple[Analysis, CarriedState]:
     now = snapshot.timestamp
     gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
@@ -77,6 +68,7 @@ def analyse(
     orphans, orphan_state = find_orphans(
         snapshot, attribution, state.orphans, now=now, policy=policy.orphans
     )
+    xid_events = (*snapshot.xid_events, *snapshot.kmsg_events)
     xids = state.xids.record(xid_events, now, bus_id_map(gpus))
     health = assess(
         gpus,
@@ -84,7 +76,9 @@ def analyse(
         dcgm_failures=dcgm_failures(snapshot.dcgm),
         policy=policy.health,
     )
-    capacity = node_capacity(gpus, health, snapshot.pod_resources, attribution.allocations)
+    capacity = node_capacity(
+        gpus, health, snapshot.pod_resources, attribution.allocations, snapshot.resource_slices
+    )
     elapsed = 0.0 if state.last_timestamp is None else now - state.last_timestamp
     idle = account_idle(
         state.idle,
@@ -102,35 +96,12 @@ def analyse(
         idle=idle,
         xid_counts=tuple(xids.counts.items()),
         orphans=orphans,
+        orphan_holders=orphan_holders(snapshot, orphans),
+        driver_held=driver_held(orphans, snapshot.holder_scan),
+        holder_request=holder_request(snapshot, orphans),
     )
     state = replace(state, xids=xids, idle=idle, orphans=orphan_state, last_timestamp=now)
-    return _with_holders(analysis, state), state
-
-
-def holder_scan_needed(
-    analysis: Analysis, state: CarriedState, policy: Policy
-) -> ScanRequest | None:
-    """Which GPUs' device files to look for, when unattributed memory needs a holder."""
-    uuids = gpus_needing_scan(
-        analysis.orphans, state.orphans, analysis.node.timestamp, rescan_s=policy.holder_rescan_s
-    )
-    return scan_request(analysis.node, uuids, state.orphans) if uuids else None
-
-
-def with_holder_scan(
-    analysis: Analysis, state: CarriedState, scan: HolderScan, request: ScanRequest
-) -> tuple[Analysis, CarriedState]:
-    orphan_state = record_scan(state.orphans, scan, request, now=analysis.node.timestamp)
-    state = replace(state, orphans=orphan_state)
-    return _with_holders(analysis, state), state
-
-
-def _with_holders(analysis: Analysis, state: CarriedState) -> Analysis:
-    return replace(
-        analysis,
-        orphan_holders=orphan_holders(analysis.node, analysis.orphans, state.orphans),
-        driver_held=driver_held(analysis.orphans, state.orphans),
-    )
+    return analysis, state
 
 
 def prefer_dcgm(gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None) -> tuple[GpuSample, ...]:

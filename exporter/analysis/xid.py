@@ -108,7 +108,6 @@ RECOVERY_ACTIONS: dict[int, str] = {
     6: "bus_reset",
     7: "system_reboot",
 }
-_XID154_ACTION = re.compile(r"recovery action changed from 0x[0-9a-fA-F]+.*? to 0x([0-9a-fA-F]+)")
 _PCI = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
     r"(?:\.[0-7])?$"
@@ -150,18 +149,8 @@ def parse_overrides(text: str) -> dict[int, str]:
 
 
 def recovery_action_name(value: int) -> str:
-    """Label for ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (and XID 154's "to 0x.." value)."""
+    """Label for a ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` value."""
     return RECOVERY_ACTIONS.get(value, "unknown")
-
-
-def xid154_recovery_action(message: str) -> int | None:
-    """The action an XID 154 line announces: "... changed from 0x0 (None) to 0x2 (...)".
-
-    The kernel log is the only place a kmsg-only deployment learns it; with NVML the
-    field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` is the authority.
-    """
-    match = _XID154_ACTION.search(message)
-    return int(match.group(1), 16) if match else None
 
 
 def normalize_pci_bus_id(bus_id: str) -> str | None:
@@ -178,10 +167,11 @@ def normalize_pci_bus_id(bus_id: str) -> str | None:
 
 
 def bus_id_map(gpus: Iterable[GpuSample]) -> dict[str, tuple[int, str]]:
-    """PCI bus id -> (index, uuid) for ``XidLedger.record``.
+    """PCI bus id -> (index, uuid) for ``XidLedger.record``, from this cycle's GPUs.
 
-    A GPU that failed this cycle carries no bus id, so the caller should merge maps
-    across cycles: the XID 79 that matters most arrives after the GPU is gone.
+    A GPU that failed this cycle still carries the bus id it was last opened with (the
+    NVML source keeps a lost GPU's identity), so the XID 79 that arrives after it fell
+    off the bus still names it; a GPU NVML never opened has no bus id and is skipped.
     """
     out: dict[str, tuple[int, str]] = {}
     for gpu in gpus:
@@ -230,8 +220,6 @@ class XidLedger:
     retention_s: float = 3600.0
     max_recent_per_gpu: int = 512  # bounds memory through an XID storm
     counts: Mapping[XidKey, int] = field(default_factory=dict)
-    historical_counts: Mapping[XidKey, int] = field(default_factory=dict)
-    duplicates_total: int = 0  # events seen by both NVML and kmsg, counted once
     recent: Mapping[str | None, tuple[RecordedXid, ...]] = field(default_factory=dict)
 
     def record(
@@ -252,9 +240,7 @@ class XidLedger:
             if (normal := normalize_pci_bus_id(raw)) is not None
         }
         counts = dict(self.counts)
-        historical_counts = dict(self.historical_counts)
         recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
-        duplicates = self.duplicates_total
         for raw_event in events:
             event = _resolve(raw_event, resolver)
             entries = recent.setdefault(event.uuid, [])
@@ -263,7 +249,6 @@ class XidLedger:
                 entries[twin] = replace(
                     entries[twin], sources=entries[twin].sources | {event.source}
                 )
-                duplicates += 1
                 continue
             severity = classify(event.xid, self.overrides)
             historical = event.source == "kmsg" and event.timestamp < self.started_at
@@ -276,8 +261,6 @@ class XidLedger:
                 event.compute_instance_id,
             )
             counts[key] = counts.get(key, 0) + 1
-            if historical:
-                historical_counts[key] = historical_counts.get(key, 0) + 1
             entries.append(RecordedXid(event, severity, frozenset({event.source}), historical))
         horizon = now - self.retention_s
         pruned: dict[str | None, tuple[RecordedXid, ...]] = {}
@@ -288,13 +271,7 @@ class XidLedger:
             )[-self.max_recent_per_gpu :]
             if kept:
                 pruned[uuid] = tuple(kept)
-        return replace(
-            self,
-            counts=counts,
-            historical_counts=historical_counts,
-            duplicates_total=duplicates,
-            recent=pruned,
-        )
+        return replace(self, counts=counts, recent=pruned)
 
     def _twin(self, event: XidEvent, entries: list[RecordedXid]) -> int | None:
         """Index of the other source's sighting of the same XID, closest in time."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import get_args
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -17,9 +18,12 @@ from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
     Analysis,
     AttributedProcess,
+    ContainerRef,
+    DeviceRef,
     GpuSample,
     MigInstance,
     Occupancy,
+    ProcessKind,
 )
 
 GAUGE, COUNTER = "gauge", "counter"
@@ -31,6 +35,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_exporter_last_sample_timestamp_seconds": (
         GAUGE,
         "Unix time at which the last sample cycle started.",
+    ),
+    "gpu_exporter_unresolved_allocations": (
+        GAUGE,
+        "Allocated devices whose id no known form resolves to a GPU (docs/attribution.md).",
     ),
     # identity and state
     "gpu_info": (GAUGE, "Static GPU identity; always 1."),
@@ -220,6 +228,21 @@ def _device_labels(
     return labels
 
 
+def _where(
+    container: ContainerRef | None,
+    device: DeviceRef,
+    migs: Mapping[str, dict[str, str]] | None = None,
+) -> dict[str, str]:
+    """Labels of a per-container (or, without one, per-device) series."""
+    labels = (
+        {"namespace": container.namespace, "pod": container.pod, "container": container.container}
+        if container is not None
+        else {}
+    )
+    labels.update(_device_labels(device.gpu, device.uuid, device.mig_uuid, migs))
+    return labels
+
+
 def _mig_labels(mig: MigInstance) -> dict[str, str]:
     return {
         "gpu_instance": str(mig.gpu_instance_id),
@@ -328,10 +351,10 @@ def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | No
         out.add(name, labels, getattr(occupancy, attr))
 
 
-def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[str]) -> None:
-    counts = dict.fromkeys(("compute", "graphics", "mps"), 0)
+def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[ProcessKind]) -> None:
+    counts: dict[ProcessKind, int] = dict.fromkeys(get_args(ProcessKind), 0)
     for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
+        counts[kind] += 1
     for kind, count in counts.items():
         out.add("gpu_processes", {**labels, "kind": kind}, count)
 
@@ -344,16 +367,11 @@ def _add_attribution(
 ) -> None:
     attribution = analysis.attribution
 
-    def where(gpu: int | None, uuid: str, mig_uuid: str | None) -> dict[str, str]:
+    def where(gpu: int | None, uuid: str | None, mig_uuid: str | None) -> dict[str, str]:
         return _device_labels(gpu, uuid, mig_uuid, migs)
 
     for c in attribution.containers:
-        labels = {
-            "namespace": c.namespace,
-            "pod": c.pod,
-            "container": c.container,
-            **where(c.gpu, c.uuid, c.mig_uuid),
-        }
+        labels = _where(c.container, c.device, migs)
         out.add("gpu_container_memory_used_bytes", labels, c.memory_used_bytes)
         out.add("gpu_container_sm_utilization_ratio", labels, c.sm_ratio)
         out.add("gpu_container_processes", labels, c.processes)
@@ -361,41 +379,38 @@ def _add_attribution(
         out.add(
             "gpu_container_allocated",
             {
-                "namespace": a.namespace,
-                "pod": a.pod,
-                "container": a.container,
-                **where(a.gpu, a.uuid, a.mig_uuid),
+                **_where(a.container, a.device, migs),
                 "device_id": a.device_id,
                 "resource": a.resource_name,
             },
             1,
         )
+    unresolved: dict[str, int] = {}
+    for a in attribution.allocations:
+        unresolved[a.resource_name] = unresolved.get(a.resource_name, 0) + (not a.resolved)
+    for resource, count in sorted(unresolved.items()):
+        out.add("gpu_exporter_unresolved_allocations", {"resource": resource}, count)
     for leak in attribution.unallocated_use:
         out.add(
             "gpu_unallocated_use_memory_bytes",
-            {
-                "namespace": leak.namespace,
-                "pod": leak.pod,
-                "container": leak.container,
-                **where(leak.gpu, leak.uuid, leak.mig_uuid),
-            },
+            _where(leak.container, leak.device, migs),
             leak.memory_used_bytes,
         )
     for u in attribution.unattributed:
-        labels = {**where(u.gpu, u.uuid, u.mig_uuid), "owner": u.owner, "reason": u.reason or ""}
+        labels = {**_where(None, u.device, migs), "owner": u.owner, "reason": u.reason or ""}
         out.add("gpu_unattributed_memory_used_bytes", labels, u.memory_used_bytes)
         out.add("gpu_unattributed_processes", labels, u.processes)
     if options.per_process_metrics:
         for p in attribution.processes:
             labels = _process_labels(p, where(p.gpu, p.uuid, p.mig_uuid))
-            out.add("gpu_process_memory_used_bytes", labels, p.used_memory_bytes)
+            out.add("gpu_process_memory_used_bytes", labels, p.memory_used_bytes)
             out.add("gpu_process_sm_utilization_ratio", labels, p.sm_ratio)
 
 
 def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
     for o in analysis.orphans:
         labels = {**_device_labels(o.gpu, o.uuid), "kind": o.kind}
-        out.add("gpu_orphaned_memory_bytes", labels, o.memory_bytes)
+        out.add("gpu_orphaned_memory_bytes", labels, o.memory_used_bytes)
         if o.kind != "unattributed":  # no process to count there, by definition
             out.add("gpu_orphaned_processes", labels, o.processes)
         out.add("gpu_orphaned_memory_first_seen_timestamp_seconds", labels, o.first_seen)
@@ -413,8 +428,9 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
             },
             1,
         )
-    for gpu, uuid, held in analysis.driver_held:
-        out.add("gpu_orphaned_memory_driver_held", _device_labels(gpu, uuid), int(held))
+    for held in analysis.driver_held:
+        labels = _device_labels(held.gpu, held.uuid)
+        out.add("gpu_orphaned_memory_driver_held", labels, int(held.only_drivers))
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
@@ -439,13 +455,7 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
                 "gpu_node_devices", {"resource": cap.resource, "state": state}, getattr(cap, state)
             )
     for idle in analysis.idle:
-        labels = {
-            "namespace": idle.namespace,
-            "pod": idle.pod,
-            "container": idle.container,
-            **_device_labels(idle.gpu, idle.uuid, idle.mig_uuid, migs),
-            "device_id": idle.device_id,
-        }
+        labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
         out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
 

@@ -65,6 +65,7 @@ class SimEnvironment:
         # (a deleted pod's process keeps it), the rest is rewritten when it changes.
         self._written: dict[int, tuple[str, tuple[object, ...]]] = {}
         self._kube_pods: dict[str, dict[str, Any]] = {}
+        self._kube_slices: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> SimPaths:
         install(self.node)
@@ -72,7 +73,11 @@ class SimEnvironment:
         self.sync()
         self._grpc = await start_podresources_server(
             self.paths.pod_resources_socket,
-            lambda: (self.node.container_devices(), self.node.allocatable_devices()),
+            lambda: (
+                self.node.container_devices(),
+                self.node.allocatable_devices(),
+                self.node.claim_devices(),
+            ),
         )
         if self._with_kube_api and self.paths.kubeconfig is not None:
             self.kube_api = FakeKubeApi()
@@ -121,7 +126,8 @@ class SimEnvironment:
                 written = self._written.get(pid)
                 cgroup = written[0] if written else _cgroup(proc, pods)
                 held = proc.holds_devices
-                fds = gpu_fds([proc.gpu, *proc.extra_gpus] if held is None else held)
+                indexes = [proc.gpu, *proc.extra_gpus] if held is None else held
+                fds = gpu_fds(node.gpus[i].minor for i in indexes)
                 content = (proc.comm, proc.state, tuple(fds))
                 if written == (cgroup, content):
                     continue
@@ -161,6 +167,19 @@ class SimEnvironment:
             if self._kube_pods.get(uid) != pod:
                 self.kube_api.set_pod(pod)
         self._kube_pods = wanted
+        self._sync_slices()
+
+    def _sync_slices(self) -> None:
+        """Publish the node's ResourceSlices as its DRA driver would."""
+        api = self.kube_api
+        assert api is not None
+        slices = {s["metadata"]["name"]: s for s in self.node.resource_slices()}
+        for name in set(self._kube_slices) - set(slices):
+            api.delete_resource_slice(name)
+        for name, obj in slices.items():
+            if self._kube_slices.get(name) != obj:
+                api.set_resource_slice(obj)
+        self._kube_slices = slices
 
 
 def _cgroup(proc: SimProcess, pods: dict[str, SimPod]) -> str:

@@ -1,20 +1,25 @@
-"""A small stand-in for the Kubernetes API server's pod list/watch endpoint.
+"""A small stand-in for the Kubernetes API server's list/watch endpoints.
 
-The exporter's pod-metadata source is the real ``kubernetes`` client; faking the HTTP
-server rather than the client keeps its whole code path (config loading, urllib3,
-chunked watch streams, 410 handling) under test. Only what ``PodWatcher`` uses is
-served: ``GET /api/v1/pods`` as a list or a watch, with ``fieldSelector``.
+The exporter's API sources are the real ``kubernetes`` client; faking the HTTP server
+rather than the client keeps its whole code path (config loading, urllib3, chunked
+watch streams, 410 handling) under test. Only what ``PodWatcher`` and
+``ResourceSliceWatcher`` use is served: ``GET /api/v1/pods`` and
+``GET /apis/resource.k8s.io/v1/resourceslices``, each as a list or a watch, with
+``fieldSelector``. Like the real server, one resourceVersion counter (etcd's revision)
+spans both collections, and compaction (``expire_history``) expires watches of both.
 
-Mutators (``set_pod``, ``delete_pod``, ``expire_history``, ``disconnect_watchers``) are
-thread-safe and may be called from any thread, so a test can drive the fake while its
-event loop runs in a background thread (``start_in_thread``) — needed because the
-watcher under test does blocking HTTP.
+Mutators (``set_pod``, ``delete_pod``, ``set_resource_slice``, ``delete_resource_slice``,
+``expire_history``, ``disconnect_watchers``, ``set_error``,
+``set_resource_slices_served``) are thread-safe and may be called from any thread, so a
+test can drive the fake while its event loop runs in a background thread
+(``start_in_thread``) — needed because the watchers under test do blocking HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import os
 import threading
@@ -32,16 +37,49 @@ DEFAULT_WATCH_TIMEOUT_S = 1800.0
 # Like etcd compaction: older events are forgotten and watches from before them get 410.
 DEFAULT_MAX_HISTORY = 1000
 
-_SELECTABLE_FIELDS: dict[str, tuple[str, str]] = {
+_FieldPath = tuple[str, ...]
+_POD_FIELDS: dict[str, _FieldPath] = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
     "metadata.uid": ("metadata", "uid"),
     "spec.nodeName": ("spec", "nodeName"),
     "status.phase": ("status", "phase"),
 }
+# What the real server lets ResourceSlices be selected by (cluster-scoped objects)
+_RESOURCE_SLICE_FIELDS: dict[str, _FieldPath] = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "spec.driver": ("spec", "driver"),
+}
 
-_Selector = tuple[tuple[str, str, bool], ...]  # (field, value, equal)
+_Selector = tuple[tuple[_FieldPath, str, bool], ...]  # (field path, value, equal)
 _QueueItem = tuple[Literal["event", "gone", "drop"], dict[str, Any] | None]
+
+Resource = Literal["pods", "resourceslices"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Collection:
+    """How one served collection is addressed, keyed, selected and listed."""
+
+    resource: Resource
+    path: str
+    key: _FieldPath  # the object's identity in the store
+    fields: Mapping[str, _FieldPath]  # what fieldSelector may name
+    list_kind: str
+    api_version: str
+
+
+PODS = _Collection("pods", "/api/v1/pods", ("metadata", "uid"), _POD_FIELDS, "PodList", "v1")
+RESOURCE_SLICES = _Collection(
+    "resourceslices",
+    "/apis/resource.k8s.io/v1/resourceslices",
+    ("metadata", "name"),
+    _RESOURCE_SLICE_FIELDS,
+    "ResourceSliceList",
+    "resource.k8s.io/v1",
+)
 
 
 @dataclass(slots=True)
@@ -66,6 +104,7 @@ class LoggedRequest:
 class _Watcher:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[_QueueItem]
+    resource: Resource
     selector: _Selector
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -74,9 +113,10 @@ class SelectorError(ValueError):
     """A field selector the fake (like the real server) refuses with 400."""
 
 
-def parse_field_selector(text: str) -> _Selector:
-    """Parse ``a=b,c!=d`` the way the API server does for the fields pods support."""
-    terms: list[tuple[str, str, bool]] = []
+def parse_field_selector(text: str, fields: Mapping[str, _FieldPath] = _POD_FIELDS) -> _Selector:
+    """Parse ``a=b,c!=d`` the way the API server does for the fields a collection
+    supports (pods by default)."""
+    terms: list[tuple[_FieldPath, str, bool]] = []
     for raw in text.split(","):
         term = raw.strip()
         if not term:
@@ -93,19 +133,21 @@ def parse_field_selector(text: str) -> _Selector:
         else:
             raise SelectorError(f"invalid field selector term {term!r}")
         key = key.strip()
-        if key not in _SELECTABLE_FIELDS:
+        if key not in fields:
             raise SelectorError(f'field label not supported: "{key}"')
-        terms.append((key, value.strip(), equal))
+        terms.append((fields[key], value.strip(), equal))
     return tuple(terms)
 
 
-def _matches(pod: Mapping[str, Any], selector: _Selector) -> bool:
-    for key, value, equal in selector:
-        section, name = _SELECTABLE_FIELDS[key]
-        actual = (pod.get(section) or {}).get(name) or ""
-        if (actual == value) != equal:
-            return False
-    return True
+def _field(obj: Mapping[str, Any], path: _FieldPath) -> Any:
+    value: Any = obj
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _matches(obj: Mapping[str, Any], selector: _Selector) -> bool:
+    return all(((_field(obj, path) or "") == value) == equal for path, value, equal in selector)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -185,6 +227,58 @@ def pod_dict(
     return {"metadata": metadata, "spec": spec, "status": status}
 
 
+def slice_device_dict(
+    name: str,
+    attributes: Mapping[str, str | int | bool] | None = None,
+    *,
+    versions: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """One ``Device`` of a resource.k8s.io/v1 ResourceSlice.
+
+    ``attributes`` become the DeviceAttribute union member their type says (``int``,
+    ``bool``, ``string``); ``versions`` are semantic versions (``{"version": ...}``).
+    Names may be qualified (``resource.kubernetes.io/pcieRoot``) or not (the driver's).
+    """
+    union: dict[str, dict[str, Any]] = {}
+    for key, value in (attributes or {}).items():
+        kind = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "string"
+        union[key] = {kind: value}
+    for key, version in (versions or {}).items():
+        union[key] = {"version": version}
+    return {"name": name, "attributes": union}
+
+
+def resource_slice_dict(
+    name: str,
+    node: str,
+    devices: Sequence[Mapping[str, Any]],
+    *,
+    driver: str = "gpu.nvidia.com",
+    pool: str | None = None,
+    generation: int = 1,
+    resource_slice_count: int = 1,
+) -> dict[str, Any]:
+    """Build a ResourceSlice as the API server serialises it (resource.k8s.io/v1).
+
+    ``pool`` defaults to the node name, as NVIDIA's driver names its per-node pool.
+    """
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {
+                "name": pool if pool is not None else node,
+                "generation": generation,
+                "resourceSliceCount": resource_slice_count,
+            },
+            "devices": [copy.deepcopy(dict(d)) for d in devices],
+        },
+    }
+
+
 def write_kubeconfig(path: str | os.PathLike[str], server_url: str) -> Path:
     """Write a kubeconfig for a plain-http, unauthenticated server (the fake)."""
     config = {
@@ -201,23 +295,30 @@ def write_kubeconfig(path: str | os.PathLike[str], server_url: str) -> Path:
 
 
 class FakeKubeApi:
-    """Pods in memory, served over HTTP with list + watch semantics of the API server.
+    """Pods and ResourceSlices in memory, served over HTTP with list + watch semantics of
+    the API server.
 
-    ``resourceVersion`` is one counter for all pods. History is kept so that a watch
+    ``resourceVersion`` is one counter for all objects. History is kept so that a watch
     from an older version replays what it missed; ``expire_history`` forgets it, which
-    is how a test provokes 410 Gone.
+    is how a test provokes 410 Gone. ``set_resource_slices_served(False)`` makes it an
+    API server without resource.k8s.io/v1 (before Kubernetes 1.34, or DRA disabled).
     """
 
     def __init__(self, *, max_history: int = DEFAULT_MAX_HISTORY) -> None:
         self._lock = threading.Lock()
-        self._pods: dict[str, dict[str, Any]] = {}
+        self._objects: dict[Resource, dict[str, dict[str, Any]]] = {
+            "pods": {},
+            "resourceslices": {},
+        }
         self._rv = 1
         self._min_rv = 0  # a watch from below this has missed forgotten events: 410
-        self._history: list[tuple[int, dict[str, Any]]] = []  # (rv, event)
+        self._history: list[tuple[int, Resource, dict[str, Any]]] = []  # (rv, what, event)
         self._max_history = max_history
         self._watchers: set[_Watcher] = set()
         self._requests: list[LoggedRequest] = []
-        self._error: tuple[int, str, str] | None = None
+        # resource (None: every request) -> (code, reason, message)
+        self._errors: dict[Resource | None, tuple[int, str, str]] = {}
+        self._slices_served = True
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
@@ -243,29 +344,51 @@ class FakeKubeApi:
 
     def pods(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [copy.deepcopy(p) for p in self._pods.values()]
+            return [copy.deepcopy(p) for p in self._objects["pods"].values()]
+
+    def resource_slices(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(s) for s in self._objects["resourceslices"].values()]
 
     def set_pod(self, pod: Mapping[str, Any]) -> str:
         """Add or replace a pod (by ``metadata.uid``); returns its new resourceVersion."""
-        obj = copy.deepcopy(dict(pod))
-        uid = obj["metadata"]["uid"]
-        with self._lock:
-            kind = "MODIFIED" if uid in self._pods else "ADDED"
-            self._rv += 1
-            obj["metadata"]["resourceVersion"] = str(self._rv)
-            self._pods[uid] = obj
-            self._publish_locked(kind, obj)
-            return str(self._rv)
+        return self._set(PODS, pod)
 
     def delete_pod(self, uid: str) -> bool:
         """Remove a pod; False if there was none with that UID."""
+        return self._delete(PODS, uid)
+
+    def set_resource_slice(self, obj: Mapping[str, Any]) -> str:
+        """Add or replace a ResourceSlice (by ``metadata.name``; see
+        ``resource_slice_dict``); returns its new resourceVersion."""
+        return self._set(RESOURCE_SLICES, obj)
+
+    def delete_resource_slice(self, name: str) -> bool:
+        """Remove a ResourceSlice; False if there was none with that name."""
+        return self._delete(RESOURCE_SLICES, name)
+
+    def _set(self, what: _Collection, obj_in: Mapping[str, Any]) -> str:
+        obj = copy.deepcopy(dict(obj_in))
+        key = _field(obj, what.key)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a {what.resource} object needs {'.'.join(what.key)}")
+        store = self._objects[what.resource]
         with self._lock:
-            obj = self._pods.pop(uid, None)
+            kind = "MODIFIED" if key in store else "ADDED"
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            store[key] = obj
+            self._publish_locked(what.resource, kind, obj)
+            return str(self._rv)
+
+    def _delete(self, what: _Collection, key: str) -> bool:
+        with self._lock:
+            obj = self._objects[what.resource].pop(key, None)
             if obj is None:
                 return False
             self._rv += 1
             obj["metadata"]["resourceVersion"] = str(self._rv)
-            self._publish_locked("DELETED", obj)
+            self._publish_locked(what.resource, "DELETED", obj)
             return True
 
     def expire_history(self) -> None:
@@ -286,26 +409,35 @@ class FakeKubeApi:
                 w.loop.call_soon_threadsafe(w.queue.put_nowait, ("drop", None))
             return len(self._watchers)
 
-    def set_error(self, code: int | None, message: str = "") -> None:
-        """Answer every request with this HTTP error (e.g. 403, 500) until cleared with
-        ``set_error(None)``."""
+    def set_error(
+        self, code: int | None, message: str = "", *, resource: Resource | None = None
+    ) -> None:
+        """Answer every request (or, with ``resource``, those for ``"pods"`` or
+        ``"resourceslices"``) with this HTTP error (e.g. 403, 500) until cleared with
+        ``set_error(None)`` (for the same ``resource``)."""
         with self._lock:
             if code is None:
-                self._error = None
+                self._errors.pop(resource, None)
             else:
                 reason = {401: "Unauthorized", 403: "Forbidden", 429: "TooManyRequests"}.get(
                     code, "InternalError"
                 )
-                self._error = (code, reason, message or f"fake API server error {code}")
+                self._errors[resource] = (code, reason, message or f"fake API server error {code}")
 
-    def _publish_locked(self, kind: str, obj: dict[str, Any]) -> None:
+    def set_resource_slices_served(self, served: bool) -> None:
+        """False: answer resource.k8s.io/v1 with 404, as an API server before Kubernetes
+        1.34 (or with DRA disabled) does; True (the default) serves it again."""
+        with self._lock:
+            self._slices_served = served
+
+    def _publish_locked(self, what: Resource, kind: str, obj: dict[str, Any]) -> None:
         event = {"type": kind, "object": copy.deepcopy(obj)}
-        self._history.append((self._rv, event))
+        self._history.append((self._rv, what, event))
         if len(self._history) > self._max_history:
-            dropped_rv, _ = self._history.pop(0)
+            dropped_rv, _, _ = self._history.pop(0)
             self._min_rv = max(self._min_rv, dropped_rv)
         for w in self._watchers:
-            if _matches(obj, w.selector):
+            if w.resource == what and _matches(obj, w.selector):
                 w.loop.call_soon_threadsafe(w.queue.put_nowait, ("event", event))
 
     def _log(
@@ -328,37 +460,44 @@ class FakeKubeApi:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/api/v1/pods", self._handle_pods)
+        for what in (PODS, RESOURCE_SLICES):
+            app.router.add_get(what.path, functools.partial(self._handle, what))
         return app
 
-    async def _handle_pods(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, what: _Collection, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch", "").lower() in ("true", "1")
         with self._lock:
-            error = self._error
+            error = self._errors.get(what.resource) or self._errors.get(None)
+            if what is RESOURCE_SLICES and not self._slices_served:
+                # What kube-apiserver answers for a group/version it does not serve
+                error = (404, "NotFound", "the server could not find the requested resource")
         if error is not None:
             self._log(request, watch, error[0])
             return web.json_response(_status(*error), status=error[0])
         try:
-            selector = parse_field_selector(request.query.get("fieldSelector", ""))
+            selector = parse_field_selector(request.query.get("fieldSelector", ""), what.fields)
         except SelectorError as exc:
             self._log(request, watch, 400)
             return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
         if watch:
-            return await self._watch(request, selector)
+            return await self._watch(request, what.resource, selector)
         with self._lock:
-            items = [copy.deepcopy(p) for p in self._pods.values() if _matches(p, selector)]
+            store = self._objects[what.resource]
+            items = [copy.deepcopy(o) for o in store.values() if _matches(o, selector)]
             rv = self._rv
-        items.sort(key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         self._log(request, False, 200)
         body = {
-            "kind": "PodList",
-            "apiVersion": "v1",
+            "kind": what.list_kind,
+            "apiVersion": what.api_version,
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
         return web.json_response(body)
 
-    async def _watch(self, request: web.Request, selector: _Selector) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, what: Resource, selector: _Selector
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         try:
             since = int(request.query.get("resourceVersion") or 0)
@@ -368,15 +507,16 @@ class FakeKubeApi:
             msg = "resourceVersion and timeoutSeconds must be integers"
             return web.json_response(_status(400, "BadRequest", msg), status=400)
 
-        watcher = _Watcher(loop, asyncio.Queue(), selector)
+        watcher = _Watcher(loop, asyncio.Queue(), what, selector)
         with self._lock:
             gone = since < self._min_rv if since else False
             if not gone:
                 if since:
-                    backlog = [e for rv, e in self._history if rv > since]
+                    backlog = [e for rv, w, e in self._history if rv > since and w == what]
                 else:  # no version: like the real server, start with the current state
                     backlog = [
-                        {"type": "ADDED", "object": copy.deepcopy(p)} for p in self._pods.values()
+                        {"type": "ADDED", "object": copy.deepcopy(o)}
+                        for o in self._objects[what].values()
                     ]
                 watcher.events = [e for e in backlog if _matches(e["object"], selector)]
                 self._watchers.add(watcher)

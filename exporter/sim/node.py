@@ -8,12 +8,14 @@ always agree. The timeline is applied lazily whenever someone looks (``advance``
 from __future__ import annotations
 
 import copy
+import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from exporter.model import AllocatableDevices, ContainerDevices
+from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 from exporter.sim.scenario import (
     GPM_METRICS,
     Scenario,
@@ -21,6 +23,7 @@ from exporter.sim.scenario import (
     SimContainer,
     SimEvent,
     SimGpu,
+    SimMig,
     SimPod,
     SimProcess,
     derived_container_id,
@@ -29,6 +32,41 @@ from exporter.sim.scenario import (
 )
 
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
+DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver (k8s-dra-driver-gpu)
+DRA_API_VERSION = "resource.k8s.io/v1"
+MIN_REPLICAS = 4  # replicas a time-shared GPU advertises when the pods use fewer
+# GPU-instance profile ids (nvidia-smi mig -lgip "ID") by slice count; the DRA driver
+# names MIG devices by them. 1g.<2x memory> (REV2) is 15 and +me profiles are 20.
+_GI_PROFILE_IDS = {1: 19, 2: 14, 3: 9, 4: 5, 7: 0}
+# Memory slices a GPU instance of N compute slices spans, and so its placement stride.
+_PLACEMENT_SPAN = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
+_MEMORY_SLICES = 8
+_ARCHITECTURES = (  # (name substring, NVML architecture name, CUDA compute capability)
+    ("B200", "Blackwell", "10.0.0"),
+    ("H100", "Hopper", "9.0.0"),
+    ("H200", "Hopper", "9.0.0"),
+    ("L40", "Ada Lovelace", "8.9.0"),
+    ("L4", "Ada Lovelace", "8.9.0"),
+    ("A100", "Ampere", "8.0.0"),
+    ("A10", "Ampere", "8.6.0"),
+    ("T4", "Turing", "7.5.0"),
+    ("V100", "Volta", "7.0.0"),
+)
+
+
+@dataclass(frozen=True)
+class DeviceReference:
+    """A scenario's ``gpuN``, ``gpuN/migM`` or ``gpuN[/migM]::k`` (replica k)."""
+
+    ref: str
+    gpu: SimGpu
+    mig: SimMig | None
+    replica: int | None
+
+    @property
+    def shared(self) -> bool:
+        return self.replica is not None
 
 
 @dataclass(frozen=True)
@@ -161,57 +199,222 @@ class SimNode:
     def pods(self) -> list[SimPod]:
         return self.scenario.pods
 
-    def resolve_device(self, ref: str) -> str:
-        """Turn ``gpu3``, ``gpu1/mig0`` or ``gpu2::1`` into the kubelet's device id."""
-        base, _, replica = ref.partition("::")
+    @property
+    def allocator(self) -> str:
+        return self.scenario.allocator
+
+    def reference(self, ref: str) -> DeviceReference | None:
+        """Parse a scenario device reference; None for a literal device id."""
+        base, separator, replica = ref.partition("::")
         gpu_part, _, mig_part = base.partition("/")
         if not gpu_part.startswith("gpu"):
-            return ref  # a literal device id
+            return None
         try:
             gpu = self.gpus[int(gpu_part[3:])]
-            device = gpu.mig[int(mig_part[3:])].uuid if mig_part else gpu.uuid
+            mig = gpu.mig[int(mig_part.removeprefix("mig"))] if mig_part else None
+            number = int(replica) if separator else None
         except (ValueError, IndexError) as exc:
             raise ScenarioError(f"device reference {ref!r} names no GPU/MIG instance") from exc
-        return f"{device}::{replica}" if replica else device
+        if mig_part and not mig_part.startswith("mig"):
+            raise ScenarioError(f"device reference {ref!r}: write gpuN/migM for a MIG instance")
+        return DeviceReference(ref, gpu, mig, number)
+
+    def resolve_device(self, ref: str) -> str:
+        """Turn ``gpu3``, ``gpu1/mig0`` or ``gpu2::1`` into NVIDIA's device-plugin id."""
+        found = self.reference(ref)
+        if found is None:
+            return ref  # a literal device id
+        device = found.mig.uuid if found.mig else found.gpu.uuid
+        return f"{device}::{found.replica}" if found.shared else device
+
+    def gke_device(self, ref: str) -> str:
+        """The same reference in GKE's device-plugin form, ``nvidia<minor>[/gi<id>][/vgpu<k>]``."""
+        found = self.reference(ref)
+        if found is None:
+            return ref
+        device = f"nvidia{found.gpu.minor}"
+        if found.mig is not None:
+            device += f"/gi{found.mig.gpu_instance_id}"
+        return f"{device}/vgpu{found.replica}" if found.shared else device
 
     def container_devices(self) -> list[ContainerDevices]:
+        """Device-plugin allocations in the allocator's words; under DRA only literal
+        ids remain here (GPU references become claims, see ``claim_devices``)."""
         with self.lock:
             self.advance()
-            return [
-                ContainerDevices(
-                    pod.namespace,
-                    pod.name,
-                    c.name,
-                    resource,
-                    tuple(self.resolve_device(ref) for ref in refs),
-                )
-                for pod in self.pods
-                for c in pod.containers
-                for resource, refs in c.devices.items()
-            ]
+            allocations: list[ContainerDevices] = []
+            for pod in self.pods:
+                for c in pod.containers:
+                    by_resource: dict[str, list[str]] = {}
+                    for resource, refs in c.devices.items():
+                        for ref in refs:
+                            found = self._device_plugin_id(resource, ref)
+                            if found is not None:
+                                ids = by_resource.setdefault(found[0], [])
+                                if found[1] not in ids:
+                                    ids.append(found[1])
+                    allocations += [
+                        ContainerDevices(pod.namespace, pod.name, c.name, resource, tuple(ids))
+                        for resource, ids in by_resource.items()
+                    ]
+            return allocations
+
+    def _device_plugin_id(self, resource: str, ref: str) -> tuple[str, str] | None:
+        if self.reference(ref) is None or self.allocator == "nvidia":
+            return resource, self.resolve_device(ref)
+        if self.allocator == "gke":  # GKE's plugin advertises everything as nvidia.com/gpu
+            return GPU_RESOURCE, self.gke_device(ref)
+        return None  # dra
 
     def allocatable_devices(self) -> list[AllocatableDevices]:
-        """What the device plugin advertises: whole GPUs, MIG instances by profile, and
-        replicas of time-sliced GPUs (at least 4, more if the pods use more)."""
+        """What the device plugin advertises: whole GPUs, MIG instances, and replicas of
+        time-shared GPUs (at least 4, more if the pods use more). DRA devices are not
+        device-plugin devices, so a DRA node advertises none."""
         with self.lock:
             self.advance()
+            if self.allocator == "dra":
+                return []
+            replicas = self._replicas_used()
+            if self.allocator == "gke":
+                return [AllocatableDevices(GPU_RESOURCE, tuple(self._gke_allocatable(replicas)))]
             by_resource: dict[str, list[str]] = {GPU_RESOURCE: []}
-            used = {d for cd in self.container_devices() for d in cd.device_ids}
             for gpu in self.gpus:
-                replicas = [
-                    int(d.rpartition("::")[2]) for d in used if d.startswith(f"{gpu.uuid}::")
-                ]
+                used = replicas.get((gpu.index, None))
                 if gpu.mig:
                     for m in gpu.mig:
                         by_resource.setdefault(f"nvidia.com/mig-{m.profile}", []).append(m.uuid)
-                elif replicas:
-                    count = max(4, max(replicas) + 1)
-                    by_resource.setdefault("nvidia.com/gpu.shared", []).extend(
-                        f"{gpu.uuid}::{r}" for r in range(count)
+                elif used:
+                    by_resource.setdefault(SHARED_RESOURCE, []).extend(
+                        f"{gpu.uuid}::{r}" for r in range(_replica_count(used))
                     )
                 else:
                     by_resource[GPU_RESOURCE].append(gpu.uuid)
             return [AllocatableDevices(r, tuple(ids)) for r, ids in by_resource.items()]
+
+    def _gke_allocatable(self, replicas: dict[tuple[int, int | None], set[int]]) -> list[str]:
+        devices: list[str] = []
+        for gpu in self.gpus:
+            slots: list[tuple[int | None, str]] = (
+                [(m, f"nvidia{gpu.minor}/gi{mig.gpu_instance_id}") for m, mig in enumerate(gpu.mig)]
+                if gpu.mig
+                else [(None, f"nvidia{gpu.minor}")]
+            )
+            for slot, device in slots:
+                used = replicas.get((gpu.index, slot))
+                if used:
+                    devices += [f"{device}/vgpu{k}" for k in range(_replica_count(used))]
+                else:
+                    devices.append(device)
+        return devices
+
+    def _replicas_used(self) -> dict[tuple[int, int | None], set[int]]:
+        """Replica numbers the pods use, per (GPU index, MIG slot or None)."""
+        used: dict[tuple[int, int | None], set[int]] = {}
+        for pod in self.pods:
+            for c in pod.containers:
+                for refs in c.devices.values():
+                    for ref in refs:
+                        found = self.reference(ref)
+                        if found is not None and found.replica is not None:
+                            slot = found.gpu.mig.index(found.mig) if found.mig else None
+                            used.setdefault((found.gpu.index, slot), set()).add(found.replica)
+        return used
+
+    # -- DRA ----------------------------------------------------------------------------
+
+    def dra_device_name(self, gpu: SimGpu, mig: SimMig | None = None) -> str:
+        """NVIDIA's DRA driver's device name: ``gpu-<minor>`` or, for MIG,
+        ``gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>``."""
+        if mig is None:
+            return f"gpu-{gpu.minor}"
+        profile = re.sub(r"[^a-z0-9]", "", mig.profile.lower())
+        start = _placement_starts(gpu)[gpu.mig.index(mig)]
+        return f"gpu-{gpu.minor}-mig-{profile}-{_gi_profile_id(gpu, mig)}-{start}"
+
+    def claim_devices(self) -> list[ClaimDevice]:
+        """DRA claim devices per container, as the kubelet reports them (DRA nodes only).
+
+        A replica reference ``gpuN[/migM]::k`` becomes one claim shared by every container
+        of the namespace using that device (``gpuN[-migM]-shared``), as a ResourceClaim
+        several pods reference; other references become one claim per container
+        (``<pod>-<container>-gpu``), as from a ResourceClaimTemplate.
+        """
+        with self.lock:
+            self.advance()
+            if self.allocator != "dra":
+                return []
+            node = self.scenario.node_name
+            claims: list[ClaimDevice] = []
+            for pod in self.pods:
+                for c in pod.containers:
+                    for refs in c.devices.values():
+                        for ref in refs:
+                            found = self.reference(ref)
+                            if found is None:
+                                continue
+                            claim = _claim_name(pod, c, found)
+                            device = self.dra_device_name(found.gpu, found.mig)
+                            claim_uid = derived_uuid(node, "claim", pod.namespace, claim)
+                            entry = ClaimDevice(
+                                namespace=pod.namespace,
+                                pod=pod.name,
+                                container=c.name,
+                                claim_namespace=pod.namespace,
+                                claim_name=claim,
+                                driver=DRA_DRIVER,
+                                pool=node,
+                                device=device,
+                                cdi_devices=(f"k8s.{DRA_DRIVER}/claim={claim_uid}-{device}",),
+                            )
+                            if entry not in claims:
+                                claims.append(entry)
+            return claims
+
+    def resource_slices(self) -> list[dict[str, Any]]:
+        """The ResourceSlice NVIDIA's DRA driver publishes for this node (DRA nodes only),
+        as the API serves ``resource.k8s.io/v1``: one pool named after the node, whole
+        GPUs and, for a GPU in MIG mode, only its MIG devices. A lost GPU stays listed:
+        the driver does not notice a GPU falling off the bus."""
+        with self.lock:
+            self.advance()
+            if self.allocator != "dra":
+                return []
+            node = self.scenario.node_name
+            devices: list[dict[str, Any]] = []
+            for gpu in self.gpus:
+                if not gpu.mig:
+                    devices.append(self._slice_device(gpu, None))
+                devices += [self._slice_device(gpu, mig) for mig in gpu.mig]
+            # Imported here: the NVML library object imports this module inside the
+            # exporter, which must not pay for the API stand-in's aiohttp.
+            from exporter.sim.kube_api import resource_slice_dict
+
+            prefix = f"{node}-{DRA_DRIVER}-"  # the driver's generateName
+            name = prefix + derived_uuid(node, "resourceslice")[:5]
+            obj = resource_slice_dict(name, node, devices, driver=DRA_DRIVER)
+            obj["metadata"]["generateName"] = prefix
+            obj["metadata"]["uid"] = derived_uuid(node, "resourceslice", name)
+            return [obj]
+
+    def _slice_device(self, gpu: SimGpu, mig: SimMig | None) -> dict[str, Any]:
+        architecture, capability = _architecture(gpu.name)
+        scenario = self.scenario
+        cuda = scenario.cuda_driver_version
+        attributes: dict[str, dict[str, Any]] = {
+            "type": {"string": "mig" if mig else "gpu"},
+            "uuid": {"string": mig.uuid if mig else gpu.uuid},
+            "productName": {"string": gpu.name},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": architecture},
+            "cudaComputeCapability": {"version": capability},
+            "driverVersion": {"version": _semver(scenario.driver_version)},
+            "cudaDriverVersion": {"version": f"{cuda // 1000}.{cuda % 1000 // 10}.0"},
+            "resource.kubernetes.io/pciBusID": {"string": _pci_address(gpu.pci_bus_id)},
+        }
+        if mig is not None:
+            attributes["parentUUID"] = {"string": gpu.uuid}
+            attributes["profile"] = {"string": mig.profile}
+        return {"name": self.dra_device_name(gpu, mig), "attributes": attributes}
 
     def listed_processes(self, gpu: int) -> list[SimProcess]:
         return [p for p in self.processes if p.listed and (p.gpu == gpu or gpu in p.extra_gpus)]
@@ -357,3 +560,65 @@ class SimNode:
                 containers,
             )
         )
+
+
+def _replica_count(used: set[int]) -> int:
+    return max(MIN_REPLICAS, max(used) + 1)
+
+
+def _claim_name(pod: SimPod, container: SimContainer, ref: DeviceReference) -> str:
+    if not ref.shared:
+        return f"{pod.name}-{container.name}-gpu"
+    mig = f"-mig{ref.gpu.mig.index(ref.mig)}" if ref.mig else ""
+    return f"gpu{ref.gpu.index}{mig}-shared"
+
+
+def _slices(profile: str) -> int:
+    """Compute slices of a MIG profile (``3g.40gb`` -> 3); 1 if the name says none."""
+    match = re.match(r"(\d+)g\.", profile)
+    return int(match.group(1)) if match else 1
+
+
+def _gi_profile_id(gpu: SimGpu, mig: SimMig) -> int:
+    slices = _slices(mig.profile)
+    if "+me" in mig.profile:
+        return 20
+    if slices == 1 and mig.memory_total * _MEMORY_SLICES > gpu.memory_total * 1.5:
+        return 15  # 1g with two memory slices (e.g. 1g.20gb on an 80 GB GPU)
+    return _GI_PROFILE_IDS.get(slices, 19)
+
+
+def _placement_starts(gpu: SimGpu) -> list[int]:
+    """Placement start of each MIG instance: first fit in declaration order, as
+    ``nvidia-smi mig -cgi`` places instances created one after another."""
+    taken: set[int] = set()
+    starts: list[int] = []
+    for mig in gpu.mig:
+        span = _PLACEMENT_SPAN.get(_slices(mig.profile), 1)
+        candidates = [s for s in range(0, _MEMORY_SLICES - span + 1, span) if span > 1 or s < 7]
+        start = next(
+            (s for s in candidates if not taken & set(range(s, s + span))),
+            _MEMORY_SLICES + len(starts),  # over-subscribed scenario: still a unique name
+        )
+        taken |= set(range(start, start + span))
+        starts.append(start)
+    return starts
+
+
+def _architecture(name: str) -> tuple[str, str]:
+    for marker, architecture, capability in _ARCHITECTURES:
+        if marker in name:
+            return architecture, capability
+    return "Unknown", "0.0.0"
+
+
+def _semver(version: str) -> str:
+    """``550.90.07`` -> ``550.90.7``: DRA version attributes are semantic versions."""
+    parts = [str(int(p)) if p.isdigit() else p for p in version.split(".")]
+    return ".".join([*parts, "0", "0"][:3])
+
+
+def _pci_address(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` as sysfs writes it, ``0000:18:00.0``."""
+    domain, _, rest = bus_id.partition(":")
+    return f"{domain[-4:]}:{rest}".lower()

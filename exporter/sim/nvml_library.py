@@ -211,7 +211,7 @@ class SimNvmlLibrary:
 
     @device_call
     def nvmlDeviceGetMinorNumber(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
-        _out(out).value = gpu.index
+        _out(out).value = gpu.minor
         return SUCCESS
 
     # -- memory and utilisation -------------------------------------------------------

@@ -3,7 +3,8 @@
 The exporter's client talks to it exactly as to a kubelet (same proto, same socket
 transport), so tests and demos exercise the real client code path. Allocations come
 from a provider called on every request, so a simulator timeline can move devices
-between pods while the server runs.
+between pods while the server runs. A provider returns (containers, allocatable) or,
+with DRA claims, (containers, allocatable, claims).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from typing import TypeAlias
 import grpc
 import grpc.aio
 
-from exporter.model import AllocatableDevices, ContainerDevices
-from exporter.sources.podresources import api_pb2, api_pb2_grpc
+from exporter.kubelet_api import api_pb2, api_pb2_grpc
+from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 
-Allocations: TypeAlias = tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices]]
+Allocations: TypeAlias = (
+    tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices]]
+    | tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]
+)
 # Sync providers run inline on the event loop (they should be cheap); an async one lets
 # a test stall a request without blocking the loop the client shares.
 PodResourcesProvider: TypeAlias = Callable[[], Allocations | Awaitable[Allocations]]
@@ -39,22 +43,55 @@ def _device_entries(
     return [api_pb2.ContainerDevices(resource_name=resource_name, device_ids=list(device_ids))]
 
 
+def _claim_entries(claims: Sequence[ClaimDevice]) -> list[api_pb2.DynamicResource]:
+    """One ``DynamicResource`` per claim, its devices in first-seen order."""
+    by_claim: dict[tuple[str, str], list[api_pb2.ClaimResource]] = {}
+    for claim in claims:
+        by_claim.setdefault((claim.claim_namespace, claim.claim_name), []).append(
+            api_pb2.ClaimResource(
+                cdi_devices=[api_pb2.CDIDevice(name=name) for name in claim.cdi_devices],
+                driver_name=claim.driver,
+                pool_name=claim.pool,
+                device_name=claim.device,
+                share_id=claim.share_id,  # None leaves the optional field unset
+            )
+        )
+    return [
+        api_pb2.DynamicResource(
+            claim_name=name, claim_namespace=namespace, claim_resources=resources
+        )
+        for (namespace, name), resources in by_claim.items()
+    ]
+
+
 def build_pod_resources(
-    containers: Sequence[ContainerDevices], *, split_devices: bool = False
+    containers: Sequence[ContainerDevices],
+    claims: Sequence[ClaimDevice] = (),
+    *,
+    split_devices: bool = False,
 ) -> list[api_pb2.PodResources]:
-    """Group flat allocations as the kubelet does: pod > container > resource name.
+    """Group flat allocations as the kubelet does: pod > container > resource name, and
+    pod > container > claim for DRA devices.
 
     One ``PodResources`` per (namespace, pod), one ``ContainerResources`` per container,
     one ``ContainerDevices`` per resource name (device ids merged, first-seen order) —
-    or, with ``split_devices``, one per device, which is what a real kubelet sends.
+    or, with ``split_devices``, one per device, which is what a real kubelet sends —
+    and one ``DynamicResource`` per claim the container uses.
     """
-    grouped: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    devices: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    dynamic: dict[tuple[str, str], dict[str, list[ClaimDevice]]] = {}
     for entry in containers:
-        by_resource = grouped.setdefault((entry.namespace, entry.pod), {}).setdefault(
+        by_resource = devices.setdefault((entry.namespace, entry.pod), {}).setdefault(
             entry.container, {}
         )
         ids = by_resource.setdefault(entry.resource_name, [])
         ids.extend(d for d in entry.device_ids if d not in ids)
+        dynamic.setdefault((entry.namespace, entry.pod), {}).setdefault(entry.container, [])
+    for claim in claims:
+        devices.setdefault((claim.namespace, claim.pod), {}).setdefault(claim.container, {})
+        dynamic.setdefault((claim.namespace, claim.pod), {}).setdefault(claim.container, []).append(
+            claim
+        )
     return [
         api_pb2.PodResources(
             namespace=namespace,
@@ -67,12 +104,22 @@ def build_pod_resources(
                         for resource_name, ids in by_resource.items()
                         for entry in _device_entries(resource_name, ids, split_devices)
                     ],
+                    dynamic_resources=_claim_entries(dynamic[(namespace, pod)][container]),
                 )
                 for container, by_resource in by_container.items()
             ],
         )
-        for (namespace, pod), by_container in grouped.items()
+        for (namespace, pod), by_container in devices.items()
     ]
+
+
+def _unpack(
+    allocations: Allocations,
+) -> tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]:
+    if len(allocations) == 3:
+        return allocations
+    containers, allocatable = allocations
+    return containers, allocatable, ()
 
 
 class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
@@ -93,18 +140,20 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
         self._allocatable_implemented = allocatable_implemented
         self._split_devices = split_devices
 
-    async def _allocations(self) -> Allocations:
+    async def _allocations(
+        self,
+    ) -> tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]:
         result = self._provider()
         if inspect.isawaitable(result):
-            return await result
-        return result
+            return _unpack(await result)
+        return _unpack(result)
 
     async def List(
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.ListPodResourcesResponse:
-        containers, _ = await self._allocations()
+        containers, _, claims = await self._allocations()
         return api_pb2.ListPodResourcesResponse(
-            pod_resources=build_pod_resources(containers, split_devices=self._split_devices)
+            pod_resources=build_pod_resources(containers, claims, split_devices=self._split_devices)
         )
 
     async def GetAllocatableResources(
@@ -114,7 +163,7 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED, "Method GetAllocatableResources not implemented"
             )
-        _, allocatable = await self._allocations()
+        _, allocatable, _ = await self._allocations()
         merged: dict[str, list[str]] = {}
         for entry in allocatable:
             ids = merged.setdefault(entry.resource_name, [])
@@ -130,18 +179,16 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
     async def Get(
         self, request: api_pb2.GetPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.GetPodResourcesResponse:
-        containers, _ = await self._allocations()
-        wanted = [
-            c
-            for c in containers
-            if c.namespace == request.pod_namespace and c.pod == request.pod_name
-        ]
-        if not wanted:
+        containers, _, claims = await self._allocations()
+        key = (request.pod_namespace, request.pod_name)
+        wanted = [c for c in containers if (c.namespace, c.pod) == key]
+        wanted_claims = [c for c in claims if (c.namespace, c.pod) == key]
+        if not wanted and not wanted_claims:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
             )
-        (pod,) = build_pod_resources(wanted, split_devices=self._split_devices)
+        (pod,) = build_pod_resources(wanted, wanted_claims, split_devices=self._split_devices)
         return api_pb2.GetPodResourcesResponse(pod_resources=pod)
 
 

@@ -19,7 +19,10 @@ from typing import Any
 
 import yaml
 
-SHIPPED = ("single-gpu", "node-8gpu", "no-gpu", "orphans")
+SHIPPED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "dra")
+# Who allocates the GPUs, and so how the kubelet names them: NVIDIA's device plugin
+# (UUIDs), GKE's device plugin (nvidia<minor>...) or NVIDIA's DRA driver (claims).
+ALLOCATORS = ("nvidia", "gke", "dra")
 GPM_METRICS = (
     "graphics",
     "sm_active",
@@ -61,6 +64,7 @@ class SimMig:
 class SimGpu:
     index: int
     uuid: str
+    minor: int  # /dev/nvidia<minor>; follows PCI probe order, so need not be the index
     name: str
     pci_bus_id: str
     memory_total: int
@@ -107,7 +111,7 @@ class SimProcess:
     pod: str | None = None  # "namespace/name"
     container: str | None = None
     extra_gpus: list[int] = field(default_factory=list)
-    # GPU indices whose /dev/nvidia<index> it has open; None: the GPUs it runs on
+    # GPU indices whose /dev/nvidia<minor> it has open; None: the GPUs it runs on
     holds_devices: list[int] | None = None
 
 
@@ -150,6 +154,7 @@ class Scenario:
     pods: list[SimPod]
     processes: list[SimProcess]
     timeline: list[SimEvent]
+    allocator: str = "nvidia"
 
 
 def parse_size(value: object, where: str) -> int:
@@ -242,8 +247,11 @@ def _check_keys(data: dict[str, Any], allowed: set[str], where: str) -> None:
 
 def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) -> SimGpu:
     where = f"gpus[{index}]"
-    _check_keys(data, set(_GPU_DEFAULTS) | {"uuid", "pci_bus_id"}, where)
+    _check_keys(data, set(_GPU_DEFAULTS) | {"uuid", "pci_bus_id", "minor"}, where)
     merged = {**_GPU_DEFAULTS, **defaults, **data}
+    minor = merged.pop("minor", index)
+    if not isinstance(minor, int) or isinstance(minor, bool) or not 0 <= minor < 256:
+        raise ScenarioError(f"{where}.minor: {minor!r} is not a device minor (0..255)")
     for key in _SIZE_KEYS:
         merged[key] = parse_size(merged[key], f"{where}.{key}")
     uuid = merged.pop("uuid", None) or f"GPU-{derived_uuid(node, 'gpu', index)}"
@@ -274,7 +282,7 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
         raise ScenarioError(
             f"{where}.gpm: unknown metric {unknown_gpm[0]!r} (known: {', '.join(GPM_METRICS)})"
         )
-    return SimGpu(index=index, uuid=uuid, pci_bus_id=bus, mig=migs, **merged)
+    return SimGpu(index=index, uuid=uuid, minor=minor, pci_bus_id=bus, mig=migs, **merged)
 
 
 def _process(
@@ -416,6 +424,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         {
             "description",
             "node_name",
+            "allocator",
             "driver_version",
             "nvml_version",
             "cuda_driver_version",
@@ -430,6 +439,9 @@ def parse_scenario(data: object, name: str) -> Scenario:
         name,
     )
     node = str(root.get("node_name", "sim-node"))
+    allocator = root.get("allocator", "nvidia")
+    if allocator not in ALLOCATORS:
+        raise ScenarioError(f"allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
     init_error = root.get("nvml_init_error")
     if init_error is not None and init_error not in NVML_ERROR_CODES:
         raise ScenarioError(
@@ -452,6 +464,13 @@ def parse_scenario(data: object, name: str) -> Scenario:
         processes.append(
             _process(_expect_mapping(raw, where), where, pids.take(), None, None, len(gpus))
         )
+    minors: dict[int, int] = {}
+    for gpu in gpus:
+        if gpu.minor in minors:
+            raise ScenarioError(
+                f"gpus[{gpu.index}].minor: {gpu.minor} is already GPU {minors[gpu.minor]}'s minor"
+            )
+        minors[gpu.minor] = gpu.index
     seen: set[int] = set()
     for proc in processes:
         if proc.pid in seen:
@@ -476,6 +495,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         pods=pods,
         processes=processes,
         timeline=timeline,
+        allocator=str(allocator),
     )
 
 

@@ -1,8 +1,11 @@
 """Exponential backoff with jitter for sources that talk to something that can go away.
 
-A source never sleeps itself; the agent asks ``next_delay()`` after a failure and
-``reset()`` after a success, so retry pacing stays in one place (the scheduler) and a
-kubelet restart does not turn into a tight reconnect loop.
+Each source that retries owns one: it asks ``next_delay()`` after a failure and calls
+``reset()`` after a success, then waits that long in its own way — a thread waits on its
+stop event (XID listener, kernel log, Kubernetes watches), an asyncio task sleeps
+(PodResources refresh), a per-cycle reader skips its retry until the delay has passed
+(NVML init, DCGM connect). The pacing rule lives here, so a kubelet or API server restart
+never turns into a tight reconnect loop.
 """
 
 from __future__ import annotations

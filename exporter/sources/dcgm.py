@@ -34,10 +34,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from exporter.model import DcgmHealthIncident, DcgmSnapshot, Occupancy
+from exporter.model import (
+    DcgmHealthIncident,
+    DcgmMode,
+    DcgmSnapshot,
+    Occupancy,
+    SourceName,
+    SourceStatus,
+)
 from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle, Source
+from exporter.text import one_line
 
 log = logging.getLogger(__name__)
 
@@ -105,25 +114,6 @@ _UNAVAILABLE_STATUSES = (
 _names = itertools.count(1)
 
 
-@dataclass(frozen=True, slots=True)
-class DcgmMode:
-    """A parsed ``--dcgm`` value."""
-
-    kind: Literal["off", "auto", "hostengine"]
-    address: str | None = None  # "HOST:PORT" when kind is "hostengine"
-
-
-def parse_mode(mode: str) -> DcgmMode:
-    """``auto`` | ``off`` | ``HOST:PORT`` (``[v6addr]:PORT`` too); ValueError otherwise."""
-    value = mode.strip()
-    if value.lower() in ("auto", "off"):
-        return DcgmMode(kind="auto" if value.lower() == "auto" else "off")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--dcgm must be 'auto', 'off' or HOST:PORT, got {mode!r}")
-    return DcgmMode(kind="hostengine", address=value)
-
-
 class DcgmUnavailable(Exception):
     """DCGM cannot be used right now; the message is the snapshot's one-line error."""
 
@@ -149,12 +139,19 @@ class _Connection:
     health_error: str | None = None
 
 
-class DcgmSource:
-    """Reads DCGM profiling occupancy and health once per cycle; see the module docstring."""
+class DcgmSource(Source):
+    """Reads DCGM profiling occupancy and health once per cycle; see the module docstring.
+
+    Under ``auto`` a node without DCGM is normal: the source reports itself (up or
+    down) only once DCGM has answered, or from the start when a host engine was named.
+    """
+
+    name: ClassVar[SourceName] = "dcgm"
+    field: ClassVar[str] = "dcgm"
 
     def __init__(
         self,
-        mode: str,
+        mode: DcgmMode,
         *,
         bindings_path: str | None = None,
         update_interval_s: float = 1.0,
@@ -163,7 +160,10 @@ class DcgmSource:
     ) -> None:
         if update_interval_s <= 0:
             raise ValueError(f"update_interval_s must be > 0, got {update_interval_s}")
-        self._mode = parse_mode(mode)
+        self._mode = mode
+        self._last: DcgmSnapshot | None = None
+        self._seen_up = False
+        self._errors_total = 0
         self._bindings_path = bindings_path
         self._update_interval_s = update_interval_s
         self._clock = clock
@@ -252,6 +252,27 @@ class DcgmSource:
 
     # -- one cycle --------------------------------------------------------------------
 
+    def read(self, cycle: Cycle) -> DcgmSnapshot:
+        snapshot = self.sample()
+        self._last = snapshot
+        self._seen_up = self._seen_up or snapshot.ok
+        if not snapshot.ok and self._reported():
+            self._errors_total += 1
+        return snapshot
+
+    def _reported(self) -> bool:
+        return self._seen_up or self._mode.kind == "hostengine"
+
+    def status(self) -> SourceStatus | None:
+        last = self._last
+        if last is None or not self._reported():
+            return None
+        return SourceStatus(self.name, last.ok, last.error)
+
+    @property
+    def errors_total(self) -> int:
+        return self._errors_total
+
     def sample(self) -> DcgmSnapshot:
         """One blocking read of every GPU's profiling fields and the health watches."""
         started = time.time()
@@ -323,7 +344,7 @@ class DcgmSource:
                     gpu_uuid=conn.uuids.get(int(entity.entityId)) if is_gpu else None,
                     system=HEALTH_SYSTEMS.get(system, f"system_{system:#x}"),
                     health=HEALTH_RESULTS.get(int(incident.health), "unknown"),
-                    message=_one_line(_text(incident.error.msg)),
+                    message=one_line(_text(incident.error.msg)),
                 )
             )
         return tuple(incidents), HEALTH_RESULTS.get(int(response.overallHealth), "unknown")
@@ -498,12 +519,8 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _describe(exc: BaseException) -> str:
     """``DCGMError_ConnectionNotValid: The connection ...``: class and message, one line."""
-    message = _one_line(str(exc))
+    message = one_line(str(exc))
     name = type(exc).__name__
     return f"{name}: {message}" if message else name

@@ -22,11 +22,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Final
 
-from exporter.model import DeviceHolder, HolderScan
+from exporter.model import ROLE_HOLDER, ROLE_MANAGEMENT, DeviceHolder, HolderRole, HolderScan
 from exporter.sources.procfs import read_process
-
-ROLE_HOLDER: Final = "holder"
-ROLE_MANAGEMENT: Final = "management"
 
 # Daemons that open every GPU (to keep the driver loaded, to watch health, to hand
 # devices out) but allocate nothing: holding a device file is their job, not a leak.
@@ -50,7 +47,7 @@ _GPU_DEVICE_PREFIX: Final = "/dev/nvidia"
 _CMDLINE_LIMIT: Final = 4096
 
 
-def classify(comm: str | None, argv0: str | None = None) -> str:
+def classify(comm: str | None, argv0: str | None = None) -> HolderRole:
     """``management`` for a known GPU daemon, else ``holder``.
 
     ``comm`` is cut to 15 bytes (``nvidia-persistenced`` reads ``nvidia-persiste``),

@@ -30,8 +30,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
-from exporter.model import XidEvent
+from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
 from exporter.sources.threaded import ThreadedSource
 
@@ -108,11 +109,13 @@ class KmsgReader(ThreadedSource):
     file in the same format (tests, replay), which is polled for appended lines.
     """
 
+    name: ClassVar[SourceName] = "kmsg"
+    field: ClassVar[str] = "kmsg_events"
     thread_name = "kmsg-reader"
 
     def __init__(
         self,
-        on_event: Callable[[XidEvent], None],
+        on_event: Callable[[XidEvent], None] | None = None,
         *,
         path: str | Path = "/dev/kmsg",
         proc_root: str | Path = "/proc",
@@ -121,13 +124,13 @@ class KmsgReader(ThreadedSource):
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._on_event = on_event
+        super().__init__()
+        self._on_event = on_event or self._publish
         self._path = Path(path)
         self._proc_root = Path(proc_root)
         self._poll_interval_s = poll_interval_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._clock = clock
-        super().__init__()
         self._caught_up = threading.Event()
         self._last_seq = -1
         self._overruns_total = 0

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pynvml
 
@@ -25,10 +25,14 @@ from exporter.model import (
     MigInstance,
     NvmlSnapshot,
     Occupancy,
+    ProcessKind,
     ProcessUtilization,
     RemappedRows,
+    SourceName,
+    SourceStatus,
 )
 from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle, Source
 from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
 
 log = logging.getLogger(__name__)
@@ -47,15 +51,11 @@ _GPM_METRICS = {
     "fp32_active": pynvml.NVML_GPM_METRIC_FP32_UTIL,
     "fp16_active": pynvml.NVML_GPM_METRIC_FP16_UTIL,
 }
-_PROCESS_LISTINGS = (
+_PROCESS_LISTINGS: tuple[tuple[ProcessKind, str], ...] = (
     ("compute", "nvmlDeviceGetComputeRunningProcesses"),
     ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
     ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
 )
-
-
-class GpuFailed(Exception):
-    """Raised inside one GPU's sampling to abandon that GPU for this cycle."""
 
 
 @dataclass
@@ -84,9 +84,16 @@ class _Device:
     failed: bool = False  # re-open next cycle; the identity still labels the error sample
 
 
-class NvmlSource:
+class NvmlSource(Source):
+    """The NVML source: every GPU's state, processes and GPM occupancy, each cycle."""
+
+    name: ClassVar[SourceName] = "nvml"
+    field: ClassVar[str] = "nvml"
+
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
+        self._last: NvmlSnapshot | None = None
+        self._errors_total = 0
         self._backoff = Backoff(initial_s=1.0, max_s=60.0)
         self._retry_at = 0.0
         self._initialised = False
@@ -138,6 +145,21 @@ class NvmlSource:
 
     # -- one cycle --------------------------------------------------------------------
 
+    def read(self, cycle: Cycle) -> NvmlSnapshot:
+        snapshot = self.sample()
+        self._last = snapshot
+        self._errors_total += len(snapshot.errors) + (0 if snapshot.ok else 1)
+        return snapshot
+
+    def status(self) -> SourceStatus | None:
+        last = self._last
+        return None if last is None else SourceStatus(self.name, last.ok, last.error)
+
+    @property
+    def errors_total(self) -> int:
+        """Failed queries and failed initialisations, cumulative."""
+        return self._errors_total
+
     def sample(self) -> NvmlSnapshot:
         started = time.time()
         if not self._initialise():
@@ -164,10 +186,9 @@ class NvmlSource:
                     self._free_gpm(device)  # the driver's sample buffers of the old handle
                 device = self._devices[index] = fresh
             return self._read(device)
-        except (GpuFailed, pynvml.NVMLError) as exc:
+        except pynvml.NVMLError as exc:
             # Any NVML error escaping one GPU's queries fails that GPU only, never the cycle.
-            cause = exc.__cause__ if isinstance(exc, GpuFailed) and exc.__cause__ else exc
-            reason = error_name(cause)
+            reason = error_name(exc)
             self._errors.append(("gpu", reason))
             log.debug("GPU %d failed this cycle: %s", index, reason)
             if device is None:
@@ -346,7 +367,7 @@ class NvmlSource:
                 found.append(
                     GpuProcess(
                         pid=proc.pid,
-                        used_memory_bytes=proc.usedGpuMemory,
+                        memory_used_bytes=proc.usedGpuMemory,
                         kind=kind,
                         gpu_instance_id=instance_id(gi),
                         compute_instance_id=instance_id(ci),

@@ -8,7 +8,9 @@ cgroupfs directories), the container runtime (``cri-containerd-``, ``crio-``,
 all of them but only attributes a pod when the path really looks like kubepods, so a
 garbled line can leave a process unattributed but never hand it to the wrong pod.
 
-Reads are blocking; the agent calls :func:`read_processes` in a worker thread.
+Reads are blocking. :class:`ProcessReader` is the procfs source: the agent calls its
+``read`` with the cycle's other source reads in a worker thread. :func:`read_process`
+reads one pid uncached (the holder scan uses it).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import re
 from collections.abc import Iterable
 from enum import Enum, auto
 from pathlib import Path
-from typing import Final
+from typing import ClassVar, Final
 
-from exporter.model import ProcessIdentity
+from exporter.model import ProcessIdentity, SourceName, SourceStatus
+from exporter.sources.base import Cycle, Source
 
 # A cgroup line: hierarchy id, controller list, path. The path may itself contain
 # colons (containerd's ``slice:prefix:id`` notation), hence maxsplit=2 below.
@@ -224,11 +227,6 @@ def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
     return _identify(proc_root / str(pid), pid, None)[0]
 
 
-def read_processes(proc_root: Path, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
-    """Identify each distinct pid, sorted by pid. Blocking: run it in a worker thread."""
-    return tuple(read_process(proc_root, pid) for pid in sorted(set(pids)))
-
-
 def _start_time(stat: str) -> str | None:
     """Field 22 of ``stat`` (start time in clock ticks): with the pid, it names one
     process for its whole life, so a reused pid is never mistaken for the old one."""
@@ -236,18 +234,30 @@ def _start_time(stat: str) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-class ProcessReader:
-    """``read_processes`` for the sample loop: a pid's cgroup does not change while it
-    lives, so its parsed identity is kept (keyed by pid and start time) and later
-    cycles read only ``stat`` — for state, comm and liveness. Only pids asked about in
-    the last call are remembered, so the cache is bounded by the GPU process count.
+class ProcessReader(Source):
+    """The procfs source: who each pid NVML listed this cycle is.
+
+    A pid's cgroup does not change while it lives, so its parsed identity is kept
+    (keyed by pid and start time) and later cycles read only ``stat`` — for state,
+    comm and liveness. Only pids asked about in the last call are remembered, so the
+    cache is bounded by the GPU process count.
     """
+
+    name: ClassVar[SourceName] = "procfs"
+    field: ClassVar[str] = "processes"
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
         self._known: dict[int, _Known] = {}
 
-    def read(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
+    def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
+        return self.identify(cycle.gpu_pids())
+
+    def status(self) -> SourceStatus:
+        ok = self.proc_root.is_dir()
+        return SourceStatus(self.name, ok, None if ok else "proc root missing")
+
+    def identify(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
         known: dict[int, _Known] = {}
         out = []
         for pid in sorted(set(pids)):

@@ -1,12 +1,16 @@
 """The lifecycle shared by sources that block on something external in a thread of
-their own (the NVML event set, the kernel log): start, stop, liveness, counters."""
+their own (the NVML event set, the kernel log): start, stop, liveness, counters, and
+the XID events raised since the last cycle, handed over by ``read()``."""
 
 from __future__ import annotations
 
 import threading
 
+from exporter.model import SourceStatus, XidEvent
+from exporter.sources.base import Cycle, Source
 
-class ThreadedSource:
+
+class ThreadedSource(Source):
     """Subclasses implement ``_run`` and loop until ``self._stop`` is set."""
 
     thread_name = "source"
@@ -17,6 +21,8 @@ class ThreadedSource:
         self._errors_total = 0
         self._events_total = 0
         self._last_error: str | None = None
+        self._pending_lock = threading.Lock()
+        self._pending: list[XidEvent] = []
 
     def start(self) -> None:
         """Start the thread; a no-op while it runs."""
@@ -32,6 +38,23 @@ class ThreadedSource:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def close(self) -> None:
+        self.stop()
+
+    def read(self, cycle: Cycle) -> tuple[XidEvent, ...]:
+        """The events published since the last read."""
+        with self._pending_lock:
+            events, self._pending = self._pending, []
+        return tuple(events)
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(self.name, self.alive and self._last_error is None, self._last_error)
+
+    def _publish(self, event: XidEvent) -> None:
+        """Keep an event for the next ``read()`` (called from the source's thread)."""
+        with self._pending_lock:
+            self._pending.append(event)
+
     @property
     def alive(self) -> bool:
         """The thread runs (it may be backing off after an error)."""
@@ -44,6 +67,7 @@ class ThreadedSource:
 
     @property
     def events_total(self) -> int:
+        """Events delivered so far (a test waits on it before running a cycle)."""
         return self._events_total
 
     @property

@@ -3,8 +3,9 @@
 XIDs are events, not state: polling would miss one raised and cleared between two
 samples, and the kernel log is optional. So one daemon thread waits on
 ``nvmlEventSetWait_v2`` with a short timeout (a timeout is the normal case and the
-moment to check the stop flag) and hands each XID to ``on_event`` from that thread; the
-agent passes ``lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev)``.
+moment to check the stop flag). Each XID is kept, under a lock, until the agent's next
+cycle takes it with ``read()`` (the agent constructs the listener without ``on_event``);
+a test may pass ``on_event`` to receive each XID on the listener's thread instead.
 
 Failure isolation:
 - a GPU that cannot deliver events (NotSupported, FunctionNotFound, NoPermission) is
@@ -14,11 +15,8 @@ Failure isolation:
 - any other NVML error frees the set, backs off (1 s doubling to 30 s, stoppable) and
   re-creates the set, re-initialising NVML first when it was shut down under us.
 
-ECC events: registered only when ``on_ecc`` is given (and the GPU supports them), and
-then reported as ``on_ecc(gpu, "single_bit" | "double_bit")``. They are wake-up hints,
-not data: the ECC counters the NVML source polls stay the truth, and a double-bit error
-also raises XID 48, which arrives here as an XID. Without ``on_ecc`` they are not
-registered at all, so they cannot wake this thread for nothing.
+Only XID events are registered: ECC errors are data the NVML source polls (its counters
+are the truth), and a double-bit error also raises XID 48, which arrives here as an XID.
 """
 
 from __future__ import annotations
@@ -29,11 +27,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pynvml
 
-from exporter.model import XidEvent
+from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
 from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
 from exporter.sources.threaded import ThreadedSource
@@ -41,10 +39,6 @@ from exporter.sources.threaded import ThreadedSource
 log = logging.getLogger(__name__)
 
 XID_EVENT: int = pynvml.nvmlEventTypeXidCriticalError
-ECC_EVENTS: dict[int, str] = {
-    pynvml.nvmlEventTypeSingleBitEccError: "single_bit",
-    pynvml.nvmlEventTypeDoubleBitEccError: "double_bit",
-}
 
 
 def _address(handle: Any) -> int | None:
@@ -66,28 +60,29 @@ class _Registration:
 
 
 class XidListener(ThreadedSource):
-    """Delivers NVML XID events to ``on_event`` from its own daemon thread."""
+    """Waits on NVML's event set in its own daemon thread; each XID goes to ``on_event``
+    if one is given, else it is kept for the next cycle's ``read()``."""
 
+    name: ClassVar[SourceName] = "xid"
+    field: ClassVar[str] = "xid_events"
     thread_name = "xid-listener"
 
     def __init__(
         self,
-        on_event: Callable[[XidEvent], None],
+        on_event: Callable[[XidEvent], None] | None = None,
         *,
-        on_ecc: Callable[[int, str], None] | None = None,
         wait_timeout_ms: int = 500,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         rebuild_after_lost_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._on_event = on_event
-        self._on_ecc = on_ecc
+        super().__init__()
+        self._on_event = on_event or self._publish
         self._wait_timeout_ms = wait_timeout_ms
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._rebuild_after_lost_s = rebuild_after_lost_s
         self._clock = clock
-        super().__init__()
         self._initialised = False
         self._registered: tuple[int, ...] = ()
 
@@ -159,9 +154,8 @@ class XidListener(ThreadedSource):
     def _register(self) -> _Registration:
         registration = _Registration(event_set=pynvml.nvmlEventSetCreate())
         try:
-            wanted = XID_EVENT | (sum(ECC_EVENTS) if self._on_ecc else 0)
             for index in range(pynvml.nvmlDeviceGetCount()):
-                self._register_gpu(registration, index, wanted)
+                self._register_gpu(registration, index)
         except pynvml.NVMLError:
             pynvml.nvmlEventSetFree(registration.event_set)
             raise
@@ -169,7 +163,7 @@ class XidListener(ThreadedSource):
         log.info("listening for XID events on GPU(s) %s", list(self._registered))
         return registration
 
-    def _register_gpu(self, registration: _Registration, index: int, wanted: int) -> None:
+    def _register_gpu(self, registration: _Registration, index: int) -> None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
@@ -177,11 +171,10 @@ class XidListener(ThreadedSource):
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
             except UNSUPPORTED:
                 supported = XID_EVENT  # cannot ask: try XIDs and let registration decide
-            mask = wanted & supported
-            if not mask & XID_EVENT:
+            if not supported & XID_EVENT:
                 log.info("GPU %d does not deliver XID events; not listening to it", index)
                 return
-            pynvml.nvmlDeviceRegisterEvents(handle, mask, registration.event_set)
+            pynvml.nvmlDeviceRegisterEvents(handle, XID_EVENT, registration.event_set)
         except UNSUPPORTED as exc:
             log.info("GPU %d cannot register XID events (%s); skipped", index, error_name(exc))
             return
@@ -201,25 +194,22 @@ class XidListener(ThreadedSource):
             self._recovered()
             return
         self._recovered()
+        if not int(data.eventType) & XID_EVENT:
+            return
         gpu, uuid = self._identify(registration, data.device)
-        event_type = int(data.eventType)
-        if event_type & XID_EVENT:
-            self._events_total += 1
-            self._deliver(
-                self._on_event,
-                XidEvent(
-                    gpu=gpu,
-                    uuid=uuid,
-                    xid=int(data.eventData),
-                    timestamp=self._clock(),
-                    source="nvml",
-                    gpu_instance_id=instance_id(data.gpuInstanceId),
-                    compute_instance_id=instance_id(data.computeInstanceId),
-                ),
-            )
-        for bit, kind in ECC_EVENTS.items():
-            if event_type & bit and self._on_ecc is not None and gpu is not None:
-                self._deliver(self._on_ecc, gpu, kind)
+        self._events_total += 1
+        self._deliver(
+            self._on_event,
+            XidEvent(
+                gpu=gpu,
+                uuid=uuid,
+                xid=int(data.eventData),
+                timestamp=self._clock(),
+                source="nvml",
+                gpu_instance_id=instance_id(data.gpuInstanceId),
+                compute_instance_id=instance_id(data.computeInstanceId),
+            ),
+        )
 
     def _recovered(self) -> None:
         """A wait answered: we listen again, so the last error is history."""

@@ -83,7 +83,7 @@ class Window:
         out[index[keep]] = series.v[keep]
         return out
 
-    def first_time(self, expr: str) -> dict[tuple[str, ...], float]:
+    def first_time(self, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
         """When each series of ``expr`` first had a sample, keyed by its sorted labels."""
         return {
             tuple(sorted(s.labels.items())): float(s.t[0]) for s in self.fetch(expr) if len(s.t)
@@ -103,6 +103,7 @@ def load_events(path: Path) -> list[Event]:
         value = e.args.get("value")
         pid = e.args.get("pid", value)
         pod = str(e.args.get("pod", value))
+        gpus: tuple[str, ...]
         if e.action in {"kill", "exit", "orphan", "set_process", "fork_orphan"}:
             gpus = (gpu_of_pid.get(int(pid), "?"),) if pid is not None else ()
         elif e.action in {"delete_pod", "set_pod_phase", "terminate_pod"}:

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -151,19 +151,18 @@ def start_exporter(scenario: Path, port: int, log_path: Path) -> Child:
     )
 
 
-def prometheus_config(exporter_port: int | None, rule_files: Sequence[Path]) -> dict[str, Any]:
-    """Scrape and evaluate every second.
+def prometheus_config(exporters: Mapping[str, int], rule_files: Sequence[Path]) -> dict[str, Any]:
+    """Scrape and evaluate every second; one target per exporter, labelled with its node.
 
-    ``None``: the job stays but has no target (a ServiceMonitor that selects nothing).
+    No exporters: the job stays but has no target (a ServiceMonitor that selects nothing).
     Prometheus then writes staleness markers for the target's series, so `up` is gone at
     once; removing the whole job instead would leave its last `up` sample visible for the
     5-minute lookback (a stopped scrape pool writes no staleness markers).
     """
-    targets = (
-        [{"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"node": NODE}}]
-        if exporter_port is not None
-        else []
-    )
+    targets = [
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}}
+        for node, port in exporters.items()
+    ]
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
@@ -179,9 +178,9 @@ def prometheus_config(exporter_port: int | None, rule_files: Sequence[Path]) -> 
 
 
 def write_prometheus_config(
-    path: Path, exporter_port: int | None, rule_files: Sequence[Path]
+    path: Path, exporters: Mapping[str, int], rule_files: Sequence[Path]
 ) -> None:
-    path.write_text(yaml.safe_dump(prometheus_config(exporter_port, rule_files)), "utf-8")
+    path.write_text(yaml.safe_dump(prometheus_config(exporters, rule_files)), "utf-8")
 
 
 def start_prometheus(binary: str, config: Path, data: Path, port: int, log_path: Path) -> Child:
@@ -226,10 +225,8 @@ class PromApi:
         return self._get("/api/v1/query_range", query=expr, start=start, end=end, step=step)
 
     def label_values(self, label: str, match: str, start: float, end: float) -> dict[str, Any]:
-        return self._get(
-            f"/api/v1/label/{urllib.parse.quote(label)}/values",
-            **{"match[]": match, "start": start, "end": end},
-        )
+        params: dict[str, str | float] = {"match[]": match, "start": start, "end": end}
+        return self._get(f"/api/v1/label/{urllib.parse.quote(label)}/values", **params)
 
     def series(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """The result of an instant query; fails on a query error."""

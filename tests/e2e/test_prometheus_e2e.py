@@ -21,6 +21,7 @@ and `GPU_E2E_BREAK=query` breaks one dashboard query; either must make a test be
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e import render_plots
 from tests.e2e.shrink_rules import (
@@ -69,6 +71,11 @@ from tests.test_dashboards import dashboard_files, load, panels
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SCENARIO = HERE / "node-e2e.yaml"
+# The GKE and DRA nodes: one workload in two allocators' words, scraped by a second
+# Prometheus (so the main node's plots and dashboard queries see only the main node).
+FORMS_SCENARIO = HERE / "node-e2e-allocators.yaml"
+GKE_NODE, DRA_NODE = "sim-gke-e2e", "sim-dra-e2e"
+FORMS_LEAK = {"namespace": "debug", "pod": "leaky-notebook", "gpu": "3"}  # from t=20
 ALERT_RULES = ALERTS / "gpu-occupancy-exporter.rules.yaml"
 RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
 DOCS_IMG = ROOT / "docs" / "img"
@@ -81,6 +88,7 @@ BREAK = os.environ.get("GPU_E2E_BREAK", "")
 START_TIMEOUT_S = 30
 ALERTS_TIMEOUT_S = 150
 DOWN_TIMEOUT_S = 40
+FORMS_TIMEOUT_S = 30
 ABSENT_TIMEOUT_S = 50
 POLL_S = 1.0
 
@@ -122,6 +130,10 @@ EXPECTED: dict[str, Expect] = {
         ({"pod": "idle-reservation", "gpu": "7"}, {"pod": "tiny-kernels", "gpu": "4"}),
     ),
     "GPUIsolationLeak": Expect(({"namespace": "debug", "pod": "leaky-shell", "gpu": "5"},)),
+}
+# On the GKE and DRA nodes, only the real leak fires: no allocation is mistaken for one.
+FORMS_EXPECTED: dict[str, Expect] = {
+    "GPUIsolationLeak": Expect(({**FORMS_LEAK, "node": GKE_NODE}, {**FORMS_LEAK, "node": DRA_NODE}))
 }
 # Fire only once the exporter is stopped (step 4).
 STOP_PHASE = ("GPUExporterDown", "GPUExporterAbsent")
@@ -166,6 +178,12 @@ class Run:
     fired_over_run: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     stop_phase_state: str = ""
     runtime_s: float = 0.0
+    # the second Prometheus, scraping the GKE and DRA nodes
+    forms_fired: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    forms_state: str = ""
+    forms_unresolved: list[dict[str, Any]] = field(default_factory=list)
+    forms_allocated: dict[str, int] = field(default_factory=dict)
+    forms_without_gpu: list[dict[str, Any]] = field(default_factory=list)
 
     def scrape_lines(self, metrics: set[str]) -> str:
         """The lines of the last scrape for ``metrics`` (recorded names: their sources)."""
@@ -226,10 +244,12 @@ def _matches(labels: dict[str, str], wanted: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in wanted.items())
 
 
-def missing_instances(fired: dict[str, list[dict[str, str]]]) -> dict[str, list[dict[str, str]]]:
+def missing_instances(
+    fired: dict[str, list[dict[str, str]]], expected: dict[str, Expect] = EXPECTED
+) -> dict[str, list[dict[str, str]]]:
     """Expected firing instances not seen yet."""
     missing = {}
-    for name, expect in EXPECTED.items():
+    for name, expect in expected.items():
         absent = [w for w in expect.must if not any(_matches(f, w) for f in fired.get(name, []))]
         if absent:
             missing[name] = absent
@@ -323,7 +343,7 @@ def run_dashboard_queries(api: PromApi, start: float, end: float) -> list[QueryR
         if checked != expr and data.get("status") == "success":
             data = _fetch(api, checked, mode, label, start, end)
         ok = data.get("status") == "success"
-        result = data.get("data", []) if ok else []
+        result: Any = data.get("data", []) if ok else []
         if mode != "variable" and ok:
             result = result["result"]
         results.append(
@@ -340,6 +360,39 @@ def run_dashboard_queries(api: PromApi, start: float, end: float) -> list[QueryR
     return results
 
 
+def dra_variant(tmp: Path) -> Path:
+    """The allocation-forms node as a DRA node: claims + a ResourceSlice instead of
+    GKE's device names, under its own node name."""
+    scenario = load_yaml(FORMS_SCENARIO)
+    scenario.update(allocator="dra", node_name=DRA_NODE)
+    path = tmp / "node-e2e-dra.yaml"
+    path.write_text(yaml.safe_dump(scenario, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def read_allocation_forms_run(api: PromApi, run: Run, prometheus: Child) -> None:
+    """The GKE and DRA nodes ran alongside the main node; their leak fired long ago
+    (t=20 + the rule's `for`). Wait briefly for it if not, then record what fired."""
+
+    def leak_fired() -> bool:
+        prometheus.check_alive()
+        return not missing_instances(fired_since(api, run.prom_start), FORMS_EXPECTED)
+
+    try:
+        wait_until(leak_fired, timeout_s=FORMS_TIMEOUT_S, what="the GKE and DRA leaks")
+    except AssertionError as exc:
+        print(f"[e2e] {exc}", flush=True)
+    run.forms_fired = fired_since(api, run.prom_start)
+    run.forms_state = describe(api)
+    run.forms_unresolved = api.series("gpu_exporter_unresolved_allocations > 0")
+    run.forms_without_gpu = api.series('gpu_container_allocated{uuid=""}')
+    run.forms_allocated = {
+        item["metric"]["node"]: int(float(item["value"][1]))
+        for item in api.series("count by (node) (gpu_container_allocated)")
+    }
+    print(f"[e2e] GKE and DRA nodes: fired {sorted(run.forms_fired)}", flush=True)
+
+
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     binary = shutil.which("prometheus")
@@ -354,18 +407,37 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     exporter_port, prom_port = free_port(), free_port()
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
     config = tmp / "prometheus.yml"
-    write_prometheus_config(config, exporter_port, rules)
+    write_prometheus_config(config, {NODE: exporter_port}, rules)
+    forms_ports = {GKE_NODE: free_port(), DRA_NODE: free_port()}
+    forms_config = tmp / "prometheus-forms.yml"
+    write_prometheus_config(forms_config, forms_ports, rules)
+    forms_scenarios = {GKE_NODE: FORMS_SCENARIO, DRA_NODE: dra_variant(tmp)}
     children: list[Child] = []
     try:
         exporter_t0 = time.time()
         exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log")
         children.append(exporter)
+        forms_exporters = {
+            node: start_exporter(forms_scenarios[node], port, tmp / f"exporter-{node}.log")
+            for node, port in forms_ports.items()
+        }
+        children.extend(forms_exporters.values())
 
-        def exporter_ready() -> bool:
-            exporter.check_alive()
-            return http_get(f"http://127.0.0.1:{exporter_port}/readyz", timeout=2)[0] == 200
+        def ready(child: Child, port: int) -> bool:
+            child.check_alive()
+            return http_get(f"http://127.0.0.1:{port}/readyz", timeout=2)[0] == 200
 
-        wait_until(exporter_ready, timeout_s=START_TIMEOUT_S, what="the exporter's /readyz")
+        wait_until(
+            functools.partial(ready, exporter, exporter_port),
+            timeout_s=START_TIMEOUT_S,
+            what="the exporter's /readyz",
+        )
+        for node, child in forms_exporters.items():
+            wait_until(
+                functools.partial(ready, child, forms_ports[node]),
+                timeout_s=START_TIMEOUT_S,
+                what=f"the {node} exporter's /readyz",
+            )
         # the scenario's t=0; the exporter process started a little earlier
         sim_t0 = simulation_start(exporter.log_path.read_text(encoding="utf-8")) or exporter_t0
         prometheus = start_prometheus(binary, config, tmp / "tsdb", prom_port, tmp / "prom.log")
@@ -377,6 +449,12 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             return api.ready()
 
         wait_until(prometheus_ready, timeout_s=START_TIMEOUT_S, what="Prometheus' /-/ready")
+        forms_prom_port = free_port()
+        forms_prometheus = start_prometheus(
+            binary, forms_config, tmp / "tsdb-forms", forms_prom_port, tmp / "prom-forms.log"
+        )
+        children.append(forms_prometheus)
+        forms_api = PromApi(forms_prom_port)
         run = Run(api=api, sim_t0=sim_t0, prom_start=time.time())
         wait_until(
             lambda: api.series(f'up{{job="{JOB}"}} == 1'),
@@ -391,6 +469,9 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         wait_for_expected_alerts(api, run, prometheus, exporter)
         run.main_end = time.time()
+        read_allocation_forms_run(forms_api, run, forms_prometheus)
+        for child in (forms_prometheus, *forms_exporters.values()):
+            child.stop()  # not needed any more: their CPU goes to the rest of the run
         run.fired = fired_since(api, run.prom_start)
         run.state = describe(api)
         run.scrape = http_get(f"http://127.0.0.1:{exporter_port}/metrics")[1].decode()
@@ -420,10 +501,10 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         for name, timeout_s in zip(STOP_PHASE, (DOWN_TIMEOUT_S, ABSENT_TIMEOUT_S), strict=True):
             if name == "GPUExporterAbsent":  # the target goes away entirely
-                write_prometheus_config(config, None, rules)
+                write_prometheus_config(config, {}, rules)
                 api.reload()
             try:
-                wait_until(lambda n=name: stop_fired(n), timeout_s=timeout_s, what=name)
+                wait_until(functools.partial(stop_fired, name), timeout_s=timeout_s, what=name)
                 print(f"[e2e] {name} firing after {time.monotonic() - began:.1f} s")
             except AssertionError as exc:
                 print(f"[e2e] {exc}")
@@ -599,3 +680,28 @@ def test_plots_are_png_images(e2e: Run) -> None:
 
 def test_the_run_stays_within_its_budget(e2e: Run) -> None:
     assert e2e.runtime_s < 240, f"the e2e run took {e2e.runtime_s:.0f} s"
+
+
+# --- the GKE and DRA nodes ---------------------------------------------------------------
+
+
+def test_gke_and_dra_nodes_resolve_every_allocation(e2e: Run) -> None:
+    # 8 devices each: an exclusive GPU, 3 time-shared replicas, 3 MIG devices, 1 GPU
+    assert e2e.forms_allocated == {GKE_NODE: 8, DRA_NODE: 8}, e2e.forms_state
+    assert not e2e.forms_without_gpu, e2e.forms_without_gpu
+    assert not e2e.forms_unresolved, e2e.forms_unresolved
+
+
+def test_isolation_leak_fires_on_gke_and_dra_nodes_for_the_real_leak_only(e2e: Run) -> None:
+    missing = missing_instances(e2e.forms_fired, FORMS_EXPECTED)
+    assert not missing, f"did not fire: {json.dumps(missing)}\n{e2e.forms_state}"
+    for name, expect in FORMS_EXPECTED.items():
+        extra = [
+            f for f in e2e.forms_fired.get(name, []) if not any(_matches(f, w) for w in expect.must)
+        ]
+        assert not extra, f"{name} fired for {[_label_subset(f) for f in extra]}\n{e2e.forms_state}"
+
+
+def test_nothing_else_fires_on_gke_and_dra_nodes(e2e: Run) -> None:
+    noisy = {n: f for n, f in e2e.forms_fired.items() if n not in FORMS_EXPECTED}
+    assert not noisy, f"fired but should not have: {json.dumps(noisy)}\n{e2e.forms_state}"

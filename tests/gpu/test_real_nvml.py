@@ -98,7 +98,7 @@ def test_a_process_holding_memory_is_listed_with_its_memory(
         snapshot = source.sample()
     finally:
         source.close()
-    listed = {p.pid: p.used_memory_bytes for g in snapshot.gpus for p in g.processes}
+    listed = {p.pid: p.memory_used_bytes for g in snapshot.gpus for p in g.processes}
     assert process.pid in listed
     assert (listed[process.pid] or 0) >= 2048 * 2**20
 

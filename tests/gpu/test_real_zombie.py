@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.agent import Agent
+from exporter.agent import build_agent
 from exporter.config import parse_config
 from exporter.exposition.server import MetricsCache
 from tests.gpu.conftest import requires_gpu, requires_torch
@@ -49,8 +49,9 @@ async def test_forked_child_keeps_a_killed_parents_memory_and_is_named(
         ],
         env={},
     )
-    agent = Agent(config, MetricsCache())
+    agent = build_agent(config, MetricsCache())
     try:
+        await agent.start()
         await agent.cycle()
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
@@ -67,9 +68,9 @@ async def test_forked_child_keeps_a_killed_parents_memory_and_is_named(
                 found = (unattributed, holders)
         assert found is not None, "no unattributed memory with the child as holder in 30 s"
         unattributed, holders = found
-        assert sum(o.memory_bytes for o in unattributed) >= 2048 * 2**20 * 0.9
+        assert sum(o.memory_used_bytes for o in unattributed) >= 2048 * 2**20 * 0.9
         assert holders[0].role == "holder"
         print(f"orphaned: {unattributed}\nholders: {holders}")  # for docs/validation.md
     finally:
         os.kill(child, signal.SIGKILL)
-        await agent.stop_background()
+        await agent.close()

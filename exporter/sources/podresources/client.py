@@ -17,8 +17,13 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from exporter.model import AllocatableDevices, ContainerDevices, PodResourcesSnapshot
-from exporter.sources.podresources import api_pb2, api_pb2_grpc
+from exporter.kubelet_api import api_pb2, api_pb2_grpc
+from exporter.model import (
+    AllocatableDevices,
+    ClaimDevice,
+    ContainerDevices,
+    PodResourcesSnapshot,
+)
 
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCE_NAMES: tuple[str, ...] = (
@@ -26,6 +31,9 @@ DEFAULT_RESOURCE_NAMES: tuple[str, ...] = (
     "nvidia.com/gpu.shared",
     "nvidia.com/mig-*",
 )
+# DRA drivers whose claim devices are GPUs: NVIDIA's (k8s-dra-driver-gpu). Its MIG
+# devices come from the same driver, so one name covers both.
+DEFAULT_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 # A node with thousands of pods overflows gRPC's 4 MiB default receive limit; 16 MiB is
 # what Kubernetes' own podresources client helper allows.
 MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -91,7 +99,9 @@ class PodResourcesClient:
     The kubelet reports one ``ContainerDevices`` per device per NUMA node, in Go map
     order; ``fetch()`` merges them into one entry per (namespace, pod, container,
     resource name) with de-duplicated, sorted device ids, so consecutive snapshots of
-    an unchanged node compare equal.
+    an unchanged node compare equal. DRA claim devices (``dynamic_resources``) of the
+    ``dra_drivers`` are flattened to one ``ClaimDevice`` per container, claim and device,
+    de-duplicated and sorted for the same reason.
     """
 
     def __init__(
@@ -99,6 +109,7 @@ class PodResourcesClient:
         socket_path: str | Path,
         *,
         resource_names: Sequence[str] = DEFAULT_RESOURCE_NAMES,
+        dra_drivers: Sequence[str] = DEFAULT_DRA_DRIVERS,
         timeout_s: float = 1.0,
     ) -> None:
         if timeout_s <= 0:
@@ -106,6 +117,9 @@ class PodResourcesClient:
         if isinstance(resource_names, str):
             # A bare string would be matched character by character.
             raise TypeError("resource_names must be a sequence of names, not a str")
+        if isinstance(dra_drivers, str):
+            raise TypeError("dra_drivers must be a sequence of driver names, not a str")
+        self._dra_drivers = frozenset(dra_drivers)
         self._socket_path = Path(socket_path).absolute()
         self._target = f"unix://{self._socket_path}"
         self._resource_names = tuple(resource_names)
@@ -155,6 +169,7 @@ class PodResourcesClient:
                 error=_one_line(f"PodResources List: {type(err).__name__}: {err}"),
             )
         containers = self._containers(listed)
+        claims = self._claims(listed)
 
         allocatable: tuple[AllocatableDevices, ...] = ()
         allocatable_ok = False
@@ -181,6 +196,7 @@ class PodResourcesClient:
             containers=containers,
             allocatable=allocatable,
             allocatable_ok=allocatable_ok,
+            claims=claims,
         )
 
     async def close(self) -> None:
@@ -243,6 +259,33 @@ class PodResourcesClient:
             for (namespace, pod_name, container_name, resource_name), ids in sorted(merged.items())
         )
 
+    def _claims(self, response: api_pb2.ListPodResourcesResponse) -> tuple[ClaimDevice, ...]:
+        """Claim devices of the wanted DRA drivers; other drivers' devices (NICs,
+        other vendors' GPUs) are not ours to attribute."""
+        found: set[ClaimDevice] = set()
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for dynamic in container.dynamic_resources:
+                    for resource in dynamic.claim_resources:
+                        if resource.driver_name not in self._dra_drivers:
+                            continue
+                        found.add(
+                            ClaimDevice(
+                                namespace=pod.namespace,
+                                pod=pod.name,
+                                container=container.name,
+                                claim_namespace=dynamic.claim_namespace,
+                                claim_name=dynamic.claim_name,
+                                driver=resource.driver_name,
+                                pool=resource.pool_name,
+                                device=resource.device_name,
+                                cdi_devices=tuple(sorted({c.name for c in resource.cdi_devices})),
+                                # an empty share_id is what a pre-1.35 kubelet sends: unshared
+                                share_id=resource.share_id or None,
+                            )
+                        )
+        return tuple(sorted(found, key=_claim_order))
+
     def _allocatable(
         self, response: api_pb2.AllocatableResourcesResponse
     ) -> tuple[AllocatableDevices, ...]:
@@ -254,3 +297,18 @@ class PodResourcesClient:
             AllocatableDevices(resource_name=name, device_ids=tuple(sorted(ids)))
             for name, ids in sorted(merged.items())
         )
+
+
+def _claim_order(claim: ClaimDevice) -> tuple[str, ...]:
+    return (
+        claim.namespace,
+        claim.pod,
+        claim.container,
+        claim.claim_namespace,
+        claim.claim_name,
+        claim.driver,
+        claim.pool,
+        claim.device,
+        claim.share_id or "",
+        *claim.cdi_devices,
+    )

@@ -1,4 +1,4 @@
-"""Frozen dataclasses that flow from the sources through analysis to exposition.
+"""What sources return: frozen values read from NVML, /proc, the kubelet and the API.
 
 Every field a driver may not support is ``None`` when unsupported: exposition emits
 no series for ``None`` (never a zero), so "not supported" and "zero" stay distinct.
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# ---------------------------------------------------------------------------
-# NVML
-# ---------------------------------------------------------------------------
+from exporter.model.vocabulary import HolderRole, ProcessKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +16,8 @@ class GpuProcess:
     """One process NVML lists on a device (or MIG instance)."""
 
     pid: int
-    used_memory_bytes: int | None  # None: driver cannot say (e.g. WDDM)
-    kind: str  # "compute" | "graphics" | "mps"
+    memory_used_bytes: int | None  # None: driver cannot say (e.g. WDDM)
+    kind: ProcessKind
     gpu_instance_id: int | None = None  # set on MIG devices
     compute_instance_id: int | None = None
 
@@ -117,6 +115,12 @@ class GpuSample:
     mig_instances: tuple[MigInstance, ...] = ()
     occupancy: Occupancy | None = None
 
+    def all_processes(self) -> tuple[GpuProcess, ...]:
+        """Processes on the whole GPU and on every MIG instance of it."""
+        if not self.mig_instances:
+            return self.processes
+        return self.processes + tuple(p for m in self.mig_instances for p in m.processes)
+
 
 @dataclass(frozen=True, slots=True)
 class NvmlSnapshot:
@@ -130,11 +134,6 @@ class NvmlSnapshot:
     cuda_driver_version: str | None = None
     gpus: tuple[GpuSample, ...] = ()
     errors: tuple[tuple[str, str], ...] = ()  # (query, error class) that failed this cycle
-
-
-# ---------------------------------------------------------------------------
-# Host processes (procfs)
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +150,6 @@ class ProcessIdentity:
     container_id: str | None = None  # bare 64-hex id, no runtime prefix
     comm: str | None = None
     state: str | None = None  # single letter from /proc/<pid>/stat, e.g. "R", "D", "Z"
-
-
-# ---------------------------------------------------------------------------
-# kubelet PodResources
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +170,28 @@ class AllocatableDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One device a DRA ResourceClaim gave one container (PodResources
+    ``ContainerResources.dynamic_resources[].claim_resources[]``).
+
+    ``driver``/``pool``/``device`` name the device uniquely; the driver's ResourceSlices
+    say which GPU it is. ``share_id`` is set when the claim shares the device
+    (consumable capacity); one claim referenced by several containers is shared too.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim_name: str
+    driver: str  # e.g. "gpu.nvidia.com"
+    pool: str
+    device: str  # the device's name inside the pool, e.g. "gpu-0"
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodResourcesSnapshot:
     ok: bool
     timestamp: float
@@ -183,11 +199,41 @@ class PodResourcesSnapshot:
     containers: tuple[ContainerDevices, ...] = ()
     allocatable: tuple[AllocatableDevices, ...] = ()
     allocatable_ok: bool = False  # GetAllocatableResources answered
+    claims: tuple[ClaimDevice, ...] = ()  # DRA devices (dynamic_resources)
 
 
-# ---------------------------------------------------------------------------
-# Kubernetes pod metadata
-# ---------------------------------------------------------------------------
+SliceAttribute = str | int | bool  # DeviceAttribute's string/int/bool/version (as str)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One device a DRA driver publishes in a ResourceSlice of this node.
+
+    ``attributes`` are sorted (name, value) pairs with the name unqualified: the
+    ``<driver>/`` domain prefix the API allows is stripped, so NVIDIA's ``uuid``,
+    ``index``, ``minor``, ``productName`` ... read the same either way.
+    """
+
+    driver: str
+    pool: str
+    name: str
+    attributes: tuple[tuple[str, SliceAttribute], ...] = ()
+
+    def attribute(self, name: str) -> SliceAttribute | None:
+        for key, value in self.attributes:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSliceSnapshot:
+    """This node's ResourceSlice devices; ``ok`` False: the API could not be read."""
+
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    devices: tuple[SliceDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +254,6 @@ class PodMetaSnapshot:
     pods: tuple[PodMeta, ...] = ()
 
 
-# ---------------------------------------------------------------------------
-# Whole-node snapshot handed to analysis
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """Health of one source for ``gpu_exporter_source_up``."""
@@ -231,191 +272,11 @@ class NodeSnapshot:
     pod_resources: PodResourcesSnapshot | None = None
     pod_meta: PodMetaSnapshot | None = None
     dcgm: DcgmSnapshot | None = None
+    resource_slices: ResourceSliceSnapshot | None = None  # None: DRA not watched
+    xid_events: tuple[XidEvent, ...] = ()  # raised since the last cycle (NVML event set)
+    kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
+    holder_scan: HolderScan | None = None  # the last walk for last cycle's HolderScanRequest
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
-
-
-# ---------------------------------------------------------------------------
-# Attribution results
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AttributedProcess:
-    """One NVML-listed process with its owner, ready for per-pod and orphan series.
-
-    ``owner`` is "pod" | "host" | "unknown" | "dead". ``reason`` says why an owner is
-    "unknown"; ``allocated`` is None when PodResources cannot tell (or owner is not a pod).
-    """
-
-    gpu: int
-    uuid: str  # physical GPU UUID
-    mig_uuid: str | None
-    gpu_instance_id: int | None
-    compute_instance_id: int | None
-    pid: int
-    used_memory_bytes: int | None
-    sm_ratio: float | None  # latest per-process sample / 100; None: no sample for the pid
-    kind: str  # "compute" | "graphics" | "mps"
-    owner: str
-    namespace: str | None = None
-    pod: str | None = None
-    container: str | None = None
-    reason: str | None = None
-    allocated: bool | None = None
-    pod_uid: str | None = None  # from procfs; lets orphan analysis spot deleted pods
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerGpuUsage:
-    """What one container uses on one device; time-sliced sharers each get their own row."""
-
-    namespace: str
-    pod: str
-    container: str
-    gpu: int
-    uuid: str
-    mig_uuid: str | None
-    memory_used_bytes: int  # unknown per-process memory counts 0
-    sm_ratio: float | None  # sum over its processes, capped at 1.0; None: no samples
-    processes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """One device id the kubelet allocated to a container, resolved against NVML.
-
-    ``gpu`` is None when NVML does not know the device; ``uuid`` is then the device id
-    with any replica suffix stripped.
-    """
-
-    namespace: str
-    pod: str
-    container: str
-    gpu: int | None
-    uuid: str
-    device_id: str  # as the kubelet gives it: GPU UUID, MIG UUID or replica "GPU-...::N"
-    mig_uuid: str | None
-    resource_name: str
-    shared: bool  # replica id or a ".shared" resource
-
-
-@dataclass(frozen=True, slots=True)
-class UnallocatedUse:
-    """A container using a device it was not allocated: an isolation leak."""
-
-    namespace: str
-    pod: str
-    container: str
-    gpu: int
-    uuid: str
-    mig_uuid: str | None
-    memory_used_bytes: int
-    processes: int
-
-
-@dataclass(frozen=True, slots=True)
-class UnattributedUse:
-    """Processes on one device that no pod container owns, per owner kind and reason."""
-
-    gpu: int
-    uuid: str
-    mig_uuid: str | None
-    owner: str  # "host" | "unknown" | "dead"
-    reason: str | None
-    memory_used_bytes: int
-    processes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """The attribution of one NodeSnapshot; every tuple is sorted for stable exposition."""
-
-    processes: tuple[AttributedProcess, ...] = ()
-    containers: tuple[ContainerGpuUsage, ...] = ()
-    allocations: tuple[Allocation, ...] = ()
-    unallocated_use: tuple[UnallocatedUse, ...] = ()
-    unattributed: tuple[UnattributedUse, ...] = ()
-
-
-# ---------------------------------------------------------------------------
-# Health, capacity and idle allocations
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HealthReason:
-    reason: str  # e.g. "fatal_xid", "uncorrectable_ecc", "thermal_slowdown"
-    severity: str  # "unhealthy" | "degraded"
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    """The verdict for one GPU: unhealthy if any reason has severity "unhealthy"."""
-
-    gpu: int
-    uuid: str
-    reasons: tuple[HealthReason, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        return not any(r.severity == "unhealthy" for r in self.reasons)
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceCapacity:
-    """Schedulable devices of one extended resource (the seed's capacity equation)."""
-
-    resource: str
-    advertised: int
-    healthy: int
-    unhealthy: int
-    allocated: int
-    allocatable: int  # healthy advertised devices not allocated
-
-
-@dataclass(frozen=True, slots=True)
-class IdleAllocation:
-    """Time a container held a device while the device (or its share) stayed idle."""
-
-    namespace: str
-    pod: str
-    container: str
-    gpu: int | None
-    uuid: str
-    mig_uuid: str | None
-    device_id: str
-    idle_now: bool
-    idle_seconds_total: float
-
-
-# ---------------------------------------------------------------------------
-# What exposition renders
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Analysis:
-    """One cycle's snapshot together with everything analysis derived from it."""
-
-    node: NodeSnapshot
-    attribution: Attribution
-    health: tuple[GpuHealth, ...] = ()
-    capacity: tuple[DeviceCapacity, ...] = ()
-    idle: tuple[IdleAllocation, ...] = ()
-    # ((gpu, uuid, xid, severity, gpu instance, compute instance), count): cumulative
-    # XID counts for gpu_xid_errors_total (instance ids only on MIG XIDs)
-    xid_counts: tuple[
-        tuple[tuple[int | None, str | None, int, str, int | None, int | None], int], ...
-    ] = ()
-    orphans: tuple[OrphanedMemory, ...] = ()
-    orphan_holders: tuple[OrphanHolder, ...] = ()
-    driver_held: tuple[tuple[int, str, bool], ...] = ()  # (gpu, uuid, only drivers hold it)
-
-
-# ---------------------------------------------------------------------------
-# XID events
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,11 +297,6 @@ class XidEvent:
     compute_instance_id: int | None = None
     pci_bus_id: str | None = None
     message: str | None = None  # kmsg: the text after the code (pid=..., name=..., detail)
-
-
-# ---------------------------------------------------------------------------
-# DCGM (optional source)
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,29 +333,6 @@ class DcgmSnapshot:
     health: str | None = None
 
 
-# ---------------------------------------------------------------------------
-# Orphaned GPU memory (analysis/orphans.py, sources/holders.py)
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OrphanedMemory:
-    """GPU memory no running pod can free, per physical GPU and kind.
-
-    ``kind`` is "dead_process" | "deleted_pod" | "stuck_process" | "unattributed".
-    ``processes`` counts the NVML-listed processes behind it; it is 0 for
-    "unattributed", which by definition no listed process accounts for. ``first_seen``
-    (epoch seconds) stays put while the condition holds, so alerts can say "for 10m".
-    """
-
-    gpu: int
-    uuid: str
-    kind: str
-    memory_bytes: int
-    processes: int
-    first_seen: float
-
-
 @dataclass(frozen=True, slots=True)
 class DeviceHolder:
     """One pid with ``/dev/nvidia<minor>`` open that NVML does not list.
@@ -511,7 +344,7 @@ class DeviceHolder:
     pid: int
     minors: tuple[int, ...]
     comm: str | None
-    role: str
+    role: HolderRole
     pod_uid: str | None = None
     container_id: str | None = None
     state: str | None = None
@@ -528,6 +361,7 @@ class HolderScan:
 
     minors: tuple[int, ...]
     holders: tuple[DeviceHolder, ...] = ()
+    gpus: tuple[tuple[int, str, int], ...] = ()  # (gpu, uuid, minor) it was asked to cover
     scanned_pids: int = 0
     unreadable_pids: int = 0  # fd table unreadable (permission): a holder may be missed
     truncated: bool = False  # the time or pid bound was hit
@@ -538,36 +372,3 @@ class HolderScan:
     @property
     def complete(self) -> bool:
         return not self.truncated and self.unreadable_pids == 0 and self.error is None
-
-
-@dataclass(frozen=True, slots=True)
-class OrphanHolder:
-    """A holder named for exposition: one row per (pid, GPU) it holds."""
-
-    gpu: int | None  # None: a minor NVML does not know
-    uuid: str | None
-    pid: int
-    namespace: str | None
-    pod: str | None
-    container: str | None
-    comm: str | None
-    role: str  # "holder" | "management"
-
-
-@dataclass(frozen=True, slots=True)
-class OrphanState:
-    """What orphan analysis carries from one cycle to the next (the agent keeps it).
-
-    Everything is keyed by what it is about and pruned every cycle to what is still
-    current, so the state stays as small as the set of GPU processes.
-    """
-
-    first_seen: tuple[tuple[str, str, float], ...] = ()  # (GPU uuid, kind, since)
-    unattributed: tuple[tuple[str, int, float], ...] = ()  # (GPU uuid, cycles above, since)
-    stuck: tuple[tuple[int, int, float], ...] = ()  # (pid, cycles in D or Z, since)
-    pod_missing_since: tuple[tuple[str, float], ...] = ()  # (pod uid, first seen gone)
-    pod_names: tuple[tuple[str, str, str], ...] = ()  # (pod uid, namespace, name) learned
-    holder_scan: HolderScan | None = None  # the walk shown (last finished, or a first one)
-    holder_scan_at: float | None = None
-    holder_scan_gpus: tuple[tuple[int, str, int], ...] = ()  # (gpu, uuid, minor) it covered
-    holder_scan_pending: HolderScan | None = None  # a rescan cut short, still going on

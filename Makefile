@@ -1,0 +1,23 @@
+# Developer shortcuts; CI (.ci/run) runs the same tools. Everything uses the project venv:
+#   python3 -m venv .venv && .venv/bin/pip install -e ".[test]"
+BIN ?= .venv/bin
+
+.PHONY: lint test-fast test e2e bench
+
+lint:  ## ruff, formatting, strict types for exporter/, relaxed types for tests/
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy exporter
+	$(BIN)/mypy tests
+
+test-fast:  ## everything but the e2e and slow tiers (about a minute)
+	$(BIN)/pytest -m "not e2e and not slow"
+
+test:  ## every test, as CI runs them
+	$(BIN)/pytest
+
+e2e:  ## the end-to-end tier: a real Prometheus against the simulated node (minutes)
+	$(BIN)/pytest -m e2e
+
+bench:  ## the performance harness (benchmarks/README.md)
+	$(BIN)/python benchmarks/run.py

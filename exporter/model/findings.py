@@ -1,0 +1,241 @@
+"""What analysis returns: attribution, orphans, health, capacity and idle findings, and
+the ``Analysis`` exposition renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.model.readings import NodeSnapshot
+from exporter.model.vocabulary import HolderRole, OrphanKind, Owner, ProcessKind
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ContainerRef:
+    """One container of one pod: what every per-container series is labelled with."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """A physical GPU and, on MIG, the instance: what every per-device series names.
+
+    ``gpu`` (the NVML index) is None when NVML does not list the GPU; ``uuid`` is None
+    when an allocation's device could not be resolved to any GPU.
+    """
+
+    gpu: int | None
+    uuid: str | None
+    mig_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttributedProcess:
+    """One NVML-listed process with its owner, ready for per-pod and orphan series.
+
+    ``owner`` is "pod" | "host" | "unknown" | "dead". ``reason`` says why an owner is
+    "unknown"; ``allocated`` is None when PodResources cannot tell (or owner is not a pod).
+    """
+
+    gpu: int
+    uuid: str  # physical GPU UUID
+    mig_uuid: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    pid: int
+    memory_used_bytes: int | None
+    sm_ratio: float | None  # latest per-process sample / 100; None: no sample for the pid
+    kind: ProcessKind
+    owner: Owner
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    reason: str | None = None
+    allocated: bool | None = None
+    pod_uid: str | None = None  # from procfs; lets orphan analysis spot deleted pods
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGpuUsage:
+    """What one container uses on one device; time-sliced sharers each get their own row."""
+
+    container: ContainerRef
+    device: DeviceRef
+    memory_used_bytes: int  # unknown per-process memory counts 0
+    sm_ratio: float | None  # sum over its processes, capped at 1.0; None: no samples
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One device the kubelet allocated to a container, resolved to its physical GPU.
+
+    ``device_id`` is the device as the allocating component names it: a GPU or MIG UUID
+    or replica ``GPU-...::N`` (NVIDIA's device plugin), ``nvidiaN[/giM][/vgpuK]``
+    (GKE's), ``<pool>/<device>`` (a DRA claim; ``resource_name`` is then the driver).
+    ``device.uuid`` is the physical GPU's UUID, None when the form or the GPU could not
+    be resolved; ``device.gpu`` is None when NVML does not list the GPU.
+    """
+
+    container: ContainerRef
+    device: DeviceRef
+    device_id: str
+    resource_name: str
+    shared: bool  # time-shared: a replica id, a ".shared" resource, or a shared claim
+    claim: str | None = None  # DRA: "<claim namespace>/<claim name>"
+
+    @property
+    def resolved(self) -> bool:
+        return self.device.uuid is not None
+
+
+@dataclass(frozen=True, slots=True)
+class UnallocatedUse:
+    """A container using a device it was not allocated: an isolation leak."""
+
+    container: ContainerRef
+    device: DeviceRef
+    memory_used_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedUse:
+    """Processes on one device that no pod container owns, per owner kind and reason."""
+
+    device: DeviceRef
+    owner: Owner  # never "pod" here
+    reason: str | None
+    memory_used_bytes: int
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """The attribution of one NodeSnapshot; every tuple is sorted for stable exposition."""
+
+    processes: tuple[AttributedProcess, ...] = ()
+    containers: tuple[ContainerGpuUsage, ...] = ()
+    allocations: tuple[Allocation, ...] = ()
+    unallocated_use: tuple[UnallocatedUse, ...] = ()
+    unattributed: tuple[UnattributedUse, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReason:
+    reason: str  # e.g. "fatal_xid", "uncorrectable_ecc", "thermal_slowdown"
+    severity: str  # "unhealthy" | "degraded"
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """The verdict for one GPU: unhealthy if any reason has severity "unhealthy"."""
+
+    gpu: int
+    uuid: str
+    reasons: tuple[HealthReason, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not any(r.severity == "unhealthy" for r in self.reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCapacity:
+    """Schedulable devices of one extended resource (the seed's capacity equation)."""
+
+    resource: str
+    advertised: int
+    healthy: int
+    unhealthy: int
+    allocated: int
+    allocatable: int  # healthy advertised devices not allocated
+
+
+@dataclass(frozen=True, slots=True)
+class IdleAllocation:
+    """Time a container held a device while the device (or its share) stayed idle."""
+
+    container: ContainerRef
+    device: DeviceRef
+    device_id: str
+    idle_now: bool
+    idle_seconds_total: float
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanedMemory:
+    """GPU memory no running pod can free, per physical GPU and kind.
+
+    ``kind`` is "dead_process" | "deleted_pod" | "stuck_process" | "unattributed".
+    ``processes`` counts the NVML-listed processes behind it; it is 0 for
+    "unattributed", which by definition no listed process accounts for. ``first_seen``
+    (epoch seconds) stays put while the condition holds, so alerts can say "for 10m".
+    """
+
+    gpu: int
+    uuid: str
+    kind: OrphanKind
+    memory_used_bytes: int
+    processes: int
+    first_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class DriverHeld:
+    """Whether a complete holder scan found only management daemons holding a GPU with
+    unattributed memory: then nothing can be killed, only a GPU reset frees it."""
+
+    gpu: int
+    uuid: str
+    only_drivers: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanHolder:
+    """A holder named for exposition: one row per (pid, GPU) it holds."""
+
+    gpu: int | None  # None: a minor NVML does not know
+    uuid: str | None
+    pid: int
+    namespace: str | None
+    pod: str | None
+    container: str | None
+    comm: str | None
+    role: HolderRole
+
+
+@dataclass(frozen=True, slots=True)
+class HolderScanRequest:
+    """A finding of analysis for the next cycle's holder scan: the GPUs whose
+    unattributed memory needs a holder named, as (gpu index, uuid, device minor)."""
+
+    gpus: tuple[tuple[int, str, int], ...]
+
+    @property
+    def minors(self) -> tuple[int, ...]:
+        return tuple(sorted({minor for _, _, minor in self.gpus}))
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """One cycle's snapshot together with everything analysis derived from it."""
+
+    node: NodeSnapshot
+    attribution: Attribution
+    health: tuple[GpuHealth, ...] = ()
+    capacity: tuple[DeviceCapacity, ...] = ()
+    idle: tuple[IdleAllocation, ...] = ()
+    # ((gpu, uuid, xid, severity, gpu instance, compute instance), count): cumulative
+    # XID counts for gpu_xid_errors_total (instance ids only on MIG XIDs)
+    xid_counts: tuple[
+        tuple[tuple[int | None, str | None, int, str, int | None, int | None], int], ...
+    ] = ()
+    orphans: tuple[OrphanedMemory, ...] = ()
+    orphan_holders: tuple[OrphanHolder, ...] = ()
+    driver_held: tuple[DriverHeld, ...] = ()
+    holder_request: HolderScanRequest | None = None  # GPUs the next cycle's scan should cover

@@ -1,0 +1,43 @@
+"""What analysis carries from one cycle to the next (the agent keeps it, opaque)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.model.vocabulary import OrphanKind
+
+
+@dataclass(frozen=True, slots=True)
+class Streak:
+    """A condition seen in ``cycles`` consecutive cycles, the first at ``since``."""
+
+    cycles: int
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodName:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanState:
+    """What orphan analysis carries from one cycle to the next.
+
+    Every mapping is keyed by what it is about and rebuilt every cycle from what is
+    still current (never mutated), so the state stays as small as the set of GPU
+    processes.
+    """
+
+    first_seen: Mapping[tuple[str, OrphanKind], float] = field(default_factory=dict)
+    """(GPU uuid, kind) -> when the orphaned memory was first seen."""
+    unattributed: Mapping[str, Streak] = field(default_factory=dict)
+    """GPU uuid -> cycles its unaccounted memory has stayed above the threshold."""
+    stuck: Mapping[int, Streak] = field(default_factory=dict)
+    """pid -> cycles it has been in state D or Z."""
+    pod_missing_since: Mapping[str, float] = field(default_factory=dict)
+    """pod uid -> when its pod was first seen gone."""
+    pod_names: Mapping[str, PodName] = field(default_factory=dict)
+    """pod uid -> its name, learned while it could be named."""

@@ -1,0 +1,58 @@
+"""The domain's words that several layers share: kubelet and DRA names, setting types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+# Extended resources NVIDIA's device plugin (and GKE's: nvidia.com/gpu) advertises GPUs
+# under; a trailing * matches a prefix (MIG resources are open-ended).
+GPU_RESOURCE_NAMES: tuple[str, ...] = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "nvidia.com/mig-*",
+)
+
+
+# DRA drivers whose devices are GPUs (NVIDIA's k8s-dra-driver-gpu).
+GPU_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmMode:
+    """A parsed ``--dcgm`` value: never, where available, or a named host engine."""
+
+    kind: Literal["off", "auto", "hostengine"]
+    address: str | None = None  # "HOST:PORT" when kind is "hostengine"
+
+
+# NVML process listings: nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses
+ProcessKind = Literal["compute", "graphics", "mps"]
+
+# Who owns a GPU process (analysis/attribution.py)
+Owner = Literal["pod", "host", "unknown", "dead"]
+OWNER_POD: Final = "pod"  # a container of a pod on this node
+OWNER_HOST: Final = "host"  # outside kubepods (a daemon, a user on the node)
+OWNER_UNKNOWN: Final = "unknown"  # in kubepods, but the pod or container cannot be named
+OWNER_DEAD: Final = "dead"  # NVML lists it, /proc does not
+
+# Kinds of orphaned GPU memory (analysis/orphans.py, docs/orphans.md)
+OrphanKind = Literal["dead_process", "deleted_pod", "stuck_process", "unattributed"]
+KIND_DEAD_PROCESS: Final = "dead_process"
+KIND_DELETED_POD: Final = "deleted_pod"
+KIND_STUCK_PROCESS: Final = "stuck_process"
+KIND_UNATTRIBUTED: Final = "unattributed"
+ORPHAN_KINDS: Final = (KIND_DEAD_PROCESS, KIND_DELETED_POD, KIND_STUCK_PROCESS, KIND_UNATTRIBUTED)
+
+# What a pid holding /dev/nvidia<N> does (sources/holders.py)
+HolderRole = Literal["holder", "management"]
+ROLE_HOLDER: Final = "holder"  # may keep memory alive (e.g. a forked child)
+ROLE_MANAGEMENT: Final = "management"  # opens every GPU, allocates nothing (a daemon)
+
+# The sources, as gpu_exporter_source_up{source} and gpu_exporter_errors{source} name them
+SourceName = Literal[
+    "nvml", "dcgm", "procfs", "holders", "xid", "kmsg", "podresources", "kube", "resourceslices"
+]

@@ -1,0 +1,84 @@
+"""Every source, built from ``Config``: one line per source, in reading order.
+
+Adding a source is a new file in ``exporter/sources/`` (a ``Source`` subclass) and one
+line here. This module sits outside ``exporter.sources`` because it reads ``Config``;
+the sources themselves know nothing of flags. The order is the order of reading within
+a cycle: NVML first, since procfs and the holder scan read the pids it listed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from exporter.config import Config
+from exporter.sources.base import Source
+from exporter.sources.dcgm import DcgmSource
+from exporter.sources.holder_scan import HolderScanSource
+from exporter.sources.kmsg import KmsgReader
+from exporter.sources.kube import PodWatcher
+from exporter.sources.nvml import NvmlSource
+from exporter.sources.podresources.client import PodResourcesClient
+from exporter.sources.podresources.source import PodResourcesSource
+from exporter.sources.procfs import ProcessReader
+from exporter.sources.resourceslices import ResourceSliceWatcher
+from exporter.sources.xid import XidListener
+
+log = logging.getLogger(__name__)
+
+
+def build_sources(
+    config: Config, *, wall_clock: Callable[[], float] = time.time
+) -> tuple[Source, ...]:
+    kube = kube_api_configured(config)
+    if not kube and config.kube_api == "auto":
+        log.info(
+            "no Kubernetes API credentials found; pod names come from the kubelet "
+            "only (use --kubeconfig, or run in-cluster)"
+        )
+    sources: list[Source | None] = [
+        NvmlSource(),
+        dcgm_source(config) if config.dcgm.kind != "off" else None,
+        ProcessReader(config.proc_root),
+        HolderScanSource(config.proc_root),
+        XidListener(clock=wall_clock),
+        KmsgReader(path=config.kmsg_path, proc_root=config.proc_root, clock=wall_clock)
+        if config.kmsg
+        else None,
+        PodResourcesSource(
+            PodResourcesClient(
+                config.pod_resources_socket,
+                resource_names=config.resource_names,
+                dra_drivers=config.dra_drivers,
+            ),
+            interval_s=config.pod_resources_interval_s,
+        ),
+        PodWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,
+        ResourceSliceWatcher(
+            config.node_name, kubeconfig=config.kubeconfig, drivers=config.dra_drivers
+        )
+        if kube and config.dra_drivers
+        else None,
+    ]
+    return tuple(source for source in sources if source is not None)
+
+
+def dcgm_source(config: Config) -> DcgmSource:
+    return DcgmSource(
+        config.dcgm,
+        bindings_path=config.dcgm_bindings_path,
+        update_interval_s=min(config.interval_s, 1.0),
+    )
+
+
+def kube_api_configured(config: Config) -> bool:
+    """``--kube-api auto`` uses the API only where credentials exist."""
+    if config.kube_api == "off":
+        return False
+    if config.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return True
+    default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    return Path(default.split(os.pathsep)[0]).is_file()

@@ -1,0 +1,77 @@
+"""The PodResources source: refreshes the kubelet's allocations on its own schedule.
+
+The kubelet rate-limits this API, so the refresh runs every ``--pod-resources-interval``
+(backing off while the kubelet is down), not every cycle; ``read()`` hands the last
+refresh to each cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import ClassVar
+
+from exporter.model import PodResourcesSnapshot, SourceName, SourceStatus
+from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle, Source
+from exporter.sources.podresources.client import PodResourcesClient
+
+log = logging.getLogger(__name__)
+
+
+class PodResourcesSource(Source):
+    name: ClassVar[SourceName] = "podresources"
+    field: ClassVar[str] = "pod_resources"
+
+    def __init__(self, client: PodResourcesClient, *, interval_s: float = 10.0) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._snapshot = PodResourcesSnapshot(
+            ok=False, timestamp=time.time(), error="not fetched yet"
+        )
+        self._errors_total = 0
+
+    @property
+    def client(self) -> PodResourcesClient:
+        return self._client
+
+    async def run(self) -> None:
+        backoff = Backoff(initial_s=1.0, max_s=60.0)
+        while True:
+            await self.refresh()
+            if self._snapshot.ok:
+                backoff.reset()
+                delay = self._interval_s
+            else:
+                delay = min(backoff.next_delay(), self._interval_s * 6)
+            await asyncio.sleep(delay)
+
+    async def prime(self, timeout_s: float) -> None:
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        previous_ok = self._snapshot.ok
+        self._snapshot = await self._client.fetch()
+        if not self._snapshot.ok:
+            self._errors_total += 1
+            level = logging.WARNING if previous_ok else logging.DEBUG
+            log.log(level, "kubelet PodResources unavailable: %s", self._snapshot.error)
+        elif not previous_ok:
+            log.info(
+                "kubelet PodResources connected (%d container allocations)",
+                len(self._snapshot.containers),
+            )
+
+    def read(self, cycle: Cycle) -> PodResourcesSnapshot:
+        return self._snapshot
+
+    def status(self) -> SourceStatus:
+        return SourceStatus(self.name, self._snapshot.ok, self._snapshot.error)
+
+    @property
+    def errors_total(self) -> int:
+        return self._errors_total
+
+    async def aclose(self) -> None:
+        await self._client.close()

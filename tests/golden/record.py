@@ -1,0 +1,199 @@
+"""Record the golden copy of what the exporter serves for every shipped scenario.
+
+Each scenario runs the real exporter in-process (``tests.harness.simulated_exporter``),
+on a fixed schedule of the manual clock, and its ``/metrics`` text is stored normalised as
+``tests/golden/<scenario>.json``::
+
+    {family: {"type": ..., "samples": [[sample_name, {labels}, value], ...]}}
+
+Values that depend on timing or on the machine are left out or made relative (see
+``TIMING_FAMILIES``, ``EXCLUDED_LABELS`` and ``TIMESTAMP_SUFFIX``).
+``tests/test_golden_output.py`` compares a fresh run with these files.
+
+Re-record after an intended change of the output::
+
+    .venv/bin/python tests/golden/record.py [scenario ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: make ``tests`` and ``exporter`` importable
+    sys.path.insert(0, str(ROOT))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "dra")
+
+# The schedule: the harness's first cycle, then CYCLES cycles STEP_S seconds apart, to
+# 160 s: past the end of every shipped timeline (node-8gpu's last event, a lost GPU, is
+# at 151 s), with time left for orphan hysteresis and for a holder scan whose result
+# arrives a cycle after the one that asked for it.
+CYCLES = 32
+STEP_S = 5.0
+
+# Families whose values depend on how fast this machine ran the cycle: their series (names
+# and labels) are kept, their values are stored as null and not compared.
+TIMING_FAMILIES = frozenset(
+    {"gpu_exporter_sample_duration_seconds", "gpu_exporter_source_read_seconds"}
+)
+# Labels that name the machine rather than the node being simulated.
+EXCLUDED_LABELS = {"gpu_exporter_build_info": frozenset({"python_version"})}
+# Wall-clock timestamps: the simulated node's wall clock starts at the real time, so every
+# ``*_timestamp_seconds`` value is stored relative to the last sample's (seconds before it,
+# rounded to a millisecond); the last sample's own timestamp becomes 0.
+TIMESTAMP_SUFFIX = "_timestamp_seconds"
+REFERENCE_TIMESTAMP = "gpu_exporter_last_sample_timestamp_seconds"
+
+Value = float | str | None
+Golden = dict[str, dict[str, Any]]
+
+
+def _value(value: float) -> Value:
+    """JSON has no NaN/Inf: those are stored as Prometheus spells them."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
+
+
+def normalise(text: str) -> Golden:
+    """The text exposition as sorted, comparable JSON data, with the excluded parts gone."""
+    families = list(text_string_to_metric_families(text))
+    reference = next(
+        (f.samples[0].value for f in families if f.name == REFERENCE_TIMESTAMP and f.samples),
+        0.0,
+    )
+    golden: Golden = {}
+    for family in families:
+        timing = family.name in TIMING_FAMILIES
+        dropped = EXCLUDED_LABELS.get(family.name, frozenset())
+        relative = family.name.endswith(TIMESTAMP_SUFFIX)
+        rows: list[tuple[str, dict[str, str], Value]] = [
+            (
+                sample.name,
+                {k: v for k, v in sorted(sample.labels.items()) if k not in dropped},
+                None
+                if timing
+                else _value(round(reference - sample.value, 3) if relative else sample.value),
+            )
+            for sample in family.samples
+        ]
+        rows.sort(key=lambda s: (s[0], sorted(s[1].items())))
+        samples = [list(row) for row in rows]
+        golden[family.name] = {"type": family.type, "samples": samples}
+    return dict(sorted(golden.items()))
+
+
+def _pod_watch(agent: Any) -> Any:
+    """The agent's pod watcher: ``agent.pod_meta`` before the source registry, else its
+    ``kube`` source (this script also records from older commits)."""
+    watch = getattr(agent, "pod_meta", None)
+    if watch is None and hasattr(agent, "source"):
+        watch = agent.source("kube")
+    return watch
+
+
+def _api_pods(h: Any) -> set[tuple[str, bool]]:
+    api = h.env.kube_api
+    return {
+        (p["metadata"]["uid"], p["metadata"].get("deletionTimestamp") is not None)
+        for p in (api.pods() if api is not None else ())
+    }
+
+
+def _watched_pods(watch: Any) -> set[tuple[str, bool]]:
+    return {(p.uid, p.deletion_timestamp is not None) for p in watch.snapshot().pods}
+
+
+async def _settle(h: Any, timeout_s: float = 10.0) -> None:
+    """Apply the simulator's timeline, then wait until the pod watch has seen it.
+
+    The watch runs in its own thread; without this wait, whether a cycle sees a pod
+    deletion made at the same simulated instant is a race (it showed as an idle counter
+    that was 10 in one run and 15 in the next).
+    """
+    await asyncio.to_thread(h.env.sync)
+    watch = _pod_watch(h.agent)
+    if watch is None or h.env.kube_api is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while _watched_pods(watch) != _api_pods(h):
+        if time.monotonic() > deadline:
+            raise AssertionError("pod watch did not catch up with the simulated API")
+        await asyncio.sleep(0.01)
+
+
+async def served_text(scenario: str) -> str:
+    """The /metrics text after the fixed schedule."""
+    from tests.harness import simulated_exporter
+
+    async with simulated_exporter(scenario) as h:
+        for _ in range(CYCLES):
+            await h.advance(STEP_S, cycle=False)
+            await _settle(h)
+            await h.cycle()
+        async with h.session.get(h.url + "/metrics") as response:
+            assert response.status == 200, await response.text()
+            return await response.text()
+
+
+def served(scenario: str) -> Golden:
+    """Run ``scenario`` on the fixed schedule and return its normalised /metrics."""
+    return normalise(asyncio.run(served_text(scenario)))
+
+
+def path_for(scenario: str, directory: Path = GOLDEN_DIR) -> Path:
+    return directory / f"{scenario}.json"
+
+
+def dump(golden: Golden) -> str:
+    """JSON with one sample a line, so that a re-recording diffs readably in git."""
+    families = []
+    for name, family in golden.items():
+        lines = [f"      {json.dumps(s, sort_keys=True)}" for s in family["samples"]]
+        samples = "[\n" + ",\n".join(lines) + "\n    ]" if lines else "[]"
+        families.append(
+            f"  {json.dumps(name)}: {{\n"
+            f'    "type": {json.dumps(family["type"])},\n'
+            f'    "samples": {samples}\n'
+            "  }"
+        )
+    return "{\n" + ",\n".join(families) + "\n}\n"
+
+
+def load(path: Path) -> Golden:
+    golden: Golden = json.loads(path.read_text(encoding="utf-8"))
+    return golden
+
+
+def main(argv: list[str] | None = None) -> int:
+    from exporter.sim.scenario import SHIPPED
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", help=f"default: all of {', '.join(SHIPPED)}")
+    parser.add_argument("--out", type=Path, default=GOLDEN_DIR, help="default: %(default)s")
+    args = parser.parse_args(argv)
+    import exporter
+
+    print(f"recording from {Path(exporter.__file__).parent}", file=sys.stderr)
+    for scenario in args.scenarios or SHIPPED:
+        target = path_for(scenario, args.out)
+        target.write_text(dump(served(scenario)), encoding="utf-8")
+        print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
