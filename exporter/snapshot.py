@@ -151,8 +151,8 @@ def render_text(analysis: Analysis) -> str:
         lines += _table(
             ["GPU", "XID", "SEVERITY", "COUNT"],
             (
-                [gpu, xid, severity, count]
-                for (gpu, _, xid, severity, _, _), count in sorted(analysis.xid_counts, key=str)
+                [x.gpu, x.xid, x.severity, x.count]
+                for x in sorted(analysis.xid_counts, key=lambda x: (str(x.gpu), x.xid, x.severity))
             ),
         )
     if analysis.capacity:

@@ -21,14 +21,20 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.model import DeviceRef, GpuSample, MigInstance, ResourceSliceSnapshot, SliceDevice
+from exporter.model import (
+    REPLICA_SEPARATOR,
+    DeviceRef,
+    GpuSample,
+    MigInstance,
+    ResourceSliceSnapshot,
+    SliceDevice,
+)
 
 FORM_NVIDIA = "nvidia"
 FORM_GKE = "gke"
 FORM_DRA = "dra"
 FORM_UNRESOLVED = "unresolved"
 
-REPLICA_SEPARATOR = "::"  # NVIDIA device plugin: <uuid>::<replica>
 SHARED_RESOURCE_SUFFIX = ".shared"  # nvidia.com/gpu.shared (renameByDefault replicas)
 _LEGACY_MIG_PREFIX = "MIG-GPU-"  # pre-R470 MIG device ids: MIG-GPU-<uuid>/<gi>/<ci>
 _UUID_PREFIXES = ("GPU-", "MIG-")

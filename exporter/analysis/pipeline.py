@@ -31,6 +31,7 @@ from exporter.model import (
     IdleAllocation,
     NodeSnapshot,
     OrphanState,
+    XidCount,
 )
 
 
@@ -94,7 +95,7 @@ def analyse(
         health=health,
         capacity=capacity,
         idle=idle,
-        xid_counts=tuple(xids.counts.items()),
+        xid_counts=tuple(XidCount(*key, count) for key, count in xids.counts.items()),
         orphans=orphans,
         orphan_holders=orphan_holders(snapshot, orphans),
         driver_held=driver_held(orphans, snapshot.holder_scan),

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
+    OCCUPANCY_FIELDS,
     Analysis,
     AttributedProcess,
     ContainerRef,
@@ -175,16 +176,7 @@ CLOCK_EVENT_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
-_OCCUPANCY_FIELDS = {
-    "gpu_graphics_active_ratio": "graphics_active",
-    "gpu_sm_active_ratio": "sm_active",
-    "gpu_sm_occupancy_ratio": "sm_occupancy",
-    "gpu_tensor_active_ratio": "tensor_active",
-    "gpu_dram_active_ratio": "dram_active",
-    "gpu_fp64_active_ratio": "fp64_active",
-    "gpu_fp32_active_ratio": "fp32_active",
-    "gpu_fp16_active_ratio": "fp16_active",
-}
+_OCCUPANCY_FIELDS = {f"gpu_{field}_ratio": field for field in OCCUPANCY_FIELDS}
 
 Labels = Mapping[str, str]
 
@@ -434,12 +426,13 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
 
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
-    for (gpu, uuid, xid, severity, gi, ci), count in analysis.xid_counts:
-        labels = _device_labels(gpu, uuid)
-        if gi is not None:  # a MIG XID names the instance it happened in
-            labels["gpu_instance"] = str(gi)
+    for x in analysis.xid_counts:
+        labels = _device_labels(x.gpu, x.uuid)
+        if x.gpu_instance_id is not None:  # a MIG XID names the instance it happened in
+            labels["gpu_instance"] = str(x.gpu_instance_id)
+            ci = x.compute_instance_id
             labels["compute_instance"] = "" if ci is None else str(ci)
-        out.add("gpu_xid_errors", {**labels, "xid": str(xid), "severity": severity}, count)
+        out.add("gpu_xid_errors", {**labels, "xid": str(x.xid), "severity": x.severity}, x.count)
     for verdict in analysis.health:
         labels = _device_labels(verdict.gpu, verdict.uuid)
         out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)

@@ -146,7 +146,8 @@ class GpuHealth:
 
 @dataclass(frozen=True, slots=True)
 class DeviceCapacity:
-    """Schedulable devices of one extended resource (the seed's capacity equation)."""
+    """Devices of one extended resource (or DRA driver) by state: allocatable = healthy
+    advertised - allocated healthy; a device on an unhealthy GPU is unhealthy."""
 
     resource: str
     advertised: int
@@ -222,6 +223,19 @@ class HolderScanRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class XidCount:
+    """How many times an XID happened on a GPU (or MIG instance) since start."""
+
+    gpu: int | None
+    uuid: str | None
+    xid: int
+    severity: str
+    gpu_instance_id: int | None  # only on MIG XIDs
+    compute_instance_id: int | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """One cycle's snapshot together with everything analysis derived from it."""
 
@@ -230,11 +244,7 @@ class Analysis:
     health: tuple[GpuHealth, ...] = ()
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()
-    # ((gpu, uuid, xid, severity, gpu instance, compute instance), count): cumulative
-    # XID counts for gpu_xid_errors_total (instance ids only on MIG XIDs)
-    xid_counts: tuple[
-        tuple[tuple[int | None, str | None, int, str, int | None, int | None], int], ...
-    ] = ()
+    xid_counts: tuple[XidCount, ...] = ()  # cumulative, for gpu_xid_errors_total
     orphans: tuple[OrphanedMemory, ...] = ()
     orphan_holders: tuple[OrphanHolder, ...] = ()
     driver_held: tuple[DriverHeld, ...] = ()

@@ -29,6 +29,34 @@ class DcgmMode:
     address: str | None = None  # "HOST:PORT" when kind is "hostengine"
 
 
+# What GPU Performance Monitoring (NVML GPM) and DCGM's profiling fields measure: the
+# fields of readings.Occupancy, served as gpu_<field>_ratio. One list for the NVML and
+# DCGM sources, the exposition and the simulated library.
+OccupancyField = Literal[
+    "graphics_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+]
+OCCUPANCY_FIELDS: Final[tuple[OccupancyField, ...]] = (
+    "graphics_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
+
+# NVIDIA's device plugin names a time-sliced or MPS replica <uuid>::<replica>
+# (k8s-device-plugin internal/rm/devices.go "%s::%d"; docs/attribution.md).
+REPLICA_SEPARATOR: Final = "::"
+
 # NVML process listings: nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses
 ProcessKind = Literal["compute", "graphics", "mps"]
 

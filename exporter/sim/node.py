@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
+from exporter.model import REPLICA_SEPARATOR, AllocatableDevices, ClaimDevice, ContainerDevices
 from exporter.sim.scenario import (
     GPM_METRICS,
     Scenario,
@@ -174,7 +174,7 @@ class SimNode:
         ]
         sm = float(min(100, sum(p.sm for p in procs)))
         derived = {
-            "graphics": float(self.utilization_gpu(gpu)),
+            "graphics_active": float(self.utilization_gpu(gpu)),
             "sm_active": sm,
             "sm_occupancy": sm * 0.6,
             "tensor_active": sm * 0.5,
@@ -205,7 +205,7 @@ class SimNode:
 
     def reference(self, ref: str) -> DeviceReference | None:
         """Parse a scenario device reference; None for a literal device id."""
-        base, separator, replica = ref.partition("::")
+        base, separator, replica = ref.partition(REPLICA_SEPARATOR)
         gpu_part, _, mig_part = base.partition("/")
         if not gpu_part.startswith("gpu"):
             return None
@@ -225,7 +225,7 @@ class SimNode:
         if found is None:
             return ref  # a literal device id
         device = found.mig.uuid if found.mig else found.gpu.uuid
-        return f"{device}::{found.replica}" if found.shared else device
+        return f"{device}{REPLICA_SEPARATOR}{found.replica}" if found.shared else device
 
     def gke_device(self, ref: str) -> str:
         """The same reference in GKE's device-plugin form, ``nvidia<minor>[/gi<id>][/vgpu<k>]``."""
@@ -285,7 +285,7 @@ class SimNode:
                         by_resource.setdefault(f"nvidia.com/mig-{m.profile}", []).append(m.uuid)
                 elif used:
                     by_resource.setdefault(SHARED_RESOURCE, []).extend(
-                        f"{gpu.uuid}::{r}" for r in range(_replica_count(used))
+                        f"{gpu.uuid}{REPLICA_SEPARATOR}{r}" for r in range(_replica_count(used))
                     )
                 else:
                     by_resource[GPU_RESOURCE].append(gpu.uuid)

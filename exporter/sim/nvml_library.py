@@ -41,7 +41,7 @@ _GPU_BASE = 0x1000
 _GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]  # time, device, counters
 _MIG_BASE = 0x100000
 _GPM_METRIC_KEYS = {
-    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics",
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics_active",
     pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active",
     pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy",
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",

@@ -19,20 +19,13 @@ from typing import Any
 
 import yaml
 
+from exporter.model import OCCUPANCY_FIELDS
+
 SHIPPED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "dra")
 # Who allocates the GPUs, and so how the kubelet names them: NVIDIA's device plugin
 # (UUIDs), GKE's device plugin (nvidia<minor>...) or NVIDIA's DRA driver (claims).
 ALLOCATORS = ("nvidia", "gke", "dra")
-GPM_METRICS = (
-    "graphics",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp64_active",
-    "fp32_active",
-    "fp16_active",
-)
+GPM_METRICS = OCCUPANCY_FIELDS  # the keys of a GPU's `gpm:` in a scenario
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
 _IUNITS = {"KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}

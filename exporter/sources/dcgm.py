@@ -41,6 +41,7 @@ from exporter.model import (
     DcgmMode,
     DcgmSnapshot,
     Occupancy,
+    OccupancyField,
     SourceName,
     SourceStatus,
 )
@@ -61,7 +62,7 @@ CONNECT_TIMEOUT_MS = 2000
 # Occupancy attribute -> DCGM field id. By number: DCGM 4.6 renamed these fields
 # (DCGM_FI_PROF_SM_ACTIVE -> DCGM_FI_PROF_SM_UTIL_RATIO, ...), the ids never changed.
 # All are doubles, already ratios 0..1 (DCGM divides the GPM percentages by 100).
-PROFILING_FIELDS: dict[str, int] = {
+PROFILING_FIELDS: dict[OccupancyField, int] = {
     "graphics_active": 1001,  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
     "sm_active": 1002,  # DCGM_FI_PROF_SM_ACTIVE
     "sm_occupancy": 1003,  # DCGM_FI_PROF_SM_OCCUPANCY

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from exporter.model import SourceStatus
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
-from exporter.text import one_line as one_line  # re-exported: resourceslices.py
+from exporter.text import one_line
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from exporter.model import (
     MigInstance,
     NvmlSnapshot,
     Occupancy,
+    OccupancyField,
     ProcessKind,
     ProcessUtilization,
     RemappedRows,
@@ -41,7 +42,7 @@ T = TypeVar("T")
 SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
 # The whole GPU stopped answering: isolate it.
 _GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
-_GPM_METRICS = {
+_GPM_METRICS: dict[OccupancyField, int] = {
     "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
     "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
     "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,

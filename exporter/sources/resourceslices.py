@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 from exporter.model import GPU_DRA_DRIVERS, ResourceSliceSnapshot, SliceDevice, SourceName
 from exporter.sources.backoff import Backoff
-from exporter.sources.kube_watch import KubeWatchSource, describe_error, http_status, one_line
+from exporter.sources.kube_watch import KubeWatchSource, describe_error, http_status
+from exporter.text import one_line
 
 API_GROUP = "resource.k8s.io"
 API_VERSION = "v1"

@@ -19,25 +19,22 @@ import grpc.aio
 
 from exporter.kubelet_api import api_pb2, api_pb2_grpc
 from exporter.model import (
+    GPU_DRA_DRIVERS,
+    GPU_RESOURCE_NAMES,
+    KUBELET_POD_RESOURCES_SOCKET,
     AllocatableDevices,
     ClaimDevice,
     ContainerDevices,
     PodResourcesSnapshot,
 )
+from exporter.text import one_line
 
-DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
-DEFAULT_RESOURCE_NAMES: tuple[str, ...] = (
-    "nvidia.com/gpu",
-    "nvidia.com/gpu.shared",
-    "nvidia.com/mig-*",
-)
-# DRA drivers whose claim devices are GPUs: NVIDIA's (k8s-dra-driver-gpu). Its MIG
-# devices come from the same driver, so one name covers both.
-DEFAULT_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
+DEFAULT_SOCKET_PATH = KUBELET_POD_RESOURCES_SOCKET
+DEFAULT_RESOURCE_NAMES = GPU_RESOURCE_NAMES
+DEFAULT_DRA_DRIVERS = GPU_DRA_DRIVERS  # NVIDIA's driver; its MIG devices included
 # A node with thousands of pods overflows gRPC's 4 MiB default receive limit; 16 MiB is
 # what Kubernetes' own podresources client helper allows.
 MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
-_MAX_ERROR_CHARS = 300
 
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
@@ -64,17 +61,10 @@ def resource_name_matches(name: str, patterns: Iterable[str]) -> bool:
     return False
 
 
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    if len(line) > _MAX_ERROR_CHARS:
-        line = line[: _MAX_ERROR_CHARS - 3] + "..."
-    return line
-
-
 def _rpc_error_text(method: str, err: grpc.aio.AioRpcError) -> str:
     code = err.code()
     name = code.name if code is not None else "UNKNOWN"
-    return _one_line(f"PodResources {method}: {name}: {err.details() or 'no details'}")
+    return one_line(f"PodResources {method}: {name}: {err.details() or 'no details'}")
 
 
 def _allocatable_unsupported(err: grpc.aio.AioRpcError) -> bool:
@@ -166,7 +156,7 @@ class PodResourcesClient:
             return PodResourcesSnapshot(
                 ok=False,
                 timestamp=timestamp,
-                error=_one_line(f"PodResources List: {type(err).__name__}: {err}"),
+                error=one_line(f"PodResources List: {type(err).__name__}: {err}"),
             )
         containers = self._containers(listed)
         claims = self._claims(listed)
@@ -187,7 +177,7 @@ class PodResourcesClient:
                 error = _rpc_error_text("GetAllocatableResources", err)
         except Exception as err:
             await self._drop_channel()
-            error = _one_line(f"PodResources GetAllocatableResources: {type(err).__name__}: {err}")
+            error = one_line(f"PodResources GetAllocatableResources: {type(err).__name__}: {err}")
 
         return PodResourcesSnapshot(
             ok=True,
@@ -218,7 +208,7 @@ class PodResourcesClient:
                 "(kubelet not running, or the pod-resources directory is not mounted)"
             )
         except OSError as err:
-            return _one_line(f"PodResources socket {self._socket_path}: {err.strerror or err}")
+            return one_line(f"PodResources socket {self._socket_path}: {err.strerror or err}")
         if not stat.S_ISSOCK(mode):
             return f"PodResources socket {self._socket_path} is not a unix socket"
         return None
