@@ -401,3 +401,25 @@ def test_is_the_resourceslices_source_and_close_stops_its_thread(
     )
     wait_for(lambda: fake.watcher_count == 0, what="server saw the stream close")
     assert [r.outcome for r in fake.requests if r.watch] == ["closed"]
+
+
+def test_410_gone_twice_in_a_row_relists_each_time_and_never_marks_the_source_down(
+    fake: FakeKubeApi,
+    make_watcher: Callable[..., ResourceSliceWatcher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One resourceVersion counter spans every collection: pods churning on a busy cluster
+    # push a quiet ResourceSlice watch's version out of the server's history, so it can
+    # be answered 410 Gone again right after its relist. A 410 is routine: the relist
+    # that follows it is current data, so the source stays up and counts no error.
+    caplog.set_level(logging.INFO, logger="exporter.sources.kube_watch")
+    watcher = watching(fake, make_watcher, nvidia_slice("n1-a", NODE, gpu(0, UUID_0)))
+    for round_ in (1, 2, 3):
+        fake.expire_history()  # in-stream 410 on the open watch
+        wait_for(lambda r=round_: lists(fake) == r + 1, what=f"relist {round_}")
+        wait_for(lambda: fake.watcher_count == 1, what="watch reopened")
+        assert watcher.status() == SourceStatus("resourceslices", True, None)
+    assert watcher.errors_total == 0
+    assert [d.name for d in watcher.snapshot().devices] == ["gpu-0"]
+    down = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not down, down

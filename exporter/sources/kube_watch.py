@@ -132,8 +132,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
 
     ``ok`` is True once a LIST succeeded and no attempt since has failed. A watch that
     breaks (410, dropped connection) is relisted at once without clearing ``ok``;
-    only a failed LIST, or a watch failing again before any progress (then retried
-    with backoff, 1 s doubling to 60 s), marks the source down.
+    only a failed LIST, or a watch failing again before any progress for a reason other
+    than 410 Gone (then retried with backoff, 1 s doubling to 60 s), marks the source
+    down. Repeated 410s relist with the same backoff but leave the source up.
     """
 
     path: ClassVar[str]
@@ -349,9 +350,14 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                         stopping.wait(self._retry_delay(exc, backoff))
                         continue
                     failures += 1
-                    if stage.startswith("watch") and failures == 1:
+                    if stage.startswith("watch") and (failures == 1 or gone):
                         # Watches end routinely (410, proxies, API restarts): relist now.
+                        # 410 Gone is never an outage: the relist is current data. (One
+                        # resourceVersion spans all collections, so a quiet watch can be
+                        # outrun by others' events again and again.) Repeated ones wait.
                         self._fail(message, mark_down=False, counted=not gone)
+                        if failures > 1:
+                            stopping.wait(backoff.next_delay())
                         continue
                     self._fail(message, mark_down=True, counted=not gone)
                     stopping.wait(self._retry_delay(exc, backoff))
