@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -42,16 +42,7 @@ OccupancyField = Literal[
     "fp32_active",
     "fp16_active",
 ]
-OCCUPANCY_FIELDS: Final[tuple[OccupancyField, ...]] = (
-    "graphics_active",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp64_active",
-    "fp32_active",
-    "fp16_active",
-)
+OCCUPANCY_FIELDS: Final[tuple[OccupancyField, ...]] = get_args(OccupancyField)
 
 # NVIDIA's device plugin names a time-sliced or MPS replica <uuid>::<replica>
 # (k8s-device-plugin internal/rm/devices.go "%s::%d"; docs/attribution.md).
