@@ -168,6 +168,114 @@ def test_a_lost_gpu_answers_gpu_is_lost(clock: ManualClock) -> None:
             pynvml.nvmlDeviceGetUUID(h)
 
 
+def test_a_call_error_answers_only_in_its_window_and_on_its_gpu(clock: ManualClock) -> None:
+    scenario = {
+        **TWO_GPUS,
+        "call_errors": [
+            {"call": "nvmlDeviceGetCount_v2", "error": "UNKNOWN", "until": 5},
+            {"call": "nvmlDeviceGetTemperature", "error": "NO_PERMISSION", "gpu": 0, "from": 5},
+        ],
+    }
+    for _ in run_nvml(scenario, clock):
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            pynvml.nvmlDeviceGetCount()
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        assert pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU) == 40
+        clock.advance(5)
+        assert pynvml.nvmlDeviceGetCount() == 2
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            pynvml.nvmlDeviceGetTemperature(h0, pynvml.NVML_TEMPERATURE_GPU)
+        assert pynvml.nvmlDeviceGetTemperature(h1, pynvml.NVML_TEMPERATURE_GPU) == 40
+
+
+def test_a_call_error_on_one_mig_device_leaves_its_siblings_and_parent_alone(
+    clock: ManualClock,
+) -> None:
+    scenario = {
+        **TWO_GPUS,
+        "call_errors": [
+            {"call": "nvmlDeviceGetUUID", "error": "INVALID_ARGUMENT", "gpu": 1, "mig": 1}
+        ],
+    }
+    for node in run_nvml(scenario, clock):
+        parent = pynvml.nvmlDeviceGetHandleByIndex(1)
+        first, second = (pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i) for i in (0, 1))
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetUUID(second)
+        assert pynvml.nvmlDeviceGetUUID(first) == node.gpus[1].mig[0].uuid
+        assert pynvml.nvmlDeviceGetUUID(parent) == "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def test_a_driver_older_than_r535_has_only_the_throttle_reasons_name(clock: ManualClock) -> None:
+    scenario = {"driver_version": "525.147.05", "gpus": [{"clock_event_reasons": 0x20}]}
+    for _ in run_nvml(scenario, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+        assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) == 0x20
+    newer = {"driver_version": "535.54.03", "gpus": [{"clock_event_reasons": 0x20}]}
+    for _ in run_nvml(newer, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == 0x20
+
+
+def _gpm_sm_active(first: Any, second: Any) -> float:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.sample1, request.sample2 = first, second
+    request.numMetrics = 1
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    pynvml.nvmlGpmMetricsGet(request)
+    return float(request.metrics[0].value)
+
+
+def test_gpm_samples_closer_than_the_refresh_period_read_zero(clock: ManualClock) -> None:
+    for _ in run_nvml({"gpus": [{"gpm": {"sm_active": 60}}]}, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        a, b, c = (pynvml.nvmlGpmSampleAlloc() for _ in range(3))
+        pynvml.nvmlGpmSampleGet(h, a)
+        clock.advance(0.005)  # 5 ms: the counters have not refreshed
+        pynvml.nvmlGpmSampleGet(h, b)
+        assert _gpm_sm_active(a, b) == 0.0
+        clock.advance(0.995)
+        pynvml.nvmlGpmSampleGet(h, c)
+        assert _gpm_sm_active(a, c) == pytest.approx(60.0)
+
+
+def test_gpm_on_mig_measures_the_gpu_instance_with_all_its_compute_instances(
+    clock: ManualClock,
+) -> None:
+    scenario = {
+        "gpus": [
+            {
+                "mig": [
+                    {"profile": "1c.3g.40gb", "gpu_instance_id": 2, "compute_instance_id": 0},
+                    {"profile": "2c.3g.40gb", "gpu_instance_id": 2, "compute_instance_id": 1},
+                    {"profile": "3g.40gb", "gpu_instance_id": 1, "compute_instance_id": 0},
+                ]
+            }
+        ],
+        "host_processes": [
+            {"gpu": 0, "mig": 0, "sm": 25},
+            {"gpu": 0, "mig": 1, "sm": 45},
+            {"gpu": 0, "mig": 2, "sm": 10},
+        ],
+    }
+    for _ in run_nvml(scenario, clock):
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        c, d = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmMigSampleGet(h, 2, a)
+        pynvml.nvmlGpmMigSampleGet(h, 1, c)
+        clock.advance(5)
+        pynvml.nvmlGpmMigSampleGet(h, 2, b)
+        pynvml.nvmlGpmMigSampleGet(h, 1, d)
+        assert _gpm_sm_active(a, b) == pytest.approx(70.0)  # both compute instances
+        assert _gpm_sm_active(c, d) == pytest.approx(10.0)
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlGpmMigSampleGet(h, 7, a)
+
+
 def test_nvml_init_fails_with_the_scenarios_driver_error(clock: ManualClock) -> None:
     install(SimNode(load_scenario("no-gpu"), clock))
     with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
@@ -301,6 +409,24 @@ def test_a_minor_that_is_not_a_number_is_named() -> None:
 
 def test_a_bad_allocator_is_one_line_naming_the_choices() -> None:
     assert _error({"allocator": ["gke"]}) == ("allocator: ['gke'] is not one of nvidia, gke, dra")
+
+
+def test_a_call_error_with_an_unknown_code_is_named() -> None:
+    with pytest.raises(ScenarioError, match=r"call_errors\[0\]\.error: 'DENIED'"):
+        parse_scenario({"call_errors": [{"call": "nvmlGpmSampleGet", "error": "DENIED"}]}, "t")
+
+
+def test_a_call_error_on_a_mig_instance_the_gpu_lacks_is_rejected() -> None:
+    with pytest.raises(ScenarioError, match=r"call_errors\[0\]\.mig"):
+        parse_scenario(
+            {
+                "gpus": [{}],
+                "call_errors": [
+                    {"call": "nvmlDeviceGetUUID", "error": "UNKNOWN", "gpu": 0, "mig": 0}
+                ],
+            },
+            "t",
+        )
 
 
 def test_unknown_top_level_key_is_named() -> None:

@@ -109,12 +109,13 @@ class SimNode:
         self.xids: list[XidRecord] = []
         self._next_event = 0
         self._pid_seq = 90_000
-        # GPM counters: per GPU, per metric, the time integral of the percentage, like
-        # hardware counters that only ever grow; metrics are their slope between samples.
+        # GPM counters: per GPU (and per MIG GPU instance, which is what GPM measures on
+        # MIG), per metric, the time integral of the percentage, like hardware counters
+        # that only ever grow; metrics are their slope between samples.
         self.gpm_integral: dict[tuple[int, int | None], dict[str, float]] = {
-            (gpu.index, slot): dict.fromkeys(GPM_METRICS, 0.0)
+            (gpu.index, gi): dict.fromkeys(GPM_METRICS, 0.0)
             for gpu in self.scenario.gpus
-            for slot in [None, *range(len(gpu.mig))]
+            for gi in [None, *(m.gpu_instance_id for m in gpu.mig)]
         }
         self._integrated_to = self.clock()
         # Epoch seconds at simulated time 0, so API timestamps read like real ones.
@@ -148,29 +149,38 @@ class SimNode:
             if applied:
                 self.changed.notify_all()
 
-    def gpm_counters(self, gpu: int, slot: int | None) -> dict[str, float]:
-        """The GPM counters of a GPU (or MIG slot) as of now."""
+    def gpm_counters(self, gpu: int, gpu_instance: int | None) -> dict[str, float]:
+        """The GPM counters of a GPU (or one of its MIG GPU instances) as of now."""
         with self.lock:
             self.advance()
             self._integrate(self.clock())
-            return dict(self.gpm_integral[(gpu, slot)])
+            return dict(self.gpm_integral[(gpu, gpu_instance)])
 
     def _integrate(self, until: float) -> None:
         dt = until - self._integrated_to
         if dt <= 0:
             return
-        for (index, slot), acc in self.gpm_integral.items():
-            for metric, percent in self.gpm_percent(self.gpus[index], slot).items():
+        for (index, gi), acc in self.gpm_integral.items():
+            for metric, percent in self.gpm_percent(self.gpus[index], gi).items():
                 acc[metric] += percent * dt
         self._integrated_to = until
 
-    def gpm_percent(self, gpu: SimGpu, slot: int | None = None) -> dict[str, float]:
-        """Current GPM percentages of a GPU (or one MIG instance): scenario values for the
-        whole GPU, else derived from the SM shares of the processes running there."""
+    def gpm_percent(self, gpu: SimGpu, gpu_instance: int | None = None) -> dict[str, float]:
+        """Current GPM percentages of a GPU (or one MIG GPU instance): scenario values for
+        the whole GPU, else derived from the SM shares of the processes running there (in
+        every compute instance of the GPU instance, each share of the GPU instance)."""
         procs = [
             p
             for p in self.listed_processes(gpu.index)
-            if p.alive and (slot is None or p.mig == slot)
+            if p.alive
+            and (
+                gpu_instance is None
+                or (
+                    p.gpu == gpu.index
+                    and p.mig is not None
+                    and gpu.mig[p.mig].gpu_instance_id == gpu_instance
+                )
+            )
         ]
         sm = float(min(100, sum(p.sm for p in procs)))
         derived = {
@@ -183,7 +193,7 @@ class SimNode:
             "fp32_active": sm * 0.2,
             "fp16_active": sm * 0.1,
         }
-        return derived if slot is not None else {**derived, **gpu.gpm}
+        return derived if gpu_instance is not None else {**derived, **gpu.gpm}
 
     # -- views ------------------------------------------------------------------------
 

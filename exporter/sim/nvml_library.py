@@ -6,9 +6,16 @@ its results through the same ctypes out-parameters the C library would, so every
 above it — pynvml's marshalling, error classes, struct decoding, and our NVML source —
 runs unchanged. It is the only fake under the exporter's NVML path.
 
-Entry points a scenario lists in ``missing_functions`` raise AttributeError (pynvml
-turns that into FunctionNotFound, like an older driver); names in a GPU's
-``unsupported`` list return NOT_SUPPORTED for that GPU; a lost GPU answers GPU_IS_LOST.
+Entry points a scenario lists in ``missing_functions`` (or that its ``driver_version``
+predates) raise AttributeError (pynvml turns that into FunctionNotFound, like an older
+driver); names in a GPU's ``unsupported`` list return NOT_SUPPORTED for that GPU; a lost
+GPU answers GPU_IS_LOST; the scenario's ``call_errors`` make one entry point answer an
+error code for a while (on every handle, one GPU's or one MIG device's).
+
+GPM counters refresh every ``GPM_REFRESH_S``, as the hardware's do: NVML's GPM docs ask
+for more than 100 ms between two samples "due to the internal sample refresh rate"
+(docs.nvidia.com/deploy/nvml-api/group__nvmlGpmFunctions.html). Two samples taken within
+one refresh period hold the same counters, so metrics between them read 0.
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
 VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 NOT_AVAILABLE = 0xFFFFFFFF
+GPM_REFRESH_S = 0.1  # how often GPM counters move; samples closer than this see no change
 MAX_MIG_DEVICES = 7
 SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
 
 _GPU_BASE = 0x1000
-_GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]  # time, device, counters
+# refresh time, (GPU, GPU instance or None), counters
+_GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]
 _MIG_BASE = 0x100000
 _GPM_METRIC_KEYS = {
     pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics_active",
@@ -92,6 +101,9 @@ def device_call(fn: Callable[..., int]) -> Callable[..., int]:
                 return GPU_IS_LOST
             if fn.__name__ in gpu.unsupported:
                 return NOT_SUPPORTED
+            error = self.injected_error(fn.__name__, gpu, mig)
+            if error is not None:
+                return error
             return fn(self, gpu, mig, *args)
 
     return wrapper
@@ -104,9 +116,8 @@ class SimNvmlLibrary:
         self.node = node
         self._init_count = 0  # nvmlInit is reference-counted, as in the real library
         self._ids = itertools.count(1)
-        self._gpm_samples: dict[
-            int, tuple[float, tuple[int, int | None], dict[str, float]] | None
-        ] = {}
+        self._gpm_samples: dict[int, _GpmSample | None] = {}
+        self._gpm_refreshed: dict[tuple[int, int | None], tuple[float, dict[str, float]]] = {}
         self._event_sets: dict[int, dict[str, Any]] = {}
 
     # -- handles ----------------------------------------------------------------------
@@ -121,6 +132,16 @@ class SimNvmlLibrary:
             return None
         if _GPU_BASE <= address < _GPU_BASE + len(gpus):
             return gpus[address - _GPU_BASE], None
+        return None
+
+    def injected_error(self, call: str, gpu: SimGpu | None, mig: SimMig | None) -> int | None:
+        """The error a scenario's ``call_errors`` make this call answer now, if any."""
+        now = self.node.now()
+        index = None if gpu is None else gpu.index
+        slot = None if gpu is None or mig is None else gpu.mig.index(mig)
+        for entry in self.node.scenario.call_errors:
+            if entry.applies(call, index, slot, now):
+                return entry.error
         return None
 
     # -- system -----------------------------------------------------------------------
@@ -175,6 +196,10 @@ class SimNvmlLibrary:
     def nvmlDeviceGetCount_v2(self, out: Any) -> int:
         if not self.initialised:
             return UNINITIALIZED
+        self.node.advance()
+        error = self.injected_error("nvmlDeviceGetCount_v2", None, None)
+        if error is not None:
+            return error
         _out(out).value = len(self.node.gpus)
         return SUCCESS
 
@@ -292,6 +317,14 @@ class SimNvmlLibrary:
     def nvmlDeviceGetCurrentClocksEventReasons(
         self, gpu: SimGpu, mig: SimMig | None, out: Any
     ) -> int:
+        _out(out).value = gpu.clock_event_reasons
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetCurrentClocksThrottleReasons(
+        self, gpu: SimGpu, mig: SimMig | None, out: Any
+    ) -> int:
+        """The same bits under the name drivers before R535 export (deprecated since)."""
         _out(out).value = gpu.clock_event_reasons
         return SUCCESS
 
@@ -504,29 +537,39 @@ class SimNvmlLibrary:
     def nvmlGpmSampleFree(self, sample: Any) -> int:
         return SUCCESS if self._gpm_samples.pop(_address(sample), 0) != 0 else INVALID_ARGUMENT
 
-    def _gpm_sample(self, gpu: SimGpu, slot: int | None, sample: Any) -> int:
+    def _gpm_sample(self, gpu: SimGpu, gpu_instance: int | None, sample: Any) -> int:
+        """The counters as of their last refresh: a sample within ``GPM_REFRESH_S`` of
+        the previous refresh gets the same counters (and time) as that one."""
         if not gpu.gpm_supported:
             return NOT_SUPPORTED
         sample_id = _address(sample)
         if sample_id not in self._gpm_samples:
             return INVALID_ARGUMENT
-        integral = self.node.gpm_counters(gpu.index, slot)
-        self._gpm_samples[sample_id] = (self.node.now(), (gpu.index, slot), integral)
+        key = (gpu.index, gpu_instance)
+        now = self.node.now()
+        refreshed = self._gpm_refreshed.get(key)
+        if refreshed is None or now - refreshed[0] >= GPM_REFRESH_S:
+            refreshed = self._gpm_refreshed[key] = (
+                now,
+                self.node.gpm_counters(gpu.index, gpu_instance),
+            )
+        self._gpm_samples[sample_id] = (refreshed[0], key, refreshed[1])
         return SUCCESS
 
     @device_call
     def nvmlGpmSampleGet(self, gpu: SimGpu, mig: SimMig | None, sample: Any) -> int:
-        return self._gpm_sample(gpu, gpu.mig.index(mig) if mig else None, sample)
+        """On a MIG device handle, the counters of its GPU instance."""
+        return self._gpm_sample(gpu, mig.gpu_instance_id if mig else None, sample)
 
     @device_call
     def nvmlGpmMigSampleGet(
         self, gpu: SimGpu, mig: SimMig | None, gpu_instance: Any, sample: Any
     ) -> int:
+        """A GPU instance's counters: every compute instance in it counts."""
         gi = _value(gpu_instance)
-        slots = [i for i, m in enumerate(gpu.mig) if m.gpu_instance_id == gi]
-        if not slots:
+        if all(m.gpu_instance_id != gi for m in gpu.mig):
             return NOT_FOUND
-        return self._gpm_sample(gpu, slots[0], sample)
+        return self._gpm_sample(gpu, gi, sample)
 
     def nvmlGpmMetricsGet(self, request: Any) -> int:
         req = _out(request)

@@ -37,7 +37,14 @@ NVML_ERROR_CODES = {
     "GPU_IS_LOST": 15,
     "NOT_SUPPORTED": 3,
     "NO_DATA": 21,
+    "INVALID_ARGUMENT": 2,
+    "NOT_FOUND": 6,
 }
+# Entry points newer than some drivers, by the driver branch that added them: a scenario
+# whose driver_version is older lacks them (FunctionNotFound), as a real R525 driver does.
+# nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons in R535 (pynvml
+# 12.535.77 is the first nvidia-ml-py to call it; 11.525.150 only has the older name).
+ADDED_IN_DRIVER = {"nvmlDeviceGetCurrentClocksEventReasons": 535}
 
 
 class ScenarioError(ValueError):
@@ -51,6 +58,28 @@ class SimMig:
     compute_instance_id: int
     memory_total: int
     uuid: str = ""
+
+
+@dataclass
+class SimCallError:
+    """An NVML entry point that answers ``error`` from ``start`` until ``until`` (simulated
+    seconds; None: for good), on every handle or only on one GPU's (or MIG device's)."""
+
+    call: str  # the C symbol, e.g. nvmlDeviceGetCount_v2, nvmlGpmSampleGet
+    error: int
+    gpu: int | None = None
+    mig: int | None = None  # index into the GPU's MIG list: calls on that MIG handle only
+    start: float = 0.0
+    until: float | None = None
+
+    def applies(self, call: str, gpu: int | None, mig: int | None, now: float) -> bool:
+        if call != self.call or now < self.start:
+            return False
+        if self.until is not None and now >= self.until:
+            return False
+        if self.gpu is not None and gpu != self.gpu:
+            return False
+        return self.mig is None or mig == self.mig
 
 
 @dataclass
@@ -148,6 +177,7 @@ class Scenario:
     processes: list[SimProcess]
     timeline: list[SimEvent]
     allocator: str = "nvidia"
+    call_errors: list[SimCallError] = field(default_factory=list)
 
 
 def parse_size(value: object, where: str) -> int:
@@ -423,6 +453,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "cuda_driver_version",
             "missing_functions",
             "nvml_init_error",
+            "call_errors",
             "gpu_defaults",
             "gpus",
             "pods",
@@ -475,20 +506,59 @@ def parse_scenario(data: object, name: str) -> Scenario:
     timeline = sorted(
         (_event(e, i) for i, e in enumerate(root.get("timeline") or [])), key=lambda e: e.at
     )
+    driver_version = str(root.get("driver_version", "550.90.07"))
     return Scenario(
         name=name,
         description=str(root.get("description", "")),
         node_name=node,
-        driver_version=str(root.get("driver_version", "550.90.07")),
+        driver_version=driver_version,
         nvml_version=str(root.get("nvml_version", "12.550.90.07")),
         cuda_driver_version=int(root.get("cuda_driver_version", 12040)),
-        missing_functions=set(root.get("missing_functions") or []),
+        missing_functions=set(root.get("missing_functions") or []) | _newer_than(driver_version),
         nvml_init_error=NVML_ERROR_CODES[init_error] if init_error else None,
         gpus=gpus,
         pods=pods,
         processes=processes,
         timeline=timeline,
         allocator=str(allocator),
+        call_errors=[
+            _call_error(_expect_mapping(e, f"call_errors[{i}]"), f"call_errors[{i}]", gpus)
+            for i, e in enumerate(root.get("call_errors") or [])
+        ],
+    )
+
+
+def _newer_than(driver_version: str) -> set[str]:
+    """Entry points the scenario's driver branch predates."""
+    try:
+        branch = int(driver_version.split(".")[0])
+    except ValueError as exc:
+        raise ScenarioError(f"driver_version: {driver_version!r} is not like 550.90.07") from exc
+    return {name for name, added in ADDED_IN_DRIVER.items() if branch < added}
+
+
+def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCallError:
+    _check_keys(data, {"call", "error", "gpu", "mig", "from", "until"}, where)
+    if not data.get("call"):
+        raise ScenarioError(f"{where}.call: name the NVML entry point, e.g. nvmlGpmSampleGet")
+    error = data.get("error")
+    if error not in NVML_ERROR_CODES:
+        raise ScenarioError(f"{where}.error: {error!r} is not one of {sorted(NVML_ERROR_CODES)}")
+    gpu, mig = data.get("gpu"), data.get("mig")
+    if gpu is not None and not (isinstance(gpu, int) and 0 <= gpu < len(gpus)):
+        raise ScenarioError(f"{where}.gpu: {gpu!r} is not a GPU index")
+    if mig is not None and (
+        gpu is None or not (isinstance(mig, int) and 0 <= mig < len(gpus[gpu].mig))
+    ):
+        raise ScenarioError(f"{where}.mig: {mig!r} is not a MIG instance of the GPU named by gpu")
+    until = data.get("until")
+    return SimCallError(
+        call=str(data["call"]),
+        error=NVML_ERROR_CODES[error],
+        gpu=gpu,
+        mig=mig,
+        start=float(data.get("from", 0.0)),
+        until=None if until is None else float(until),
     )
 
 
