@@ -7,6 +7,7 @@ test polls ``snapshot()``; the devices are shaped like those NVIDIA's DRA driver
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -403,6 +404,10 @@ def test_is_the_resourceslices_source_and_close_stops_its_thread(
     assert [r.outcome for r in fake.requests if r.watch] == ["closed"]
 
 
+def relisted(fake: FakeKubeApi, times: int) -> bool:
+    return lists(fake) == times
+
+
 def test_410_gone_twice_in_a_row_relists_each_time_and_never_marks_the_source_down(
     fake: FakeKubeApi,
     make_watcher: Callable[..., ResourceSliceWatcher],
@@ -416,7 +421,7 @@ def test_410_gone_twice_in_a_row_relists_each_time_and_never_marks_the_source_do
     watcher = watching(fake, make_watcher, nvidia_slice("n1-a", NODE, gpu(0, UUID_0)))
     for round_ in (1, 2, 3):
         fake.expire_history()  # in-stream 410 on the open watch
-        wait_for(lambda r=round_: lists(fake) == r + 1, what=f"relist {round_}")
+        wait_for(functools.partial(relisted, fake, round_ + 1), what=f"relist {round_}")
         wait_for(lambda: fake.watcher_count == 1, what="watch reopened")
         assert watcher.status() == SourceStatus("resourceslices", True, None)
     assert watcher.errors_total == 0
