@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import shutil
 import socket
 import tempfile
@@ -31,6 +33,7 @@ from exporter.sources.podresources.client import (
     PodResourcesClient,
     resource_name_matches,
 )
+from exporter.sources.podresources.source import PodResourcesSource
 
 GPU0 = "GPU-8a1b2c3d-0000-1111-2222-333344445555"
 GPU1 = "GPU-8a1b2c3d-0000-1111-2222-333344446666"
@@ -794,3 +797,42 @@ async def test_claims_are_grouped_per_container_and_claim_on_the_wire(
         "side": [("ml", "t-side-gpu", ["gpu-2"])],
     }
     assert not pod.containers[0].dynamic_resources[0].claim_resources[0].HasField("share_id")
+
+
+async def test_agent_start_fetches_once_and_says_connected_once(
+    start_server: ServerFactory, client: PodResourcesClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The agent starts every source's run() and then primes them: the first fetch is
+    # run()'s, and prime() waits for it instead of racing it with a second one.
+    calls: list[int] = []
+
+    def provider() -> tuple[tuple[ContainerDevices, ...], tuple[AllocatableDevices, ...]]:
+        calls.append(1)
+        return (ContainerDevices("ml", "a", "c", "nvidia.com/gpu", (GPU0,)),), ALLOCATABLE
+
+    await start_server(provider)
+    await client.fetch()
+    per_fetch = len(calls)  # the provider answers each RPC of a fetch
+    calls.clear()
+    caplog.set_level(logging.INFO, logger="exporter.sources.podresources.source")
+    source = PodResourcesSource(client, interval_s=60)
+    task = asyncio.create_task(source.run())
+    try:
+        await source.prime(5.0)
+        assert source.status().up
+        assert len(calls) == per_fetch
+        connected = [r for r in caplog.records if "connected" in r.getMessage()]
+        assert len(connected) == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_prime_without_run_fetches_itself(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    await start_server(static((), ()))
+    source = PodResourcesSource(client)
+    await source.prime(5.0)  # the test harness primes without a refresh task
+    assert source.status().up

@@ -31,6 +31,7 @@ class PodResourcesSource(Source):
             ok=False, timestamp=time.time(), error="not fetched yet"
         )
         self._errors_total = 0
+        self._inflight: asyncio.Task[None] | None = None  # the fetch under way
 
     @property
     def client(self) -> PodResourcesClient:
@@ -48,9 +49,21 @@ class PodResourcesSource(Source):
             await asyncio.sleep(delay)
 
     async def prime(self, timeout_s: float) -> None:
-        await self.refresh()
+        await self.refresh()  # shares run()'s first fetch when both start together
 
     async def refresh(self) -> None:
+        """Fetch once; a caller arriving while a fetch is under way shares it."""
+        task = self._inflight
+        if task is None:
+            task = self._inflight = asyncio.create_task(self._fetch())
+            task.add_done_callback(self._fetched)
+        await task
+
+    def _fetched(self, task: asyncio.Task[None]) -> None:
+        if self._inflight is task:
+            self._inflight = None
+
+    async def _fetch(self) -> None:
         previous_ok = self._snapshot.ok
         self._snapshot = await self._client.fetch()
         if not self._snapshot.ok:
