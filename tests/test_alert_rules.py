@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.system_tools import require_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
 UNIT_TESTS = ALERTS / "tests"
@@ -35,14 +37,7 @@ PROMETHEUS_METRICS = {"up", "ALERTS"}
 
 
 def require_promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool not found on PATH. Install Debian's prometheus package, which ships "
-            "it: apt-get update && apt-get install -y prometheus",
-            pytrace=False,
-        )
-    return path
+    return require_tool("promtool")
 
 
 def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

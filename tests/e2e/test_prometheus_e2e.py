@@ -13,7 +13,8 @@ The tests below then assert on what the run saw; each failure message carries th
 states and the relevant lines of the exporter's last scrape.
 
 Prometheus (`/usr/bin/prometheus`, Debian's `prometheus` package, as promtool) is
-required: without it the run fails, like the promtool tests, rather than skips.
+needed: without it the run skips with a one-line reason, or fails in CI
+(tests/system_tools.py).
 
 Self-check: `GPU_E2E_BREAK=rule` breaks GPUIsolationLeak's expression in the loaded copy
 and `GPU_E2E_BREAK=query` breaks one dashboard query; either must make a test below fail.
@@ -26,7 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +58,7 @@ from tests.e2e.stack import (
     wait_until,
     write_prometheus_config,
 )
+from tests.system_tools import require_tool
 from tests.test_alert_rules import (
     ALERTS,
     alerting_rules,
@@ -395,13 +396,7 @@ def read_allocation_forms_run(api: PromApi, run: Run, prometheus: Child) -> None
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail(
-            "prometheus not found on PATH. Install Debian's prometheus package: "
-            "apt-get update && apt-get install -y prometheus",
-            pytrace=False,
-        )
+    binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("e2e")
     began = time.monotonic()
     exporter_port, prom_port = free_port(), free_port()
