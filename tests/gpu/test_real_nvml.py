@@ -2,42 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from exporter.sources.nvml import NvmlSource
-from exporter.sources.xid import XidListener
 from tests.gpu.conftest import requires_gpu, requires_torch
-from tests.gpu.workloads import WORKLOAD
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
-
-
-@pytest.fixture
-def workload(tmp_path: Path) -> Iterator[object]:
-    script = tmp_path / "work.py"
-    script.write_text(WORKLOAD)
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*args: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True
-        )
-        started.append(process)
-        assert process.stdout is not None
-        while process.stdout.readline().strip() != "ready":
-            assert process.poll() is None, "workload died before it was ready"
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
-        process.wait()
 
 
 def test_real_gpus_are_read_with_memory_v2_and_identity(real_nvml: None) -> None:
@@ -101,17 +73,3 @@ def test_a_process_holding_memory_is_listed_with_its_memory(
     listed = {p.pid: p.memory_used_bytes for g in snapshot.gpus for p in g.processes}
     assert process.pid in listed
     assert (listed[process.pid] or 0) >= 2048 * 2**20
-
-
-def test_xid_event_set_registers_and_times_out_quietly(real_nvml: None) -> None:
-    events: list[object] = []
-    listener = XidListener(events.append)
-    listener.start()
-    try:
-        time.sleep(3.0)
-        assert listener.alive
-        assert listener.registered, "no GPU accepted XID event registration"
-        assert listener.errors_total == 0, listener.last_error
-    finally:
-        listener.stop()
-    assert events == []  # a healthy GPU raises no XIDs in 3 s
