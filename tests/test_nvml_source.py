@@ -3,11 +3,14 @@ through pynvml's real marshalling; failures stay confined to the query or GPU at
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pynvml
 import pytest
 
+from exporter.analysis.health import HealthPolicy, assess
 from exporter.model import GpuProcess, NvmlSnapshot, ProcessUtilization, RemappedRows
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import SIM_EPOCH_S, install
@@ -236,6 +239,23 @@ def test_not_supported_queries_give_none_not_zero_and_are_not_errors(sim: list[S
     assert snap.errors == ()
 
 
+def test_a_query_refused_for_lack_of_permission_is_absent_and_counted_not_unsupported(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        "gpus": [{"ecc_uncorrected": 2}],
+        "call_errors": [{"call": "nvmlDeviceGetTotalEccErrors", "error": "NO_PERMISSION"}],
+    }
+    s = start(sim, scenario)
+    for t in (0.0, 5.0):  # asked again every cycle, never switched off
+        snap = s.sample_at(t)
+        assert snap.ok and snap.gpus[0].error is None
+        assert snap.gpus[0].ecc_uncorrected_total is None
+        assert snap.errors == (("ecc", "NoPermission"),) * 3
+    s.node.scenario.call_errors.clear()  # permission granted
+    assert s.sample_at(10.0).gpus[0].ecc_uncorrected_total == 2
+
+
 def test_missing_v3_process_listings_fall_back_to_v2_and_still_list_every_kind(
     sim: list[Sim],
 ) -> None:
@@ -262,6 +282,31 @@ def test_missing_memory_info_v2_falls_back_to_v1_where_used_includes_reserved(
     assert gpu.memory_used_bytes == RICH_USED + 1 * GiB
     assert gpu.memory_free_bytes == 80 * GiB - RICH_USED - 1 * GiB
     assert gpu.memory_reserved_bytes is None
+
+
+def test_clock_event_reasons_fall_back_to_the_throttle_name_on_r525_to_r530_drivers(
+    sim: list[Sim],
+) -> None:
+    # R525 exports only nvmlDeviceGetCurrentClocksThrottleReasons (same bits)
+    scenario = {"driver_version": "525.147.05", "gpus": [{"clock_event_reasons": 0x20 | 0x4}]}
+    s = start(sim, scenario)
+    snap = s.sample_at(0.0)
+    assert snap.gpus[0].clock_event_reasons == 0x20 | 0x4
+    assert snap.errors == ()
+    # so the thermal slowdown is seen there too
+    (health,) = assess(snap.gpus, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
+    assert [r.reason for r in health.reasons] == ["thermal_slowdown"]
+
+
+def test_clock_event_reasons_are_absent_where_neither_name_exists(sim: list[Sim]) -> None:
+    scenario = {
+        "driver_version": "525.147.05",
+        "missing_functions": ["nvmlDeviceGetCurrentClocksThrottleReasons"],
+        "gpus": [{"clock_event_reasons": 0x20}],
+    }
+    snap = start(sim, scenario).sample_at(0.0)
+    assert snap.gpus[0].clock_event_reasons is None
+    assert snap.errors == ()
 
 
 # -- GPU failures --------------------------------------------------------------------------
@@ -359,6 +404,24 @@ def test_nvml_init_is_retried_only_after_a_growing_backoff(sim: list[Sim]) -> No
     assert len(up.gpus) == 1 and up.gpus[0].memory_total_bytes == 80 * GiB
 
 
+def test_a_failed_device_count_is_a_failed_sample_retried_with_backoff(sim: list[Sim]) -> None:
+    # nvmlInit succeeds but nvmlDeviceGetCount does not, until t=3
+    scenario = {
+        "gpus": [{}, {}],
+        "call_errors": [{"call": "nvmlDeviceGetCount_v2", "error": "UNKNOWN", "until": 3}],
+    }
+    s = start(sim, scenario)
+    for t in (0.0, 0.5, 1.0, 2.0):  # never "ok with no GPUs"
+        down = s.sample_at(t)
+        assert not down.ok, t
+        assert down.gpus == ()
+        assert (down.error or "").startswith("Unknown")
+        assert not pynvml.nvmlLib.initialised  # NVML shut down again, not left half-open
+    up = s.sample_at(3.0)  # retried at 1.0 + 1.6..2 s
+    assert up.ok and up.error is None
+    assert len(up.gpus) == 2 and all(g.error is None for g in up.gpus)
+
+
 # -- MIG -----------------------------------------------------------------------------------
 
 
@@ -419,6 +482,126 @@ def test_mig_occupancy_is_per_instance_from_its_own_processes(sim: list[Sim]) ->
         [0.40, 0.15, 0.70]
     )
     assert all(m.occupancy is not None and m.occupancy.source == "gpm" for m in migs)
+
+
+MIG_GPU: dict[str, object] = {
+    "gpus": [
+        {
+            "mig": [
+                {"profile": "1c.3g.40gb", "gpu_instance_id": 2, "compute_instance_id": 0},
+                {"profile": "2c.3g.40gb", "gpu_instance_id": 2, "compute_instance_id": 1},
+                {"profile": "3g.40gb", "gpu_instance_id": 1, "compute_instance_id": 0},
+            ]
+        }
+    ],
+    "host_processes": [
+        {"pid": 2001, "gpu": 0, "mig": 0, "sm": 25, "memory": "1GiB"},
+        {"pid": 2002, "gpu": 0, "mig": 1, "sm": 45, "memory": "2GiB"},
+        {"pid": 2003, "gpu": 0, "mig": 2, "sm": 10, "memory": "3GiB"},
+    ],
+}
+
+
+def _healthy(snap: NvmlSnapshot) -> bool:
+    verdicts = assess(snap.gpus, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
+    return all(not v.reasons for v in verdicts)
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetUUID"],
+)
+def test_a_mig_device_whose_identity_cannot_be_read_is_left_out_and_its_gpu_stays_healthy(
+    sim: list[Sim], call: str
+) -> None:
+    scenario = {
+        **MIG_GPU,
+        "call_errors": [{"call": call, "error": "INVALID_ARGUMENT", "gpu": 0, "mig": 1}],
+    }
+    s = start(sim, scenario)
+    for t in (0.0, 5.0):
+        snap = s.sample_at(t)
+        gpu = snap.gpus[0]
+        assert gpu.error is None
+        assert [
+            (m.mig_index, m.gpu_instance_id, m.compute_instance_id) for m in gpu.mig_instances
+        ] == [
+            (0, 2, 0),
+            (2, 1, 0),
+        ]
+        assert gpu.mig_instances[0].processes[0].pid == 2001
+        assert snap.errors == (("mig_identity", "InvalidArgument"),)
+        assert _healthy(snap)
+
+
+def test_mig_handles_that_fail_leave_the_gpu_without_instances_but_healthy(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        **MIG_GPU,
+        "call_errors": [
+            {"call": "nvmlDeviceGetMigDeviceHandleByIndex", "error": "NO_PERMISSION", "gpu": 0}
+        ],
+    }
+    snap = start(sim, scenario).sample_at(0.0)
+    gpu = snap.gpus[0]
+    assert gpu.error is None and gpu.mig_enabled is True
+    assert gpu.mig_instances == ()
+    assert gpu.memory_total_bytes == 80 * GiB  # the whole GPU is still read
+    assert snap.errors and set(snap.errors) == {("mig_handle", "NoPermission")}
+    assert _healthy(snap)
+
+
+def test_a_mig_device_whose_memory_cannot_be_read_is_kept_without_memory(
+    sim: list[Sim],
+) -> None:
+    scenario = {
+        **MIG_GPU,
+        "call_errors": [
+            {"call": "nvmlDeviceGetMemoryInfo_v2", "error": "INVALID_ARGUMENT", "gpu": 0, "mig": 2}
+        ],
+    }
+    snap = start(sim, scenario).sample_at(0.0)
+    gpu = snap.gpus[0]
+    assert gpu.error is None
+    migs = {m.mig_index: m for m in gpu.mig_instances}
+    assert sorted(migs) == [0, 1, 2]
+    assert migs[2].memory_total_bytes is None and migs[2].memory_used_bytes is None
+    assert migs[0].memory_used_bytes == 1 * GiB
+    assert snap.errors == (("memory", "InvalidArgument"),)
+    assert _healthy(snap)
+
+
+def test_memory_refused_without_mig_monitoring_rights_is_an_error_not_a_lost_gpu(
+    sim: list[Sim],
+) -> None:
+    # in a container without NVIDIA_MIG_MONITOR_DEVICES, a MIG GPU's memory query answers
+    # NO_PERMISSION (NVIDIA/nvidia-container-toolkit#842, NVIDIA/k8s-device-plugin#399)
+    scenario = {
+        **MIG_GPU,
+        "call_errors": [{"call": "nvmlDeviceGetMemoryInfo_v2", "error": "NO_PERMISSION", "gpu": 0}],
+    }
+    s = start(sim, scenario)
+    for t in (0.0, 5.0):  # asked again, and counted, every cycle
+        snap = s.sample_at(t)
+        gpu = snap.gpus[0]
+        assert gpu.error is None
+        assert gpu.memory_total_bytes is None and gpu.memory_used_bytes is None
+        assert [m.memory_total_bytes for m in gpu.mig_instances] == [None, None, None]
+        assert snap.errors == (("memory", "NoPermission"),) * 4  # the GPU and its 3 MIG devices
+        assert _healthy(snap)
+
+
+def test_compute_instances_of_one_gpu_instance_share_its_gpm_figures(sim: list[Sim]) -> None:
+    # GPM measures a GPU instance; NVML wants > 100 ms between its two samples, so the
+    # GPU instance is sampled once per cycle and both compute instances show that window
+    s = start(sim, MIG_GPU)
+    s.sample_at(0.0)
+    for t in (10.0, 15.0):
+        migs = s.sample_at(t).gpus[0].mig_instances
+        sm = [m.occupancy.sm_active if m.occupancy else None for m in migs]
+        assert sm == pytest.approx([0.70, 0.70, 0.10]), t
+        assert migs[0].occupancy == migs[1].occupancy
 
 
 # -- GPM occupancy -------------------------------------------------------------------------
@@ -541,3 +724,46 @@ def test_a_gpu_that_comes_back_does_not_leak_the_drivers_gpm_buffers() -> None:
     finally:
         source.close()
     assert library._gpm_samples == {}  # close() frees everything
+
+
+def test_gpm_losing_permission_is_counted_logged_once_retried_and_comes_back(
+    sim: list[Sim], caplog: pytest.LogCaptureFixture
+) -> None:
+    # DCGM issue #214: nvmlGpmSampleGet answers NO_PERMISSION after a while in an
+    # unprivileged container; here from t=20 until t=60
+    scenario = {
+        "gpus": [{"gpm": {"sm_active": 50}}, {"gpm": {"sm_active": 30}}],
+        "call_errors": [
+            {
+                "call": "nvmlGpmSampleGet",
+                "error": "NO_PERMISSION",
+                "gpu": 0,
+                "from": 20,
+                "until": 60,
+            }
+        ],
+    }
+    s = start(sim, scenario)
+    caplog.set_level(logging.INFO, logger="exporter.sources.nvml")
+    snaps = {t: s.sample_at(float(t)) for t in range(0, 90, 5)}
+    occupancy = {
+        t: (snap.gpus[0].occupancy.sm_active if snap.gpus[0].occupancy else None)
+        for t, snap in snaps.items()
+    }
+    assert occupancy[5] == occupancy[15] == pytest.approx(0.5)
+    assert all(occupancy[t] is None for t in range(20, 65, 5))
+    assert occupancy[85] == pytest.approx(0.5)  # back, not switched off for good
+    for t, snap in snaps.items():
+        assert snap.ok and snap.gpus[0].error is None, t  # NVML itself is fine
+        other = snap.gpus[1].occupancy  # the other GPU is not affected
+        assert t == 0 or (other is not None and other.sm_active == pytest.approx(0.3))
+    # every attempt is an error; retries back off (1, 2, 4, 8 s less jitter), so the
+    # cycle at 40 s does not try
+    for t in (20, 25, 30, 35):
+        assert snaps[t].errors == (("gpm", "NoPermission"),), t
+    assert snaps[40].errors == ()
+    # one line when it starts failing, one when it works again
+    lines = [r.getMessage() for r in caplog.records if "GPM" in r.getMessage()]
+    assert len(lines) == 2
+    assert "NoPermission" in lines[0] and "GPU 0" in lines[0]
+    assert "GPU 0" in lines[1]

@@ -1,12 +1,18 @@
 """NVML source: one blocking ``sample()`` per cycle, run in a worker thread.
 
 Failure isolation is the point of this file:
-- a query the GPU or driver does not support (NotSupported, FunctionNotFound,
-  NoPermission) gives ``None``, which exposition turns into *no series*, never a zero;
+- a query the GPU or driver does not support (NotSupported, FunctionNotFound) gives
+  ``None``, which exposition turns into *no series*, never a zero;
+- any other failed query (NoPermission above all: an unprivileged container, MIG
+  without monitoring rights, GPM after a while) also gives ``None`` but is counted as
+  an error and asked again next cycle (GPM: with backoff), never switched off;
+- a MIG device whose handle or identity cannot be read is left out and counted; its
+  GPU carries on;
 - a GPU that fails as a whole (GpuIsLost, Unknown) becomes a ``GpuSample`` with
   ``error`` set, and the other GPUs carry on;
-- NVML that cannot initialise at all gives ``NvmlSnapshot(ok=False)``; initialisation is
-  retried with backoff on later cycles, so a driver that comes up late is picked up.
+- NVML that cannot initialise at all, or cannot count its GPUs, gives
+  ``NvmlSnapshot(ok=False)``; initialisation is retried with backoff on later cycles,
+  so a driver that comes up late is picked up.
 """
 
 from __future__ import annotations
@@ -61,11 +67,16 @@ _PROCESS_LISTINGS: tuple[tuple[ProcessKind, str], ...] = (
 
 @dataclass
 class _GpmState:
-    """Two GPM sample buffers per device; metrics are computed between them."""
+    """Two GPM sample buffers per GPU (or MIG GPU instance); metrics are computed
+    between them. Sampling that fails other than as unsupported is retried with
+    backoff, never given up."""
 
-    samples: list[Any]
+    samples: list[Any] = field(default_factory=list)
     has_previous: bool = False
-    supported: bool | None = None
+    supported: bool | None = None  # None: not known yet
+    failing: str | None = None  # the error while sampling fails, e.g. NoPermission
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0, max_s=60.0))
+    retry_at: float = 0.0  # source clock
 
 
 @dataclass
@@ -113,11 +124,14 @@ class NvmlSource(Source):
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            delay = self._backoff.next_delay()
-            self._retry_at = self._clock() + delay
-            self._init_error = f"{error_name(exc)}: {exc}"
-            log.warning("NVML unavailable (%s); retrying in %.0f s", self._init_error, delay)
-            return False
+            return self._init_failed(exc)
+        try:
+            # Without the count there is nothing to sample: that is NVML down, not "no
+            # GPUs", so the init is undone and retried like a failed nvmlInit.
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self._optional(pynvml.nvmlShutdown)
+            return self._init_failed(exc)
         self._initialised, self._init_error = True, None
         self._backoff.reset()
         self._versions = (
@@ -125,10 +139,16 @@ class NvmlSource(Source):
             self._optional(pynvml.nvmlSystemGetNVMLVersion),
             self._cuda_version(),
         )
-        count = pynvml.nvmlDeviceGetCount()
         self._devices = [None] * count
         log.info("NVML initialised: %d GPU(s), driver %s", count, self._versions[0])
         return True
+
+    def _init_failed(self, exc: pynvml.NVMLError) -> bool:
+        delay = self._backoff.next_delay()
+        self._retry_at = self._clock() + delay
+        self._init_error = f"{error_name(exc)}: {exc}"
+        log.warning("NVML unavailable (%s); retrying in %.0f s", self._init_error, delay)
+        return False
 
     def close(self) -> None:
         if self._initialised:
@@ -249,9 +269,7 @@ class NvmlSource(Source):
             clock_memory_mhz=q(
                 "clock_memory", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM
             ),
-            clock_event_reasons=q(
-                "clock_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h
-            ),
+            clock_event_reasons=q("clock_event_reasons", _clock_event_reasons, h),
             pcie_replay_count=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
             ecc_corrected_total=q(
                 "ecc",
@@ -326,6 +344,11 @@ class NvmlSource(Source):
         except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
             pass
         except UNSUPPORTED:
+            return None, None, None, None
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._errors.append(("memory", error_name(exc)))
             return None, None, None, None
         v1 = self._query("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
         if v1 is None:
@@ -422,31 +445,67 @@ class NvmlSource(Source):
         return device.last_utilization
 
     def _mig_instances(self, device: _Device) -> tuple[MigInstance, ...]:
+        """The GPU's MIG devices (one per compute instance).
+
+        A MIG device whose handle or identity cannot be read is left out this cycle and
+        counted as an error; only a whole-GPU failure fails the GPU. GPM measures a GPU
+        instance and wants more than 100 ms between two samples, so each GPU instance
+        is sampled once per cycle and its compute instances share the figures.
+        """
         count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)
         instances = []
+        occupancy: dict[int, Occupancy | None] = {}  # per GPU instance, this cycle
         for i in range(count or 0):
-            try:
-                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, i)
-            except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+            mig = self._mig_handle(device, i)
+            identity = None if mig is None else self._mig_identity(mig)
+            if identity is None:
                 continue
-            gi = pynvml.nvmlDeviceGetGpuInstanceId(mig)
-            ci = pynvml.nvmlDeviceGetComputeInstanceId(mig)
+            gi, ci, uuid = identity
             name = self._query("name", pynvml.nvmlDeviceGetName, mig) or ""
             total, used, _, _ = self._memory(mig)
+            if gi not in occupancy:
+                occupancy[gi] = self._gpm(device, gi)
             instances.append(
                 MigInstance(
                     mig_index=i,
-                    uuid=pynvml.nvmlDeviceGetUUID(mig),
+                    uuid=uuid,
                     gpu_instance_id=gi,
                     compute_instance_id=ci,
                     profile=name.rpartition(" MIG ")[2] if " MIG " in name else "unknown",
                     memory_total_bytes=total,
                     memory_used_bytes=used,
                     processes=self._processes(mig, (gi, ci)),
-                    occupancy=self._gpm(device, gi),
+                    occupancy=occupancy[gi],
                 )
             )
         return tuple(instances)
+
+    def _mig_handle(self, device: _Device, index: int) -> Any | None:
+        """The MIG device in slot ``index``; None for an empty slot or an error."""
+        try:
+            return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, index)
+        except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+            return None  # no MIG device in this slot
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._errors.append(("mig_handle", error_name(exc)))
+            return None
+
+    def _mig_identity(self, mig: Any) -> tuple[int, int, str] | None:
+        """GPU instance id, compute instance id and UUID, or None (counted as an error)
+        when any is unreadable: without them the instance cannot be labelled."""
+        try:
+            return (
+                int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+                str(pynvml.nvmlDeviceGetUUID(mig)),
+            )
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._errors.append(("mig_identity", error_name(exc)))
+            return None
 
     # -- GPM --------------------------------------------------------------------------
 
@@ -454,20 +513,24 @@ class NvmlSource(Source):
         """Occupancy between this cycle's GPM sample and the previous one.
 
         The first cycle only primes the buffers, so it yields None; so does a GPU
-        without GPM (pre-Hopper), where these series are absent by design.
+        without GPM (pre-Hopper), where these series are absent by design. Any other
+        failure is an error, not "unsupported": NVML answers NoPermission to GPM in an
+        unprivileged container after minutes to an hour of working (DCGM issue #214),
+        and it may come back. So it is counted, logged when it starts and when it ends,
+        and retried with backoff; the series are absent meanwhile.
         """
-        state = device.gpm.get(gpu_instance)
-        if state is None:
-            supported = self._query("gpm_support", pynvml.nvmlGpmQueryDeviceSupport, device.handle)
-            if supported is None or not supported.isSupportedDevice:
-                device.gpm[gpu_instance] = _GpmState(samples=[], supported=False)
-                return None
-            buffers = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
-            state = device.gpm[gpu_instance] = _GpmState(samples=buffers, supported=True)
-        if not state.supported:
+        state = device.gpm.setdefault(gpu_instance, _GpmState())
+        if state.supported is False or self._clock() < state.retry_at:
             return None
-        previous, current = state.samples
         try:
+            if state.supported is None:
+                if not pynvml.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
+                    state.supported = False
+                    return None
+                while len(state.samples) < 2:
+                    state.samples.append(pynvml.nvmlGpmSampleAlloc())
+                state.supported = True
+            previous, current = state.samples
             if gpu_instance is None:
                 pynvml.nvmlGpmSampleGet(device.handle, current)
             else:
@@ -475,11 +538,38 @@ class NvmlSource(Source):
         except UNSUPPORTED:
             state.supported = False
             return None
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:
+            self._gpm_failed(state, _gpm_where(device, gpu_instance), error_name(exc))
+            return None
+        if state.failing is not None:
+            log.info(
+                "GPM on %s answers again (was %s)", _gpm_where(device, gpu_instance), state.failing
+            )
+            state.failing = None
+            state.backoff.reset()
         state.samples.reverse()  # the current sample becomes next cycle's previous
         if not state.has_previous:
             state.has_previous = True
             return None
         return self._gpm_metrics(previous, current)
+
+    def _gpm_failed(self, state: _GpmState, where: str, reason: str) -> None:
+        """Count it, pace the retries, say so once; the next success primes afresh, so
+        no window spans the gap."""
+        self._errors.append(("gpm", reason))
+        state.has_previous = False
+        state.retry_at = self._clock() + state.backoff.next_delay()
+        if state.failing != reason:
+            log.warning(
+                "GPM on %s fails (%s): its occupancy series are absent until it answers "
+                "again; retrying with backoff, each failure counted in "
+                'gpu_exporter_errors_total{source="nvml"}',
+                where,
+                reason,
+            )
+        state.failing = reason
 
     def _gpm_metrics(self, first: Any, second: Any) -> Occupancy | None:
         request = pynvml.c_nvmlGpmMetricsGet_t()
@@ -496,6 +586,24 @@ class NvmlSource(Source):
             ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
             values[key] = min(max(metric.value / 100.0, 0.0), 1.0) if ok else None
         return Occupancy(source="gpm", **values)
+
+
+def _gpm_where(device: _Device, gpu_instance: int | None) -> str:
+    where = f"GPU {device.index}"
+    return where if gpu_instance is None else f"{where} GPU instance {gpu_instance}"
+
+
+def _clock_event_reasons(handle: Any) -> int:
+    """Why the clocks are below their maximum: the slowdown bits health reads.
+
+    ``nvmlDeviceGetCurrentClocksEventReasons`` came with R535 (nvidia-ml-py 12.535.77
+    is the first to call it); R525-R530 drivers export the same bits only under the
+    older, since deprecated ``nvmlDeviceGetCurrentClocksThrottleReasons``.
+    """
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
 def _decode(value: bytes | str) -> str:

@@ -9,11 +9,12 @@ import pynvml
 NOT_AVAILABLE_ID = 0xFFFFFFFF
 
 # The device or driver cannot answer this: absent, never an error or a zero.
-UNSUPPORTED = (
-    pynvml.NVMLError_NotSupported,
-    pynvml.NVMLError_FunctionNotFound,
-    pynvml.NVMLError_NoPermission,
-)
+UNSUPPORTED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+# NoPermission is not among them: the driver could answer, only not to this process,
+# and that can start mid-run (GPM in an unprivileged container, DCGM issue #214) and
+# end again. Sampling counts it as an error and keeps asking; the XID listener skips
+# a GPU that will not register events for either reason.
+CANNOT_REGISTER_EVENTS = (*UNSUPPORTED, pynvml.NVMLError_NoPermission)
 
 
 def error_name(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ import pynvml
 
 from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
-from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
+from exporter.sources.nvml_codes import CANNOT_REGISTER_EVENTS, error_name, instance_id
 from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
@@ -169,13 +169,13 @@ class XidListener(ThreadedSource):
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             try:
                 supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-            except UNSUPPORTED:
+            except CANNOT_REGISTER_EVENTS:
                 supported = XID_EVENT  # cannot ask: try XIDs and let registration decide
             if not supported & XID_EVENT:
                 log.info("GPU %d does not deliver XID events; not listening to it", index)
                 return
             pynvml.nvmlDeviceRegisterEvents(handle, XID_EVENT, registration.event_set)
-        except UNSUPPORTED as exc:
+        except CANNOT_REGISTER_EVENTS as exc:
             log.info("GPU %d cannot register XID events (%s); skipped", index, error_name(exc))
             return
         except pynvml.NVMLError_GpuIsLost as exc:
