@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,13 +20,18 @@ from typing import NoReturn
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
 from exporter.model import (
+    DCGM_HOSTENGINE_PORT,
     GPU_DRA_DRIVERS,
+    GPU_OPERATOR_NAMESPACES,
     GPU_RESOURCE_NAMES,
     KUBELET_POD_RESOURCES_SOCKET,
     DcgmMode,
 )
 
 ENV_PREFIX = "GPU_EXPORTER_"
+# The host engine dcgm-exporter is pointed at (its -r flag's variable); the GPU Operator
+# sets it to its nvidia-dcgm Service when it runs a standalone host engine.
+DCGM_REMOTE_HOSTENGINE_INFO = "DCGM_REMOTE_HOSTENGINE_INFO"
 MIN_INTERVAL_S = 0.1
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The shipped scenarios are the YAML files beside the simulator; listed, not imported,
@@ -244,10 +250,20 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add("--kmsg-path", "The kernel log device.", default="/dev/kmsg", metavar="PATH")
     add(
         "--dcgm",
-        "DCGM profiling fields and health: 'auto' uses DCGM where its bindings "
-        "import and a host engine answers, 'off' never, HOST:PORT a remote host engine.",
+        "DCGM profiling fields and health: 'auto' tries the host engine named by "
+        f"${DCGM_REMOTE_HOSTENGINE_INFO}, the GPU Operator's nvidia-dcgm Service, then "
+        f"127.0.0.1:{DCGM_HOSTENGINE_PORT}, and only then starts an embedded host engine; "
+        "'off' never; HOST:PORT that host engine only.",
         default="auto",
         metavar="MODE",
+    )
+    add(
+        "--dcgm-operator-namespace",
+        "Comma-separated namespaces where --dcgm auto looks for the GPU Operator's "
+        f"nvidia-dcgm Service (nvidia-dcgm.<ns>.svc:{DCGM_HOSTENGINE_PORT}); 'auto': "
+        f"{', '.join(GPU_OPERATOR_NAMESPACES)}; '' none.",
+        default="auto",
+        metavar="LIST",
     )
     add(
         "--dcgm-bindings-path",
@@ -306,11 +322,38 @@ def parse_host_port(
     return host.strip("[]"), int(port_text)
 
 
-def parse_dcgm_mode(text: str) -> DcgmMode:
-    """``auto`` | ``off`` | ``HOST:PORT`` of a DCGM host engine."""
+def parse_dcgm_mode(
+    text: str,
+    *,
+    remote_info: str | None = None,
+    operator_namespaces: str = "auto",
+) -> DcgmMode:
+    """``auto`` | ``off`` | ``HOST:PORT`` of a DCGM host engine.
+
+    ``remote_info`` is DCGM_REMOTE_HOSTENGINE_INFO (``HOST:PORT``, or ``HOST`` for
+    DCGM's default port), ``operator_namespaces`` the --dcgm-operator-namespace list;
+    both only shape ``auto``'s search.
+    """
     value = text.strip()
-    if value.lower() in ("auto", "off"):
-        return DcgmMode(kind="auto" if value.lower() == "auto" else "off")
+    if value.lower() == "off":
+        return DcgmMode(kind="off")
+    if value.lower() == "auto":
+        names = operator_namespaces.strip()
+        namespaces = (
+            GPU_OPERATOR_NAMESPACES
+            if names.lower() == "auto"
+            else tuple(n.strip() for n in names.split(",") if n.strip())
+        )
+        for namespace in namespaces:
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
+                raise ConfigError(
+                    f"--dcgm-operator-namespace: {namespace!r} is not a namespace name"
+                )
+        return DcgmMode(
+            kind="auto",
+            remote_info=_remote_info(remote_info) if remote_info else None,
+            operator_namespaces=namespaces,
+        )
     try:
         parse_host_port(value, "--dcgm", "localhost:5555", need_host=True)
     except ConfigError:
@@ -318,6 +361,22 @@ def parse_dcgm_mode(text: str) -> DcgmMode:
             f"--dcgm must be 'auto', 'off' or HOST:PORT, got {text!r} (e.g. localhost:5555)"
         ) from None
     return DcgmMode(kind="hostengine", address=value)
+
+
+def _remote_info(text: str) -> str:
+    """DCGM_REMOTE_HOSTENGINE_INFO as HOST:PORT: DCGM connects a bare HOST to its
+    default port (dcgm_agent.h, dcgmConnect), so the port is made explicit."""
+    value = text.strip()
+    if value and ":" not in value:
+        value = f"{value}:{DCGM_HOSTENGINE_PORT}"
+    try:
+        parse_host_port(value, DCGM_REMOTE_HOSTENGINE_INFO, "nvidia-dcgm:5555", need_host=True)
+    except ConfigError:
+        raise ConfigError(
+            f"{DCGM_REMOTE_HOSTENGINE_INFO}: {text!r} is not HOST:PORT "
+            "(e.g. nvidia-dcgm.gpu-operator.svc:5555 or [::1]:5555)"
+        ) from None
+    return value
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
@@ -343,7 +402,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    dcgm = parse_dcgm_mode(args.dcgm)
+    dcgm = parse_dcgm_mode(
+        args.dcgm,
+        remote_info=env.get(DCGM_REMOTE_HOSTENGINE_INFO) or None,
+        operator_namespaces=args.dcgm_operator_namespace,
+    )
     retired_limit = _whole(args.retired_pages_limit, "--retired-pages-limit")
     idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
     orphan_mib = _positive_float(args.orphan_threshold, "--orphan-threshold", 0.0, unit=" MiB")

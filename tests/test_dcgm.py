@@ -10,6 +10,7 @@ restored: no test sees another's imports.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +18,19 @@ from typing import Any
 
 import pytest
 
+from exporter.config import ConfigError, parse_config
 from exporter.config import parse_dcgm_mode as parse_mode
 from exporter.model import DcgmHealthIncident, DcgmMode, Occupancy
 from exporter.sources.backoff import Backoff
-from exporter.sources.dcgm import DcgmSource
+from exporter.sources.dcgm import HELD_HINT, DcgmSource
 from tests.conftest import DCGM_BINDING_MODULES as BINDING_MODULES
 
 FAKE_BINDINGS = str(Path(__file__).parent / "fake_dcgm")
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 LOCAL = "127.0.0.1:5555"
+OPERATOR = "nvidia-dcgm.gpu-operator.svc:5555"  # the GPU Operator's Service, default namespace
+OPENSHIFT = "nvidia-dcgm.nvidia-gpu-operator.svc:5555"
 
 
 class FakeNode:
@@ -47,10 +51,20 @@ class FakeNode:
         self.path.write_text(json.dumps(self.state))
 
     def calls(self, fn: str) -> list[dict[str, Any]]:
+        return [c for c in self.all_calls() if c["fn"] == fn]
+
+    def all_calls(self) -> list[dict[str, Any]]:
         if not self.calls_log.exists():
             return []
-        lines = self.calls_log.read_text().splitlines()
-        return [c for c in map(json.loads, lines) if c["fn"] == fn]
+        return [json.loads(line) for line in self.calls_log.read_text().splitlines()]
+
+    def tried(self) -> list[str]:
+        """Host engines connected to, in order, then "embedded" if one was started."""
+        return [
+            c["target"].removeprefix("tcp://") if c["fn"] == "dcgmConnect_v3" else "embedded"
+            for c in self.all_calls()
+            if c["fn"] in ("dcgmConnect_v3", "dcgmStartEmbedded")
+        ]
 
 
 class FakeClock:
@@ -77,10 +91,10 @@ def make_source(clock: FakeClock) -> Iterator[Any]:
     made: list[DcgmSource] = []
 
     def make(
-        mode: str = "auto", bindings_path: str | None = FAKE_BINDINGS, **kw: Any
+        mode: str | DcgmMode = "auto", bindings_path: str | None = FAKE_BINDINGS, **kw: Any
     ) -> DcgmSource:
         source = DcgmSource(
-            parse_mode(mode),
+            parse_mode(mode) if isinstance(mode, str) else mode,
             bindings_path=bindings_path,
             clock=clock,
             backoff=Backoff(initial_s=1.0, max_s=8.0, jitter=0.0),
@@ -94,8 +108,11 @@ def make_source(clock: FakeClock) -> Iterator[Any]:
         source.close()
 
 
-def gpu(gpu_id: int, uuid: str, fields: dict[int, Any] | None = None) -> dict[str, Any]:
-    return {"id": gpu_id, "uuid": uuid, "fields": {str(k): v for k, v in (fields or {}).items()}}
+def gpu(
+    gpu_id: int, uuid: str, fields: dict[int, Any] | None = None, arch: str = "hopper"
+) -> dict[str, Any]:
+    fields = {str(k): v for k, v in (fields or {}).items()}
+    return {"id": gpu_id, "uuid": uuid, "arch": arch, "fields": fields}
 
 
 def all_fields(base: float) -> dict[int, float]:
@@ -252,8 +269,129 @@ def test_auto_uses_the_local_host_engine_when_one_answers(node: FakeNode, make_s
     source = make_source("auto")
     assert source.open() and source.available
     assert source.connected_to == f"host engine {LOCAL}"
-    assert node.calls("dcgmStartEmbedded") == []
-    assert [c["target"] for c in node.calls("dcgmConnect_v3")] == [f"tcp://{LOCAL}"]
+    assert node.tried() == [OPERATOR, OPENSHIFT, LOCAL]  # the Operator's Services first
+    assert [c["timeoutMs"] for c in node.calls("dcgmConnect_v3")] == [1000, 1000, 1000]
+
+
+def test_auto_finds_the_gpu_operator_host_engine_through_its_service(
+    node: FakeNode, make_source: Any
+) -> None:
+    """The Operator's nvidia-dcgm has no hostNetwork, so nothing answers on 127.0.0.1;
+    its Service (internalTrafficPolicy: Local) reaches this node's host engine."""
+    node.write(hostengines=[OPERATOR], gpus=[gpu(0, UUID_A, {1002: 0.4})])
+    source = make_source("auto")
+    snap = source.sample()
+    assert snap.ok and snap.occupancy[0][1].sm_active == 0.4
+    assert source.connected_to == f"host engine {OPERATOR}"
+    assert node.tried() == [OPERATOR]
+
+
+def test_auto_tries_remote_info_then_the_operator_service_then_localhost_then_embedded(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(hostengines=[], gpus=[gpu(0, UUID_A)])
+    config = parse_config(
+        ["--dcgm-operator-namespace", "gpu-ops"],
+        env={"DCGM_REMOTE_HOSTENGINE_INFO": "dcgm.example"},
+    )
+    source = make_source(config.dcgm)
+    assert source.sample().ok
+    assert node.tried() == ["dcgm.example:5555", "nvidia-dcgm.gpu-ops.svc:5555", LOCAL, "embedded"]
+    assert source.connected_to == "embedded host engine"
+
+
+def test_remote_info_wins_when_it_answers(node: FakeNode, make_source: Any) -> None:
+    node.write(hostengines=["[fd00::7]:5555", OPERATOR, LOCAL], gpus=[gpu(0, UUID_A)])
+    mode = parse_mode("auto", remote_info="[fd00::7]:5555")
+    source = make_source(mode)
+    assert source.open() and source.connected_to == "host engine [fd00::7]:5555"
+    assert node.tried() == ["[fd00::7]:5555"]
+
+
+def test_no_operator_namespace_leaves_only_localhost_before_embedded(
+    node: FakeNode, make_source: Any
+) -> None:
+    node.write(hostengines=[], gpus=[gpu(0, UUID_A)])
+    assert make_source(parse_mode("auto", operator_namespaces="")).open()
+    assert node.tried() == [LOCAL, "embedded"]
+
+
+def test_embedded_engine_on_pre_hopper_gpus_is_announced_before_it_watches_profiling(
+    node: FakeNode, make_source: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.write(
+        hostengines=[],
+        gpus=[gpu(0, UUID_A, {1002: 0.2}, arch="ampere"), gpu(1, UUID_B, {1002: 0.3})],
+    )
+    with caplog.at_level(logging.INFO, logger="exporter.sources.dcgm"):
+        snap = make_source("auto").sample()
+    assert snap.ok and len(snap.occupancy) == 2
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = warning.getMessage()
+    assert "embedded host engine on pre-Hopper" in message and UUID_A in message
+    assert UUID_B not in message  # Hopper reads GPM: no exclusive counters
+    assert "dcgm-exporter" in message and "--dcgm off" in message
+    calls = [c["fn"] for c in node.all_calls()]
+    assert calls.index("dcgmStartEmbedded") < calls.index("dcgmGetGpuChipArchitecture")
+    assert calls.index("dcgmGetGpuChipArchitecture") < calls.index("dcgmWatchFields")
+
+
+def test_embedded_engine_on_hopper_gpus_only_says_it_started(
+    node: FakeNode, make_source: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.write(
+        hostengines=[], gpus=[gpu(0, UUID_A, arch="hopper"), gpu(1, UUID_B, arch="blackwell")]
+    )
+    with caplog.at_level(logging.INFO, logger="exporter.sources.dcgm"):
+        assert make_source("auto").open()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("started an embedded host engine" in r.getMessage() for r in caplog.records)
+
+
+def test_dcgm_that_cannot_name_the_architecture_is_assumed_exclusive(
+    node: FakeNode, make_source: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.write(hostengines=[], chip_architecture=False, gpus=[gpu(0, UUID_A)])
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.dcgm"):
+        assert make_source("auto").open()
+    assert any(UUID_A in r.getMessage() for r in caplog.records)
+
+
+def test_shared_host_engine_is_never_warned_about(
+    node: FakeNode, make_source: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.write(hostengines=[OPERATOR], gpus=[gpu(0, UUID_A, arch="ampere")])
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.dcgm"):
+        assert make_source("auto").open()
+    assert caplog.records == [] and node.calls("dcgmGetGpuChipArchitecture") == []
+
+
+@pytest.mark.parametrize("status", ["IN_USE", "PROFILING_LIBRARY_ERROR"])
+def test_counters_held_by_another_profiling_client_are_named_and_health_stays(
+    node: FakeNode, make_source: Any, status: str
+) -> None:
+    """dcgm-exporter's own embedded engine (the GPU Operator default) holds an A100's
+    counters: ours gets them refused, keeps health, and says who to blame."""
+    node.write(
+        hostengines=[],
+        profiling_held_by="dcgm-exporter",
+        profiling_held_status=status,
+        gpus=[gpu(0, UUID_A, {1002: 0.5}, arch="ampere")],
+        health={"incidents": [{"gpu": 0, "system": "MEM", "health": "fail", "message": "DBE"}]},
+    )
+    snap = make_source("auto").sample()
+    assert snap.ok and snap.occupancy == ()
+    assert snap.error is not None and snap.error.startswith("profiling fields unavailable: ")
+    assert snap.error.endswith(f"({HELD_HINT})")
+    assert [i.system for i in snap.incidents] == ["mem"]
+
+
+def test_counters_of_hopper_gpus_are_not_exclusive(node: FakeNode, make_source: Any) -> None:
+    node.write(
+        hostengines=[], profiling_held_by="dcgm-exporter", gpus=[gpu(0, UUID_A, {1002: 0.5})]
+    )
+    snap = make_source("auto").sample()
+    assert snap.ok and snap.error is None and snap.occupancy[0][1].sm_active == 0.5
 
 
 def test_auto_falls_back_to_an_embedded_host_engine(node: FakeNode, make_source: Any) -> None:
@@ -405,9 +543,7 @@ def test_missing_libdcgm_is_reported_without_trying_embedded(
 ) -> None:
     node.write(library_found=False)
     snap = make_source("auto").sample()
-    assert snap.error == (
-        f"host engine {LOCAL}: DCGMError_LibraryNotFound: DCGM library could not be found"
-    )
+    assert snap.error == "libdcgm: DCGMError_LibraryNotFound: DCGM library could not be found"
     assert node.calls("dcgmStartEmbedded") == []
 
 
@@ -462,3 +598,53 @@ def test_parse_mode_accepts(value: str, expected: DcgmMode) -> None:
 def test_parse_mode_rejects(value: str) -> None:
     with pytest.raises(ValueError, match="--dcgm must be 'auto', 'off' or HOST:PORT"):
         parse_mode(value)
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "expected"),
+    [
+        ({}, [], (OPERATOR, OPENSHIFT, LOCAL)),
+        # dcgm-exporter's variable; a bare HOST means DCGM's default port
+        (
+            {"DCGM_REMOTE_HOSTENGINE_INFO": "nvidia-dcgm"},
+            [],
+            ("nvidia-dcgm:5555", OPERATOR, OPENSHIFT, LOCAL),
+        ),
+        ({"DCGM_REMOTE_HOSTENGINE_INFO": "127.0.0.1:5555"}, [], (LOCAL, OPERATOR, OPENSHIFT)),
+        (
+            {},
+            ["--dcgm-operator-namespace", "gpu, ops "],
+            ("nvidia-dcgm.gpu.svc:5555", "nvidia-dcgm.ops.svc:5555", LOCAL),
+        ),
+        ({"GPU_EXPORTER_DCGM_OPERATOR_NAMESPACE": ""}, [], (LOCAL,)),
+        # an explicit host engine is the only one, whatever the environment says
+        ({"DCGM_REMOTE_HOSTENGINE_INFO": "x:1"}, ["--dcgm", "10.0.0.7:5555"], ("10.0.0.7:5555",)),
+        ({"DCGM_REMOTE_HOSTENGINE_INFO": "x:1"}, ["--dcgm", "off"], ()),
+    ],
+)
+def test_auto_host_engines_come_from_the_environment_and_the_namespace_flag(
+    env: dict[str, str], argv: list[str], expected: tuple[str, ...]
+) -> None:
+    assert parse_config(argv, env=env).dcgm.hostengines == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "message"),
+    [
+        (
+            {"DCGM_REMOTE_HOSTENGINE_INFO": "host:port"},
+            [],
+            "DCGM_REMOTE_HOSTENGINE_INFO: 'host:port' is not HOST:PORT",
+        ),
+        (
+            {},
+            ["--dcgm-operator-namespace", "GPU_Operator"],
+            "--dcgm-operator-namespace: 'GPU_Operator'",
+        ),
+    ],
+)
+def test_bad_host_engine_settings_are_one_line_errors(
+    env: dict[str, str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(argv, env=env)

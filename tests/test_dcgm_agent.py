@@ -91,3 +91,21 @@ async def test_an_explicit_host_engine_that_is_down_is_reported_as_a_source_down
         scrape = await h.scrape()
     assert scrape.get("gpu_exporter_source_up", source="dcgm") == 0
     assert scrape.get("gpu_exporter_errors_total", source="dcgm") >= 1
+
+
+async def test_auto_reaches_the_gpu_operator_host_engine_through_its_service(
+    dcgm_state: Path,
+) -> None:
+    """No hostNetwork, nothing on 127.0.0.1: the Operator's nvidia-dcgm Service in the
+    namespace the chart names is where auto finds this node's host engine."""
+    state = json.loads(dcgm_state.read_text())
+    state["hostengines"] = ["nvidia-dcgm.gpu-ops.svc:5555"]
+    state["embedded"] = False
+    dcgm_state.write_text(json.dumps(state))
+    argv = ["--dcgm", "auto", "--dcgm-bindings-path", FAKE_BINDINGS]
+    argv += ["--dcgm-operator-namespace", "gpu-ops"]
+    async with simulated_exporter("single-gpu", argv=argv) as h:
+        await h.advance(5)
+        scrape = await h.scrape()
+    assert scrape.get("gpu_exporter_source_up", source="dcgm") == 1
+    assert scrape.get("gpu_sm_active_ratio", gpu="0") == pytest.approx(0.25)

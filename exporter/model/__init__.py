@@ -58,7 +58,9 @@ from exporter.model.state import (
     Streak,
 )
 from exporter.model.vocabulary import (
+    DCGM_HOSTENGINE_PORT,
     GPU_DRA_DRIVERS,
+    GPU_OPERATOR_NAMESPACES,
     GPU_RESOURCE_NAMES,
     KIND_DEAD_PROCESS,
     KIND_DELETED_POD,
@@ -84,7 +86,9 @@ from exporter.model.vocabulary import (
 )
 
 __all__ = [
+    "DCGM_HOSTENGINE_PORT",
     "GPU_DRA_DRIVERS",
+    "GPU_OPERATOR_NAMESPACES",
     "GPU_RESOURCE_NAMES",
     "KIND_DEAD_PROCESS",
     "KIND_DELETED_POD",

@@ -21,12 +21,40 @@ GPU_RESOURCE_NAMES: tuple[str, ...] = (
 GPU_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 
 
+# nv-hostengine's port (DCGM_HE_PORT_NUMBER), also the GPU Operator's nvidia-dcgm Service port.
+DCGM_HOSTENGINE_PORT: Final = 5555
+# Where the GPU Operator is installed by default: its Helm chart's documented namespace,
+# and the one OperatorHub suggests on OpenShift (gpu-operator README.md, bundle CSV).
+GPU_OPERATOR_NAMESPACES: tuple[str, ...] = ("gpu-operator", "nvidia-gpu-operator")
+
+
 @dataclass(frozen=True, slots=True)
 class DcgmMode:
     """A parsed ``--dcgm`` value: never, where available, or a named host engine."""
 
     kind: Literal["off", "auto", "hostengine"]
     address: str | None = None  # "HOST:PORT" when kind is "hostengine"
+    # auto only: DCGM_REMOTE_HOSTENGINE_INFO ("HOST:PORT"), as dcgm-exporter reads it
+    remote_info: str | None = None
+    # auto only: namespaces whose GPU Operator ``nvidia-dcgm`` Service may serve this node
+    operator_namespaces: tuple[str, ...] = GPU_OPERATOR_NAMESPACES
+
+    @property
+    def hostengines(self) -> tuple[str, ...]:
+        """Host engines to try, in order; ``auto`` starts an embedded one only after them.
+
+        ``auto``: the one DCGM_REMOTE_HOSTENGINE_INFO names, then the GPU Operator's
+        ``nvidia-dcgm`` Service (``internalTrafficPolicy: Local``: this node's host
+        engine, reachable without hostNetwork), then one on this host's loopback.
+        """
+        if self.kind == "hostengine" and self.address:
+            return (self.address,)
+        if self.kind != "auto":
+            return ()
+        found = [self.remote_info] if self.remote_info else []
+        found += [f"nvidia-dcgm.{ns}.svc:{DCGM_HOSTENGINE_PORT}" for ns in self.operator_namespaces]
+        found.append(f"127.0.0.1:{DCGM_HOSTENGINE_PORT}")
+        return tuple(dict.fromkeys(found))
 
 
 # What GPU Performance Monitoring (NVML GPM) and DCGM's profiling fields measure: the

@@ -8,10 +8,13 @@ when ``--dcgm off``.
 Connection modes (``--dcgm``):
 
 - ``HOST:PORT``: a standalone ``nv-hostengine`` only (``DcgmHandle(ipAddress=...)``).
-- ``auto``: the local host engine at ``127.0.0.1:5555`` first, then an embedded host
-  engine in this process (``DcgmHandle(ipAddress=None)``). The host engine comes first
-  because only one profiler can own a GPU's performance counters: an embedded engine
-  next to dcgm-exporter's host engine would make one of them fail.
+- ``auto``: host engines first, in the order ``DcgmMode.hostengines`` gives
+  (``DCGM_REMOTE_HOSTENGINE_INFO``, the GPU Operator's ``nvidia-dcgm`` Service,
+  ``127.0.0.1:5555``), then an embedded host engine in this process
+  (``DcgmHandle(ipAddress=None)``). Host engines come first because on pre-Hopper GPUs
+  one profiling client at a time owns a GPU's performance counters: an embedded engine
+  next to dcgm-exporter's (or Nsight) makes one of them fail. When it must start one
+  on such GPUs, it says so in a warning before it watches any profiling field.
 - ``off``: disabled.
 
 Failure isolation mirrors the NVML source: ``sample()`` never raises. Missing bindings,
@@ -51,13 +54,16 @@ from exporter.text import one_line
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOSTENGINE = "127.0.0.1:5555"  # nv-hostengine's default port (DCGM_HE_PORT_NUMBER)
 # Where the DCGM 4 and DCGM 3 packages install the bindings.
 DEFAULT_BINDINGS_DIRS = (
     "/usr/share/datacenter-gpu-manager-4/bindings/python3",
     "/usr/local/dcgm/bindings/python3",
 )
+# DCGM 4 retries a refused or unresolvable address every 50 ms until the timeout
+# (DcgmClientHandler::GetConnHandleForHostEngine), so every absent host engine costs the
+# whole timeout: auto, which probes several, uses a shorter one.
 CONNECT_TIMEOUT_MS = 2000
+AUTO_CONNECT_TIMEOUT_MS = 1000
 
 # Occupancy attribute -> DCGM field id. By number: DCGM 4.6 renamed these fields
 # (DCGM_FI_PROF_SM_ACTIVE -> DCGM_FI_PROF_SM_UTIL_RATIO, ...), the ids never changed.
@@ -111,6 +117,16 @@ _UNAVAILABLE_STATUSES = (
     "DCGM_ST_GROUP_INCOMPATIBLE",  # profiling wants one GPU SKU per group
     "DCGM_ST_IN_USE",
 )
+# ... and of those, the answers meaning another profiling client holds the counters
+# (dcgmproftester's message for IN_USE: "Another process is already using the profiling
+# infrastructure"; NVIDIA/DCGM#56, #106 for the library error next to Nsight/CUPTI).
+_HELD_STATUSES = ("DCGM_ST_IN_USE", "DCGM_ST_PROFILING_LIBRARY_ERROR")
+HELD_HINT = (
+    "the profiling counters are held by another client (dcgm-exporter's own host "
+    "engine, Nsight, another DCGM); share one host engine, see docs/dcgm.md"
+)
+
+EMBEDDED = "embedded host engine"
 
 _names = itertools.count(1)
 
@@ -124,7 +140,9 @@ class _Bindings:
     pydcgm: Any
     structs: Any
     fields: Any
+    agent: Any
     unavailable: frozenset[int]
+    held: frozenset[int]
 
 
 @dataclass
@@ -132,7 +150,7 @@ class _Connection:
     """One DCGM handle with the group and watches made on it."""
 
     handle: Any
-    where: str  # "host engine 127.0.0.1:5555" | "embedded host engine"
+    where: str  # "host engine 127.0.0.1:5555" | EMBEDDED
     uuids: dict[int, str] = field(default_factory=dict)  # DCGM gpu id -> GPU UUID
     group: Any = None
     field_group: Any = None
@@ -371,16 +389,25 @@ class DcgmSource(Source):
             pydcgm = importlib.import_module("pydcgm")
             structs = importlib.import_module("dcgm_structs")
             fields = importlib.import_module("dcgm_fields")
+            agent = importlib.import_module("dcgm_agent")
         except ImportError as exc:
             where = self._bindings_path or " or ".join(DEFAULT_BINDINGS_DIRS)
             raise DcgmUnavailable(
                 f"DCGM Python bindings not found in {where} ({exc}); install DCGM and "
                 "point --dcgm-bindings-path at the directory holding pydcgm.py"
             ) from exc
-        unavailable = frozenset(
-            int(getattr(structs, name)) for name in _UNAVAILABLE_STATUSES if hasattr(structs, name)
+
+        def statuses(names: tuple[str, ...]) -> frozenset[int]:
+            return frozenset(int(getattr(structs, n)) for n in names if hasattr(structs, n))
+
+        return _Bindings(
+            pydcgm=pydcgm,
+            structs=structs,
+            fields=fields,
+            agent=agent,
+            unavailable=statuses(_UNAVAILABLE_STATUSES),
+            held=statuses(_HELD_STATUSES),
         )
-        return _Bindings(pydcgm=pydcgm, structs=structs, fields=fields, unavailable=unavailable)
 
     def _connect(self, b: _Bindings) -> _Connection:
         handle, where = self._handle(b)
@@ -393,26 +420,36 @@ class DcgmSource(Source):
         return conn
 
     def _handle(self, b: _Bindings) -> tuple[Any, str]:
-        """A DCGM handle per the mode; in auto, embedded only when no host engine answers."""
+        """A DCGM handle: the mode's host engines in order, then (auto only) embedded."""
         op_mode = b.structs.DCGM_OPERATION_MODE_AUTO  # DCGM samples on its own schedule
-        address = self._mode.address or DEFAULT_HOSTENGINE
-        remote_error = ""
+        auto = self._mode.kind == "auto"
+        failed: list[str] = []
+        for address in self._mode.hostengines:
+            try:
+                handle = b.pydcgm.DcgmHandle(
+                    ipAddress=address,
+                    opMode=op_mode,
+                    timeoutMs=AUTO_CONNECT_TIMEOUT_MS if auto else CONNECT_TIMEOUT_MS,
+                )
+                return handle, f"host engine {address}"
+            except b.structs.DCGMError as exc:
+                if exc.value == _status(b, "LIBRARY_NOT_FOUND"):
+                    # Every other attempt, embedded included, would fail the same way.
+                    raise DcgmUnavailable(f"libdcgm: {_describe(exc)}") from exc
+                failed.append(f"host engine {address}: {_describe(exc)}")
+                log.debug("DCGM: no host engine at %s (%s)", address, _describe(exc))
+        if not auto:
+            raise DcgmUnavailable("; ".join(failed))
         try:
-            handle = b.pydcgm.DcgmHandle(
-                ipAddress=address, opMode=op_mode, timeoutMs=CONNECT_TIMEOUT_MS
-            )
-            return handle, f"host engine {address}"
+            handle = b.pydcgm.DcgmHandle(ipAddress=None, opMode=op_mode)
         except b.structs.DCGMError as exc:
-            remote_error = f"host engine {address}: {_describe(exc)}"
-            # A missing libdcgm fails the embedded engine the same way: say it once.
-            if self._mode.kind == "hostengine" or exc.value == _status(b, "LIBRARY_NOT_FOUND"):
-                raise DcgmUnavailable(remote_error) from exc
-        try:
-            return b.pydcgm.DcgmHandle(ipAddress=None, opMode=op_mode), "embedded host engine"
-        except b.structs.DCGMError as exc:
-            raise DcgmUnavailable(
-                f"{remote_error}; embedded host engine: {_describe(exc)}"
-            ) from exc
+            failed.append(f"embedded host engine: {_describe(exc)}")
+            raise DcgmUnavailable("; ".join(failed)) from exc
+        log.info(
+            "DCGM: no host engine answered (tried %s); started an embedded host engine",
+            ", ".join(self._mode.hostengines),
+        )
+        return handle, EMBEDDED
 
     def _watch(self, b: _Bindings, conn: _Connection) -> None:
         """Group all supported GPUs, watch the profiling fields, enable all health watches."""
@@ -430,6 +467,8 @@ class DcgmSource(Source):
         )
         for gpu_id in conn.uuids:
             conn.group.AddGpu(gpu_id)
+        if conn.where == EMBEDDED:
+            self._warn_if_exclusive(b, conn)
         self._start_profiling(b, conn, name)
         try:
             conn.group.health.Set(b.structs.DCGM_HEALTH_WATCH_ALL)
@@ -444,6 +483,36 @@ class DcgmSource(Source):
             # this one spare call makes the first cycle's check a real one.)
             conn.group.health.Check()
 
+    def _warn_if_exclusive(self, b: _Bindings, conn: _Connection) -> None:
+        """Say so before an embedded engine takes pre-Hopper profiling counters.
+
+        Ampere and older GPUs serve profiling through DCGM's profiling module, where
+        metric groups compete for the same hardware and one client at a time holds them;
+        Hopper and newer read GPM with no such limit (dcgm_agent.h,
+        dcgmProfGetSupportedMetricGroups). Architecture comes from
+        dcgmGetGpuChipArchitecture (DCGM 4.2.3+); where DCGM cannot tell, assume the limit.
+        """
+        hopper = int(getattr(b.structs, "DCGM_CHIP_ARCH_HOPPER", 9))
+        exclusive = []
+        for gpu_id, uuid in sorted(conn.uuids.items()):
+            try:
+                architecture = int(b.agent.dcgmGetGpuChipArchitecture(conn.handle.handle, gpu_id))
+            except (AttributeError, b.structs.DCGMError):  # bindings or libdcgm before 4.2.3
+                architecture = None
+            if architecture is None or architecture < hopper:
+                exclusive.append(uuid)
+        if exclusive:
+            log.warning(
+                "DCGM: watching profiling fields through an embedded host engine on "
+                "pre-Hopper (or unidentified) GPU(s) %s: there, one profiling client at a "
+                "time holds the counters, so dcgm-exporter with its own embedded engine "
+                "(the GPU Operator's default), Nsight or another DCGM on this node will "
+                "fail or take them from this exporter. Let both use one host engine "
+                "(GPU Operator: dcgm.enabled=true, found by --dcgm auto), or --dcgm off "
+                "(docs/dcgm.md)",
+                ", ".join(exclusive),
+            )
+
     def _start_profiling(self, b: _Bindings, conn: _Connection, name: str) -> None:
         """All eight fields; on too many passes the core five; else note why there are none."""
         try:
@@ -457,7 +526,8 @@ class DcgmSource(Source):
         except b.structs.DCGMError as exc:
             if exc.value not in b.unavailable:
                 raise
-            conn.profiling_error = f"profiling fields unavailable: {_describe(exc)}"
+            hint = f" ({HELD_HINT})" if exc.value in b.held else ""
+            conn.profiling_error = f"profiling fields unavailable: {_describe(exc)}{hint}"
 
     def _watch_profiling(
         self, b: _Bindings, conn: _Connection, name: str, field_ids: tuple[int, ...]

@@ -11,11 +11,27 @@ State keys (all optional)::
     library_found   bool, default true: false -> _dcgmInit raises LibraryNotFound
     hostengines     ["127.0.0.1:5555", ...] addresses that accept connections; a
                     connected handle whose address disappears gets ConnectionNotValid
+    failed_connect_waits  bool, default false: a connection that fails takes the
+                    caller's ``timeoutMs`` (0: 5 s) first, as real DCGM 4 does: it
+                    retries every 50 ms until the timeout (DcgmClientHandler.cpp
+                    GetConnHandleForHostEngine), and a black-holed address (a
+                    Service with internalTrafficPolicy Local and no endpoint on this
+                    node) waits the whole timeout. Off by default to keep tests fast.
     embedded        bool, default true: dcgmStartEmbedded succeeds
     embedded_error  DCGM_ST_* suffix returned when embedded is false (default INIT_ERROR)
-    gpus            [{"id": 0, "uuid": "GPU-...", "fields": {"1002": 0.5, ...}}]
+    gpus            [{"id": 0, "uuid": "GPU-...", "arch": "ampere",
+                      "fields": {"1002": 0.5, ...}}]
                     a field value is a number, "blank", "not_supported", or
-                    {"status": "NO_DATA"}; a missing field reads as blank
+                    {"status": "NO_DATA"}; a missing field reads as blank. ``arch``
+                    (default "hopper") is what dcgmGetGpuChipArchitecture answers
+    chip_architecture  bool, default true: false -> libdcgm lacks
+                    dcgmGetGpuChipArchitecture (before DCGM 4.2.3): FunctionNotFound
+    profiling_held_by  name of another profiling client (e.g. "dcgm-exporter") that
+                    holds the profiling counters of every pre-Hopper GPU: watching
+                    profiling fields (1001-1099) on a group with such a GPU returns
+                    ``profiling_held_status`` (default IN_USE, as dcgmproftester
+                    reports "Another process is already using the profiling
+                    infrastructure"). Hopper and newer (GPM) have no such limit.
     health          {"overall": "warn" (default: worst incident),
                      "incidents": [{"gpu": 0, "entity_group": 1, "system": "MEM",
                                     "health": "fail", "message": "...", "code": 0}]}
@@ -23,7 +39,10 @@ State keys (all optional)::
                     returns PROFILING_MULTI_PASS, as too many passes do on pre-Hopper
     errors          {"dcgmWatchFields": "PROFILING_NOT_SUPPORTED", ...} make that
                     function return that status
-    calls_log       path of a JSON-lines file that receives every call (for assertions)
+    calls_log       path of a JSON-lines file that receives every call (for assertions),
+                    written when the call starts: ``dcgmConnect_v3`` entries carry the
+                    ``target`` in the order tried, ``dcgmStartEmbedded`` marks an
+                    embedded host engine
 
 Behaviour kept from the real engine (docs of ``dcgmHealthCheck``): the first health
 check after ``dcgmHealthSet`` only creates state and reports no incidents.
@@ -198,6 +217,8 @@ def dcgmConnect_v3(
     if ":" not in address:
         address = f"{address}:{DEFAULT_PORT}"
     if address not in state.get("hostengines", []):
+        if state.get("failed_connect_waits", False):
+            time.sleep((int(connectParams.timeoutMs) or 5000) / 1000)
         dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_CONNECTION_NOT_VALID)
     return _new_handle(_Engine(kind="remote", address=address))
 
@@ -228,6 +249,30 @@ def dcgmGetAllSupportedDevices(dcgm_handle: Any) -> list[int]:
 def dcgmGetAllDevices(dcgm_handle: Any) -> list[int]:
     state, _ = _enter("dcgmGetAllDevices", dcgm_handle)
     return [int(g["id"]) for g in _gpus(state)]
+
+
+_ARCHITECTURES = {
+    name: int(getattr(dcgm_structs, f"DCGM_CHIP_ARCH_{name.upper()}"))
+    for name in [
+        *("older", "kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada"),
+        *("hopper", "blackwell", "unknown"),
+    ]
+}
+
+
+def _pre_hopper(gpu: dict[str, Any]) -> bool:
+    return _ARCHITECTURES[gpu.get("arch", "hopper")] < dcgm_structs.DCGM_CHIP_ARCH_HOPPER
+
+
+@ensure_byte_strings()
+def dcgmGetGpuChipArchitecture(dcgm_handle: Any, gpuId: int) -> int:
+    state, _ = _enter("dcgmGetGpuChipArchitecture", dcgm_handle, gpuId=gpuId)
+    if not state.get("chip_architecture", True):
+        dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_FUNCTION_NOT_FOUND)
+    for gpu in _gpus(state):
+        if int(gpu["id"]) == gpuId:
+            return _ARCHITECTURES[gpu.get("arch", "hopper")]
+    dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_BADPARAM)
 
 
 @ensure_byte_strings()
@@ -348,6 +393,13 @@ def dcgmWatchFields(
     profiling = [f for f in engine.field_groups[field_group_id] if 1001 <= f <= 1099]
     if limit is not None and len(profiling) > int(limit):
         dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_PROFILING_MULTI_PASS)
+    members = set(_group_gpus(engine, state, group_id))
+    if (
+        profiling
+        and state.get("profiling_held_by")
+        and any(_pre_hopper(g) for g in _gpus(state) if int(g["id"]) in members)
+    ):
+        dcgm_structs._dcgmCheckReturn(_status(state.get("profiling_held_status", "IN_USE")))
     engine.watched.add((group_id, field_group_id))
     return dcgm_structs.DCGM_ST_OK
 
