@@ -96,7 +96,11 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
     cache = MetricsCache()
     try:
         runner = await start_server(
-            build_app(cache, config.node_name), config.listen_host, config.listen_port
+            build_app(cache, config.node_name),
+            config.listen_host,
+            config.listen_port,
+            header_timeout_s=config.http_header_timeout_s,
+            max_connections=config.http_max_connections,
         )
     except OSError as exc:
         raise ConfigError(

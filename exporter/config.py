@@ -76,6 +76,8 @@ class Config:
     snapshot: bool = False  # the `snapshot` subcommand, not the server
     snapshot_json: bool = False  # snapshot subcommand only
     snapshot_window_s: float = 1.0
+    http_header_timeout_s: float = 10.0
+    http_max_connections: int = 128
 
 
 class _Parser(argparse.ArgumentParser):
@@ -132,6 +134,19 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     )
     add(
         "--interval", "Seconds between sample cycles (minimum 0.1).", default="5", metavar="SECONDS"
+    )
+    add(
+        "--http-header-timeout",
+        "Seconds a client may take to send a request's header; slower connections are closed.",
+        default="10",
+        metavar="SECONDS",
+    )
+    add(
+        "--http-max-connections",
+        "Open HTTP connections at most; beyond it the oldest slow or idle one is "
+        "closed (or the new one refused when all are busy).",
+        default="128",
+        metavar="N",
     )
     add(
         "--proc-root",
@@ -411,6 +426,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
     idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
     orphan_mib = _positive_float(args.orphan_threshold, "--orphan-threshold", 0.0, unit=" MiB")
     orphan_cycles = _whole(args.orphan_cycles, "--orphan-cycles")
+    max_connections = _whole(args.http_max_connections, "--http-max-connections")
     if idle_threshold > 1:
         raise ConfigError(f"--idle-threshold: {args.idle_threshold} is above 1 (a ratio)")
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
@@ -420,6 +436,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         listen_host=host,
         listen_port=port,
         interval_s=_positive_float(args.interval, "--interval", MIN_INTERVAL_S),
+        http_header_timeout_s=_positive_float(
+            args.http_header_timeout, "--http-header-timeout", 0.1
+        ),
+        http_max_connections=max_connections,
         proc_root=Path(args.proc_root),
         pod_resources_socket=Path(args.pod_resources_socket),
         pod_resources_interval_s=_positive_float(

@@ -45,6 +45,8 @@ def free_port() -> int:
         (["--interval", "0.05"], "below the minimum"),
         (["--interval", "soon"], "--interval: 'soon' is not a number of seconds"),
         (["--listen", "9445"], "--listen: '9445' is not HOST:PORT"),
+        (["--http-max-connections", "0"], "--http-max-connections: must be at least 1"),
+        (["--http-header-timeout", "0"], "--http-header-timeout: 0 is below the minimum"),
         (["--listen", "0.0.0.0:70000"], "is not HOST:PORT"),
         (["--kube-api", "maybe"], "invalid choice: 'maybe'"),
         (["--log-format", "xml"], "invalid choice: 'xml'"),
@@ -78,6 +80,13 @@ def test_scenario_with_an_unknown_key_is_rejected_with_the_key(tmp_path: Path) -
     result = run("--simulate", str(bad))
     assert result.returncode == 2
     assert "gpus[0]: unknown key 'temprature'" in result.stderr
+
+
+def test_http_limits_are_parsed_with_documented_defaults() -> None:
+    default = parse_config([], env={})
+    assert (default.http_header_timeout_s, default.http_max_connections) == (10.0, 128)
+    set_ = parse_config(["--http-header-timeout", "2.5", "--http-max-connections", "16"], env={})
+    assert (set_.http_header_timeout_s, set_.http_max_connections) == (2.5, 16)
 
 
 def test_environment_variable_sets_a_flag_and_the_flag_wins() -> None:

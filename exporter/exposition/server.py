@@ -21,6 +21,12 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
+from exporter.exposition.connections import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    GuardedTCPSite,
+)
+
 OPENMETRICS_MEDIA = "application/openmetrics-text"
 
 
@@ -169,11 +175,25 @@ def build_app(cache: MetricsCache, node_name: str) -> web.Application:
     return app
 
 
-async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Bind and start serving; raises OSError when the address is taken."""
+async def start_server(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> web.AppRunner:
+    """Bind and start serving; raises OSError when the address is taken. Slow clients
+    are held to a header deadline and a connection cap (exposition/connections.py)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host=host or None, port=port, reuse_address=True)
+    site = GuardedTCPSite(
+        runner,
+        host or None,
+        port,
+        header_timeout_s=header_timeout_s,
+        max_connections=max_connections,
+    )
     try:
         await site.start()
     except OSError:
