@@ -200,6 +200,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "pod-monitor-without-service": {"service": {"enabled": False}, "podMonitor": {"enabled": True}},
     "on-delete-updates": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}},
+    "plain-cluster": {"driverUpgradeEviction": {"enabled": False}},
+    "custom-eviction-label": {
+        "driverUpgradeEviction": {"nodeLabel": "example.com/gpu-clients"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+    },
+    "mig-monitoring": {"migMonitoring": {"enabled": True}},
+    "dcgm-auto-operator": {
+        "dcgm": {"mode": "auto", "operatorNamespace": "gpu-ops,nvidia-gpu-operator"}
+    },
 }
 
 # -- minimal Prometheus Operator schemas (monitoring.coreos.com/v1, the fields we use) ---
@@ -720,6 +729,120 @@ def test_custom_node_terms_and_affinity_combine() -> None:
     assert pod_spec({"affinity": own})["affinity"] == own  # an explicit nodeAffinity wins
 
 
+# -- GPU Operator driver upgrades and MIG monitoring ---------------------------------------
+
+# k8s-driver-manager (cmd/driver-manager/main.go): maybeSetPaused turns "true" into this,
+# and maybeSetTrue turns it back once the new driver is loaded.
+PAUSED = "paused-for-driver-upgrade"
+OPERATOR_NODE = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.client": "true"}
+
+
+def _term_matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    for e in term.get("matchExpressions", []):
+        value, values = labels.get(e["key"]), e.get("values", [])
+        if not {
+            "In": value in values,
+            "NotIn": value not in values,
+            "Exists": value is not None,
+            "DoesNotExist": value is None,
+        }[e["operator"]]:
+            return False
+    return True
+
+
+def runs_on(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """The DaemonSet controller's node predicate: nodeSelector AND one required node
+    affinity term. A running daemon pod on a node that stops matching is deleted."""
+    if any(labels.get(k) != v for k, v in spec.get("nodeSelector", {}).items()):
+        return False
+    required = spec.get("affinity", {}).get("nodeAffinity", {})
+    required = required.get("requiredDuringSchedulingIgnoredDuringExecution")
+    return required is None or any(_term_matches(t, labels) for t in required["nodeSelectorTerms"])
+
+
+def driver_manager_waits_for(daemonset: dict[str, Any], key: str) -> bool:
+    """k8s-driver-manager's WaitForPodsWithNodeSelector (internal/kubernetes/client.go):
+    pods owned by a DaemonSet whose spec.nodeSelector has the key, whatever its value."""
+    return daemonset["kind"] == "DaemonSet" and key in daemonset["spec"]["template"]["spec"].get(
+        "nodeSelector", {}
+    )
+
+
+def test_driver_upgrade_evicts_the_exporter_and_brings_it_back() -> None:
+    """Before unloading the driver the GPU Operator's driver manager pauses
+    nvidia.com/gpu.deploy.client and waits for the DaemonSet pods selecting on it; a
+    drain would skip them. The exporter must be one, or /dev/nvidia* stays open."""
+    daemonset = one({}, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert driver_manager_waits_for(daemonset, "nvidia.com/gpu.deploy.client")
+    assert runs_on(spec, OPERATOR_NODE)
+    assert not runs_on(spec, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.client": PAUSED})
+    assert runs_on(spec, OPERATOR_NODE)  # label restored after the upgrade: back again
+
+
+def test_plain_clusters_turn_the_eviction_label_off() -> None:
+    plain_node = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+    assert not runs_on(pod_spec({}), plain_node)  # the label does not exist there
+    spec = pod_spec(VALUE_SETS["plain-cluster"])
+    assert "nodeSelector" not in spec and runs_on(spec, plain_node)
+    assert (
+        "driverUpgradeEviction.enabled=false"
+        in render({})["gpu-occupancy-exporter/templates/NOTES.txt"]
+    )
+
+
+def test_eviction_label_is_configurable_and_merges_with_the_node_selector() -> None:
+    """k8s-driver-manager pauses a custom label too (NODE_LABEL_FOR_GPU_POD_EVICTION)."""
+    values = VALUE_SETS["custom-eviction-label"]
+    assert pod_spec(values)["nodeSelector"] == {
+        "kubernetes.io/os": "linux",
+        "example.com/gpu-clients": "true",
+    }
+    assert driver_manager_waits_for(one(values, "DaemonSet"), "example.com/gpu-clients")
+
+
+def toolkit_accepts(main: dict[str, Any]) -> bool:
+    """nvidia-container-runtime-hook: NVIDIA_MIG_MONITOR_DEVICES in a container without
+    CAP_SYS_ADMIN in its bounding set panics ("cannot set MIG_MONITOR_DEVICES in non
+    privileged container"; container_config.go, internal/config/image/privileged.go)."""
+    env = {e["name"] for e in main["env"]}
+    context = main.get("securityContext", {})
+    bounding = {
+        f"CAP_{c.removeprefix('CAP_')}" for c in context.get("capabilities", {}).get("add", [])
+    }
+    return "NVIDIA_MIG_MONITOR_DEVICES" not in env or (
+        context.get("privileged") is True or "CAP_SYS_ADMIN" in bounding
+    )
+
+
+def test_mig_monitoring_grants_what_the_container_toolkit_demands() -> None:
+    main = container(VALUE_SETS["mig-monitoring"])
+    assert env_of(VALUE_SETS["mig-monitoring"])["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert toolkit_accepts(main)
+    context = main["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert context["privileged"] is False and "allowPrivilegeEscalation" not in context
+    notes = render(VALUE_SETS["mig-monitoring"])["gpu-occupancy-exporter/templates/NOTES.txt"]
+    assert "CAP_SYS_ADMIN for MIG monitoring" in notes
+
+
+def test_mig_monitoring_is_off_by_default() -> None:
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in env_of({})
+    assert "add" not in container({})["securityContext"]["capabilities"]
+    for name, values in VALUE_SETS.items():
+        assert toolkit_accepts(container(values)), name
+
+
+def test_dcgm_operator_namespace_reaches_the_exporter() -> None:
+    config = parse_config(container(VALUE_SETS["dcgm-auto-operator"])["args"], {"NODE_NAME": "n"})
+    assert config.dcgm.hostengines == (
+        "nvidia-dcgm.gpu-ops.svc:5555",
+        "nvidia-dcgm.nvidia-gpu-operator.svc:5555",
+        "127.0.0.1:5555",
+    )
+    assert not [a for a in container({})["args"] if a.startswith("--dcgm-operator-namespace")]
+
+
 # -- Kubernetes API access ---------------------------------------------------------------
 
 
@@ -1010,6 +1133,15 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "gpu-limit": ({"resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}, "nvidia.com/mig"),
     "image-digest": ({"image": {"digest": "latest"}}, "/image/digest"),
     "rbac-dra-not-a-bool": ({"rbac": {"dra": "yes"}}, "/rbac/dra"),
+    "eviction-label-not-a-key": (
+        {"driverUpgradeEviction": {"nodeLabel": "gpu clients"}},
+        "/driverUpgradeEviction/nodeLabel",
+    ),
+    "mig-monitoring-not-a-bool": ({"migMonitoring": {"enabled": "yes"}}, "/migMonitoring/enabled"),
+    "operator-namespace": (
+        {"dcgm": {"operatorNamespace": "GPU_Operator"}},
+        "/dcgm/operatorNamespace",
+    ),
 }
 
 

@@ -87,6 +87,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- with .Values.dcgm.bindingsPath }}
 - {{ printf "--dcgm-bindings-path=%s" . | quote }}
 {{- end }}
+{{- with .Values.dcgm.operatorNamespace }}
+- {{ printf "--dcgm-operator-namespace=%s" . | quote }}
+{{- end }}
 {{- if .Values.kmsg.enabled }}
 - "--kmsg"
 - "--kmsg-path=/dev/kmsg"
