@@ -30,8 +30,9 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str
     return lines
 
 
-def _gib(value: int | None) -> str | None:
-    return None if value is None else f"{value / GIB:.1f}"
+def _gib(value: int | None) -> str:
+    """GiB with one decimal; "?" where the memory is unknown (never a 0 that looks real)."""
+    return "?" if value is None else f"{value / GIB:.1f}"
 
 
 def _pct(ratio: float | None) -> str | None:

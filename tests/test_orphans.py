@@ -160,7 +160,7 @@ class Run:
         return orphans
 
 
-def kinds(orphans: Iterable[OrphanedMemory]) -> dict[tuple[int, str], tuple[int, int]]:
+def kinds(orphans: Iterable[OrphanedMemory]) -> dict[tuple[int, str], tuple[int | None, int]]:
     return {(o.gpu, o.kind): (o.memory_used_bytes, o.processes) for o in orphans}
 
 
@@ -178,6 +178,20 @@ def test_memory_of_pids_nvml_lists_without_a_proc_entry_is_dead_process_memory()
     assert kinds(orphans) == {(0, KIND_DEAD_PROCESS): (14 * GIB, 2)}
     assert orphans[0].uuid == uuid_of(0)
     assert orphans[0].first_seen == T0
+
+
+def test_dead_process_memory_unknown_to_nvml_counts_the_process_but_not_as_zero_bytes() -> None:
+    snapshot = node(
+        [
+            gpu(0, processes=[proc(10, 12 * GIB), proc(11, None)]),
+            gpu(1, processes=[proc(20, 3 * GIB)]),
+        ],
+        [dead(10), dead(11), dead(20)],
+    )
+    assert kinds(Run().cycle(snapshot, T0)) == {
+        (0, KIND_DEAD_PROCESS): (None, 2),  # not 12 GiB: the other process holds some too
+        (1, KIND_DEAD_PROCESS): (3 * GIB, 1),
+    }
 
 
 def test_a_pid_procfs_never_identified_counts_as_dead() -> None:
@@ -389,7 +403,7 @@ def test_each_process_counts_in_one_kind_dead_then_stuck_then_deleted_pod() -> N
         (0, KIND_DELETED_POD): (4 * GIB, 1),
         (0, KIND_STUCK_PROCESS): (2 * GIB, 1),
     }
-    assert sum(memory for memory, _ in second.values()) == 7 * GIB
+    assert sum(memory or 0 for memory, _ in second.values()) == 7 * GIB  # all known
 
 
 # ---------------------------------------------------------------------------

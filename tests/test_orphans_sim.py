@@ -171,7 +171,9 @@ def pod_uid(scenario: Scenario, key: str) -> str:
     return next(p.uid for p in scenario.pods if f"{p.namespace}/{p.name}" == key)
 
 
-def by_kind(orphans: tuple[OrphanedMemory, ...]) -> dict[tuple[int, str], tuple[int, float]]:
+def by_kind(
+    orphans: tuple[OrphanedMemory, ...],
+) -> dict[tuple[int, str], tuple[int | None, float]]:
     return {(o.gpu, o.kind): (o.memory_used_bytes, o.first_seen) for o in orphans}
 
 

@@ -437,8 +437,16 @@ def _unattributed(processes: Sequence[AttributedProcess]) -> tuple[UnattributedU
     return tuple(sorted(usage, key=_unattributed_order))
 
 
-def _memory(rows: Iterable[AttributedProcess]) -> int:
-    return sum(row.memory_used_bytes or 0 for row in rows)
+def _memory(rows: Iterable[AttributedProcess]) -> int | None:
+    """The sum, or None when NVML could not say for one of the processes (WDDM, or MIG
+    without privileges): a partial sum would pass for the whole, and unknown is no
+    series, never a number that is too small."""
+    total = 0
+    for row in rows:
+        if row.memory_used_bytes is None:
+            return None
+        total += row.memory_used_bytes
+    return total
 
 
 def _sm_sum(rows: Iterable[AttributedProcess]) -> float | None:

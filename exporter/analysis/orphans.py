@@ -89,7 +89,7 @@ class OrphanPolicy:
 @dataclass(slots=True)
 class _Acc:
     since: float  # earliest start of the condition among what it adds up
-    memory: int = 0
+    memory: int | None = 0  # None once a process's memory is unknown
     processes: int = 0
 
 
@@ -132,7 +132,10 @@ def find_orphans(
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
             acc.since = min(acc.since, since)
-            acc.memory += row.memory_used_bytes or 0
+            if acc.memory is not None and row.memory_used_bytes is not None:
+                acc.memory += row.memory_used_bytes
+            else:
+                acc.memory = None
             acc.processes += 1
 
     streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)

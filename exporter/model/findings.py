@@ -64,7 +64,7 @@ class ContainerGpuUsage:
 
     container: ContainerRef
     device: DeviceRef
-    memory_used_bytes: int  # unknown per-process memory counts 0
+    memory_used_bytes: int | None  # None: a process's memory is unknown (no partial sum)
     sm_ratio: float | None  # sum over its processes, capped at 1.0; None: no samples
     processes: int
 
@@ -98,7 +98,7 @@ class UnallocatedUse:
 
     container: ContainerRef
     device: DeviceRef
-    memory_used_bytes: int
+    memory_used_bytes: int | None  # None: a process's memory is unknown
     processes: int
 
 
@@ -109,7 +109,7 @@ class UnattributedUse:
     device: DeviceRef
     owner: Owner  # never "pod" here
     reason: str | None
-    memory_used_bytes: int
+    memory_used_bytes: int | None  # None: a process's memory is unknown
     processes: int
 
 
@@ -176,12 +176,14 @@ class OrphanedMemory:
     ``processes`` counts the NVML-listed processes behind it; it is 0 for
     "unattributed", which by definition no listed process accounts for. ``first_seen``
     (epoch seconds) stays put while the condition holds, so alerts can say "for 10m".
+    ``memory_used_bytes`` is None when NVML could not say how much one of the processes
+    holds: the processes are still counted, the memory is not guessed.
     """
 
     gpu: int
     uuid: str
     kind: OrphanKind
-    memory_used_bytes: int
+    memory_used_bytes: int | None
     processes: int
     first_seen: float
 

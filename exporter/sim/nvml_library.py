@@ -29,7 +29,7 @@ from typing import Any
 import pynvml
 
 from exporter.sim.node import SimNode
-from exporter.sim.scenario import SimGpu, SimMig
+from exporter.sim.scenario import SimGpu, SimMig, SimProcess
 
 SUCCESS: int = pynvml.NVML_SUCCESS
 NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -41,6 +41,7 @@ TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
 VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 NOT_AVAILABLE = 0xFFFFFFFF
+NOT_AVAILABLE_ULL = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE in an unsigned long long
 GPM_REFRESH_S = 0.1  # how often GPM counters move; samples closer than this see no change
 MAX_MIG_DEVICES = 7
 SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
@@ -59,11 +60,30 @@ _GPM_METRIC_KEYS = {
     pynvml.NVML_GPM_METRIC_FP32_UTIL: "fp32_active",
     pynvml.NVML_GPM_METRIC_FP16_UTIL: "fp16_active",
 }
+_PROCESS_MODES = {
+    pynvml.NVML_PROCESS_MODE_COMPUTE: "compute",
+    pynvml.NVML_PROCESS_MODE_GRAPHICS: "graphics",
+    pynvml.NVML_PROCESS_MODE_MPS: "mps",
+}
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeSingleBitEccError
     | pynvml.nvmlEventTypeDoubleBitEccError
 )
+
+
+class _ProcessInfoR535Early(ctypes.Structure):
+    """``nvmlProcessInfo_t`` as drivers 535.43.02 to 535.86.05 wrote it through the ``_v3``
+    listings (nvml.h of those releases): the v2 fields plus usedGpuCcProtectedMemory, 32
+    bytes per entry where pynvml (>= 12.535.108) reads 24."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
 
 
 def _value(arg: Any) -> Any:
@@ -386,47 +406,93 @@ class SimNvmlLibrary:
 
     # -- processes --------------------------------------------------------------------
 
-    def _list(self, gpu: SimGpu, mig: SimMig | None, kind: str, count: Any, array: Any) -> int:
+    def _processes(self, gpu: SimGpu, mig: SimMig | None, kind: str) -> list[SimProcess]:
         slot = gpu.mig.index(mig) if mig else None
-        procs = [
+        return [
             p
             for p in self.node.listed_processes(gpu.index)
             if p.kind == kind and (slot is None or p.mig == slot)
         ]
+
+    def _fill(self, gpu: SimGpu, entry: Any, proc: SimProcess) -> None:
+        """One process entry; usedGpuMemory NOT_AVAILABLE where the GPU cannot say."""
+        entry.pid = proc.pid
+        entry.usedGpuMemory = NOT_AVAILABLE_ULL if gpu.process_memory_unavailable else proc.memory
+        if proc.mig is not None and gpu.mig:
+            entry.gpuInstanceId = gpu.mig[proc.mig].gpu_instance_id
+            entry.computeInstanceId = gpu.mig[proc.mig].compute_instance_id
+        else:
+            entry.gpuInstanceId = entry.computeInstanceId = NOT_AVAILABLE
+        if hasattr(entry, "usedGpuCcProtectedMemory"):
+            entry.usedGpuCcProtectedMemory = 0  # no confidential computing here
+
+    def _list(
+        self, gpu: SimGpu, mig: SimMig | None, kind: str, count: Any, array: Any, v3: bool = False
+    ) -> int:
+        procs = self._processes(gpu, mig, kind)
         capacity = _out(count).value
         _out(count).value = len(procs)
         if not procs:
             return SUCCESS
         if array is None or capacity < len(procs):
             return INSUFFICIENT_SIZE
-        for entry, proc in zip(array, procs, strict=False):
-            entry.pid, entry.usedGpuMemory = proc.pid, proc.memory
-            if proc.mig is not None and gpu.mig:
-                entry.gpuInstanceId = gpu.mig[proc.mig].gpu_instance_id
-                entry.computeInstanceId = gpu.mig[proc.mig].compute_instance_id
-            else:
-                entry.gpuInstanceId = entry.computeInstanceId = NOT_AVAILABLE
+        entries = array
+        if v3 and self.node.scenario.process_info_layout == "r535_early":
+            # the driver writes its own, wider entries into the caller's array
+            wide = _ProcessInfoR535Early * len(procs)
+            if ctypes.sizeof(array) < ctypes.sizeof(wide):
+                return INSUFFICIENT_SIZE  # the real driver would overrun the buffer
+            entries = wide.from_address(ctypes.addressof(array))
+        for entry, proc in zip(entries, procs, strict=False):
+            self._fill(gpu, entry, proc)
         return SUCCESS
 
     @device_call
     def nvmlDeviceGetComputeRunningProcesses_v3(
         self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
     ) -> int:
-        return self._list(gpu, mig, "compute", count, array)
+        return self._list(gpu, mig, "compute", count, array, v3=True)
 
     @device_call
     def nvmlDeviceGetGraphicsRunningProcesses_v3(
         self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
     ) -> int:
-        return self._list(gpu, mig, "graphics", count, array)
+        return self._list(gpu, mig, "graphics", count, array, v3=True)
 
     @device_call
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(
         self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any
     ) -> int:
-        return self._list(gpu, mig, "mps", count, array)
+        return self._list(gpu, mig, "mps", count, array, v3=True)
 
-    # older drivers: same struct layout in pynvml, different entry point names
+    @device_call
+    def nvmlDeviceGetRunningProcessDetailList(
+        self, gpu: SimGpu, mig: SimMig | None, plist: Any
+    ) -> int:
+        """R535.104+: every process of one mode, with conf-compute protected memory (0)."""
+        detail = _out(plist)
+        if detail.version != pynvml.nvmlProcessDetailList_v1:
+            return VERSION_MISMATCH
+        kind = _PROCESS_MODES.get(detail.mode)
+        if kind is None:
+            return INVALID_ARGUMENT
+        procs = self._processes(gpu, mig, kind)
+        capacity = detail.numProcArrayEntries
+        detail.numProcArrayEntries = len(procs)
+        if not procs:
+            return SUCCESS
+        if not detail.procArray or capacity < len(procs):
+            return INSUFFICIENT_SIZE
+        for i, proc in enumerate(procs):
+            self._fill(gpu, detail.procArray[i], proc)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetConfComputeMemSizeInfo(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        """R535+ has the symbol; the simulated GPUs run without confidential computing."""
+        return NOT_SUPPORTED
+
+    # drivers without _v3 (before R510, and 535.98): the 24-byte struct pynvml reads
     @device_call
     def nvmlDeviceGetComputeRunningProcesses_v2(
         self, gpu: SimGpu, mig: SimMig | None, count: Any, array: Any

@@ -116,6 +116,8 @@ class SimGpu:
     mig: list[SimMig]
     gpm_supported: bool = True
     gpm: dict[str, float] = field(default_factory=dict)  # percent; absent keys derived
+    # listings report usedGpuMemory as NVML_VALUE_NOT_AVAILABLE (device memory still counts it)
+    process_memory_unavailable: bool = False
 
 
 @dataclass
@@ -178,6 +180,11 @@ class Scenario:
     timeline: list[SimEvent]
     allocator: str = "nvidia"
     call_errors: list[SimCallError] = field(default_factory=list)
+    process_info_layout: str = "v2"  # "r535_early": _v3 listings write 32-byte entries
+
+    def __post_init__(self) -> None:
+        if self.process_info_layout == "r535_early":  # 535.104.05 added it (nvml.h)
+            self.missing_functions.add("nvmlDeviceGetRunningProcessDetailList")
 
 
 def parse_size(value: object, where: str) -> int:
@@ -237,6 +244,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "mig": [],
     "gpm_supported": True,
     "gpm": {},
+    "process_memory_unavailable": False,
 }
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
 _TIMELINE_ACTIONS = {
@@ -299,6 +307,8 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
             )
         )
     merged["unsupported"] = set(merged["unsupported"] or [])
+    if not isinstance(merged["process_memory_unavailable"], bool):
+        raise ScenarioError(f"{where}.process_memory_unavailable: expected true or false")
     merged["gpm"] = {str(k): float(v) for k, v in (merged["gpm"] or {}).items()}
     unknown_gpm = sorted(set(merged["gpm"]) - set(GPM_METRICS))
     if unknown_gpm:
@@ -453,6 +463,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "cuda_driver_version",
             "missing_functions",
             "nvml_init_error",
+            "process_info_layout",
             "call_errors",
             "gpu_defaults",
             "gpus",
@@ -521,11 +532,24 @@ def parse_scenario(data: object, name: str) -> Scenario:
         processes=processes,
         timeline=timeline,
         allocator=str(allocator),
+        process_info_layout=_process_info_layout(root.get("process_info_layout", "v2")),
         call_errors=[
             _call_error(_expect_mapping(e, f"call_errors[{i}]"), f"call_errors[{i}]", gpus)
             for i, e in enumerate(root.get("call_errors") or [])
         ],
     )
+
+
+PROCESS_INFO_LAYOUTS = ("v2", "r535_early")
+
+
+def _process_info_layout(value: object) -> str:
+    """How the driver's ``_v3`` process listings lay out an entry (docs/simulator.md)."""
+    if value not in PROCESS_INFO_LAYOUTS:
+        raise ScenarioError(
+            f"process_info_layout: {value!r} is not one of {', '.join(PROCESS_INFO_LAYOUTS)}"
+        )
+    return str(value)
 
 
 def _newer_than(driver_version: str) -> set[str]:

@@ -63,6 +63,18 @@ _PROCESS_LISTINGS: tuple[tuple[ProcessKind, str], ...] = (
     ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
     ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
 )
+# No process has pid 0 (the idle task) or one above PID_MAX_LIMIT (2**22 on 64-bit
+# Linux, include/linux/threads.h): such a pid is a process entry read at the wrong size.
+_PID_LIMIT = 4_194_304
+
+
+def _has_symbol(name: str) -> bool:
+    """Whether the loaded libnvidia-ml exports ``name`` (pynvml's own symbol lookup)."""
+    try:
+        pynvml._nvmlGetFunctionPointer(name)
+    except pynvml.NVMLError_FunctionNotFound:
+        return False
+    return True
 
 
 @dataclass
@@ -113,6 +125,7 @@ class NvmlSource(Source):
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._devices: list[_Device | None] = []
         self._errors: list[tuple[str, str]] = []
+        self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -400,11 +413,41 @@ class NvmlSource(Source):
         return tuple(found)
 
     def _list_processes(self, name: str, handle: Any) -> list[Any] | None:
-        """The ``_v3`` listing; older drivers lack it and pynvml says LibraryMismatch."""
-        try:
-            return self._query(name, getattr(pynvml, name), handle)
-        except pynvml.NVMLLibraryMismatchError:
-            return self._query(name, getattr(pynvml, f"{name}_v2"), handle)
+        """One listing through the entry point whose struct pynvml reads right here.
+
+        Should the driver still write entries of another size, the pids read back are
+        impossible (0, or above the kernel's limit): the ``_v2`` entry point is used
+        from then on, and a listing that is wrong even there is dropped as an error.
+        """
+        suffix = self._listing_suffix()
+        procs = self._query(name, getattr(pynvml, name + suffix), handle)
+        if procs is None or all(0 < p.pid <= _PID_LIMIT for p in procs):
+            return procs
+        if suffix == "_v3":
+            log.warning("NVML %s_v3 returned impossible pids: reading %s_v2", name, name)
+            self._listing = "_v2"
+            return self._list_processes(name, handle)
+        self._errors.append((name, "ImplausiblePid"))
+        return None
+
+    def _listing_suffix(self) -> str:
+        """``_v3``, or ``_v2`` where the driver's ``_v3`` is missing or writes the wider
+        struct, decided once (the driver library does not change under a process).
+
+        Drivers 535.43.02 to 535.86.05 wrote a 32-byte struct (usedGpuCcProtectedMemory
+        appended) through ``_v3``, where pynvml >= 12.535.108 reads 24 bytes. They are
+        known, as nvitop knows them, by having ``nvmlDeviceGetConfComputeMemSizeInfo``
+        but not yet ``nvmlDeviceGetRunningProcessDetailList`` (535.104.05 added it and
+        went back to 24 bytes). 535.98 and drivers before R510 lack ``_v3``.
+        """
+        if self._listing is None:
+            early_r535 = _has_symbol("nvmlDeviceGetConfComputeMemSizeInfo") and not _has_symbol(
+                "nvmlDeviceGetRunningProcessDetailList"
+            )
+            v3 = _has_symbol("nvmlDeviceGetComputeRunningProcesses_v3") and not early_r535
+            self._listing = "_v3" if v3 else "_v2"
+            log.debug("NVML process listings: the %s entry points", self._listing)
+        return self._listing
 
     def _process_utilization(self, device: _Device) -> tuple[ProcessUtilization, ...]:
         """Per-process SM samples newer than the last ones seen, averaged per pid.

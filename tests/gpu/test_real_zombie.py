@@ -68,7 +68,8 @@ async def test_forked_child_keeps_a_killed_parents_memory_and_is_named(
                 found = (unattributed, holders)
         assert found is not None, "no unattributed memory with the child as holder in 30 s"
         unattributed, holders = found
-        assert sum(o.memory_used_bytes for o in unattributed) >= 2048 * 2**20 * 0.9
+        # unattributed memory is never unknown (no listed process in it)
+        assert sum(o.memory_used_bytes or 0 for o in unattributed) >= 2048 * 2**20 * 0.9
         assert holders[0].role == "holder"
         print(f"orphaned: {unattributed}\nholders: {holders}")  # for docs/validation.md
     finally:
