@@ -530,6 +530,22 @@ def test_table_uses_only_known_classes_and_describes_every_code() -> None:
     assert all(text.strip() for text in XID_DESCRIPTION.values())
 
 
+def test_device_plugin_ignored_xids_are_application_errors_except_109() -> None:
+    # k8s-device-plugin internal/rm/health.go ignoredXids keeps a GPU healthy after these.
+    # 109 joined them in v0.18.0, but NVIDIA's Xid catalog says RESET_GPU for it: fatal
+    # here, on purpose (docs/xid.md, judgement calls); --xid-severity 109=application
+    # follows the plugin instead.
+    assert {x: XID_SEVERITY[x] for x in (13, 31, 43, 45, 68, 109)} == {
+        13: APPLICATION,
+        31: APPLICATION,
+        43: APPLICATION,
+        45: APPLICATION,
+        68: APPLICATION,
+        109: FATAL,
+    }
+    assert classify(109, parse_overrides("109=application")) == APPLICATION
+
+
 def test_dcgm_devastating_xids_are_not_downgraded() -> None:
     # DCGM fails a GPU on these (94 only warns); our table must not be milder.
     assert all(XID_SEVERITY[x] == FATAL for x in (48, 74, 79, 95, 119, 120, 140))

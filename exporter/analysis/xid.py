@@ -14,8 +14,10 @@ The table is our own reading of NVIDIA's Xid catalog (Ampere and newer, "Resolut
 Bucket (Immediate Action)": RESTART_APP -> application, IGNORE -> warning, RESET_GPU /
 RESTART_BM / reset workflows -> fatal) checked against DCGM's health watch
 (modules/health/DcgmHealthWatch.cpp: its "devastating" XIDs 48, 74, 79, 95, 119, 120,
-140 fail a GPU) and the k8s-device-plugin's application XIDs (13, 31, 43, 45, 68).
-docs/xid.md lists every row with its meaning and what to do.
+140 fail a GPU) and the k8s-device-plugin's ignored XIDs (internal/rm/health.go: 13, 31,
+43, 45, 68 -- all application here -- and, since v0.18.0, 109, which stays fatal here
+because the catalog's immediate action for it is RESET_GPU). docs/xid.md lists every row
+with its meaning and what to do, and the judgement calls.
 
 The ledger turns a stream of ``XidEvent`` into a true counter per (gpu, uuid, xid,
 severity) and a short memory of recent events per GPU for the health verdict.
