@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.server import MetricsCache, build_app, start_server
+from exporter.exposition.web_config import WebConfigError
+from exporter.exposition.web_security import WebSecurity
 from exporter.logs import setup_logging
 from exporter.snapshot import render_json, render_text
 
@@ -94,13 +96,22 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
 
 async def serve(config: Config, scenario: Scenario | None) -> None:
     cache = MetricsCache()
+    security = None
+    if config.web_config_file is not None:
+        try:
+            security = WebSecurity(config.web_config_file)
+        except WebConfigError as exc:
+            raise ConfigError(f"--web-config-file: {exc}") from None
+    # under --simulate the landing page names the simulated node, not this host
+    node = scenario.node_name if scenario is not None else config.node_name
     try:
         runner = await start_server(
-            build_app(cache, config.node_name),
+            build_app(cache, node, security=security),
             config.listen_host,
             config.listen_port,
             header_timeout_s=config.http_header_timeout_s,
             max_connections=config.http_max_connections,
+            ssl_context=security.server_context() if security else None,
         )
     except OSError as exc:
         raise ConfigError(
@@ -116,12 +127,14 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)
         log.info(
-            "serving on http://%s:%d/metrics (node %s, interval %.1f s%s)",
+            "serving on %s://%s:%d/metrics (node %s, interval %.1f s%s%s)",
+            "https" if security and security.tls else "http",
             config.listen_host or "0.0.0.0",
             config.listen_port,
             config.node_name,
             config.interval_s,
             f", simulated: {scenario.name}" if scenario else "",
+            ", basic auth" if security and security.config.basic_auth_users else "",
         )
         await agent.run()
         log.info("stopped")

@@ -78,6 +78,7 @@ class Config:
     snapshot_window_s: float = 1.0
     http_header_timeout_s: float = 10.0
     http_max_connections: int = 128
+    web_config_file: Path | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -134,6 +135,14 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     )
     add(
         "--interval", "Seconds between sample cycles (minimum 0.1).", default="5", metavar="SECONDS"
+    )
+    add(
+        "--web-config-file",
+        "TLS, client certificates, basic auth and response headers, in the Prometheus "
+        "exporter-toolkit web config format (docs/security.md); re-read when it or its "
+        "certificates change. /healthz and /readyz stay open for probes.",
+        default="",
+        metavar="PATH",
     )
     add(
         "--http-header-timeout",
@@ -440,6 +449,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
             args.http_header_timeout, "--http-header-timeout", 0.1
         ),
         http_max_connections=max_connections,
+        web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
         pod_resources_socket=Path(args.pod_resources_socket),
         pod_resources_interval_s=_positive_float(

@@ -13,6 +13,7 @@ import html
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from ssl import SSLContext
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
@@ -26,6 +27,7 @@ from exporter.exposition.connections import (
     DEFAULT_MAX_CONNECTIONS,
     GuardedTCPSite,
 )
+from exporter.exposition.web_security import WebSecurity
 
 OPENMETRICS_MEDIA = "application/openmetrics-text"
 
@@ -136,7 +138,11 @@ LANDING = """<!doctype html>
 """
 
 
-def build_app(cache: MetricsCache, node_name: str) -> web.Application:
+def build_app(
+    cache: MetricsCache, node_name: str, *, security: WebSecurity | None = None
+) -> web.Application:
+    """The routes; with ``security`` (``--web-config-file``) behind its auth middleware."""
+
     async def metrics(request: web.Request) -> web.Response:
         if not cache.ready:
             return web.Response(status=503, text="no sample yet\n")
@@ -167,7 +173,7 @@ def build_app(cache: MetricsCache, node_name: str) -> web.Application:
             text=LANDING.format(node=html.escape(node_name)), content_type="text/html"
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[security.middleware] if security else [])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -182,6 +188,7 @@ async def start_server(
     *,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ssl_context: SSLContext | None = None,
 ) -> web.AppRunner:
     """Bind and start serving; raises OSError when the address is taken. Slow clients
     are held to a header deadline and a connection cap (exposition/connections.py)."""
@@ -193,6 +200,7 @@ async def start_server(
         port,
         header_timeout_s=header_timeout_s,
         max_connections=max_connections,
+        ssl_context=ssl_context,
     )
     try:
         await site.start()
