@@ -128,7 +128,7 @@ class Agent:
         self.options = ExpositionOptions(per_process_metrics=config.per_process_metrics)
         self.wall_clock = wall_clock
         self.policy = policy_from(config)
-        self.state = initial_state(wall_clock(), self.policy, config.xid_severity)
+        self.state = initial_state(self.policy, config.xid_severity)
         self._errors_seen: dict[str, int] = {}
         self._unresolved_forms_logged: set[str] = set()
         self._stopping = asyncio.Event()

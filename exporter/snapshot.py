@@ -147,15 +147,19 @@ def render_text(analysis: Analysis) -> str:
             ),
         )
     lines.extend(_orphan_lines(analysis))
-    if analysis.xid_counts:
-        lines += ["", "XID ERRORS SINCE START"]
-        lines += _table(
-            ["GPU", "XID", "SEVERITY", "COUNT"],
-            (
-                [x.gpu, x.xid, x.severity, x.count]
-                for x in sorted(analysis.xid_counts, key=lambda x: (str(x.gpu), x.xid, x.severity))
-            ),
-        )
+    for title, counts in (
+        ("XID ERRORS SINCE START", analysis.xid_counts),
+        ("XID ERRORS BEFORE START (kernel log)", analysis.xid_counts_before_start),
+    ):
+        if counts:
+            lines += ["", title]
+            lines += _table(
+                ["GPU", "XID", "SEVERITY", "COUNT"],
+                (
+                    [x.gpu, x.xid, x.severity, x.count]
+                    for x in sorted(counts, key=lambda x: (str(x.gpu), x.xid, x.severity))
+                ),
+            )
     if analysis.capacity:
         lines += ["", "NODE CAPACITY"]
         lines += _table(

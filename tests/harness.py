@@ -25,6 +25,7 @@ from exporter.sim.environment import SimEnvironment
 from exporter.sim.node import ManualClock
 from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 from exporter.sources.base import Source
+from exporter.sources.kmsg import KmsgReader
 from exporter.sources.podresources.source import PodResourcesSource
 from exporter.sources.xid import XidListener
 
@@ -101,15 +102,21 @@ class Harness:
         """One sample cycle as the agent's loop would run it (simulator synced first).
 
         XIDs due by now are first handed over by the listener thread, as they would
-        have been during a real interval.
+        have been during a real interval (those raised at or before time 0 came before
+        the event set existed, so only the kernel log has them), and, with ``--kmsg``,
+        read from the kernel log.
         """
         await asyncio.to_thread(self.env.sync)
-        due = sum(1 for x in self.env.node.xids if x.at <= self.clock())
+        due = sum(1 for x in self.env.node.xids if 0 < x.at <= self.clock())
         listener = self.xid_listener
         await _wait_for(
             lambda: listener.events_total >= due or not listener.alive,
             "XID events to be delivered",
         )
+        kmsg = self.agent.source("kmsg")
+        if isinstance(kmsg, KmsgReader):
+            logged = self.env.kernel_log.xids_written
+            await _wait_for(lambda: kmsg.events_total >= logged, "kernel-log XIDs to be read")
         await self.agent.cycle()
 
     async def advance(self, seconds: float, *, cycle: bool = True) -> None:
@@ -156,6 +163,8 @@ async def simulated_exporter(
                 "127.0.0.1:0",
                 "--proc-root",
                 str(paths.proc_root),
+                "--kmsg-path",  # read only with --kmsg in argv
+                str(paths.kmsg),
                 "--pod-resources-socket",
                 str(paths.pod_resources_socket),
                 "--node-name",

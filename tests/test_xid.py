@@ -443,6 +443,33 @@ def test_kmsg_reader_reads_backlog_then_follows_appended_records(
     assert not reader.alive
 
 
+def test_kmsg_reader_stamps_live_records_on_arrival_and_marks_only_the_backlog(
+    proc_root: Path, tmp_path: Path
+) -> None:
+    """printk's clock stops during suspend and drifts from NTP time, so a live record's
+    stamp converted through /proc/uptime can land far from when it was raised (here an
+    hour early); the reader's own clock at arrival is what NVML's events are stamped by."""
+    log = tmp_path / "kmsg"
+    log.write_text(kmsg_line(1, 200_500_000, "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, old"))
+    now = [10_000.0]
+    events: queue.Queue[XidEvent] = queue.Queue()
+    reader = KmsgReader(
+        events.put, path=log, proc_root=proc_root, poll_interval_s=0.02, clock=lambda: now[0]
+    )
+    reader.start()
+    try:
+        assert reader.wait_caught_up(5.0)
+        backlog = events.get(timeout=5)
+        assert backlog.backlog and backlog.timestamp == pytest.approx(9_000.0 + 200.5)
+        now[0] = 14_000.0  # an hour on: the uptime-derived stamp would say 9_000 + 300
+        with log.open("a") as f:
+            f.write(kmsg_line(2, 300_000_000, "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE"))
+        live = events.get(timeout=5)
+        assert (live.xid, live.backlog, live.timestamp) == (48, False, 14_000.0)
+    finally:
+        reader.stop()
+
+
 def test_kmsg_reader_waits_for_a_missing_log_with_backoff(proc_root: Path, tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     events: queue.Queue[XidEvent] = queue.Queue()
@@ -624,7 +651,7 @@ def kmsg(xid: int, ts: float, bus: str = "0000:3b:00", **kw: Any) -> XidEvent:
 
 
 def test_ledger_counts_cumulatively_and_never_mutates() -> None:
-    empty = XidLedger(started_at=START)
+    empty = XidLedger()
     one = empty.record([nvml(13, 1_010.0), nvml(13, 1_011.0)], now=1_011.0)
     two = one.record([nvml(79, 1_020.0, gpu=1, uuid=UUID_B), nvml(13, 1_021.0)], now=1_021.0)
     assert empty.counts == {}
@@ -636,7 +663,7 @@ def test_ledger_counts_cumulatively_and_never_mutates() -> None:
 
 
 def test_ledger_counts_with_operator_overrides() -> None:
-    ledger = XidLedger(started_at=START, overrides={13: FATAL}).record([nvml(13, 1_010.0)], 1_010.0)
+    ledger = XidLedger(overrides={13: FATAL}).record([nvml(13, 1_010.0)], 1_010.0)
     assert ledger.counts == {XidKey(0, UUID_A, 13, FATAL): 1}
     assert [e.xid for e in ledger.fatal_since(UUID_A, START)] == [13]
 
@@ -645,7 +672,7 @@ def test_ledger_counts_with_operator_overrides() -> None:
 def test_ledger_counts_an_xid_seen_by_nvml_and_kmsg_once(kmsg_first: bool) -> None:
     pair = [nvml(79, 1_100.0), kmsg(79, 1_100.4, message="pid=0, GPU has fallen off the bus.")]
     batches = [pair[::-1]] if kmsg_first else [[pair[0]], [pair[1]]]
-    ledger = XidLedger(started_at=START)
+    ledger = XidLedger()
     for batch in batches:
         ledger = ledger.record(batch, now=1_101.0, bus_ids=BUS_IDS)
     assert ledger.counts == {XidKey(0, UUID_A, 79, FATAL): 1}
@@ -654,7 +681,7 @@ def test_ledger_counts_an_xid_seen_by_nvml_and_kmsg_once(kmsg_first: bool) -> No
 
 
 def test_ledger_matches_duplicates_one_to_one_within_the_window() -> None:
-    ledger = XidLedger(started_at=START, dedup_window_s=5.0).record(
+    ledger = XidLedger(dedup_window_s=5.0).record(
         [
             nvml(13, 1_100.0),
             nvml(13, 1_100.2),  # a burst: two real XIDs
@@ -674,7 +701,7 @@ def test_ledger_matches_duplicates_one_to_one_within_the_window() -> None:
 
 
 def test_ledger_does_not_merge_different_mig_instances() -> None:
-    ledger = XidLedger(started_at=START).record(
+    ledger = XidLedger().record(
         [nvml(31, 1_100.0, gpu_instance_id=1), kmsg(31, 1_100.1, gpu_instance_id=2)],
         now=1_101.0,
         bus_ids=BUS_IDS,
@@ -687,25 +714,60 @@ def test_ledger_does_not_merge_different_mig_instances() -> None:
 
 
 def test_ledger_counts_unresolvable_kmsg_events_without_a_gpu() -> None:
-    ledger = XidLedger(started_at=START).record([kmsg(79, 1_100.0, bus="0000:99:00")], 1_100.0)
+    ledger = XidLedger().record([kmsg(79, 1_100.0, bus="0000:99:00")], 1_100.0)
     assert ledger.counts == {XidKey(None, None, 79, FATAL): 1}
 
 
-def test_ledger_counts_and_marks_kmsg_events_from_before_start() -> None:
-    ledger = XidLedger(started_at=START).record(
-        [kmsg(79, 900.0), kmsg(13, 1_050.0), nvml(13, 1_060.0)], now=1_060.0, bus_ids=BUS_IDS
+def test_ledger_counts_backlog_xids_apart_from_new_ones() -> None:
+    """The kernel log's backlog is history: counted before start, never as a new XID,
+    whatever its (approximate) time says; it still weighs in the health verdict."""
+    ledger = XidLedger().record(
+        [kmsg(79, 900.0, backlog=True), kmsg(13, 1_050.0, backlog=True), nvml(13, 1_060.0)],
+        now=1_060.0,
+        bus_ids=BUS_IDS,
     )
-    assert ledger.counts == {
+    assert ledger.counts == {XidKey(0, UUID_A, 13, APPLICATION): 1}
+    assert ledger.counts_before_start == {
         XidKey(0, UUID_A, 79, FATAL): 1,
-        XidKey(0, UUID_A, 13, APPLICATION): 2,
+        XidKey(0, UUID_A, 13, APPLICATION): 1,
     }
-    assert [e.event.xid for e in ledger.events_since(UUID_A, 0.0) if e.historical] == [79]
+    assert [e.event.xid for e in ledger.events_since(UUID_A, 0.0) if e.historical] == [79, 13]
     (fatal,) = ledger.events_since(UUID_A, 0.0, FATAL)
     assert fatal.historical and fatal.event.uuid == UUID_A and fatal.event.gpu == 0
+    assert ledger.recent_fatal(0.0) == {UUID_A: [79]}
+
+
+def test_ledger_never_counts_a_backlog_xid_as_new_even_when_its_stamp_is_after_start() -> None:
+    # printk's clock drifted ahead of /proc/uptime: the converted stamp lands "now"
+    ledger = XidLedger().record([kmsg(79, 1_100.0, backlog=True)], now=1_050.0, bus_ids=BUS_IDS)
+    assert ledger.counts == {}
+    assert ledger.counts_before_start == {XidKey(0, UUID_A, 79, FATAL): 1}
+
+
+@pytest.mark.parametrize("same_cycle", [False, True])
+def test_a_backlog_xid_that_nvml_also_reports_was_raised_after_start(same_cycle: bool) -> None:
+    """The backlog was still being read when the XID was raised: NVML's report proves it
+    new, so it moves from before-start to the counter, once."""
+    backlog, live = kmsg(79, 1_100.2, backlog=True), nvml(79, 1_100.5)
+    batches = [[backlog, live]] if same_cycle else [[backlog], [live]]
+    ledger = XidLedger()
+    for batch in batches:
+        ledger = ledger.record(batch, now=1_101.0, bus_ids=BUS_IDS)
+    assert ledger.counts == {XidKey(0, UUID_A, 79, FATAL): 1}
+    assert ledger.counts_before_start == {}
+    (entry,) = ledger.events_since(UUID_A, 0.0)
+    assert entry.sources == frozenset({"nvml", "kmsg"}) and not entry.historical
+
+
+def test_a_backlog_xid_matching_a_counted_nvml_xid_is_not_counted_again() -> None:
+    ledger = XidLedger().record([nvml(79, 1_100.5)], now=1_101.0)
+    ledger = ledger.record([kmsg(79, 1_100.2, backlog=True)], now=1_102.0, bus_ids=BUS_IDS)
+    assert ledger.counts == {XidKey(0, UUID_A, 79, FATAL): 1}
+    assert ledger.counts_before_start == {}
 
 
 def test_fatal_since_returns_only_fatal_xids_of_that_gpu_in_the_window() -> None:
-    ledger = XidLedger(started_at=START).record(
+    ledger = XidLedger().record(
         [
             nvml(79, 1_100.0),
             nvml(13, 1_200.0),
@@ -721,7 +783,7 @@ def test_fatal_since_returns_only_fatal_xids_of_that_gpu_in_the_window() -> None
 
 
 def test_ledger_forgets_recent_events_after_retention_but_keeps_counting() -> None:
-    ledger = XidLedger(started_at=START, retention_s=600.0).record([nvml(79, 1_100.0)], 1_100.0)
+    ledger = XidLedger(retention_s=600.0).record([nvml(79, 1_100.0)], 1_100.0)
     later = ledger.record([], now=1_800.0)
     assert later.fatal_since(UUID_A, 0.0) == []
     assert later.counts == {XidKey(0, UUID_A, 79, FATAL): 1}
@@ -729,7 +791,7 @@ def test_ledger_forgets_recent_events_after_retention_but_keeps_counting() -> No
 
 def test_ledger_caps_recent_events_per_gpu() -> None:
     storm = [nvml(13, 1_100.0 + i / 100) for i in range(50)]
-    ledger = XidLedger(started_at=START, max_recent_per_gpu=10).record(storm, now=1_101.0)
+    ledger = XidLedger(max_recent_per_gpu=10).record(storm, now=1_101.0)
     recent = ledger.events_since(UUID_A, 0.0)
     assert len(recent) == 10 and recent[-1].event.timestamp == pytest.approx(1_100.49)
     assert ledger.counts[XidKey(0, UUID_A, 13, APPLICATION)] == 50
@@ -761,7 +823,7 @@ def test_docs_list_every_xid_with_its_class() -> None:
 
 
 def test_mig_xids_are_counted_per_gpu_and_compute_instance() -> None:
-    ledger = XidLedger(started_at=0.0).record(
+    ledger = XidLedger().record(
         [
             XidEvent(
                 gpu=0,

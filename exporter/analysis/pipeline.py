@@ -52,11 +52,9 @@ class CarriedState:
     last_timestamp: float | None = None
 
 
-def initial_state(started_at: float, policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
+def initial_state(policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
     retention = max(policy.health.xid_window_s, 3600.0)
-    return CarriedState(
-        xids=XidLedger(started_at=started_at, overrides=xid_overrides, retention_s=retention)
-    )
+    return CarriedState(xids=XidLedger(overrides=xid_overrides, retention_s=retention))
 
 
 def analyse(
@@ -96,6 +94,9 @@ def analyse(
         capacity=capacity,
         idle=idle,
         xid_counts=tuple(XidCount(*key, count) for key, count in xids.counts.items()),
+        xid_counts_before_start=tuple(
+            XidCount(*key, count) for key, count in xids.counts_before_start.items()
+        ),
         orphans=orphans,
         orphan_holders=orphan_holders(snapshot, orphans),
         driver_held=driver_held(orphans, snapshot.holder_scan),

@@ -20,7 +20,9 @@ because the catalog's immediate action for it is RESET_GPU). docs/xid.md lists e
 with its meaning and what to do, and the judgement calls.
 
 The ledger turns a stream of ``XidEvent`` into a true counter per (gpu, uuid, xid,
-severity) and a short memory of recent events per GPU for the health verdict.
+severity) and a short memory of recent events per GPU for the health verdict. XIDs the
+kernel log held from before the exporter started (``XidEvent.backlog``) are counted
+apart: they are history, not new errors, so nothing that alerts on new XIDs sees them.
 """
 
 from __future__ import annotations
@@ -198,8 +200,10 @@ class XidKey(NamedTuple):
 class RecordedXid:
     """An event as the ledger keeps it: GPU resolved, classified, sources merged.
 
-    ``historical``: a kernel-log record older than the ledger (raised while the
-    exporter was down). It is counted, but it did not happen "now".
+    ``historical``: a kernel-log backlog record (raised before the exporter started).
+    It is counted in ``counts_before_start``, and still weighs in the health verdict
+    while its (approximate) time is within the window: a restart must not forget a GPU
+    that needs a reset.
     """
 
     event: XidEvent
@@ -216,12 +220,12 @@ class XidLedger:
     changes, so a ledger handed to exposition stays consistent while the next is built.
     """
 
-    started_at: float  # epoch seconds; kmsg events before it are "historical"
     overrides: Mapping[int, str] = field(default_factory=dict)
     dedup_window_s: float = 5.0
     retention_s: float = 3600.0
     max_recent_per_gpu: int = 512  # bounds memory through an XID storm
-    counts: Mapping[XidKey, int] = field(default_factory=dict)
+    counts: Mapping[XidKey, int] = field(default_factory=dict)  # raised while we ran
+    counts_before_start: Mapping[XidKey, int] = field(default_factory=dict)  # backlog
     recent: Mapping[str | None, tuple[RecordedXid, ...]] = field(default_factory=dict)
 
     def record(
@@ -234,7 +238,9 @@ class XidLedger:
 
         ``bus_ids`` maps a PCI bus id (any spelling ``normalize_pci_bus_id`` accepts)
         to (gpu index, uuid); it lets a kernel-log event name its GPU. An event that
-        cannot be resolved is still counted, with gpu and uuid None.
+        cannot be resolved is still counted, with gpu and uuid None. Backlog events go
+        to ``counts_before_start``; one that NVML also reports was raised after start
+        after all (the backlog was still being read) and moves to ``counts``.
         """
         resolver = {
             normal: target
@@ -242,28 +248,31 @@ class XidLedger:
             if (normal := normalize_pci_bus_id(raw)) is not None
         }
         counts = dict(self.counts)
+        before = dict(self.counts_before_start)
         recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
         for raw_event in events:
             event = _resolve(raw_event, resolver)
             entries = recent.setdefault(event.uuid, [])
             twin = self._twin(event, entries)
             if twin is not None:
+                seen = entries[twin]
+                if seen.historical and not event.backlog:
+                    key = _key(seen.event, seen.severity)
+                    before[key] -= 1
+                    if not before[key]:
+                        del before[key]
+                    counts[key] = counts.get(key, 0) + 1
                 entries[twin] = replace(
-                    entries[twin], sources=entries[twin].sources | {event.source}
+                    seen,
+                    sources=seen.sources | {event.source},
+                    historical=seen.historical and event.backlog,
                 )
                 continue
             severity = classify(event.xid, self.overrides)
-            historical = event.source == "kmsg" and event.timestamp < self.started_at
-            key = XidKey(
-                event.gpu,
-                event.uuid,
-                event.xid,
-                severity,
-                event.gpu_instance_id,
-                event.compute_instance_id,
-            )
-            counts[key] = counts.get(key, 0) + 1
-            entries.append(RecordedXid(event, severity, frozenset({event.source}), historical))
+            key = _key(event, severity)
+            tally = before if event.backlog else counts
+            tally[key] = tally.get(key, 0) + 1
+            entries.append(RecordedXid(event, severity, frozenset({event.source}), event.backlog))
         horizon = now - self.retention_s
         pruned: dict[str | None, tuple[RecordedXid, ...]] = {}
         for uuid, entries in recent.items():
@@ -273,7 +282,7 @@ class XidLedger:
             )[-self.max_recent_per_gpu :]
             if kept:
                 pruned[uuid] = tuple(kept)
-        return replace(self, counts=counts, recent=pruned)
+        return replace(self, counts=counts, counts_before_start=before, recent=pruned)
 
     def _twin(self, event: XidEvent, entries: list[RecordedXid]) -> int | None:
         """Index of the other source's sighting of the same XID, closest in time."""
@@ -316,6 +325,17 @@ class XidLedger:
             if codes:
                 out[uuid] = codes
         return out
+
+
+def _key(event: XidEvent, severity: str) -> XidKey:
+    return XidKey(
+        event.gpu,
+        event.uuid,
+        event.xid,
+        severity,
+        event.gpu_instance_id,
+        event.compute_instance_id,
+    )
 
 
 def _resolve(event: XidEvent, resolver: Mapping[str, tuple[int, str]]) -> XidEvent:

@@ -25,6 +25,7 @@ from exporter.model import (
     MigInstance,
     Occupancy,
     ProcessKind,
+    XidCount,
 )
 
 GAUGE, COUNTER = "gauge", "counter"
@@ -92,6 +93,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_row_remap_pending": (GAUGE, "1 when a row remap waits for a GPU reset."),
     "gpu_row_remap_failed": (GAUGE, "1 when a row remap failed (replace the GPU)."),
     "gpu_xid_errors": (COUNTER, "XID errors by code and severity class (docs/xid.md)."),
+    "gpu_xid_errors_before_start": (
+        GAUGE,
+        "XIDs the kernel log (--kmsg) held from before this exporter started: history, "
+        "not new errors (docs/xid.md).",
+    ),
     "gpu_recovery_action": (
         GAUGE,
         "1 for the recovery action the driver asks for (XID 154): none, gpu_reset, "
@@ -427,12 +433,9 @@ def _add_orphans(out: FamilyBuilder, analysis: Analysis) -> None:
 
 def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
     for x in analysis.xid_counts:
-        labels = _device_labels(x.gpu, x.uuid)
-        if x.gpu_instance_id is not None:  # a MIG XID names the instance it happened in
-            labels["gpu_instance"] = str(x.gpu_instance_id)
-            ci = x.compute_instance_id
-            labels["compute_instance"] = "" if ci is None else str(ci)
-        out.add("gpu_xid_errors", {**labels, "xid": str(x.xid), "severity": x.severity}, x.count)
+        out.add("gpu_xid_errors", _xid_labels(x), x.count)
+    for x in analysis.xid_counts_before_start:
+        out.add("gpu_xid_errors_before_start", _xid_labels(x), x.count)
     for verdict in analysis.health:
         labels = _device_labels(verdict.gpu, verdict.uuid)
         out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)
@@ -451,6 +454,15 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
         out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
+
+
+def _xid_labels(x: XidCount) -> dict[str, str]:
+    labels = _device_labels(x.gpu, x.uuid)
+    if x.gpu_instance_id is not None:  # a MIG XID names the instance it happened in
+        labels["gpu_instance"] = str(x.gpu_instance_id)
+        ci = x.compute_instance_id
+        labels["compute_instance"] = "" if ci is None else str(ci)
+    return {**labels, "xid": str(x.xid), "severity": x.severity}
 
 
 def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, str]:

@@ -226,7 +226,8 @@ class HolderScanRequest:
 
 @dataclass(frozen=True, slots=True)
 class XidCount:
-    """How many times an XID happened on a GPU (or MIG instance) since start."""
+    """How many times an XID happened on a GPU (or MIG instance): since start, or before
+    it (``Analysis.xid_counts_before_start``)."""
 
     gpu: int | None
     uuid: str | None
@@ -247,6 +248,8 @@ class Analysis:
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()
     xid_counts: tuple[XidCount, ...] = ()  # cumulative, for gpu_xid_errors_total
+    # kernel-log backlog: XIDs raised before the exporter started (history, not new)
+    xid_counts_before_start: tuple[XidCount, ...] = ()
     orphans: tuple[OrphanedMemory, ...] = ()
     orphan_holders: tuple[OrphanHolder, ...] = ()
     driver_held: tuple[DriverHeld, ...] = ()

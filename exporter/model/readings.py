@@ -285,7 +285,9 @@ class XidEvent:
 
     NVML names the GPU (``gpu``/``uuid``); the kernel log only names the PCI bus
     (``pci_bus_id`` as printed, e.g. "0000:3b:00"), so kmsg events carry ``gpu`` and
-    ``uuid`` None until analysis resolves the bus id. ``timestamp`` is epoch seconds.
+    ``uuid`` None until analysis resolves the bus id. ``timestamp`` is epoch seconds when
+    the exporter received the event; only a kernel-log record that was already in the
+    log when it was opened carries the kernel's (approximate) time of it instead.
     """
 
     gpu: int | None
@@ -297,6 +299,7 @@ class XidEvent:
     compute_instance_id: int | None = None
     pci_bus_id: str | None = None
     message: str | None = None  # kmsg: the text after the code (pid=..., name=..., detail)
+    backlog: bool = False  # kmsg: in the log before the exporter started (history)
 
 
 @dataclass(frozen=True, slots=True)

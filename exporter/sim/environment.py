@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
 from exporter.sim.node import SimNode
 from exporter.sim.nvml_library import install
@@ -39,6 +40,7 @@ class SimPaths:
     """Where the exporter should look instead of the host's real paths."""
 
     proc_root: Path
+    kmsg: Path  # the kernel log, for --kmsg-path
     pod_resources_socket: Path
     kubeconfig: Path | None
     node_name: str
@@ -54,11 +56,13 @@ class SimEnvironment:
         self._root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
         self.paths = SimPaths(
             proc_root=self._root / "proc",
+            kmsg=self._root / "kmsg",
             pod_resources_socket=self._root / "kubelet.sock",
             kubeconfig=self._root / "kubeconfig" if kube_api else None,
             node_name=scenario.node_name,
         )
         self.kube_api: FakeKubeApi | None = None
+        self.kernel_log = SimKernelLogWriter(self.node, self.paths.kmsg, self.paths.proc_root)
         self._grpc: Any = None
         self._task: asyncio.Task[None] | None = None
         # pid -> (cgroup, what was last written): a cgroup is fixed at the first write
@@ -70,6 +74,7 @@ class SimEnvironment:
     async def start(self) -> SimPaths:
         install(self.node)
         self.paths.proc_root.mkdir(parents=True)
+        self.kernel_log.start()
         self.sync()
         self._grpc = await start_podresources_server(
             self.paths.pod_resources_socket,
@@ -113,10 +118,12 @@ class SimEnvironment:
                 log.exception("simulator sync failed")
 
     def sync(self) -> None:
-        """Bring the proc tree and the API server in line with the node's timeline."""
+        """Bring the proc tree, the kernel log and the API server in line with the node's
+        timeline."""
         node = self.node
         with node.lock:
             node.advance()
+            self.kernel_log.sync()
             pods = {f"{p.namespace}/{p.name}": p for p in node.pods}
             alive = {p.pid: p for p in node.processes if p.alive}
             for pid in set(self._written) - set(alive):

@@ -165,6 +165,19 @@ class SimEvent:
 
 
 @dataclass
+class SimKernelLog:
+    """The simulated /dev/kmsg and /proc/uptime (sim/kernel_log.py).
+
+    printk stamps records with sched_clock, which stops while the machine is suspended
+    and is not NTP-disciplined; /proc/uptime is CLOCK_BOOTTIME. ``clock_lag_s`` is how
+    far the first is behind the second (time spent suspended, or drift on a long uptime).
+    """
+
+    uptime_s: float = 3600.0  # /proc/uptime at simulated time 0
+    clock_lag_s: float = 0.0
+
+
+@dataclass
 class Scenario:
     name: str
     description: str
@@ -181,6 +194,7 @@ class Scenario:
     allocator: str = "nvidia"
     call_errors: list[SimCallError] = field(default_factory=list)
     process_info_layout: str = "v2"  # "r535_early": _v3 listings write 32-byte entries
+    kernel_log: SimKernelLog = field(default_factory=SimKernelLog)
 
     def __post_init__(self) -> None:
         if self.process_info_layout == "r535_early":  # 535.104.05 added it (nvml.h)
@@ -470,6 +484,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "pods",
             "host_processes",
             "timeline",
+            "kernel_log",
         },
         name,
     )
@@ -537,6 +552,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             _call_error(_expect_mapping(e, f"call_errors[{i}]"), f"call_errors[{i}]", gpus)
             for i, e in enumerate(root.get("call_errors") or [])
         ],
+        kernel_log=_kernel_log(root.get("kernel_log") or {}, timeline),
     )
 
 
@@ -584,6 +600,25 @@ def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCall
         start=float(data.get("from", 0.0)),
         until=None if until is None else float(until),
     )
+
+
+def _kernel_log(raw: object, timeline: list[SimEvent]) -> SimKernelLog:
+    data = _expect_mapping(raw, "kernel_log")
+    _check_keys(data, {"uptime_s", "clock_lag_s"}, "kernel_log")
+    values: dict[str, float] = {}
+    for key in ("uptime_s", "clock_lag_s"):
+        value = data.get(key, getattr(SimKernelLog, key))
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ScenarioError(f"kernel_log.{key}: {value!r} is not a number of seconds >= 0")
+        values[key] = float(value)
+    log = SimKernelLog(**values)
+    first = min((e.at for e in timeline if e.action == "xid"), default=0.0)
+    if log.uptime_s + min(first, 0.0) - log.clock_lag_s < 0:
+        raise ScenarioError(
+            "kernel_log: the earliest XID would be logged before boot "
+            "(raise uptime_s, or lower clock_lag_s)"
+        )
+    return log
 
 
 def load_scenario(name_or_path: str) -> Scenario:

@@ -17,6 +17,18 @@ buffer, so the backlog is read first and new records follow. The driver prints
 
 The reader parses those into ``XidEvent(source="kmsg")`` naming the PCI bus only; the
 ledger (analysis/xid.py) resolves the GPU and de-duplicates against NVML.
+
+Time. ``usec`` is printk's clock, ``local_clock()`` (kernel/printk/printk.c,
+``vprintk_store``): sched_clock, which stops while the machine is suspended and is not
+disciplined by NTP (Documentation/timers/timekeeping.rst), while ``/proc/uptime`` is
+CLOCK_BOOTTIME (fs/proc/uptime.c). ``now - uptime + usec`` therefore lands early by the
+time spent suspended, and off by the clocks' drift on a long uptime -- easily more than
+the ledger's 5 s de-duplication window. So a record read live (after the backlog) is
+stamped with the reader's clock when it arrives, as the NVML listener stamps its events;
+only records that were already in the log (the backlog, and those missed while the log
+was closed after an error) are stamped through /proc/uptime, which is approximate.
+Records of the backlog read at the first open are marked ``backlog``: they were raised
+before the exporter started, and analysis keeps them apart from new XIDs.
 """
 
 from __future__ import annotations
@@ -87,8 +99,9 @@ def parse_xid_attribution(msg: str) -> tuple[int | None, int | None]:
 def boot_epoch(proc_root: str | Path, now: float) -> float | None:
     """Epoch seconds of boot: ``now`` minus ``<proc-root>/uptime``.
 
-    kmsg stamps records with time since boot; ``now`` and uptime are read together so
-    the offset is good to the 10 ms resolution of /proc/uptime.
+    ``now`` and uptime are read together, so the offset is good to the 10 ms resolution
+    of /proc/uptime -- but it is boot on CLOCK_BOOTTIME, not on printk's clock (module
+    docstring): only records that did not arrive live are stamped through it.
     """
     try:
         uptime = float(Path(proc_root, "uptime").read_text(encoding="ascii").split()[0])
@@ -100,9 +113,11 @@ def boot_epoch(proc_root: str | Path, now: float) -> float | None:
 class KmsgReader(ThreadedSource):
     """Reads the kernel log backlog, then follows it, from a daemon thread.
 
+    Live records are stamped when read; records already in the log when it was opened
+    are stamped through /proc/uptime, and those of the first open are ``backlog``.
     ``last_error`` says why the log cannot be read (e.g. "EACCES"), or "uptime" when
-    records are stamped at read time; ``errors_total`` counts open/read failures and
-    failing callbacks.
+    records that were already in the log are stamped at read time too;
+    ``errors_total`` counts open/read failures and failing callbacks.
 
     Works on ``/dev/kmsg`` (a character device: one record per read, EAGAIN when
     drained, EPIPE when records were overwritten before we read them) and on a regular
@@ -131,7 +146,8 @@ class KmsgReader(ThreadedSource):
         self._poll_interval_s = poll_interval_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._clock = clock
-        self._caught_up = threading.Event()
+        self._caught_up = threading.Event()  # the first open's backlog has been read
+        self._draining = True  # reading what the log held when it was opened
         self._last_seq = -1
         self._overruns_total = 0
 
@@ -170,11 +186,15 @@ class KmsgReader(ThreadedSource):
 
     def _follow(self, fd: int) -> None:
         self._last_error = None  # the log is open again
+        self._draining = True
         boot = boot_epoch(self._proc_root, self._clock())
         if boot is None:
             self._errors_total += 1
             self._last_error = "uptime"
-            log.warning("cannot read %s/uptime: kmsg XIDs are stamped when read", self._proc_root)
+            log.warning(
+                "cannot read %s/uptime: kernel-log backlog XIDs are stamped when read",
+                self._proc_root,
+            )
         pending = b""
         while not self._stop.is_set():
             try:
@@ -203,6 +223,7 @@ class KmsgReader(ThreadedSource):
                 self._handle(line.decode("utf-8", "replace"), boot)
 
     def _idle(self) -> None:
+        self._draining = False  # from here on, records arrive as the kernel logs them
         if not self._caught_up.is_set():
             self._caught_up.set()
             log.info("kernel log backlog read; following %s", self._path)
@@ -220,16 +241,20 @@ class KmsgReader(ThreadedSource):
             return
         pci, xid, detail = parsed
         gi, ci = parse_xid_attribution(message)
+        # Live: our clock now, comparable with the NVML listener's. Already in the log:
+        # printk's stamp through /proc/uptime, approximate (module docstring).
+        stale = boot + since_boot if self._draining and boot is not None else None
         event = XidEvent(
             gpu=None,
             uuid=None,
             xid=xid,
-            timestamp=boot + since_boot if boot is not None else self._clock(),
+            timestamp=self._clock() if stale is None else stale,
             source="kmsg",
             gpu_instance_id=gi,
             compute_instance_id=ci,
             pci_bus_id=pci,
             message=detail or None,
+            backlog=not self._caught_up.is_set(),
         )
         self._events_total += 1
         try:
