@@ -7,10 +7,12 @@ stops them itself (SIGTERM, then SIGKILL) in its fixture's teardown.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,9 +41,39 @@ def free_port() -> int:
         return port
 
 
-def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+@dataclass(frozen=True)
+class Secured:
+    """How the main exporter is reached: TLS with this CA, basic auth with this user."""
+
+    ca_file: Path
+    user: str
+    password: str
+    web_config: Path
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def authorization(self) -> str:
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        return f"Basic {token}"
+
+    def scrape_config(self) -> dict[str, Any]:
+        """What Prometheus needs to scrape it (scheme, CA, basic auth)."""
+        return {
+            "scheme": "https",
+            "tls_config": {"ca_file": str(self.ca_file), "server_name": "localhost"},
+            "basic_auth": {"username": self.user, "password": self.password},
+        }
+
+
+def http_get(url: str, timeout: float = 10.0, secured: Secured | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    context = None
+    if secured is not None:
+        request.add_header("Authorization", secured.authorization())
+        context = secured.context()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -127,7 +160,9 @@ def simulation_start(exporter_log: str) -> float | None:
     return time.mktime(time.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + int(match[2]) / 1000
 
 
-def start_exporter(scenario: Path, port: int, log_path: Path) -> Child:
+def start_exporter(
+    scenario: Path, port: int, log_path: Path, secured: Secured | None = None
+) -> Child:
     return Child(
         "exporter",
         [
@@ -146,12 +181,15 @@ def start_exporter(scenario: Path, port: int, log_path: Path) -> Child:
             "5",
             "--dcgm",
             "off",
+            *(["--web-config-file", str(secured.web_config)] if secured else []),
         ],
         log_path,
     )
 
 
-def prometheus_config(exporters: Mapping[str, int], rule_files: Sequence[Path]) -> dict[str, Any]:
+def prometheus_config(
+    exporters: Mapping[str, int], rule_files: Sequence[Path], secured: Secured | None = None
+) -> dict[str, Any]:
     """Scrape and evaluate every second; one target per exporter, labelled with its node.
 
     No exporters: the job stays but has no target (a ServiceMonitor that selects nothing).
@@ -172,15 +210,20 @@ def prometheus_config(exporters: Mapping[str, int], rule_files: Sequence[Path]) 
                 "scrape_interval": "1s",
                 "scrape_timeout": "1s",
                 "static_configs": targets,
+                **(secured.scrape_config() if secured else {}),
             }
         ],
     }
 
 
 def write_prometheus_config(
-    path: Path, exporters: Mapping[str, int], rule_files: Sequence[Path]
+    path: Path,
+    exporters: Mapping[str, int],
+    rule_files: Sequence[Path],
+    secured: Secured | None = None,
 ) -> None:
-    path.write_text(yaml.safe_dump(prometheus_config(exporters, rule_files)), "utf-8")
+    config = prometheus_config(exporters, rule_files, secured)
+    path.write_text(yaml.safe_dump(config), "utf-8")
 
 
 def start_prometheus(binary: str, config: Path, data: Path, port: int, log_path: Path) -> Child:

@@ -22,6 +22,7 @@ and `GPU_E2E_BREAK=query` breaks one dashboard query; either must make a test be
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import pytest
 import yaml
 
@@ -50,6 +52,7 @@ from tests.e2e.stack import (
     NODE,
     Child,
     PromApi,
+    Secured,
     free_port,
     http_get,
     simulation_start,
@@ -68,6 +71,7 @@ from tests.test_alert_rules import (
     run_promtool,
 )
 from tests.test_dashboards import dashboard_files, load, panels
+from tests.tls_certs import authority
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -185,6 +189,9 @@ class Run:
     forms_unresolved: list[dict[str, Any]] = field(default_factory=list)
     forms_allocated: dict[str, int] = field(default_factory=dict)
     forms_without_gpu: list[dict[str, Any]] = field(default_factory=list)
+    # the main exporter is served over TLS with basic auth
+    main_target: dict[str, Any] = field(default_factory=dict)
+    without_password: int = 0
 
     def scrape_lines(self, metrics: set[str]) -> str:
         """The lines of the last scrape for ``metrics`` (recorded names: their sources)."""
@@ -361,6 +368,28 @@ def run_dashboard_queries(api: PromApi, start: float, end: float) -> list[QueryR
     return results
 
 
+E2E_USER, E2E_PASSWORD = "prometheus", "e2e-scrape-password"
+
+
+def secure_main_exporter(tmp: Path) -> Secured:
+    """The main exporter serves over TLS with basic auth (--web-config-file), as a
+    compliance baseline would have it; Prometheus scrapes it with the CA and password."""
+    ca = authority(tmp, "e2e-ca")
+    server = ca.issue(tmp, "e2e-server", server=True, sans=("127.0.0.1", "localhost"))
+    hashed = bcrypt.hashpw(E2E_PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web_config = tmp / "web-config.yml"
+    web_config.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {"cert_file": str(server.cert), "key_file": str(server.key)},
+                "basic_auth_users": {E2E_USER: hashed},
+            }
+        ),
+        encoding="utf-8",
+    )
+    return Secured(ca.path, E2E_USER, E2E_PASSWORD, web_config)
+
+
 def dra_variant(tmp: Path) -> Path:
     """The allocation-forms node as a DRA node: claims + a ResourceSlice instead of
     GKE's device names, under its own node name."""
@@ -402,7 +431,8 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     exporter_port, prom_port = free_port(), free_port()
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
     config = tmp / "prometheus.yml"
-    write_prometheus_config(config, {NODE: exporter_port}, rules)
+    secured = secure_main_exporter(tmp)
+    write_prometheus_config(config, {NODE: exporter_port}, rules, secured)
     forms_ports = {GKE_NODE: free_port(), DRA_NODE: free_port()}
     forms_config = tmp / "prometheus-forms.yml"
     write_prometheus_config(forms_config, forms_ports, rules)
@@ -410,7 +440,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     children: list[Child] = []
     try:
         exporter_t0 = time.time()
-        exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log")
+        exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log", secured)
         children.append(exporter)
         forms_exporters = {
             node: start_exporter(forms_scenarios[node], port, tmp / f"exporter-{node}.log")
@@ -418,12 +448,14 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         }
         children.extend(forms_exporters.values())
 
-        def ready(child: Child, port: int) -> bool:
+        def ready(child: Child, port: int, secured: Secured | None = None) -> bool:
             child.check_alive()
-            return http_get(f"http://127.0.0.1:{port}/readyz", timeout=2)[0] == 200
+            scheme = "https" if secured else "http"
+            url = f"{scheme}://127.0.0.1:{port}/readyz"
+            return http_get(url, timeout=2, secured=secured)[0] == 200
 
         wait_until(
-            functools.partial(ready, exporter, exporter_port),
+            functools.partial(ready, exporter, exporter_port, secured),
             timeout_s=START_TIMEOUT_S,
             what="the exporter's /readyz",
         )
@@ -469,7 +501,12 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             child.stop()  # not needed any more: their CPU goes to the rest of the run
         run.fired = fired_since(api, run.prom_start)
         run.state = describe(api)
-        run.scrape = http_get(f"http://127.0.0.1:{exporter_port}/metrics")[1].decode()
+        main_url = f"https://127.0.0.1:{exporter_port}/metrics"
+        run.scrape = http_get(main_url, secured=secured)[1].decode()
+        run.main_target = next((t for t in api.targets() if t["labels"].get("node") == NODE), {})
+        run.without_password = http_get(
+            main_url, secured=dataclasses.replace(secured, password="wrong")
+        )[0]
         run.dashboards = run_dashboard_queries(api, run.prom_start, run.main_end)
         with_series = sum(1 for r in run.dashboards if r.series)
         print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
@@ -496,7 +533,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         for name, timeout_s in zip(STOP_PHASE, (DOWN_TIMEOUT_S, ABSENT_TIMEOUT_S), strict=True):
             if name == "GPUExporterAbsent":  # the target goes away entirely
-                write_prometheus_config(config, {}, rules)
+                write_prometheus_config(config, {}, rules, secured)
                 api.reload()
             try:
                 wait_until(functools.partial(stop_fired, name), timeout_s=timeout_s, what=name)
@@ -700,3 +737,13 @@ def test_isolation_leak_fires_on_gke_and_dra_nodes_for_the_real_leak_only(e2e: R
 def test_nothing_else_fires_on_gke_and_dra_nodes(e2e: Run) -> None:
     noisy = {n: f for n, f in e2e.forms_fired.items() if n not in FORMS_EXPECTED}
     assert not noisy, f"fired but should not have: {json.dumps(noisy)}\n{e2e.forms_state}"
+
+
+# --- TLS and basic auth --------------------------------------------------------------
+
+
+def test_prometheus_scrapes_the_main_exporter_over_tls_with_basic_auth(e2e: Run) -> None:
+    target = e2e.main_target
+    assert target.get("scrapeUrl", "").startswith("https://"), target
+    assert target.get("health") == "up", target
+    assert e2e.without_password == 401
