@@ -14,6 +14,7 @@ missing labels); an exception inside a cycle is logged and counted, never fatal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import platform
@@ -41,6 +42,11 @@ log = logging.getLogger(__name__)
 disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: needless series
 SAMPLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 AGENT = "agent"  # gpu_exporter_errors{source="agent"}: failed cycles
+# Shutdown (SIGTERM: a pod deleted, e.g. by a GPU Operator driver upgrade that waits for
+# /dev/nvidia* to be closed) is bounded: a cycle in flight may finish, then every source
+# closes at once; together well inside the chart's terminationGracePeriodSeconds (10 s).
+CYCLE_GRACE_S = 2.0
+CLOSE_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -148,21 +154,50 @@ class Agent:
         self._tasks = [asyncio.create_task(s.run(), name=f"source-{s.name}") for s in self.sources]
         await asyncio.gather(*(s.prime(prime_timeout_s) for s in self.sources))
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Stop the background tasks and close every source at once (NVML's close is
+        nvmlShutdown), waiting at most ``timeout_s``. False when a source did not finish:
+        its worker thread is stuck in a call that cannot be interrupted, and is named."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(s.aclose() for s in self.sources), return_exceptions=True)
+        closing = {asyncio.create_task(s.aclose()): s.name for s in self.sources}
+        if not closing:
+            return True
+        done, pending = await asyncio.wait(closing, timeout=timeout_s)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("closing source %s failed: %s", closing[task], task.exception())
+        if pending:
+            log.warning(
+                "source(s) %s did not close within %.0f s",
+                ", ".join(sorted(closing[t] for t in pending)),
+                timeout_s,
+            )
+        return not pending
 
-    async def run(self) -> None:
+    async def run(self) -> bool:
+        """Sample until ``stop()``, then shut down within CYCLE_GRACE_S + CLOSE_TIMEOUT_S.
+
+        True when everything finished; False when a worker thread is still busy (a call
+        that never returns), which the caller should not wait for."""
         await self.start()
         sampling = asyncio.create_task(self._sample_loop(), name="sample-loop")
         try:
             await self._stopping.wait()
         finally:
+            # A cycle in flight may finish: closing NVML under it races its calls, and a
+            # read starting after nvmlShutdown would initialise NVML again.
+            done, _ = await asyncio.wait({sampling}, timeout=CYCLE_GRACE_S)
+            if not done:
+                log.warning(
+                    "a sample cycle is still running after %.0f s; closing the sources anyway",
+                    CYCLE_GRACE_S,
+                )
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
-            await self.close()
+            closed = await self.close()
+        return bool(done) and closed
 
     def stop(self) -> None:
         self._stopping.set()
@@ -170,7 +205,7 @@ class Agent:
     async def _sample_loop(self) -> None:
         interval = self.config.interval_s
         next_at = time.monotonic()
-        while True:
+        while not self._stopping.is_set():
             await self.cycle()
             next_at += interval
             now = time.monotonic()
@@ -182,7 +217,8 @@ class Agent:
                     skipped,
                 )
                 next_at += skipped * interval
-            await asyncio.sleep(next_at - now)
+            with contextlib.suppress(TimeoutError):  # woken early by stop()
+                await asyncio.wait_for(self._stopping.wait(), next_at - now)
 
     # -- one cycle --------------------------------------------------------------------
 

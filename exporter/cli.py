@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -119,6 +120,7 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
             f"{exc.strerror or exc}; pick another port or stop the process using it"
         ) from None
     sim = None
+    finished = True
     try:
         if scenario is not None:
             config, sim = await _simulated(config, scenario)
@@ -136,9 +138,16 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
             f", simulated: {scenario.name}" if scenario else "",
             ", basic auth" if security and security.config.basic_auth_users else "",
         )
-        await agent.run()
+        finished = await agent.run()
         log.info("stopped")
     finally:
         await runner.cleanup()
         if sim is not None:
             await sim.stop()
+    if not finished:
+        # A worker thread is stuck in a call that never returns (a hung GPU, say).
+        # Waiting for it would keep /dev/nvidia* open until the kubelet's SIGKILL; the
+        # kernel closes every file of a process that exits.
+        log.warning("exiting without waiting for the stuck worker thread")
+        logging.shutdown()
+        os._exit(0)

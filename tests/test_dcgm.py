@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -511,6 +513,27 @@ def test_node_without_supported_gpus_is_ok_and_empty(node: FakeNode, make_source
     snap = make_source().sample()
     assert (snap.ok, snap.occupancy, snap.incidents, snap.health) == (True, (), (), None)
     assert node.calls("dcgmGroupCreate") == []
+
+
+@pytest.mark.slow  # one real connect timeout (1 s)
+def test_close_during_a_connect_sequence_waits_for_one_attempt_only(
+    node: FakeNode, make_source: Any
+) -> None:
+    """DCGM 4 spends the whole connect timeout on every absent host engine; shutting down
+    (SIGTERM for a driver upgrade) must not wait for the rest of auto's list."""
+    node.write(hostengines=[], failed_connect_waits=True, gpus=[gpu(0, UUID_A)])
+    source = make_source(parse_mode("auto", operator_namespaces="a,b,c,d"))  # 5 x 1 s
+    opener = threading.Thread(target=source.open)
+    opener.start()
+    deadline = time.monotonic() + 5
+    while not node.calls("dcgmConnect_v3") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    source.close()
+    opener.join(5)
+    assert not opener.is_alive() and time.monotonic() - started < 1.8
+    assert node.tried() == ["nvidia-dcgm.a.svc:5555"]  # no further host engine, no embedded
+    assert not source.available and not source.open()
 
 
 # -- bindings ---------------------------------------------------------------------------

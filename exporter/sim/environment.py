@@ -20,7 +20,7 @@ from typing import Any
 from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
 from exporter.sim.node import SimNode
-from exporter.sim.nvml_library import install
+from exporter.sim.nvml_library import SimNvmlLibrary, install
 from exporter.sim.podresources_server import start_podresources_server
 from exporter.sim.proctree import (
     gpu_fds,
@@ -65,6 +65,7 @@ class SimEnvironment:
         self.kernel_log = SimKernelLogWriter(self.node, self.paths.kmsg, self.paths.proc_root)
         self._grpc: Any = None
         self._task: asyncio.Task[None] | None = None
+        self.library: SimNvmlLibrary | None = None  # set by start()
         # pid -> (cgroup, what was last written): a cgroup is fixed at the first write
         # (a deleted pod's process keeps it), the rest is rewritten when it changes.
         self._written: dict[int, tuple[str, tuple[object, ...]]] = {}
@@ -72,7 +73,7 @@ class SimEnvironment:
         self._kube_slices: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> SimPaths:
-        install(self.node)
+        self.library = install(self.node)
         self.paths.proc_root.mkdir(parents=True)
         self.kernel_log.start()
         self.sync()
@@ -108,6 +109,14 @@ class SimEnvironment:
         if self.kube_api is not None:
             self.kube_api.stop_in_thread()
         shutil.rmtree(self._root, ignore_errors=True)
+        if self.library is not None:
+            # As a driver's reference count would: did every nvmlInit get its nvmlShutdown?
+            log.info(
+                "simulated NVML library at stop: %s",
+                "still initialised (an nvmlInit without nvmlShutdown)"
+                if self.library.initialised
+                else "not initialised (every nvmlInit was matched by nvmlShutdown)",
+            )
 
     async def _keep_in_sync(self) -> None:
         while True:

@@ -193,6 +193,9 @@ class DcgmSource(Source):
         self._error: str | None = None
         self._ever_connected = False
         self._lock = threading.Lock()  # DCGM connection set-up/tear-down is not thread safe
+        # Set by close() without the lock, so a connect sequence in flight (each absent
+        # host engine costs its connect timeout) stops after its current attempt.
+        self._closing = threading.Event()
 
     # -- state ------------------------------------------------------------------------
 
@@ -223,6 +226,9 @@ class DcgmSource(Source):
             return self._open()
 
     def close(self) -> None:
+        """Disconnect (or stop the embedded engine); waits at most for one connect
+        attempt in flight, which then ends the sequence (shutdown must be prompt)."""
+        self._closing.set()
         with self._lock:
             self._disconnect()
 
@@ -231,6 +237,9 @@ class DcgmSource(Source):
             return True
         if self._mode.kind == "off":
             self._error = "DCGM disabled (--dcgm off)"
+            return False
+        if self._closing.is_set():
+            self._error = "DCGM source closed"
             return False
         try:
             bindings = self._bindings or self._import_bindings()
@@ -261,7 +270,7 @@ class DcgmSource(Source):
         repeated = error == self._error
         self._error = error
         never_connected = self._bindings is None or self._conn is None
-        if repeated:
+        if repeated or self._closing.is_set():
             level = logging.DEBUG
         elif self.mode.kind == "auto" and never_connected and not self._ever_connected:
             level = logging.INFO
@@ -425,6 +434,8 @@ class DcgmSource(Source):
         auto = self._mode.kind == "auto"
         failed: list[str] = []
         for address in self._mode.hostengines:
+            if self._closing.is_set():
+                raise DcgmUnavailable("closing: " + "; ".join(failed))
             try:
                 handle = b.pydcgm.DcgmHandle(
                     ipAddress=address,
@@ -438,7 +449,7 @@ class DcgmSource(Source):
                     raise DcgmUnavailable(f"libdcgm: {_describe(exc)}") from exc
                 failed.append(f"host engine {address}: {_describe(exc)}")
                 log.debug("DCGM: no host engine at %s (%s)", address, _describe(exc))
-        if not auto:
+        if not auto or self._closing.is_set():
             raise DcgmUnavailable("; ".join(failed))
         try:
             handle = b.pydcgm.DcgmHandle(ipAddress=None, opMode=op_mode)
