@@ -209,6 +209,19 @@ def test_simulated_node_serves_metrics_and_stops_cleanly_on_sigterm() -> None:
     assert '"message": "stopped"' in stderr  # json logs, one object per line
 
 
+def test_the_landing_page_names_the_simulated_node_not_this_host() -> None:
+    url, process = _run_until_ready(
+        ["--simulate", "single-gpu", "--kube-api", "off", "--node-name", "the-real-host"]
+    )
+    try:
+        with urllib.request.urlopen(url + "/", timeout=5) as response:
+            page = response.read().decode()
+        assert "sim-single" in page and "the-real-host" not in page
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)
+
+
 def test_no_driver_keeps_serving_nvml_down() -> None:
     url, process = _run_until_ready(["--simulate", "no-gpu", "--kube-api", "off"])
     try:

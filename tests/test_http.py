@@ -268,6 +268,8 @@ async def test_landing_page_links_to_metrics() -> None:
     page = r.body.decode()
     assert 'href="/metrics"' in page
     assert "sim-single" in page  # the node name
+    assert __version__ in page
+    assert "/docs/metrics.md" in page and "/docs/runbooks.md" in page
 
 
 # -- caching ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
+from exporter import __version__
 from exporter.exposition.connections import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -129,12 +130,15 @@ def _accepts_gzip(accept_encoding: str) -> bool:
     return _accepted(accept_encoding, "gzip")
 
 
+DOCS_URL = "https://github.com/gpu-occupancy-exporter/gpu-occupancy-exporter/blob/main/docs"
 LANDING = """<!doctype html>
 <html><head><title>gpu-occupancy-exporter</title></head>
-<body><h1>gpu-occupancy-exporter</h1>
+<body><h1>gpu-occupancy-exporter {version}</h1>
 <p>Node {node}: GPU occupancy, attribution and health for Prometheus.</p>
 <ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li>
-<li><a href="/readyz">/readyz</a></li></ul></body></html>
+<li><a href="/readyz">/readyz</a></li>
+<li><a href="{docs}/metrics.md">what each metric means</a></li>
+<li><a href="{docs}/runbooks.md">alert runbooks</a></li></ul></body></html>
 """
 
 
@@ -170,7 +174,10 @@ def build_app(
 
     async def landing(request: web.Request) -> web.Response:
         return web.Response(
-            text=LANDING.format(node=html.escape(node_name)), content_type="text/html"
+            text=LANDING.format(
+                node=html.escape(node_name), version=html.escape(__version__), docs=DOCS_URL
+            ),
+            content_type="text/html",
         )
 
     app = web.Application(middlewares=[security.middleware] if security else [])
