@@ -92,9 +92,28 @@ def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
+# Flags of the server alone: the snapshot subcommand neither offers nor needs them.
+SERVER_ONLY_FLAGS = frozenset(
+    {
+        "--listen",
+        "--interval",
+        "--web-config-file",
+        "--http-header-timeout",
+        "--http-max-connections",
+        "--pod-resources-interval",
+        "--per-process-metrics",
+    }
+)
+
+
 def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpu-occupancy-exporter snapshot" if snapshot else "gpu-occupancy-exporter",
+        usage=(
+            "%(prog)s [--json] [--window SECONDS] [flags]"
+            if snapshot
+            else "%(prog)s [snapshot] [flags]  (snapshot --help: the one-shot subcommand)"
+        ),
         description=(
             "Node-level GPU telemetry for Kubernetes: true SM occupancy next to GPU-Util, "
             "GPU memory and time per pod and container, orphaned memory and GPU health, "
@@ -113,6 +132,10 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
 
     def add(flag: str, help_text: str, **kwargs: object) -> None:
         name = _env_name(flag)
+        if snapshot and flag in SERVER_ONLY_FLAGS:  # not offered, but parsed as default
+            default = kwargs.get("default", False if kwargs.get("action") else None)
+            parser.set_defaults(**{flag.lstrip("-").replace("-", "_"): default})
+            return
         if "choices" in kwargs and "default" in kwargs:
             help_text += " Choices: %(choices)s."
         if kwargs.get("action") == "store_true":
@@ -121,9 +144,11 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
             return
         if name in env:
             kwargs["default"] = env[name]
+        # One default per flag: none shown where there is none, or the text says it.
+        shown = kwargs.get("default") not in (None, "") and "default:" not in help_text
         parser.add_argument(
             flag,
-            help=f"{help_text} (default: %(default)s) [env {name}]",
+            help=f"{help_text}{' (default: %(default)s)' if shown else ''} [env {name}]",
             **kwargs,  # type: ignore[arg-type]
         )
 

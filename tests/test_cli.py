@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, build_parser, parse_config
+from exporter.config import SERVER_ONLY_FLAGS, ConfigError, build_parser, parse_config
 from exporter.model import DcgmMode
 
 EXE = [sys.executable, "-m", "exporter"]
@@ -103,6 +103,24 @@ def test_bad_environment_value_is_reported_under_its_variable_name() -> None:
         parse_config([], env={"GPU_EXPORTER_KUBE_API": "sometimes"})
     with pytest.raises(ConfigError, match="--interval: 'x' is not a number"):
         parse_config([], env={"GPU_EXPORTER_INTERVAL": "x"})
+
+
+def test_help_shows_one_real_default_per_flag_and_names_the_subcommand() -> None:
+    text = build_parser({}).format_help()
+    assert "(default: None)" not in text and "(default: )" not in text
+    for block in text.split("\n  --")[1:]:  # one block per flag
+        assert " ".join(block.split()).count("default:") <= 1, block
+    assert text.startswith("usage: gpu-occupancy-exporter [snapshot]")
+
+
+def test_snapshot_help_offers_only_flags_that_act_there() -> None:
+    text = build_parser({}, snapshot=True).format_help()
+    assert "--json" in text and "--window" in text and "--simulate" in text
+    for flag in SERVER_ONLY_FLAGS:
+        assert flag not in text
+    with pytest.raises(ConfigError, match="unrecognized arguments: --listen"):
+        parse_config(["snapshot", "--listen", "127.0.0.1:1"], env={})
+    assert parse_config(["snapshot"], env={}).listen_port == 9445  # still a Config
 
 
 def test_help_explains_every_flag_with_its_environment_variable() -> None:
