@@ -67,6 +67,7 @@ async def _simulated(config: Config, scenario: Scenario) -> tuple[Config, SimEnv
     config = replace(
         config,
         proc_root=paths.proc_root,
+        kmsg_path=paths.kmsg,
         pod_resources_socket=paths.pod_resources_socket,
         kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
         node_name=paths.node_name,
