@@ -40,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.log_format,
     )
     try:
-        asyncio.run(take_snapshot(config, scenario) if config.snapshot else serve(config, scenario))
+        if config.snapshot:
+            return asyncio.run(take_snapshot(config, scenario))
+        asyncio.run(serve(config, scenario))
     except ConfigError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -75,8 +77,9 @@ async def _simulated(config: Config, scenario: Scenario) -> tuple[Config, SimEnv
     return config, sim
 
 
-async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
-    """Two cycles ``--window`` apart through the exporter's own code path, then print."""
+async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
+    """Two cycles ``--window`` apart through the exporter's own code path, then print.
+    Exit status 1 when NVML was down: the report says why, a script can tell."""
     sim = None
     if scenario is not None:
         config, sim = await _simulated(config, scenario)
@@ -94,6 +97,11 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> None:
         raise ConfigError("no sample could be taken; run with --log-level debug to see why")
     render = render_json if config.snapshot_json else render_text
     sys.stdout.write(render(agent.latest))
+    nvml = agent.latest.node.nvml
+    if not nvml.ok:
+        sys.stderr.write(f"gpu-occupancy-exporter snapshot: NVML is down: {nvml.error}\n")
+        return 1
+    return 0
 
 
 async def serve(config: Config, scenario: Scenario | None) -> None:

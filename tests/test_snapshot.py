@@ -65,11 +65,14 @@ def test_snapshot_json_carries_the_whole_analysis() -> None:
     assert {c["resource"] for c in data["capacity"]} >= {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
 
 
-def test_snapshot_on_a_node_without_driver_says_nvml_is_down() -> None:
+def test_snapshot_on_a_node_without_driver_says_nvml_is_down_and_exits_1() -> None:
     result = snapshot("--simulate", "no-gpu", "--kube-api", "off")
-    assert result.returncode == 0, result.stderr
-    assert "NVML DOWN" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert "NVML DOWN" in result.stdout  # the report is still printed, saying why
     assert "NVML unavailable: DriverNotLoaded" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gpu-occupancy-exporter snapshot: NVML is down: DriverNotLoaded: Driver Not Loaded"
+    )
 
 
 def test_snapshot_help_lists_its_own_flags_and_the_source_flags() -> None:
