@@ -962,14 +962,14 @@ def health_orphans() -> Json:
                         "Degraded GPUs",
                         "GPUs slowed by heat or power.",
                         f"count(max by (instance, uuid) (gpu_health_reason{{{GPU}, "
-                        f'severity="degraded"}}) == 1) or vector(0)',
+                        f'class="degraded"}}) == 1) or vector(0)',
                         "short",
                         thresholds=[(None, "green"), (1, "orange")],
                     ),
                     stat(
                         "Fatal XIDs (range)",
                         "Fatal XID errors in the selected range.",
-                        f'sum(increase(gpu_xid_errors_total{{{GPU}, severity="fatal"}}'
+                        f'sum(increase(gpu_xid_errors_total{{{GPU}, class="fatal"}}'
                         f"[$__range])) or vector(0)",
                         "short",
                         thresholds=[(None, "green"), (1, "red")],
@@ -1005,9 +1005,9 @@ def health_orphans() -> Json:
                         "New XIDs per interval, by code and severity class (docs/xid.md).",
                         [
                             target(
-                                f"sum by (node, gpu, uuid, xid, severity) (increase("
+                                f"sum by (node, gpu, uuid, xid, class) (increase("
                                 f"gpu_xid_errors_total{{{GPU}}}[$__rate_interval]))",
-                                GPU_LEGEND + " XID {{xid}} ({{severity}})",
+                                GPU_LEGEND + " XID {{xid}} ({{class}})",
                             )
                         ],
                         "short",
@@ -1180,7 +1180,7 @@ def health_orphans() -> Json:
                     state_timeline(
                         "NVML up",
                         "0: no driver, or libnvidia-ml not mounted.",
-                        [target(f"gpu_exporter_nvml_up{{{NODE}}}", "{{node}}")],
+                        [target(f'gpu_exporter_source_up{{source="nvml", {NODE}}}', "{{node}}")],
                         "bool_on_off",
                         UP_MAP,
                         w=24,

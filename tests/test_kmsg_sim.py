@@ -37,21 +37,21 @@ async def test_an_xid_from_nvml_and_the_kernel_log_is_counted_once_when_printk_l
         await h.advance(61)
         await h.advance(30)
         scrape = await h.scrape()
-    assert scrape.get("gpu_xid_errors_total", gpu="0", xid="31", severity="application") == 1
+    assert scrape.get("gpu_xid_errors_total", gpu="0", xid="31", **{"class": "application"}) == 1
     assert scrape.get("gpu_xid_errors_total", gpu="1", xid="43", gpu_instance="1") == 1
     assert scrape.get("gpu_exporter_source_up", source="kmsg") == 1
 
 
 async def test_backlog_xids_are_history_not_new_errors() -> None:
     """The fatal XID from before start is not counted as new (GPUFatalXID selects only
-    gpu_xid_errors_total{severity="fatal"}), is exported as history, and still makes
+    gpu_xid_errors_total{class="fatal"}), is exported as history, and still makes
     the GPU unhealthy while it is within --health-xid-window."""
     async with simulated_exporter(LAGGING, argv=["--kmsg"]) as h:
         await h.advance(5)
         scrape = await h.scrape()
-    assert scrape.find("gpu_xid_errors_total", severity="fatal") == []
+    assert scrape.find("gpu_xid_errors_total", **{"class": "fatal"}) == []
     assert scrape.find("gpu_xid_errors_total") == []
-    assert scrape.get("gpu_xid_errors_before_start", gpu="1", xid="48", severity="fatal") == 1
+    assert scrape.get("gpu_xid_errors_before_start", gpu="1", xid="48", **{"class": "fatal"}) == 1
     assert scrape.get("gpu_health_reason", gpu="1", reason="fatal_xid") == 1
     assert scrape.get("gpu_healthy", gpu="0") == 1
 

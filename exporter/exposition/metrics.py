@@ -32,7 +32,11 @@ GAUGE, COUNTER = "gauge", "counter"
 
 CATALOGUE: dict[str, tuple[str, str]] = {
     # exporter self-metrics (the histogram, errors and build info live in the agent)
-    "gpu_exporter_nvml_up": (GAUGE, "1 when NVML initialised and answered this cycle."),
+    "gpu_exporter_nvml_up": (
+        GAUGE,
+        'Deprecated (removed in 0.3): use gpu_exporter_source_up{source="nvml"}. '
+        "1 when NVML initialised and answered this cycle.",
+    ),
     "gpu_exporter_source_up": (GAUGE, "1 when the named source answered its last refresh."),
     "gpu_exporter_last_sample_timestamp_seconds": (
         GAUGE,
@@ -148,7 +152,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_healthy": (GAUGE, "1 when no 'unhealthy' health reason is active for the GPU."),
     "gpu_health_reason": (
         GAUGE,
-        "1 for each active health reason, with its severity (unhealthy or degraded).",
+        "1 for each active health reason, with its class (unhealthy or degraded).",
     ),
     "gpu_node_devices": (
         GAUGE,
@@ -442,7 +446,7 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         for reason in verdict.reasons:
             out.add(
                 "gpu_health_reason",
-                {**labels, "reason": reason.reason, "severity": reason.severity},
+                {**labels, "reason": reason.reason, "class": reason.severity},
                 1,
             )
     for cap in analysis.capacity:
@@ -462,7 +466,7 @@ def _xid_labels(x: XidCount) -> dict[str, str]:
         labels["gpu_instance"] = str(x.gpu_instance_id)
         ci = x.compute_instance_id
         labels["compute_instance"] = "" if ci is None else str(ci)
-    return {**labels, "xid": str(x.xid), "severity": x.severity}
+    return {**labels, "xid": str(x.xid), "class": x.severity}
 
 
 def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, str]:
