@@ -113,8 +113,8 @@ def make_source(clock: FakeClock) -> Iterator[Any]:
 def gpu(
     gpu_id: int, uuid: str, fields: dict[int, Any] | None = None, arch: str = "hopper"
 ) -> dict[str, Any]:
-    fields = {str(k): v for k, v in (fields or {}).items()}
-    return {"id": gpu_id, "uuid": uuid, "arch": arch, "fields": fields}
+    by_name = {str(k): v for k, v in (fields or {}).items()}
+    return {"id": gpu_id, "uuid": uuid, "arch": arch, "fields": by_name}
 
 
 def all_fields(base: float) -> dict[int, float]:

@@ -288,7 +288,10 @@ def test_clock_event_reasons_fall_back_to_the_throttle_name_on_r525_to_r530_driv
     sim: list[Sim],
 ) -> None:
     # R525 exports only nvmlDeviceGetCurrentClocksThrottleReasons (same bits)
-    scenario = {"driver_version": "525.147.05", "gpus": [{"clock_event_reasons": 0x20 | 0x4}]}
+    scenario: dict[str, object] = {
+        "driver_version": "525.147.05",
+        "gpus": [{"clock_event_reasons": 0x20 | 0x4}],
+    }
     s = start(sim, scenario)
     snap = s.sample_at(0.0)
     assert snap.gpus[0].clock_event_reasons == 0x20 | 0x4
@@ -299,7 +302,7 @@ def test_clock_event_reasons_fall_back_to_the_throttle_name_on_r525_to_r530_driv
 
 
 def test_clock_event_reasons_are_absent_where_neither_name_exists(sim: list[Sim]) -> None:
-    scenario = {
+    scenario: dict[str, object] = {
         "driver_version": "525.147.05",
         "missing_functions": ["nvmlDeviceGetCurrentClocksThrottleReasons"],
         "gpus": [{"clock_event_reasons": 0x20}],

@@ -273,6 +273,7 @@ def dcgmGetGpuChipArchitecture(dcgm_handle: Any, gpuId: int) -> int:
         if int(gpu["id"]) == gpuId:
             return _ARCHITECTURES[gpu.get("arch", "hopper")]
     dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_BADPARAM)
+    raise AssertionError("unreachable: _dcgmCheckReturn raises for BADPARAM")
 
 
 @ensure_byte_strings()
