@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.agent import Agent, build_agent
@@ -135,6 +136,16 @@ class Harness:
         async with self.session.get(self.url + "/metrics") as response:
             assert response.status == 200, await response.text()
             return parse_exposition(await response.text())
+
+
+def one_gauge_cache() -> MetricsCache:
+    """A cache holding one rendered cycle with a single gauge ``gpu_example 1``: for
+    tests of the HTTP layer that need something to serve but no simulated node."""
+    registry = CollectorRegistry()
+    Gauge("gpu_example", "an example", registry=registry).set(1)
+    cache = MetricsCache()
+    cache.render(registry)
+    return cache
 
 
 def scenario_from(source: str | dict[str, object] | Scenario) -> Scenario:

@@ -11,26 +11,18 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
 
 from exporter.exposition.connections import ConnectionGuard, GuardedTCPSite
-from exporter.exposition.server import MetricsCache, build_app, start_server
+from exporter.exposition.server import build_app, start_server
+from tests.harness import one_gauge_cache
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\nUser-Agent: slo"
 WHOLE_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: exporter\r\n\r\n"
 
 
-def _cache() -> MetricsCache:
-    registry = CollectorRegistry()
-    Gauge("gpu_example", "an example", registry=registry).set(1)
-    cache = MetricsCache()
-    cache.render(registry)
-    return cache
-
-
 @asynccontextmanager
 async def serving(**limits: float) -> AsyncIterator[tuple[int, ConnectionGuard]]:
-    runner = await start_server(build_app(_cache(), "node-a"), "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
+    runner = await start_server(build_app(one_gauge_cache(), "node-a"), "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
     try:
         (site,) = runner.sites
         assert isinstance(site, GuardedTCPSite)

@@ -15,11 +15,11 @@ import bcrypt
 import pytest
 import yaml
 from cryptography import x509
-from prometheus_client import CollectorRegistry, Gauge
 
-from exporter.exposition.server import MetricsCache, build_app, start_server
+from exporter.exposition.server import build_app, start_server
 from exporter.exposition.web_config import WebConfigError, load_web_config
 from exporter.exposition.web_security import WebSecurity
+from tests.harness import one_gauge_cache
 from tests.test_cli import run
 from tests.tls_certs import Authority, Pair, authority
 
@@ -67,21 +67,13 @@ def write_config(path: Path, body: dict[str, object]) -> Path:
     return path
 
 
-def _cache() -> MetricsCache:
-    registry = CollectorRegistry()
-    Gauge("gpu_example", "an example", registry=registry).set(1)
-    cache = MetricsCache()
-    cache.render(registry)
-    return cache
-
-
 @asynccontextmanager
 async def serving(
     config: Path, clock: Clock | None = None
 ) -> AsyncIterator[tuple[int, WebSecurity]]:
     security = WebSecurity(config, clock=clock or Clock())
     runner = await start_server(
-        build_app(_cache(), "node-a", security=security),
+        build_app(one_gauge_cache(), "node-a", security=security),
         "127.0.0.1",
         0,
         ssl_context=security.server_context(),
