@@ -131,7 +131,7 @@ class Agent:
         self.self_metrics = SelfMetrics.register(self.registry)
         for name in (*(s.name for s in self.sources), AGENT):
             self.self_metrics.errors.labels(name)  # present from the start, at 0
-        self.options = ExpositionOptions(per_process_metrics=config.per_process_metrics)
+        self.options = ExpositionOptions(families=config.families)
         self.wall_clock = wall_clock
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_severity)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
+from exporter.exposition.families import selectable
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.exposition.web_config import WebConfigError
 from exporter.exposition.web_security import WebSecurity
@@ -147,6 +148,8 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
             f", simulated: {scenario.name}" if scenario else "",
             ", basic auth" if security and security.config.basic_auth_users else "",
         )
+        off = [name for name in selectable() if name not in config.families]
+        log.info("metric families off: %s", ", ".join(off) or "none")
         finished = await agent.run()
         log.info("stopped")
     finally:

@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
+from exporter.exposition.families import DEFAULT_OFF, FamilySelectionError, select_families
 from exporter.model import (
     DCGM_HOSTENGINE_PORT,
     GPU_DRA_DRIVERS,
@@ -59,6 +60,7 @@ class Config:
     kubeconfig: str | None
     simulate: str | None
     per_process_metrics: bool
+    families: frozenset[str]  # the metric families served (exporter/exposition/families.py)
     xid_severity: dict[int, str]
     health_xid_window_s: float
     retired_pages_limit: int
@@ -102,6 +104,8 @@ SERVER_ONLY_FLAGS = frozenset(
         "--http-max-connections",
         "--pod-resources-interval",
         "--per-process-metrics",
+        "--families-disable",
+        "--families-enable",
     }
 )
 
@@ -243,6 +247,23 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "--per-process-metrics",
         "Also export per-pid series (cardinality grows with processes).",
         action="store_true",
+    )
+    add(
+        "--families-disable",
+        "Comma-separated globs over metric family names (as served: counters without "
+        "_total) not to serve, e.g. 'gpu_clock_event_*,gpu_memory_clock_hertz'. "
+        "--families-enable wins where both match; gpu_exporter_* is always served; a "
+        "pattern that matches nothing is an error (docs/metrics.md, 'Choosing families').",
+        default="",
+        metavar="LIST",
+    )
+    add(
+        "--families-enable",
+        "Comma-separated globs over metric family names to serve besides the default set, "
+        f"which leaves out {', '.join(DEFAULT_OFF)} (e.g. 'gpu_process_*'; '*': every "
+        "family).",
+        default="",
+        metavar="LIST",
     )
     add(
         "--xid-severity",
@@ -464,6 +485,14 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
     if idle_threshold > 1:
         raise ConfigError(f"--idle-threshold: {args.idle_threshold} is above 1 (a ratio)")
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
+    try:
+        families = select_families(
+            args.families_enable,
+            args.families_disable,
+            per_process=bool(args.per_process_metrics),
+        )
+    except FamilySelectionError as exc:
+        raise ConfigError(str(exc)) from None
     if not names:
         raise ConfigError("--resource-names: give at least one resource name")
     return Config(
@@ -486,6 +515,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         kubeconfig=args.kubeconfig,
         simulate=args.simulate,
         per_process_metrics=bool(args.per_process_metrics),
+        families=families,
         xid_severity=xid_severity,
         health_xid_window_s=_positive_float(args.health_xid_window, "--health-xid-window", 1.0),
         retired_pages_limit=retired_limit,

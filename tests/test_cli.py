@@ -51,6 +51,10 @@ def free_port() -> int:
         (["--kube-api", "maybe"], "invalid choice: 'maybe'"),
         (["--log-format", "xml"], "invalid choice: 'xml'"),
         (
+            ["--families-disable", "gpu_fp*,gpu_temprature_celsius"],
+            "--families-disable: 'gpu_temprature_celsius' matches no metric family",
+        ),
+        (
             ["--simulate", "/nonexistent/scenario.yaml"],
             "cannot read scenario '/nonexistent/scenario.yaml'",
         ),

@@ -30,9 +30,9 @@ def family_name(documented_name: str, kind: str) -> str:
 
 async def test_every_emitted_metric_is_documented_and_every_documented_one_is_emitted() -> None:
     """Run node-8gpu through its whole timeline (zombie, XIDs, a kernel-log backlog, a
-    lost GPU) and collect every metric family served along the way."""
+    lost GPU), every family on, and collect every metric family served along the way."""
     emitted: dict[str, str] = {}
-    argv = ["--per-process-metrics", "--kmsg"]
+    argv = ["--kmsg", "--families-enable", "*"]
     async with simulated_exporter("node-8gpu", argv=argv) as h:
         for step in (5, 60, 30, 30, 30, 30):
             await h.advance(step)

@@ -7,7 +7,7 @@ Unknown values (``None``) produce no sample at all: "not supported" must never r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import get_args
 
@@ -193,17 +193,24 @@ Labels = Mapping[str, str]
 
 @dataclass(frozen=True)
 class ExpositionOptions:
-    per_process_metrics: bool = False
+    # The families to serve (exporter/exposition/families.py); None: every one.
+    families: Collection[str] | None = None
 
 
 class FamilyBuilder:
-    """Collects samples into families named by ``CATALOGUE``; skips ``None`` values."""
+    """Collects samples into families named by ``CATALOGUE``; skips ``None`` values and
+    families that are switched off (before any sample is built: they cost nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, families: Collection[str] | None = None) -> None:
         self._families: dict[str, Metric] = {}
+        self._served = families
+
+    def wants(self, name: str) -> bool:
+        """Whether ``name`` is served; callers skip building labels for it otherwise."""
+        return self._served is None or name in self._served
 
     def add(self, name: str, labels: Labels, value: float | None) -> None:
-        if value is None:
+        if value is None or not self.wants(name):
             return
         family = self._families.get(name)
         if family is None:
@@ -263,7 +270,7 @@ def _scaled(value: int | None, factor: float) -> float | None:
 
 
 def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metric]:
-    out = FamilyBuilder()
+    out = FamilyBuilder(options.families)
     node = analysis.node
     nvml = node.nvml
     out.add("gpu_exporter_nvml_up", {}, 1 if nvml.ok else 0)
@@ -276,7 +283,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
-    _add_attribution(out, analysis, migs, options)
+    _add_attribution(out, analysis, migs)
     _add_orphans(out, analysis)
     _add_health(out, analysis, migs)
     return out.families()
@@ -315,7 +322,7 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
     out.add("gpu_energy_joules", labels, _scaled(gpu.energy_millijoules, 1e-3))
     out.add("gpu_sm_clock_hertz", labels, _scaled(gpu.clock_sm_mhz, 1e6))
     out.add("gpu_memory_clock_hertz", labels, _scaled(gpu.clock_memory_mhz, 1e6))
-    if gpu.clock_event_reasons is not None:
+    if gpu.clock_event_reasons is not None and out.wants("gpu_clock_event_active"):
         for reason, bit in CLOCK_EVENT_REASONS.items():
             out.add(
                 "gpu_clock_event_active",
@@ -354,6 +361,8 @@ def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | No
 
 
 def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[ProcessKind]) -> None:
+    if not out.wants("gpu_processes"):
+        return
     counts: dict[ProcessKind, int] = dict.fromkeys(get_args(ProcessKind), 0)
     for kind in kinds:
         counts[kind] += 1
@@ -365,7 +374,6 @@ def _add_attribution(
     out: FamilyBuilder,
     analysis: Analysis,
     migs: dict[str, dict[str, str]],
-    options: ExpositionOptions,
 ) -> None:
     attribution = analysis.attribution
 
@@ -402,7 +410,7 @@ def _add_attribution(
         labels = {**_where(None, u.device, migs), "owner": u.owner, "reason": u.reason or ""}
         out.add("gpu_unattributed_memory_used_bytes", labels, u.memory_used_bytes)
         out.add("gpu_unattributed_processes", labels, u.processes)
-    if options.per_process_metrics:
+    if out.wants("gpu_process_memory_used_bytes") or out.wants("gpu_process_sm_utilization_ratio"):
         for p in attribution.processes:
             labels = _process_labels(p, where(p.gpu, p.uuid, p.mig_uuid))
             out.add("gpu_process_memory_used_bytes", labels, p.memory_used_bytes)
