@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from exporter.config import parse_config
+from exporter.exposition.families import select_families
 from exporter.exposition.server import MetricsCache, build_app
 from exporter.model import DcgmMode
 
@@ -99,6 +100,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "interval": 2.5,
         "podResourcesInterval": 30,
         "perProcessMetrics": True,
+        "families": {"disable": ["gpu_clock_event_*", "gpu_fp*"], "enable": ["gpu_fp64_*"]},
         "resourceNames": ["nvidia.com/gpu", "nvidia.com/mig-*"],
         "logLevel": "debug",
         "logFormat": "text",
@@ -545,6 +547,11 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     assert str(config.proc_root) == merged["hostProc"]["mountPath"]
     assert config.kube_api == ("off" if merged["kubeApi"] in ("off", False) else "auto")
     assert config.per_process_metrics is merged["perProcessMetrics"]
+    assert config.families == select_families(
+        ",".join(merged["families"]["enable"]),
+        ",".join(merged["families"]["disable"]),
+        per_process=merged["perProcessMetrics"],
+    )
     assert config.log_format == merged["logFormat"] and config.log_level == merged["logLevel"]
     assert config.kmsg is merged["kmsg"]["enabled"]
     mounts = {m["mountPath"] for m in container(values)["volumeMounts"]}
@@ -1119,6 +1126,8 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "interval-too-small": ({"interval": 0.01}, "/interval"),
     "unknown-top-level-key": ({"intervall": 5}, "intervall"),
     "unknown-nested-key": ({"serviceMonitor": {"enable": True}}, "enable"),
+    "families-regex": ({"families": {"disable": ["gpu_fp.*"]}}, "/families/disable/0"),
+    "families-not-a-list": ({"families": {"enable": "gpu_fp*"}}, "/families/enable"),
     "kube-api-choice": ({"kubeApi": "maybe"}, "/kubeApi"),
     "log-format-choice": ({"logFormat": "xml"}, "/logFormat"),
     "port-type": ({"port": "9445"}, "/port"),

@@ -79,6 +79,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.perProcessMetrics }}
 - "--per-process-metrics"
 {{- end }}
+{{- with .Values.families.disable }}
+- {{ printf "--families-disable=%s" (join "," .) | quote }}
+{{- end }}
+{{- with .Values.families.enable }}
+- {{ printf "--families-enable=%s" (join "," .) | quote }}
+{{- end }}
 - {{ printf "--log-level=%s" .Values.logLevel | quote }}
 - {{ printf "--log-format=%s" .Values.logFormat | quote }}
 {{- with include "gpu-occupancy-exporter.dcgmMode" . }}
