@@ -71,8 +71,8 @@ async def test_node_8gpu_serves_the_scenarios_identity_memory_util_and_power() -
             "model": "NVIDIA H100 80GB HBM3",
             "pci_bus_id": gpu.pci_bus_id,
             "minor_number": str(gpu.index),
-            "driver_version": "550.90.07",
-            "cuda_driver_version": "12.4",
+            "driver_version": "580.65.06",
+            "cuda_driver_version": "13.0",
         }
     assert scenario.gpus[0].pci_bus_id == "00000000:18:00.0"
 

@@ -90,6 +90,52 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         GAUGE,
         "1 while the named clock-event (throttle) reason holds clocks down.",
     ),
+    "gpu_clock_event_seconds": (
+        COUNTER,
+        "Time the named NVML performance policy or clock-event reason held clocks down, "
+        "since the driver loaded (reasons overlap: thermal includes both thermal slowdowns).",
+    ),
+    "gpu_memory_temperature_celsius": (GAUGE, "Device memory (HBM) temperature."),
+    "gpu_fan_speed_ratio": (
+        GAUGE,
+        "Intended fan speed relative to its maximum (may exceed 1); absent on passively "
+        "cooled GPUs.",
+    ),
+    # video engines
+    "gpu_encoder_utilization_ratio": (
+        GAUGE,
+        "Share of the sample window in which the video encoder (NVENC) was busy.",
+    ),
+    "gpu_decoder_utilization_ratio": (
+        GAUGE,
+        "Share of the sample window in which the video decoder (NVDEC) was busy.",
+    ),
+    # interconnect
+    "gpu_pcie_link_generation": (
+        GAUGE,
+        "Current PCIe link generation; drops when the GPU idles (power management).",
+    ),
+    "gpu_pcie_link_max_generation": (
+        GAUGE,
+        "Best PCIe link generation this GPU can reach in this slot.",
+    ),
+    "gpu_pcie_link_width": (GAUGE, "Current PCIe link width (lanes)."),
+    "gpu_pcie_link_max_width": (GAUGE, "Best PCIe link width this GPU can reach in this slot."),
+    "gpu_pcie_transmitted_bytes": (
+        COUNTER,
+        "Bytes the GPU sent over PCIe since the driver loaded (R555+; may wrap).",
+    ),
+    "gpu_pcie_received_bytes": (
+        COUNTER,
+        "Bytes the GPU received over PCIe since the driver loaded (R555+; may wrap).",
+    ),
+    "gpu_nvlink_active": (GAUGE, "1 when the NVLink is up, 0 when it is down."),
+    "gpu_nvlink_transmitted_bytes": (COUNTER, "Data bytes sent over the NVLink."),
+    "gpu_nvlink_received_bytes": (COUNTER, "Data bytes received over the NVLink."),
+    "gpu_nvlink_errors": (
+        COUNTER,
+        "NVLink data-link errors by type: crc_flit, crc_data, replay, recovery.",
+    ),
     # reliability
     "gpu_pcie_replays": (COUNTER, "PCIe replay counter."),
     "gpu_ecc_errors": (COUNTER, "ECC errors since the last reset of the aggregate counters."),
@@ -330,6 +376,8 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
                 1 if gpu.clock_event_reasons & bit else 0,
             )
     out.add("gpu_pcie_replays", labels, gpu.pcie_replay_count)
+    _add_engines_and_limits(out, labels, gpu)
+    _add_interconnect(out, labels, gpu)
     out.add("gpu_ecc_errors", {**labels, "type": "corrected"}, gpu.ecc_corrected_total)
     out.add("gpu_ecc_errors", {**labels, "type": "uncorrected"}, gpu.ecc_uncorrected_total)
     if gpu.recovery_action is not None:
@@ -342,6 +390,34 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
         out.add("gpu_row_remap_pending", labels, int(rows.pending))
         out.add("gpu_row_remap_failed", labels, int(rows.failure))
     _add_process_counts(out, labels, (p.kind for p in gpu.processes))
+
+
+def _add_engines_and_limits(out: FamilyBuilder, labels: Labels, gpu: GpuSample) -> None:
+    out.add("gpu_encoder_utilization_ratio", labels, _ratio(gpu.encoder_utilization_percent))
+    out.add("gpu_decoder_utilization_ratio", labels, _ratio(gpu.decoder_utilization_percent))
+    for reason, ns in gpu.clock_event_durations_ns:
+        out.add("gpu_clock_event_seconds", {**labels, "reason": reason}, ns / 1e9)
+    out.add("gpu_memory_temperature_celsius", labels, gpu.memory_temperature_celsius)
+    for fan, percent in gpu.fan_speeds_percent:
+        out.add("gpu_fan_speed_ratio", {**labels, "fan": str(fan)}, percent / 100.0)
+
+
+def _add_interconnect(out: FamilyBuilder, labels: Labels, gpu: GpuSample) -> None:
+    pcie = gpu.pcie
+    if pcie is not None:
+        out.add("gpu_pcie_link_generation", labels, pcie.generation)
+        out.add("gpu_pcie_link_max_generation", labels, pcie.max_generation)
+        out.add("gpu_pcie_link_width", labels, pcie.width)
+        out.add("gpu_pcie_link_max_width", labels, pcie.max_width)
+        out.add("gpu_pcie_transmitted_bytes", labels, pcie.transmitted_bytes)
+        out.add("gpu_pcie_received_bytes", labels, pcie.received_bytes)
+    for link in gpu.nvlinks:
+        at = {**labels, "link": str(link.link)}
+        out.add("gpu_nvlink_active", at, None if link.active is None else int(link.active))
+        out.add("gpu_nvlink_transmitted_bytes", at, link.transmitted_bytes)
+        out.add("gpu_nvlink_received_bytes", at, link.received_bytes)
+        for kind, count in link.errors:
+            out.add("gpu_nvlink_errors", {**at, "type": kind}, count)
 
 
 def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:

@@ -60,6 +60,32 @@ class Occupancy:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLink:
+    """One NVLink of a GPU. Byte counters are cumulative since the driver loaded (NVML
+    counts KiB; these are bytes); ``errors`` holds (type, count) for crc_flit, crc_data,
+    replay and recovery, each only where the driver answers it. None: not supported."""
+
+    link: int
+    active: bool | None = None
+    transmitted_bytes: int | None = None
+    received_bytes: int | None = None
+    errors: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """The GPU's PCIe link now and at best (the best this GPU and this slot can do), and
+    cumulative traffic in bytes (NVML_FI_DEV_PCIE_COUNT_*_BYTES, R555+; may wrap)."""
+
+    generation: int | None = None
+    max_generation: int | None = None
+    width: int | None = None
+    max_width: int | None = None
+    transmitted_bytes: int | None = None
+    received_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstance:
     """A MIG device: a GPU instance + compute instance with its own UUID."""
 
@@ -108,6 +134,14 @@ class GpuSample:
     recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (XID 154)
     retired_pages: int | None = None  # page retirement (pre-Ampere); NotSupported on H100
     remapped_rows: RemappedRows | None = None
+    memory_temperature_celsius: int | None = None  # HBM/GDDR (NVML_FI_DEV_MEMORY_TEMP)
+    fan_speeds_percent: tuple[tuple[int, int], ...] = ()  # (fan, percent); none on most DC GPUs
+    encoder_utilization_percent: int | None = None
+    decoder_utilization_percent: int | None = None
+    # (reason, ns) cumulative time clocks were held down, per NVML perf policy / reason
+    clock_event_durations_ns: tuple[tuple[str, int], ...] = ()
+    pcie: PcieLink | None = None
+    nvlinks: tuple[NvLink, ...] = ()
     mig_enabled: bool | None = None
     # On a MIG-enabled GPU the processes live in ``mig_instances[*].processes``.
     processes: tuple[GpuProcess, ...] = ()

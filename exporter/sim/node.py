@@ -42,6 +42,22 @@ _GI_PROFILE_IDS = {1: 19, 2: 14, 3: 9, 4: 5, 7: 0}
 # Memory slices a GPU instance of N compute slices spans, and so its placement stride.
 _PLACEMENT_SPAN = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
 _MEMORY_SLICES = 8
+# Clock-event bits (NVML nvmlClocksEventReason*) during which each simulated duration
+# counter grows, by the counter's reason: the six performance-policy counters
+# (NVML_FI_DEV_PERF_POLICY_*) and R580's per-reason ones. "thermal" is any thermal
+# slowdown; low utilisation is modelled as the GPU-idle bit; board limit and reliability
+# have no bit here (R615 added theirs) and stay 0.
+CLOCK_EVENT_BITS = {
+    "sw_power_cap": 0x4,
+    "thermal": 0x20 | 0x40,
+    "sync_boost": 0x10,
+    "board_limit": 0,
+    "low_utilization": 0x1,
+    "reliability": 0,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
 _ARCHITECTURES = (  # (name substring, NVML architecture name, CUDA compute capability)
     ("B200", "Blackwell", "10.0.0"),
     ("H100", "Hopper", "9.0.0"),
@@ -117,6 +133,11 @@ class SimNode:
             for gpu in self.scenario.gpus
             for gi in [None, *(m.gpu_instance_id for m in gpu.mig)]
         }
+        # Nanoseconds each GPU's clocks spent held down, per reason (CLOCK_EVENT_BITS),
+        # integrated like the GPM counters.
+        self.clock_event_ns: dict[int, dict[str, float]] = {
+            gpu.index: dict.fromkeys(CLOCK_EVENT_BITS, 0.0) for gpu in self.scenario.gpus
+        }
         self._integrated_to = self.clock()
         # Epoch seconds at simulated time 0, so API timestamps read like real ones.
         self.epoch = time.time() - self.clock()
@@ -156,6 +177,13 @@ class SimNode:
             self._integrate(self.clock())
             return dict(self.gpm_integral[(gpu, gpu_instance)])
 
+    def clock_event_time(self, gpu: int) -> dict[str, float]:
+        """Nanoseconds the GPU's clocks were held down so far, per reason."""
+        with self.lock:
+            self.advance()
+            self._integrate(self.clock())
+            return dict(self.clock_event_ns[gpu])
+
     def _integrate(self, until: float) -> None:
         dt = until - self._integrated_to
         if dt <= 0:
@@ -163,6 +191,11 @@ class SimNode:
         for (index, gi), acc in self.gpm_integral.items():
             for metric, percent in self.gpm_percent(self.gpus[index], gi).items():
                 acc[metric] += percent * dt
+        for gpu in self.gpus:
+            held = self.clock_event_ns[gpu.index]
+            for reason, bits in CLOCK_EVENT_BITS.items():
+                if gpu.clock_event_reasons & bits:
+                    held[reason] += dt * 1e9
         self._integrated_to = until
 
     def gpm_percent(self, gpu: SimGpu, gpu_instance: int | None = None) -> dict[str, float]:
@@ -433,6 +466,14 @@ class SimNode:
         """Device memory in use, v2 semantics (driver-reserved memory excluded)."""
         listed = sum(p.memory for p in self.processes if p.gpu == gpu.index)
         return min(listed + gpu.unaccounted_memory, gpu.memory_total - gpu.memory_reserved)
+
+    def pcie_link(self, gpu: SimGpu) -> tuple[int, int]:
+        """Current (generation, width): the scenario's, else the best one while the GPU
+        is busy and generation 1 while idle (NVIDIA: current generation and width "may
+        be reduced when the GPU is not in use", nvidia-smi(1))."""
+        busy = self.utilization_gpu(gpu) > 0
+        generation = gpu.pcie_generation or (gpu.pcie_max_generation if busy else 1)
+        return generation, gpu.pcie_width or gpu.pcie_max_width
 
     def utilization_gpu(self, gpu: SimGpu) -> int:
         if gpu.utilization_gpu is not None:

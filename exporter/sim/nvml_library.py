@@ -29,7 +29,7 @@ from typing import Any
 import pynvml
 
 from exporter.sim.node import SimNode
-from exporter.sim.scenario import SimGpu, SimMig, SimProcess
+from exporter.sim.scenario import FIELDS_ADDED_IN_DRIVER, SimGpu, SimMig, SimProcess
 
 SUCCESS: int = pynvml.NVML_SUCCESS
 NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -65,6 +65,32 @@ _PROCESS_MODES = {
     pynvml.NVML_PROCESS_MODE_GRAPHICS: "graphics",
     pynvml.NVML_PROCESS_MODE_MPS: "mps",
 }
+# Field ids by every pynvml name they have, so a GPU's `unsupported` list can name a field
+# (NVML_FI_DEV_MEMORY_TEMP) as it names an entry point.
+_FIELD_NAMES: dict[int, set[str]] = {}
+for _name in dir(pynvml):
+    if _name.startswith("NVML_FI_") and isinstance(getattr(pynvml, _name), int):
+        _FIELD_NAMES.setdefault(getattr(pynvml, _name), set()).add(_name)
+# Duration fields (ns) -> the simulated node's clock-event reason (node.CLOCK_EVENT_BITS):
+# the performance-policy counters and R580's per-reason ones (ids 269-271).
+_DURATION_FIELDS = {
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: "sw_power_cap",
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: "thermal",
+    pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: "sync_boost",
+    pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: "board_limit",
+    pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: "low_utilization",
+    pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: "reliability",
+    269: "sw_thermal_slowdown",
+    270: "hw_thermal_slowdown",
+    271: "hw_power_brake_slowdown",
+}
+_NVLINK_ERRORS = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+ENGINE_SAMPLING_US = 167_000  # the sampling period the engine utilisation calls report
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeSingleBitEccError
@@ -375,19 +401,154 @@ class SimNvmlLibrary:
     def nvmlDeviceGetFieldValues(
         self, gpu: SimGpu, mig: SimMig | None, count: Any, values: Any
     ) -> int:
-        """Per-field answers, as the driver gives them: unknown fields NOT_SUPPORTED."""
+        """Per-field answers, as the driver gives them: unknown fields, fields newer than
+        the driver and fields the GPU lists in ``unsupported`` answer NOT_SUPPORTED."""
         entries = _out(values)
+        stamp = int((SIM_EPOCH_S + self.node.now()) * 1_000_000)
         for i in range(_value(count)):
             entry = entries[i]
-            if (
-                entry.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-                and gpu.recovery_action is not None
-            ):
-                entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                entry.value.uiVal = gpu.recovery_action
-                entry.nvmlReturn = SUCCESS
-            else:
-                entry.nvmlReturn = NOT_SUPPORTED
+            entry.timestamp = stamp
+            entry.nvmlReturn = self._field(gpu, entry)
+        return SUCCESS
+
+    def _driver_branch(self) -> int:
+        return int(self.node.scenario.driver_version.split(".")[0])
+
+    def _field(self, gpu: SimGpu, entry: Any) -> int:
+        """Fill one field value; its return code."""
+        fid, scope = entry.fieldId, entry.scopeId
+        if _FIELD_NAMES.get(fid, set()) & gpu.unsupported:
+            return NOT_SUPPORTED
+        if self._driver_branch() < FIELDS_ADDED_IN_DRIVER.get(fid, 0):
+            return NOT_SUPPORTED
+        now = self.node.now()
+        if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None:
+            return _set_uint(entry, gpu.recovery_action)
+        if fid == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            temperature = gpu.memory_temperature
+            _set_uint(entry, gpu.temperature + 5 if temperature is None else temperature)
+            if self._driver_branch() == 545:  # nvbugs/4300930: typed double, written as uint
+                entry.valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
+            return SUCCESS
+        if fid in _DURATION_FIELDS:
+            return _set_ull(entry, self.node.clock_event_time(gpu.index)[_DURATION_FIELDS[fid]])
+        if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+            return _set_ull(entry, gpu.pcie_tx_bytes_per_s * now)
+        if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+            return _set_ull(entry, gpu.pcie_rx_bytes_per_s * now)
+        if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT and gpu.nvlink_links:
+            return _set_uint(entry, gpu.nvlink_links)
+        if fid in (
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        ):
+            return self._nvlink_kib(gpu, entry, scope, now)
+        return NOT_SUPPORTED
+
+    def _nvlink_kib(self, gpu: SimGpu, entry: Any, link: int, now: float) -> int:
+        """A link's data KiB since the driver loaded; links that are down never carried any."""
+        if not gpu.nvlink_links:
+            return NOT_SUPPORTED
+        if link >= gpu.nvlink_links:
+            return INVALID_ARGUMENT
+        tx = entry.fieldId == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+        rate = gpu.nvlink_tx_bytes_per_s if tx else gpu.nvlink_rx_bytes_per_s
+        return _set_ull(entry, 0 if link in gpu.nvlink_inactive else rate * now / 1024)
+
+    # -- engines, fans, interconnect -----------------------------------------------------
+
+    def _engine(self, percent: int, util: Any, period: Any) -> int:
+        _out(util).value = percent
+        _out(period).value = ENGINE_SAMPLING_US
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetEncoderUtilization(
+        self, gpu: SimGpu, mig: SimMig | None, util: Any, period: Any
+    ) -> int:
+        return self._engine(gpu.encoder_utilization, util, period)
+
+    @device_call
+    def nvmlDeviceGetDecoderUtilization(
+        self, gpu: SimGpu, mig: SimMig | None, util: Any, period: Any
+    ) -> int:
+        return self._engine(gpu.decoder_utilization, util, period)
+
+    @device_call
+    def nvmlDeviceGetNumFans(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        """Passively cooled (data-centre) GPUs have no fans to count."""
+        if not gpu.fans:
+            return NOT_SUPPORTED
+        _out(out).value = len(gpu.fans)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetFanSpeed_v2(self, gpu: SimGpu, mig: SimMig | None, fan: Any, out: Any) -> int:
+        i = _value(fan)
+        if not gpu.fans:
+            return NOT_SUPPORTED
+        if not 0 <= i < len(gpu.fans):
+            return INVALID_ARGUMENT
+        _out(out).value = gpu.fans[i]
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetFanSpeed(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        """The first fan, as drivers before nvmlDeviceGetNumFans report it."""
+        if not gpu.fans:
+            return NOT_SUPPORTED
+        _out(out).value = gpu.fans[0]
+        return SUCCESS
+
+    def _link(self, gpu: SimGpu, link: Any) -> int | None:
+        """The link index, or the error a GPU without it answers."""
+        if not gpu.nvlink_links:
+            return None
+        i = _value(link)
+        return i if 0 <= i < gpu.nvlink_links else -1
+
+    @device_call
+    def nvmlDeviceGetNvLinkState(self, gpu: SimGpu, mig: SimMig | None, link: Any, out: Any) -> int:
+        i = self._link(gpu, link)
+        if i is None:
+            return NOT_SUPPORTED
+        if i < 0:
+            return INVALID_ARGUMENT
+        enabled = i not in gpu.nvlink_inactive
+        _out(out).value = pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetNvLinkErrorCounter(
+        self, gpu: SimGpu, mig: SimMig | None, link: Any, counter: Any, out: Any
+    ) -> int:
+        i = self._link(gpu, link)
+        name = _NVLINK_ERRORS.get(_value(counter))
+        if i is None:
+            return NOT_SUPPORTED
+        if i < 0 or name is None:
+            return INVALID_ARGUMENT
+        _out(out).value = gpu.nvlink_errors.get(i, {}).get(name, 0)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = self.node.pcie_link(gpu)[0]
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.pcie_max_generation
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetCurrPcieLinkWidth(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = self.node.pcie_link(gpu)[1]
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        _out(out).value = gpu.pcie_max_width
         return SUCCESS
 
     @device_call
@@ -714,6 +875,18 @@ class SimNvmlLibrary:
     def nvmlEventSetFree(self, event_set: Any) -> int:
         with self.node.lock:
             return SUCCESS if self._event_sets.pop(_address(event_set), None) else INVALID_ARGUMENT
+
+
+def _set_uint(entry: Any, value: int) -> int:
+    entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    entry.value.uiVal = value
+    return SUCCESS
+
+
+def _set_ull(entry: Any, value: float) -> int:
+    entry.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    entry.value.ullVal = int(value)
+    return SUCCESS
 
 
 def _missing(name: str) -> property:

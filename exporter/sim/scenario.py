@@ -45,6 +45,10 @@ NVML_ERROR_CODES = {
 # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons in R535 (pynvml
 # 12.535.77 is the first nvidia-ml-py to call it; 11.525.150 only has the older name).
 ADDED_IN_DRIVER = {"nvmlDeviceGetCurrentClocksEventReasons": 535}
+# Field ids newer than some drivers (NVML change log): an older driver answers the entry
+# NOT_SUPPORTED. PCIe byte counters came with R555; the per-reason clock-event durations
+# with R575, renumbered to 269-271 in R580 (the simulated drivers below 580 lack them).
+FIELDS_ADDED_IN_DRIVER = {197: 555, 198: 555, 269: 580, 270: 580, 271: 580}
 
 
 class ScenarioError(ValueError):
@@ -118,6 +122,25 @@ class SimGpu:
     gpm: dict[str, float] = field(default_factory=dict)  # percent; absent keys derived
     # listings report usedGpuMemory as NVML_VALUE_NOT_AVAILABLE (device memory still counts it)
     process_memory_unavailable: bool = False
+    # NVLink: link count (0: none, NOT_SUPPORTED), links down, data rate of each active
+    # link, and error counters per link ({link: {crc_flit|crc_data|replay|recovery: n}})
+    nvlink_links: int = 0
+    nvlink_inactive: list[int] = field(default_factory=list)
+    nvlink_tx_bytes_per_s: float = 0.0
+    nvlink_rx_bytes_per_s: float = 0.0
+    nvlink_errors: dict[int, dict[str, int]] = field(default_factory=dict)
+    # PCIe: current generation/width (None: the max while busy; idle, the generation
+    # drops to 1 as NVIDIA's power management does), best possible, and traffic
+    pcie_generation: int | None = None
+    pcie_max_generation: int = 5
+    pcie_width: int | None = None
+    pcie_max_width: int = 16
+    pcie_tx_bytes_per_s: float = 0.0
+    pcie_rx_bytes_per_s: float = 0.0
+    encoder_utilization: int = 0  # percent
+    decoder_utilization: int = 0
+    memory_temperature: int | None = None  # None: GPU temperature + 5 (HBM runs warmer)
+    fans: list[int] = field(default_factory=list)  # percent per fan; []: no fans
 
 
 @dataclass
@@ -259,7 +282,23 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "gpm_supported": True,
     "gpm": {},
     "process_memory_unavailable": False,
+    "nvlink_links": 0,
+    "nvlink_inactive": [],
+    "nvlink_tx_bytes_per_s": 0.0,
+    "nvlink_rx_bytes_per_s": 0.0,
+    "nvlink_errors": {},
+    "pcie_generation": None,
+    "pcie_max_generation": 5,
+    "pcie_width": None,
+    "pcie_max_width": 16,
+    "pcie_tx_bytes_per_s": 0.0,
+    "pcie_rx_bytes_per_s": 0.0,
+    "encoder_utilization": 0,
+    "decoder_utilization": 0,
+    "memory_temperature": None,
+    "fans": [],
 }
+NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
 _TIMELINE_ACTIONS = {
     "start",
@@ -329,7 +368,36 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
         raise ScenarioError(
             f"{where}.gpm: unknown metric {unknown_gpm[0]!r} (known: {', '.join(GPM_METRICS)})"
         )
+    _check_links(merged, where)
     return SimGpu(index=index, uuid=uuid, minor=minor, pci_bus_id=bus, mig=migs, **merged)
+
+
+def _check_links(gpu: dict[str, Any], where: str) -> None:
+    """NVLink and PCIe keys: link indices within the GPU's links, known error types,
+    a current link no better than the best one."""
+    links = gpu["nvlink_links"]
+    if not isinstance(links, int) or isinstance(links, bool) or not 0 <= links <= 36:
+        raise ScenarioError(f"{where}.nvlink_links: {links!r} is not a link count (0..36)")
+    for link in gpu["nvlink_inactive"] or []:
+        if not isinstance(link, int) or not 0 <= link < links:
+            raise ScenarioError(f"{where}.nvlink_inactive: {link!r} is not one of its links")
+    errors = _expect_mapping(gpu["nvlink_errors"] or {}, f"{where}.nvlink_errors")
+    for link, counts in errors.items():
+        if not isinstance(link, int) or not 0 <= link < links:
+            raise ScenarioError(f"{where}.nvlink_errors: {link!r} is not one of its links")
+        _check_keys(
+            _expect_mapping(counts, f"{where}.nvlink_errors[{link}]"),
+            set(NVLINK_ERROR_TYPES),
+            f"{where}.nvlink_errors[{link}]",
+        )
+    gpu["nvlink_inactive"] = list(gpu["nvlink_inactive"] or [])
+    gpu["nvlink_errors"] = {
+        int(k): {str(t): int(n) for t, n in v.items()} for k, v in errors.items()
+    }
+    for now, best in (("pcie_generation", "pcie_max_generation"), ("pcie_width", "pcie_max_width")):
+        if gpu[now] is not None and not 1 <= gpu[now] <= gpu[best]:
+            raise ScenarioError(f"{where}.{now}: {gpu[now]!r} is not between 1 and {best}")
+    gpu["fans"] = [int(f) for f in gpu["fans"] or []]
 
 
 def _process(

@@ -38,6 +38,7 @@ from exporter.model import (
     SourceName,
     SourceStatus,
 )
+from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
 from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
@@ -105,6 +106,8 @@ class _Device:
     last_utilization: tuple[ProcessUtilization, ...] = ()
     last_utilization_at: float = 0.0  # source clock when last_utilization was read
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
+    nvlink_count: int | None = None  # None: not read yet
+    nvlinks_seen_active: set[int] = field(default_factory=set)
     failed: bool = False  # re-open next cycle; the identity still labels the error sample
 
 
@@ -260,6 +263,11 @@ class NvmlSource(Source):
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         remapped = q("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
         mig_instances = self._mig_instances(device) if mig_enabled else ()
+        if device.nvlink_count is None:
+            device.nvlink_count = nvml_links.nvlink_count(q, h, self._error)
+        nvlinks = device.nvlink_count or 0
+        branch = nvml_fields.driver_branch(self._versions[0])
+        fields = nvml_fields.read(q, h, nvml_fields.requests(branch, nvlinks), self._error)
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
@@ -312,6 +320,17 @@ class NvmlSource(Source):
             )
             if remapped is not None
             else None,
+            memory_temperature_celsius=self._memory_temperature(fields),
+            fan_speeds_percent=self._fans(h),
+            encoder_utilization_percent=_percent(
+                q("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, h)
+            ),
+            decoder_utilization_percent=_percent(
+                q("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, h)
+            ),
+            clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
+            pcie=nvml_links.pcie_link(q, h, fields),
+            nvlinks=nvml_links.nvlinks(q, h, nvlinks, fields, device.nvlinks_seen_active),
             mig_enabled=mig_enabled,
             processes=() if mig_enabled else self._processes(h),
             process_utilization=() if mig_enabled else self._process_utilization(device),
@@ -332,6 +351,9 @@ class NvmlSource(Source):
         except pynvml.NVMLError as exc:
             self._errors.append((name, error_name(exc)))
             return None
+
+    def _error(self, query: str, reason: str) -> None:
+        self._errors.append((query, reason))
 
     def _optional(self, fn: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -380,6 +402,32 @@ class NvmlSource(Source):
         if fields is None or fields[0].nvmlReturn != pynvml.NVML_SUCCESS:
             return None
         return int(fields[0].value.uiVal)
+
+    def _memory_temperature(self, fields: dict[nvml_fields.FieldKey, int | float]) -> int | None:
+        """HBM/GDDR temperature; a value DCGM would discard as garbage (> 200 C) is an
+        error, not a reading."""
+        value = fields.get((nvml_fields.MEMORY_TEMPERATURE, 0))
+        if value is None:
+            return None
+        if value > nvml_fields.MAX_MEMORY_TEMPERATURE:
+            self._errors.append(("memory_temperature", "ImplausibleValue"))
+            return None
+        return int(value)
+
+    def _fans(self, handle: Any) -> tuple[tuple[int, int], ...]:
+        """Each fan's intended speed, percent of its maximum (may exceed 100). Data-centre
+        GPUs have no fans of their own: NOT_SUPPORTED, no series. Drivers without
+        ``nvmlDeviceGetNumFans`` report one fan through ``nvmlDeviceGetFanSpeed``."""
+        count = self._query("fans", pynvml.nvmlDeviceGetNumFans, handle)
+        if count is None:
+            speed = self._query("fan_speed", pynvml.nvmlDeviceGetFanSpeed, handle)
+            return () if speed is None else ((0, int(speed)),)
+        speeds = []
+        for fan in range(count):
+            speed = self._query("fan_speed", pynvml.nvmlDeviceGetFanSpeed_v2, handle, fan)
+            if speed is not None:
+                speeds.append((fan, int(speed)))
+        return tuple(speeds)
 
     def _retired_pages(self, handle: Any) -> int | None:
         """Pages retired for double-bit or repeated single-bit ECC errors."""
@@ -647,6 +695,11 @@ def _clock_event_reasons(handle: Any) -> int:
         return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
     except pynvml.NVMLError_FunctionNotFound:
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _percent(utilization: list[int] | None) -> int | None:
+    """The percentage of an engine utilization answer ``[percent, sampling period us]``."""
+    return None if utilization is None else int(utilization[0])
 
 
 def _decode(value: bytes | str) -> str:

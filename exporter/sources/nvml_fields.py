@@ -1,0 +1,147 @@
+"""NVML field values: one ``nvmlDeviceGetFieldValues`` call per GPU and cycle.
+
+It carries the scalar fields (memory temperature, time spent under each performance
+policy, PCIe byte counters) and, per NVLink, the byte counters (scope = the link). Which
+ids are asked depends on the driver branch: a field is only asked of drivers that define
+it, because ids have been renumbered (the clock-event durations moved in R580).
+
+Each entry has its own return code (``nvmlFieldValue_t.nvmlReturn``): NOT_SUPPORTED is
+"absent", anything else is an error of that field alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pynvml
+
+from exporter.sources.nvml_codes import error_name
+
+FieldKey = tuple[int, int]  # (field id, scope id: the NVLink for per-link fields, else 0)
+Errors = Callable[[str, str], None]  # (query, error class): counted as NVML errors
+
+# Time clocks were held down, per NVML performance policy: nanoseconds since the driver
+# loaded (nvml.h "Perf Policy Counter"; DCGM maps DCGM_FI_DEV_POWER_VIOLATION, "Power
+# Violation time in ns", to NVML_FI_DEV_PERF_POLICY_POWER: dcgm_fields.h, dcgm_fields.cpp).
+# These are the counters nvmlDeviceGetViolationStatus returns, which R580 deprecates for
+# field values (pynvml.py 13.615.71 line 4835). pynvml names the power and sync-boost
+# policy counters NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP / _SYNC_BOOST (lines
+# 846-847), so they take the clock-event reason names; "thermal" is any thermal slowdown.
+POLICY_FIELDS: dict[str, int] = {
+    "sw_power_cap": pynvml.NVML_FI_DEV_PERF_POLICY_POWER,
+    "thermal": pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL,
+    "sync_boost": pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST,
+    "board_limit": pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT,
+    "low_utilization": pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION,
+    "reliability": pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY,
+}
+# Per clock-event reason durations in ns, R580 numbering (pynvml.py 13.615.71 lines
+# 848-850). R575 added them under other ids and R580 renumbered them "to resolve overlap
+# with NVML_FI_PWR_SMOOTHING_*" (docs.nvidia.com/deploy/nvml-api/change-log.html), so they
+# are asked of R580 and newer only. Literal ids: nvidia-ml-py 12.570 lacks the names.
+CLOCK_EVENT_FIELDS: dict[str, int] = {
+    "sw_thermal_slowdown": 269,
+    "hw_thermal_slowdown": 270,
+    "hw_power_brake_slowdown": 271,
+}
+CLOCK_EVENT_FIELDS_SINCE = 580
+# Cumulative PCIe bytes, "Value can be wrapped" (nvml.h); added in R555 (change log).
+PCIE_BYTES_FIELDS = (
+    pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+)
+PCIE_BYTES_SINCE = 555
+# Per-link NVLink data bytes (KiB, cumulative; pynvml.py line 689), scope = link; what
+# nvitop (api/device.py nvlink_throughput) and DCGM (DcgmCacheManager.cpp
+# ReadAndCacheNvLinkBandwidth, "only supported for r445 or newer") read.
+NVLINK_BYTES_FIELDS = (
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+)
+MEMORY_TEMPERATURE = pynvml.NVML_FI_DEV_MEMORY_TEMP
+# DCGM discards memory temperatures above 200 C as garbage (DcgmCacheManager.cpp,
+# DCGM_FI_DEV_MEMORY_TEMP_CELSIUS).
+MAX_MEMORY_TEMPERATURE = 200
+
+
+def driver_branch(version: str | None) -> int | None:
+    """``550.90.07`` -> 550; None when unknown."""
+    try:
+        return int((version or "").split(".")[0])
+    except ValueError:
+        return None
+
+
+def requests(branch: int | None, nvlinks: int) -> list[FieldKey]:
+    """The fields to ask this driver for, GPU-wide ones first, then per NVLink."""
+    keys: list[FieldKey] = [(MEMORY_TEMPERATURE, 0)]
+    keys += [(fid, 0) for fid in POLICY_FIELDS.values()]
+    if branch is not None and branch >= CLOCK_EVENT_FIELDS_SINCE:
+        keys += [(fid, 0) for fid in CLOCK_EVENT_FIELDS.values()]
+    if branch is not None and branch >= PCIE_BYTES_SINCE:
+        keys += [(fid, 0) for fid in PCIE_BYTES_FIELDS]
+    keys += [(fid, link) for link in range(nvlinks) for fid in NVLINK_BYTES_FIELDS]
+    return keys
+
+
+def read(
+    query: Callable[..., Any], handle: Any, keys: Iterable[FieldKey], errors: Errors
+) -> dict[FieldKey, int | float]:
+    """The values NVML gave, by (field, scope); unsupported or failed fields are left out
+    (failed ones counted). ``query`` is the source's one-query wrapper: a failure of the
+    whole call is counted there and reads as no values."""
+    keys = list(keys)
+    entries = query("field_values", pynvml.nvmlDeviceGetFieldValues, handle, keys)
+    values: dict[FieldKey, int | float] = {}
+    for key, entry in zip(keys, entries or (), strict=False):
+        if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+            value = _decode(entry)
+            if value is not None:
+                values[key] = value
+        elif entry.nvmlReturn != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            errors(_name(key[0]), error_name(pynvml.NVMLError(entry.nvmlReturn)))
+    return values
+
+
+def clock_event_durations(values: dict[FieldKey, int | float]) -> tuple[tuple[str, int], ...]:
+    """(reason, ns) for every policy or reason the driver answered."""
+    return tuple(
+        (reason, int(values[(fid, 0)]))
+        for reason, fid in {**POLICY_FIELDS, **CLOCK_EVENT_FIELDS}.items()
+        if (fid, 0) in values
+    )
+
+
+def _name(field_id: int) -> str:
+    """The query name a failed field is counted under."""
+    if field_id == MEMORY_TEMPERATURE:
+        return "memory_temperature"
+    if field_id in PCIE_BYTES_FIELDS:
+        return "pcie_bytes"
+    if field_id in NVLINK_BYTES_FIELDS:
+        return "nvlink_bytes"
+    return "clock_event_time"
+
+
+def _decode(entry: Any) -> int | float | None:
+    """The value by its type, as nvitop's ``nvmlQueryFieldValues`` reads it. The memory
+    temperature is always ``uiVal``, as DCGM reads it: R545 drivers mark it a double
+    while writing an unsigned int (nvbugs/4300930, DcgmCacheManager.cpp
+    DCGM_FI_DEV_MEMORY_TEMP_CELSIUS)."""
+    if entry.fieldId == MEMORY_TEMPERATURE:
+        return int(entry.value.uiVal)
+    member = _VALUE_MEMBERS.get(entry.valueType)
+    return None if member is None else getattr(entry.value, member)
+
+
+# nvmlValueType_t -> the c_nvmlValue_t member holding it (pynvml.py lines 289-295, 1514)
+_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    5: "siVal",  # NVML_VALUE_TYPE_SIGNED_INT
+    6: "usVal",  # NVML_VALUE_TYPE_UNSIGNED_SHORT
+}

@@ -1,0 +1,120 @@
+"""NVLink and PCIe readings of one GPU: per-link state, traffic and error counters, and
+the PCIe link's current against its best generation and width.
+
+Byte counters come from the cycle's field values (``nvml_fields``); the rest are the
+per-link and per-GPU NVML calls that nvidia-smi, nvitop and DCGM use. Everything a driver
+or GPU does not support is None, so it becomes no series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pynvml
+
+from exporter.model import NvLink, PcieLink
+from exporter.sources.nvml_codes import error_name
+from exporter.sources.nvml_fields import NVLINK_BYTES_FIELDS, PCIE_BYTES_FIELDS, FieldKey
+
+Query = Callable[..., Any]  # the source's one-query wrapper: value, or None (error counted)
+KIB = 1024  # the NVLink throughput fields count KiB (pynvml.py 13.615.71 lines 689-690)
+
+# nvmlNvLinkErrorCounter_t (pynvml.py lines 112-115), by the `type` label. DCGM reads the
+# same four through nvmlDeviceGetNvLinkErrorCounter (DcgmCacheManager.cpp
+# ReadAndCacheNvLinkData). Blackwell drivers removed that call (NVML change log, v560 to
+# v565: "Removed support for ... nvmlDeviceGetNvLinkErrorCounter() on Blackwell"): there
+# it answers NOT_SUPPORTED and these series are absent.
+NVLINK_ERRORS: dict[str, int] = {
+    "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+}
+
+
+def nvlink_count(query: Query, handle: Any, errors: Callable[[str, str], None]) -> int | None:
+    """How many NVLinks the GPU has (NVML_FI_DEV_NVLINK_LINK_COUNT, as nvitop's
+    ``nvlink_link_count`` reads it): 0 when the field is unsupported (no NVLink), None
+    when it could not be read (ask again next cycle)."""
+    entries = query(
+        "nvlink_count",
+        pynvml.nvmlDeviceGetFieldValues,
+        handle,
+        [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT],
+    )
+    if entries is None:
+        return None
+    entry = entries[0]
+    if entry.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
+        return 0
+    if entry.nvmlReturn != pynvml.NVML_SUCCESS:
+        errors("nvlink_count", error_name(pynvml.NVMLError(entry.nvmlReturn)))
+        return None
+    return int(entry.value.uiVal)
+
+
+def nvlinks(
+    query: Query,
+    handle: Any,
+    count: int,
+    fields: Mapping[FieldKey, int | float],
+    seen_active: set[int],
+) -> tuple[NvLink, ...]:
+    """Each link's state (nvmlDeviceGetNvLinkState), data bytes and error counters.
+
+    Error counters are read for links that are active or have been since the exporter
+    started (``seen_active``, updated here): a link that goes down keeps its counters,
+    so their last increase stays visible, while a never-used link costs no calls.
+    """
+    tx_field, rx_field = NVLINK_BYTES_FIELDS
+    links = []
+    for link in range(count):
+        state = query("nvlink_state", pynvml.nvmlDeviceGetNvLinkState, handle, link)
+        active = None if state is None else state == pynvml.NVML_FEATURE_ENABLED
+        if active:
+            seen_active.add(link)
+        counters: list[tuple[str, int]] = []
+        if link in seen_active:
+            for name, counter in NVLINK_ERRORS.items():
+                value = query(
+                    "nvlink_errors", pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter
+                )
+                if value is not None:
+                    counters.append((name, int(value)))
+        entry = NvLink(
+            link=link,
+            active=active,
+            transmitted_bytes=_kib(fields.get((tx_field, link))),
+            received_bytes=_kib(fields.get((rx_field, link))),
+            errors=tuple(counters),
+        )
+        if entry != NvLink(link=link):
+            links.append(entry)
+    return tuple(links)
+
+
+def pcie_link(query: Query, handle: Any, fields: Mapping[FieldKey, int | float]) -> PcieLink | None:
+    """Current and best link generation and width, and cumulative bytes.
+
+    The "max" calls give the best this GPU *in this slot* can do ("possible with this
+    device and system": a Gen5 GPU in a Gen4 slot reports 4), so current < max means the
+    link trained or fell below what the hardware allows. NVIDIA documents that current
+    generation and width "may be reduced when the GPU is not in use" (nvidia-smi(1),
+    pcie.link.gen.current): idle power management, not a fault.
+    """
+    tx_field, rx_field = PCIE_BYTES_FIELDS
+    tx, rx = fields.get((tx_field, 0)), fields.get((rx_field, 0))
+    link = PcieLink(
+        generation=query("pcie_link", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+        max_generation=query("pcie_link", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+        width=query("pcie_link", pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
+        max_width=query("pcie_link", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
+        transmitted_bytes=None if tx is None else int(tx),
+        received_bytes=None if rx is None else int(rx),
+    )
+    return None if link == PcieLink() else link
+
+
+def _kib(value: int | float | None) -> int | None:
+    return None if value is None else int(value) * KIB
