@@ -47,6 +47,9 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # -- value sets: every value in values.yaml is changed by at least one of them ----------
 
+# bcrypt("s3cret-scrape", cost 4): a real hash the exporter verifies
+BCRYPT_HASH = "$2y$04$ApQcAfQRo6IFv80Z0R/i5Oiw2ZqqFGIl7LiexMPBNqTCT0DjmhkAm"
+SCRAPE_PASSWORD = "s3cret-scrape"
 RELABEL_JOB = {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "cluster_ns"}
 DROP_PER_PROCESS = {"sourceLabels": ["__name__"], "regex": "gpu_process_.*", "action": "drop"}
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -211,6 +214,93 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "dcgm-auto-operator": {
         "dcgm": {"mode": "auto", "operatorNamespace": "gpu-ops,nvidia-gpu-operator"}
     },
+    # -- securing /metrics (tests/test_helm_chart_security.py serves what these render)
+    "tls-basic-auth": {
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls", "minVersion": "TLS13"},
+        "basicAuth": {"users": {"prometheus": BCRYPT_HASH}},
+        "webConfig": {"headers": {"X-Content-Type-Options": "nosniff"}},
+        "serviceMonitor": {
+            "enabled": True,
+            "basicAuth": {
+                "secretName": "prometheus-scrape",
+                "usernameKey": "user",
+                "passwordKey": "pass",
+            },
+            "tlsConfig": {"serverName": "gpu-exporter.example.internal"},
+        },
+        "podMonitor": {
+            "enabled": True,
+            "basicAuth": {
+                "secretName": "prometheus-scrape",
+                "usernameKey": "pod-user",
+                "passwordKey": "pod-pass",
+            },
+            "tlsConfig": {"ca": {"configMap": {"name": "gpu-ca", "key": "ca.crt"}}},
+        },
+    },
+    "mtls": {
+        "tls": {
+            "enabled": True,
+            "secretName": "gpu-exporter-tls",
+            "clientAuthType": "RequireAndVerifyClientCert",
+            "clientCASecretName": "scraper-ca",
+            "clientAllowedSans": ["prometheus.monitoring"],
+        },
+        "serviceMonitor": {
+            "enabled": True,
+            "tlsConfig": {
+                "cert": {"secret": {"name": "prometheus-client", "key": "tls.crt"}},
+                "keySecret": {"name": "prometheus-client", "key": "tls.key"},
+            },
+        },
+    },
+    "existing-web-config": {
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls"},
+        "webConfig": {"existingSecret": "gpu-web-config", "existingSecretKey": "web.yml"},
+    },
+    "kube-rbac-proxy": {
+        "kubeApi": "off",
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls"},
+        "kubeRbacProxy": {
+            "enabled": True,
+            "image": {
+                "repository": "registry.example/kube-rbac-proxy",
+                "tag": "v0.20.2",
+                "pullPolicy": "Always",
+            },
+            "upstreamPort": 19446,
+            "allowedServiceAccounts": [{"namespace": "monitoring", "name": "prometheus-k8s"}],
+            "resources": {
+                "requests": {"cpu": "10m", "memory": "32Mi"},
+                "limits": {"cpu": "200m", "memory": "128Mi"},
+            },
+            "extraArgs": ["--auth-token-audiences=gpu-exporter"],
+        },
+        "serviceMonitor": {"enabled": True},
+    },
+    "kube-rbac-proxy-token-secrets": {
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls"},
+        "kubeRbacProxy": {"enabled": True, "image": {"digest": "sha256:" + "cd" * 32}},
+        "serviceMonitor": {
+            "enabled": True,
+            "bearerToken": {"secretName": "gpu-scraper-token", "key": "jwt"},
+        },
+        "podMonitor": {
+            "enabled": True,
+            "bearerToken": {"secretName": "gpu-scraper-token", "key": "pod-jwt"},
+        },
+    },
+    # -- alert parameters and scheduling
+    "rule-parameters": {
+        "prometheusRule": {
+            "enabled": True,
+            "runbookUrlBase": "https://wiki.example.com/gpu/runbooks",
+            "jobSelector": 'job=~".*gpu-telemetry.*"',
+        },
+        "fullnameOverride": "gpu-telemetry",
+    },
+    "tolerate-all": {"tolerateAll": True},
+    "gke-priority-quota": {"priorityClassQuota": {"enabled": True, "pods": 500}},
 }
 
 # -- minimal Prometheus Operator schemas (monitoring.coreos.com/v1, the fields we use) ---
@@ -257,10 +347,55 @@ NAMESPACE_SELECTOR = {
         "matchNames": {"type": "array", "items": {"type": "string"}},
     },
 }
-ENDPOINT = {
+# Scrape security (pkg/apis/monitoring/v1: Endpoint in types.go, HTTPConfig in
+# http_config.go, SafeTLSConfig in tls_types.go, BasicAuth, SecretOrConfigMap in types.go,
+# SafeAuthorization in prometheus_types.go).
+KEY_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["key"],
+    "properties": {"name": {"type": "string"}, "key": {"type": "string"}, "optional": {}},
+}
+SECRET_OR_CONFIG_MAP = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"secret": KEY_SELECTOR, "configMap": KEY_SELECTOR},
+    "not": {"required": ["secret", "configMap"]},
+}
+TLS_VERSION = {"enum": ["TLS10", "TLS11", "TLS12", "TLS13"]}
+SAFE_TLS_CONFIG = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "ca": SECRET_OR_CONFIG_MAP,
+        "cert": SECRET_OR_CONFIG_MAP,
+        "keySecret": KEY_SELECTOR,
+        "serverName": {"type": "string"},
+        "insecureSkipVerify": {"type": "boolean"},
+        "minVersion": TLS_VERSION,
+        "maxVersion": TLS_VERSION,
+    },
+}
+HTTP_CONFIG = {
+    "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+    "tlsConfig": SAFE_TLS_CONFIG,
+    "basicAuth": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"username": KEY_SELECTOR, "password": KEY_SELECTOR},
+    },
+    "authorization": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"type": {"type": "string"}, "credentials": KEY_SELECTOR},
+    },
+}
+POD_METRICS_ENDPOINT: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["port"],
+    # "Cannot be set at the same time as `basicAuth`..." (http_config.go)
+    "not": {"required": ["basicAuth", "authorization"]},
     "properties": {
         "port": {"type": "string"},
         "path": {"type": "string"},
@@ -269,6 +404,15 @@ ENDPOINT = {
         "honorLabels": {"type": "boolean"},
         "relabelings": {"type": "array", "items": RELABEL},
         "metricRelabelings": {"type": "array", "items": RELABEL},
+        **HTTP_CONFIG,
+    },
+}
+# A ServiceMonitor endpoint also has bearerTokenFile (deprecated; PodMonitor has none).
+ENDPOINT = {
+    **POD_METRICS_ENDPOINT,
+    "properties": {
+        **POD_METRICS_ENDPOINT["properties"],
+        "bearerTokenFile": {"type": "string", "pattern": "^/"},
     },
 }
 METADATA = {
@@ -328,7 +472,11 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
             "properties": {
                 "selector": SELECTOR,
                 "namespaceSelector": NAMESPACE_SELECTOR,
-                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": ENDPOINT},
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": POD_METRICS_ENDPOINT,
+                },
             },
         }
     ),
@@ -372,6 +520,11 @@ groups:
           severity: critical
         annotations:
           summary: GPU {{ $labels.gpu }} on {{ with $labels.node }}{{ . }}{{ end }} is down
+          runbook_url: https://github.com/gpu-occupancy-exporter/gpu-occupancy-exporter/blob/main/docs/runbooks.md#samplegpudown
+      - alert: SampleExporterDown
+        expr: up{job=~".*gpu-occupancy-exporter.*"} == 0
+        annotations:
+          runbook_url: https://runbooks.example.org/other#kept
 """,
     "b-sample.recording.yaml": """\
 groups:
@@ -456,11 +609,15 @@ def pod_spec(values: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def containers(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's containers by name: the exporter, and kube-rbac-proxy when enabled."""
+    found = {c["name"]: c for c in pod_spec(values)["containers"]}
+    assert set(found) <= {"exporter", "kube-rbac-proxy"}, found.keys()
+    return found
+
+
 def container(values: dict[str, Any]) -> dict[str, Any]:
-    containers = pod_spec(values)["containers"]
-    assert len(containers) == 1
-    result: dict[str, Any] = containers[0]
-    return result
+    return containers(values)["exporter"]
 
 
 def env_of(values: dict[str, Any]) -> dict[str, Any]:
@@ -541,7 +698,11 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     config = parse_config(container(values)["args"], env)
     merged = _loaded(CHART).merge_values(values)
     assert config.node_name == "gpu-node-1"
-    assert config.listen_host == "" and config.listen_port == merged["port"]
+    if merged["kubeRbacProxy"]["enabled"]:  # behind the proxy: loopback only
+        assert config.listen_host == "127.0.0.1"
+        assert config.listen_port == merged["kubeRbacProxy"]["upstreamPort"]
+    else:
+        assert config.listen_host == "" and config.listen_port == merged["port"]
     assert config.interval_s == merged["interval"]
     assert config.pod_resources_interval_s == merged["podResourcesInterval"]
     assert str(config.proc_root) == merged["hostProc"]["mountPath"]
@@ -685,9 +846,10 @@ def test_resources_cover_the_benchmarked_memory() -> None:
 
 def test_no_value_set_requests_a_gpu() -> None:
     for name, values in VALUE_SETS.items():
-        resources = container(values).get("resources", {})
-        names = {*resources.get("requests", {}), *resources.get("limits", {})}
-        assert not [n for n in names if n.startswith("nvidia.com/")], name
+        for each in containers(values).values():
+            resources = each.get("resources", {})
+            names = {*resources.get("requests", {}), *resources.get("limits", {})}
+            assert not [n for n in names if n.startswith("nvidia.com/")], name
 
 
 # -- NVIDIA runtime and scheduling -------------------------------------------------------
@@ -1210,7 +1372,11 @@ def test_every_value_changes_the_rendered_output(path: tuple[str, ...], sample_c
     assert setting, f"no value set in this file changes {'.'.join(path)}; add one"
     for name in setting:
         values = VALUE_SETS[name]
-        if render(values, sample_chart) != render(_with(values, path, default), sample_chart):
+        try:
+            restored = render(_with(values, path, default), sample_chart)
+        except helm.HelmRenderError:
+            return  # the value is what makes this set render at all
+        if render(values, sample_chart) != restored:
             return
     pytest.fail(f"{'.'.join(path)} has no effect on the output in value sets {setting}")
 

@@ -44,6 +44,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if ne (include "gpu-occupancy-exporter.kubeApi" .) "off" }}true{{ end }}
 {{- end }}
 
+{{/* The pod needs a ServiceAccount token: for the pod watch, or for kube-rbac-proxy's
+TokenReviews and SubjectAccessReviews. */}}
+{{- define "gpu-occupancy-exporter.apiIdentity" -}}
+{{- if or (include "gpu-occupancy-exporter.podWatch" .) .Values.kubeRbacProxy.enabled }}true{{ end }}
+{{- end }}
+
 {{/* dcgm.mode as the flag spells it (false: off); empty: pass no --dcgm at all. */}}
 {{- define "gpu-occupancy-exporter.dcgmMode" -}}
 {{- if eq (toString .Values.dcgm.mode) "false" }}off{{ else }}{{ .Values.dcgm.mode }}{{ end }}
@@ -57,6 +63,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{- define "gpu-occupancy-exporter.proxyImage" -}}
+{{- $image := .Values.kubeRbacProxy.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository $image.tag }}
+{{- end }}
+{{- end }}
+
 {{- define "gpu-occupancy-exporter.image" -}}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
@@ -67,7 +82,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Exporter flags from values; extraArgs come last so they win. */}}
 {{- define "gpu-occupancy-exporter.args" -}}
-- {{ printf "--listen=:%v" .Values.port | quote }}
+{{- /* Behind kube-rbac-proxy: loopback only, the proxy owns the pod port. */}}
+{{- $listen := printf ":%v" .Values.port }}
+{{- if .Values.kubeRbacProxy.enabled }}{{ $listen = printf "127.0.0.1:%v" .Values.kubeRbacProxy.upstreamPort }}{{ end -}}
+- {{ printf "--listen=%s" $listen | quote }}
+{{- if include "gpu-occupancy-exporter.webConfig.enabled" . }}
+- {{ printf "--web-config-file=%s" (include "gpu-occupancy-exporter.webConfig.path" .) | quote }}
+{{- end }}
 - {{ printf "--interval=%v" .Values.interval | quote }}
 - {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
 - {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
