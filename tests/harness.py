@@ -10,6 +10,7 @@ Only the schedule differs: the test calls ``cycle()`` instead of waiting on a ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from exporter.sim.node import ManualClock
 from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 from exporter.sources.base import Source
 from exporter.sources.kmsg import KmsgReader
+from exporter.sources.kube import PodWatcher
 from exporter.sources.podresources.source import PodResourcesSource
 from exporter.sources.xid import XidListener
 
@@ -108,6 +110,7 @@ class Harness:
         read from the kernel log.
         """
         await asyncio.to_thread(self.env.sync)
+        await self._pod_watch_caught_up()
         due = sum(1 for x in self.env.node.xids if 0 < x.at <= self.clock())
         listener = self.xid_listener
         await _wait_for(
@@ -119,6 +122,26 @@ class Harness:
             logged = self.env.kernel_log.xids_written
             await _wait_for(lambda: kmsg.events_total >= logged, "kernel-log XIDs to be read")
         await self.agent.cycle()
+
+    async def _pod_watch_caught_up(self) -> None:
+        """A pod the timeline adds or deletes reaches the pod watch on its own thread; a
+        real interval gives it time, a test's cycle waits for it. Bounded and quiet: a
+        test of a failing or lagging watch goes on after the bound."""
+        watch, api = self.agent.source("kube"), self.env.kube_api
+        if not isinstance(watch, PodWatcher) or api is None or not _up(watch):
+            return
+        node = watch.node_name
+        wanted = {
+            str(p["metadata"]["uid"]).lower()
+            for p in api.pods()
+            if p["spec"].get("nodeName") == node
+        }
+        with contextlib.suppress(AssertionError):
+            await _wait_for(
+                lambda: {p.uid for p in watch.snapshot().pods} == wanted,
+                "the pod watch to see the API's pods",
+                timeout_s=2.0,
+            )
 
     async def advance(self, seconds: float, *, cycle: bool = True) -> None:
         self.clock.advance(seconds)

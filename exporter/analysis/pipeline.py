@@ -1,7 +1,8 @@
 """One cycle of analysis, composed (pure): snapshot + carried state -> Analysis + state.
 
 The agent owns the schedule and the state object; this module owns the order:
-DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle.
+DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle ->
+shared GPUs and promised limits.
 Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
 one I/O step analysis asks for, the holder scan for orphaned memory, is a finding
 (``Analysis.holder_request``) that the holder scan source answers in the next cycle's
@@ -16,6 +17,7 @@ from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
+from exporter.analysis.limits import container_limits
 from exporter.analysis.orphans import (
     OrphanPolicy,
     driver_held,
@@ -23,6 +25,7 @@ from exporter.analysis.orphans import (
     holder_request,
     orphan_holders,
 )
+from exporter.analysis.sharing import MemoryHistory, SharingPolicy, analyse_sharing
 from exporter.analysis.xid import XidLedger, bus_id_map
 from exporter.model import (
     Analysis,
@@ -40,6 +43,7 @@ class Policy:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
+    sharing: SharingPolicy = field(default_factory=SharingPolicy)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class CarriedState:
     xids: XidLedger
     idle: tuple[IdleAllocation, ...] = ()
     orphans: OrphanState = field(default_factory=OrphanState)
+    memory: MemoryHistory = field(default_factory=MemoryHistory)
     last_timestamp: float | None = None
 
 
@@ -87,6 +92,17 @@ def analyse(
         elapsed_s=elapsed,
         policy=policy.idle,
     )
+    shared, shares, memory = analyse_sharing(
+        attribution.containers,
+        attribution.allocations,
+        gpus,
+        state.memory,
+        now=now,
+        policy=policy.sharing,
+    )
+    limits = container_limits(
+        snapshot.pod_meta, attribution.containers, attribution.allocations, gpus
+    )
     analysis = Analysis(
         node=snapshot,
         attribution=attribution,
@@ -101,8 +117,13 @@ def analyse(
         orphan_holders=orphan_holders(snapshot, orphans),
         driver_held=driver_held(orphans, snapshot.holder_scan),
         holder_request=holder_request(snapshot, orphans),
+        shared_gpus=shared,
+        container_shares=shares,
+        container_limits=limits,
     )
-    state = replace(state, xids=xids, idle=idle, orphans=orphan_state, last_timestamp=now)
+    state = replace(
+        state, xids=xids, idle=idle, orphans=orphan_state, memory=memory, last_timestamp=now
+    )
     return analysis, state
 
 

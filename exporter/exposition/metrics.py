@@ -213,6 +213,41 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         GAUGE,
         "1 while an allocated device is idle this cycle (see docs/health.md).",
     ),
+    # shared GPUs (docs/shared-gpus.md)
+    "gpu_shared_containers": (GAUGE, "Containers with a process on a shared whole GPU."),
+    "gpu_shared_active_containers": (
+        GAUGE,
+        "Containers on a shared GPU that had SM time in this cycle's per-process samples "
+        "(wanted the GPU; under time-slicing they took turns).",
+    ),
+    "gpu_shared_memory_headroom_bytes": (
+        GAUGE,
+        "Memory the next allocation on a shared GPU can get: total - used - reserved.",
+    ),
+    "gpu_container_sm_time_share_ratio": (
+        GAUGE,
+        "Container's share of the SM time all containers used on a shared GPU (sums to 1).",
+    ),
+    "gpu_container_sm_fair_share_deviation_ratio": (
+        GAUGE,
+        "Container's SM time share minus an equal share of the containers that had work "
+        "(positive: took more than its turn); only for containers that had work.",
+    ),
+    "gpu_container_memory_growth_bytes": (
+        GAUGE,
+        "How far a container's memory on a shared GPU rose above its lowest point in the "
+        "last 5 minutes.",
+    ),
+    "gpu_container_memory_limit_bytes": (
+        GAUGE,
+        "Memory a container was promised on the device (HAMi nvidia.com/gpumem or "
+        "gpumem-percentage); no series without a limit.",
+    ),
+    "gpu_container_sm_limit_ratio": (
+        GAUGE,
+        "SM share a container was promised on the device (HAMi nvidia.com/gpucores / 100); "
+        "no series without a limit.",
+    ),
     "gpu_process_memory_used_bytes": (GAUGE, "Per-process memory (--per-process-metrics)."),
     "gpu_process_sm_utilization_ratio": (
         GAUGE,
@@ -332,6 +367,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     _add_attribution(out, analysis, migs)
     _add_orphans(out, analysis)
     _add_health(out, analysis, migs)
+    _add_sharing(out, analysis)
     return out.families()
 
 
@@ -542,6 +578,23 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
         out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
+
+
+def _add_sharing(out: FamilyBuilder, analysis: Analysis) -> None:
+    for g in analysis.shared_gpus:
+        labels = _device_labels(g.device.gpu, g.device.uuid)
+        out.add("gpu_shared_containers", labels, g.containers)
+        out.add("gpu_shared_active_containers", labels, g.active_containers)
+        out.add("gpu_shared_memory_headroom_bytes", labels, g.memory_headroom_bytes)
+    for c in analysis.container_shares:
+        labels = _where(c.container, c.device)
+        out.add("gpu_container_sm_time_share_ratio", labels, c.sm_time_share)
+        out.add("gpu_container_sm_fair_share_deviation_ratio", labels, c.fair_share_deviation)
+        out.add("gpu_container_memory_growth_bytes", labels, c.memory_growth_bytes)
+    for limit in analysis.container_limits:
+        labels = _where(limit.container, limit.device)
+        out.add("gpu_container_memory_limit_bytes", labels, limit.memory_limit_bytes)
+        out.add("gpu_container_sm_limit_ratio", labels, limit.sm_limit_ratio)
 
 
 def _xid_labels(x: XidCount) -> dict[str, str]:

@@ -239,6 +239,48 @@ class XidCount:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedGpu:
+    """A whole GPU several containers share (time-sliced replicas, MPS, or co-located).
+
+    ``containers`` have a process on it; ``active_containers`` of them had SM time in
+    the driver's per-process samples of this cycle's window. ``memory_headroom_bytes``
+    is total - used - reserved: what the next allocation of anyone can get.
+    """
+
+    device: DeviceRef
+    containers: int
+    active_containers: int
+    memory_headroom_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerShare:
+    """One container's part of a shared GPU.
+
+    ``sm_time_share``: its share of the SM time all containers used (None: nobody had
+    a sample); ``fair_share_deviation``: that share minus an equal share of the active
+    containers (None: it had no work); ``memory_growth_bytes``: how far its memory rose
+    above its lowest point in the growth window (None: memory unknown).
+    """
+
+    container: ContainerRef
+    device: DeviceRef
+    sm_time_share: float | None
+    fair_share_deviation: float | None
+    memory_growth_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerLimit:
+    """What a container was promised on a device (HAMi's resources); None: no limit."""
+
+    container: ContainerRef
+    device: DeviceRef
+    memory_limit_bytes: int | None
+    sm_limit_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """One cycle's snapshot together with everything analysis derived from it."""
 
@@ -254,3 +296,6 @@ class Analysis:
     orphan_holders: tuple[OrphanHolder, ...] = ()
     driver_held: tuple[DriverHeld, ...] = ()
     holder_request: HolderScanRequest | None = None  # GPUs the next cycle's scan should cover
+    shared_gpus: tuple[SharedGpu, ...] = ()
+    container_shares: tuple[ContainerShare, ...] = ()
+    container_limits: tuple[ContainerLimit, ...] = ()

@@ -278,6 +278,10 @@ class PodMeta:
     phase: str | None = None
     deletion_timestamp: float | None = None  # epoch seconds when deletion was requested
     containers: tuple[tuple[str, str], ...] = ()  # (bare container id, container name)
+    # (container name, extended resource name, quantity as the API spells it): each
+    # container's limits (its requests where it sets no limit) for resources with a
+    # domain ("nvidia.com/gpumem"); HAMi's promised memory and cores are among them.
+    resources: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

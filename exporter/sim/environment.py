@@ -171,6 +171,7 @@ class SimEnvironment:
                     node.scenario.node_name,
                     phase=pod.phase,
                     containers=[(c.name, c.container_id) for c in pod.containers],
+                    limits={c.name: c.limits for c in pod.containers if c.limits},
                     deletion_timestamp=(
                         node.wall_time(pod.deletion_at) if pod.deletion_at is not None else None
                     ),

@@ -194,11 +194,13 @@ def pod_dict(
     *,
     init_containers: Sequence[tuple[str, str]] = (),
     ephemeral_containers: Sequence[tuple[str, str]] = (),
+    limits: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Build a pod as the API server serialises it.
 
     ``containers`` are ``(name, id)``; an id without a ``scheme://`` is given
     ``containerd://``, and an empty id leaves ``containerID`` out (not started yet).
+    ``limits``: container name -> its ``resources.limits`` (e.g. HAMi's resources).
     """
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
     if deletion_timestamp is not None:
@@ -208,6 +210,9 @@ def pod_dict(
         "nodeName": node,
         "containers": [{"name": n, "image": f"registry.example/{n}:latest"} for n, _ in containers],
     }
+    for container in spec["containers"]:
+        if limits and limits.get(container["name"]):
+            container["resources"] = {"limits": dict(limits[container["name"]])}
     status: dict[str, Any] = {
         "phase": phase,
         "containerStatuses": [_container_status(n, cid) for n, cid in containers],

@@ -598,6 +598,7 @@ class SimNode:
                 str(c["name"]),
                 derived_container_id(self.scenario.node_name, key, c["name"]),
                 {k: list(v) for k, v in c.get("devices", {}).items()},
+                {str(k): str(v) for k, v in (c.get("limits") or {}).items()},
             )
             for c in args.get("containers", [])  # type: ignore[attr-defined]
         ]

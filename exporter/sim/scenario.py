@@ -167,6 +167,9 @@ class SimContainer:
     name: str
     container_id: str
     devices: dict[str, list[str]]  # resource name -> device references
+    # resource name -> quantity, served as the container's resources.limits (HAMi's
+    # nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores)
+    limits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -494,12 +497,15 @@ def _pod(
     for c, raw in enumerate(data.get("containers") or []):
         cwhere = f"{where}.containers[{c}]"
         cont = _expect_mapping(raw, cwhere)
-        _check_keys(cont, {"name", "id", "devices", "processes"}, cwhere)
+        _check_keys(cont, {"name", "id", "devices", "limits", "processes"}, cwhere)
         cname = str(cont.get("name", f"c{c}"))
         devices = {str(k): [str(d) for d in v] for k, v in (cont.get("devices") or {}).items()}
         containers.append(
             SimContainer(
-                cname, str(cont.get("id") or derived_container_id(node, key, cname)), devices
+                cname,
+                str(cont.get("id") or derived_container_id(node, key, cname)),
+                devices,
+                _limits(cont.get("limits"), f"{cwhere}.limits"),
             )
         )
         for p, praw in enumerate(cont.get("processes") or []):
@@ -515,6 +521,13 @@ def _pod(
         phase=str(data.get("phase", "Running")),
         containers=containers,
     )
+
+
+def _limits(value: object, where: str) -> dict[str, str]:
+    """``{resource: quantity}``, e.g. ``{nvidia.com/gpumem: 10240}`` (HAMi: MiB)."""
+    if value is None:
+        return {}
+    return {str(k): str(v) for k, v in _expect_mapping(value, where).items()}
 
 
 def _event(raw: object, i: int) -> SimEvent:

@@ -51,6 +51,26 @@ def _container_pairs(statuses: Any) -> Iterable[tuple[str, str]]:
             yield cid, name
 
 
+def _extended_resources(spec: Any) -> Iterable[tuple[str, str, str]]:
+    """(container, resource, quantity) for resources with a domain (``nvidia.com/...``):
+    the limit, else the request, as HAMi reads them (docs/shared-gpus.md)."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("containers"), list):
+        return
+    for container in spec["containers"]:
+        if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
+            continue
+        resources = container.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            continue
+        merged: dict[str, str] = {}
+        for key in ("requests", "limits"):  # a limit wins over a request
+            values = resources.get(key) or {}
+            if isinstance(values, Mapping):
+                merged.update({str(k): str(v) for k, v in values.items() if "/" in str(k)})
+        for resource, value in sorted(merged.items()):
+            yield container["name"], resource, value
+
+
 def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
     """One pod as the API serialises it -> PodMeta; None without a UID.
 
@@ -73,6 +93,7 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
         phase=phase if isinstance(phase, str) and phase else None,
         deletion_timestamp=_parse_time(metadata.get("deletionTimestamp")),
         containers=tuple(containers),
+        resources=tuple(_extended_resources(pod.get("spec"))),
     )
 
 
