@@ -654,8 +654,14 @@ def node_overview() -> Json:
                     ),
                     timeseries(
                         "Temperature",
-                        "GPU die temperature.",
-                        [target(f"gpu_temperature_celsius{{{GPU}}}", GPU_LEGEND)],
+                        "GPU die temperature, and device memory (HBM) temperature where the "
+                        "GPU reports it.",
+                        [
+                            target(f"gpu_temperature_celsius{{{GPU}}}", GPU_LEGEND),
+                            target(
+                                f"gpu_memory_temperature_celsius{{{GPU}}}", GPU_LEGEND + " memory"
+                            ),
+                        ],
                         "celsius",
                     ),
                     timeseries(
@@ -677,6 +683,108 @@ def node_overview() -> Json:
                         ],
                         "bool_on_off",
                         ACTIVE_MAP,
+                    ),
+                ],
+            ),
+            (
+                "Interconnect, video engines, time throttled",
+                [
+                    timeseries(
+                        "PCIe throughput",
+                        "Bytes per second over PCIe, from NVML's byte counters (drivers R555 "
+                        "and newer).",
+                        [
+                            target(
+                                f"rate(gpu_pcie_transmitted_bytes_total{{{GPU}}}"
+                                "[$__rate_interval])",
+                                GPU_LEGEND + " sent",
+                            ),
+                            target(
+                                f"rate(gpu_pcie_received_bytes_total{{{GPU}}}[$__rate_interval])",
+                                GPU_LEGEND + " received",
+                            ),
+                        ],
+                        "Bps",
+                    ),
+                    timeseries(
+                        "PCIe link against its best",
+                        "Current link width and generation over the best this GPU can reach "
+                        "in its slot (1 = full). Idle GPUs drop their generation to save "
+                        "power; below 1 under load is a degraded link (alert "
+                        "GPUPCIeLinkDegraded).",
+                        [
+                            target(
+                                f"gpu_pcie_link_width{{{GPU}}} / gpu_pcie_link_max_width{{{GPU}}}",
+                                GPU_LEGEND + " width",
+                            ),
+                            target(
+                                f"gpu_pcie_link_generation{{{GPU}}} / "
+                                f"gpu_pcie_link_max_generation{{{GPU}}}",
+                                GPU_LEGEND + " generation",
+                            ),
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "NVLink throughput",
+                        "Data bytes per second over all of a GPU's NVLinks.",
+                        [
+                            target(
+                                "sum by (node, instance, gpu, uuid) (rate("
+                                f"gpu_nvlink_transmitted_bytes_total{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " sent",
+                            ),
+                            target(
+                                "sum by (node, instance, gpu, uuid) (rate("
+                                f"gpu_nvlink_received_bytes_total{{{GPU}}}[$__rate_interval]))",
+                                GPU_LEGEND + " received",
+                            ),
+                        ],
+                        "Bps",
+                    ),
+                    timeseries(
+                        "NVLink errors (links with new errors)",
+                        "CRC, replay and recovery errors in the last 5 minutes, per link that "
+                        "had any. A link that keeps logging them is marginal: reseat or "
+                        "replace the board.",
+                        [
+                            target(
+                                "sum by (node, instance, gpu, uuid, link, type) (increase("
+                                f"gpu_nvlink_errors_total{{{GPU}}}[5m])) > 0",
+                                GPU_LEGEND + " link {{link}} {{type}}",
+                            )
+                        ],
+                        "short",
+                    ),
+                    timeseries(
+                        "Share of time throttled, by reason",
+                        "Share of each interval in which the reason held clocks down (NVML "
+                        "violation time). Reasons overlap: thermal includes both thermal "
+                        "slowdowns.",
+                        [
+                            target(
+                                f'rate(gpu_clock_event_seconds_total{{{GPU}, reason!="low_'
+                                'utilization"}[$__rate_interval]) > 0',
+                                GPU_LEGEND + " {{reason}}",
+                            )
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "Video encoder and decoder",
+                        "NVENC / NVDEC busy time; video work does not show in GPU-Util.",
+                        [
+                            target(
+                                f"gpu_encoder_utilization_ratio{{{GPU}}}", GPU_LEGEND + " NVENC"
+                            ),
+                            target(
+                                f"gpu_decoder_utilization_ratio{{{GPU}}}", GPU_LEGEND + " NVDEC"
+                            ),
+                        ],
+                        "percentunit",
+                        ratio=True,
                     ),
                 ],
             ),

@@ -128,6 +128,8 @@ EXPECTED: dict[str, Expect] = {
     "GPUUnhealthy": Expect(({"gpu": "6"},)),
     "GPUNodeCapacityReduced": Expect(({"resource": "nvidia.com/gpu", "node": NODE},)),
     "GPUThermalOrPowerSlowdown": Expect(({"gpu": "1"},)),
+    # x8 of x16 under load; idle GPUs 6 and 7 sit at PCIe Gen1 of Gen5 and stay quiet
+    "GPUPCIeLinkDegraded": Expect(({"gpu": "0"},)),
     "GPUUtilizationWithoutSMActivity": Expect(({"gpu": "4"},)),
     "GPUAllocatedButIdle": Expect(
         # GPU 6's allocation is not idle once the GPU is lost (t=41): it is broken,
