@@ -30,6 +30,13 @@ elif mode == "tiny":        # one tiny kernel at a time: GPU-Util high, SMs idle
         x.add_(1)
         torch.cuda.synchronize()
         time.sleep(0.002)
+elif mode == "copy":        # host <-> device copies over PCIe (pinned: full link speed)
+    host = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()
+    device = torch.empty_like(host, device=dev)
+    while time.time() < end:
+        device.copy_(host, non_blocking=True)
+        host.copy_(device, non_blocking=True)
+        torch.cuda.synchronize()
 else:
     while time.time() < end:
         time.sleep(0.1)
