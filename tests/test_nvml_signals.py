@@ -355,7 +355,9 @@ async def test_node_8gpu_serves_interconnect_engines_and_throttle_time() -> None
 
 
 async def test_fans_are_served_per_fan_as_a_ratio() -> None:
-    scenario = {"gpus": [{"name": "NVIDIA RTX 6000 Ada Generation", "fans": [38, 120]}]}
+    scenario: dict[str, object] = {
+        "gpus": [{"name": "NVIDIA RTX 6000 Ada Generation", "fans": [38, 120]}]
+    }
     async with simulated_exporter(scenario, kube_api=False) as h:
         s = await h.scrape()
     assert s.get("gpu_fan_speed_ratio", gpu="0", fan="0") == 0.38
