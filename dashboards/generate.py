@@ -963,6 +963,84 @@ def pods() -> Json:
                 ],
             ),
             (
+                "Shared GPUs: turns, headroom, promised limits",
+                [
+                    timeseries(
+                        "SM time share by container",
+                        "Each container's part of the SM time all containers used on a shared "
+                        "GPU (sums to 100 % per GPU). Processes take turns: one pod far above "
+                        "its equal share while others wait is a hog (alert GPUTimeSliceHog). "
+                        "Under MPS the share is of concurrent SM time (docs/shared-gpus.md).",
+                        [target(f"gpu_container_sm_time_share_ratio{{{POD}}}", POD_LEGEND)],
+                        "percentunit",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Containers that wanted each shared GPU",
+                        "Containers with SM time in the sample window (they took turns) and "
+                        "all containers with a process on the GPU.",
+                        [
+                            target(
+                                f"gpu_shared_active_containers{{{GPU}}}", "active " + GPU_LEGEND
+                            ),
+                            target(f"gpu_shared_containers{{{GPU}}}", "present " + GPU_LEGEND),
+                        ],
+                        "short",
+                    ),
+                    timeseries(
+                        "Deviation from an equal share",
+                        "Share minus 1 / active containers: +65 % is a pod that took 90 % of "
+                        "the turns while three others waited.",
+                        [
+                            target(
+                                f"gpu_container_sm_fair_share_deviation_ratio{{{POD}}}",
+                                POD_LEGEND,
+                            )
+                        ],
+                        "percentunit",
+                    ),
+                    timeseries(
+                        "Memory headroom vs largest recent growth",
+                        "What the next allocation can get (total - used - reserved) and the "
+                        "largest growth of one container in the last 5 minutes: once the "
+                        "headroom is below it, the next such growth fails (alert "
+                        "GPUSharedMemoryNearFull). Nothing isolates the tenants' memory.",
+                        [
+                            target(
+                                f"gpu_shared_memory_headroom_bytes{{{GPU}}}",
+                                "headroom " + GPU_LEGEND,
+                            ),
+                            target(
+                                f"max by (node, instance, gpu, uuid) "
+                                f"(gpu_container_memory_growth_bytes{{{GPU}}})",
+                                "largest growth " + GPU_LEGEND,
+                            ),
+                        ],
+                        "bytes",
+                    ),
+                    table(
+                        "Who grew (last 5 minutes)",
+                        "Containers on shared GPUs whose memory rose above its lowest point "
+                        "in the last 5 minutes.",
+                        f"topk(10, gpu_container_memory_growth_bytes{{{POD}}} > 0)",
+                        "bytes",
+                        rename={"Value": "growth"},
+                        sort_by="growth",
+                    ),
+                    table(
+                        "Used vs promised (HAMi limits)",
+                        "Memory used as a share of the memory HAMi promised the container "
+                        "(nvidia.com/gpumem): above 100 % it is over its promise. HAMi-core "
+                        "enforces the limit in user space, the driver does not.",
+                        f"gpu_container_memory_used_bytes{{{POD}}} / on ({CONTAINER_KEYS}) "
+                        f"gpu_container_memory_limit_bytes{{{POD}}}",
+                        "percentunit",
+                        rename={"Value": "of promise"},
+                        sort_by="of promise",
+                    ),
+                ],
+            ),
+            (
                 "MIG instances (hardware partitions)",
                 [
                     timeseries(

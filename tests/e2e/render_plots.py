@@ -38,6 +38,7 @@ FILES = {
     "util": "e2e-gpu-util-vs-sm-active.png",
     "orphans": "e2e-orphaned-memory.png",
     "shared": "e2e-time-sliced-gpu.png",
+    "hog": "e2e-shared-gpu-hog.png",
 }
 
 
@@ -398,6 +399,134 @@ def plot_time_sliced_gpu(window: Window, events: list[Event], path: Path) -> Pat
     return path
 
 
+def _hog_gpu(window: Window) -> str | None:
+    """The GPU GPUTimeSliceHog fired on, else the shared GPU on which one container took
+    the largest share of the SM time."""
+    fired = window.fetch('max by (gpu) (ALERTS{alertname="GPUTimeSliceHog", alertstate="firing"})')
+    if fired:
+        return min(s.labels["gpu"] for s in fired)
+    top = window.fetch("max by (gpu) (gpu_container_sm_time_share_ratio)")
+    if not top:
+        return None
+    return max(top, key=lambda s: float(np.nanmax(s.v))).labels["gpu"]
+
+
+def _fired_at(window: Window, alert: str, gpu: str) -> float | None:
+    fired = window.first_time(
+        f'max by (gpu) (ALERTS{{alertname="{alert}", alertstate="firing", gpu="{gpu}"}})'
+    )
+    return min(fired.values(), default=None)
+
+
+def plot_shared_gpu_hog(window: Window, events: list[Event], path: Path) -> Path | None:
+    """On the hogged shared GPU: each container's share of the SM time, and the memory
+    headroom against the largest recent growth, with when the two alerts fired."""
+    gpu = _hog_gpu(window)
+    if gpu is None:
+        return None
+    selector = f'gpu="{gpu}"'
+    share = window.fetch(f"sum by (pod) (gpu_container_sm_time_share_ratio{{{selector}}})")
+    active = window.fetch(f"gpu_shared_active_containers{{{selector}}}")
+    headroom = window.fetch(f"gpu_shared_memory_headroom_bytes{{{selector}}}")
+    growth = window.fetch(f"sum by (pod) (gpu_container_memory_growth_bytes{{{selector}}})")
+    used = window.fetch(
+        f"sum by (pod) (gpu_container_memory_used_bytes{{{selector}}} and on "
+        f"(instance, namespace, pod, container, uuid) gpu_container_memory_limit_bytes)"
+    )
+    limit = window.fetch(f"sum by (pod) (gpu_container_memory_limit_bytes{{{selector}}})")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 8), sharex=True)
+    pods = sorted(share, key=lambda s: s.labels["pod"])
+    top.stackplot(
+        window.grid,
+        *[np.nan_to_num(window.on_grid(s) * 100) for s in pods],
+        labels=[f"pod {s.labels['pod']}" for s in pods],
+        alpha=0.8,
+        step="post",
+    )
+    for s in active:
+        n = window.on_grid(s)
+        top.plot(
+            window.grid,
+            100 / n,
+            color="black",
+            linewidth=1.5,
+            linestyle="--",
+            drawstyle="steps-post",
+            label="an equal share (100 % / containers with work)",
+        )
+    top.set_xlim(window.grid[0], window.grid[-1])
+    top.set_ylim(0, 100)
+    top.set_ylabel("share of the SM time used (%)")
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    top.grid(alpha=0.3)
+    top.set_title(
+        f"A hog on shared GPU {gpu}: each pod's share of the turns (gpu_container_sm_time_"
+        "share_ratio) and the memory left, e2e run on the simulated node",
+        loc="left",
+        fontsize=11,
+    )
+    for s in headroom:
+        bottom.plot(
+            window.grid,
+            window.on_grid(s) / GIB,
+            color="black",
+            linewidth=2,
+            drawstyle="steps-post",
+            label="headroom: total - used - reserved",
+        )
+    for s in sorted(growth, key=lambda s: s.labels["pod"]):
+        values = window.on_grid(s) / GIB
+        if np.nanmax(values) > 0:
+            bottom.plot(
+                window.grid,
+                values,
+                linewidth=1.5,
+                linestyle="--",
+                drawstyle="steps-post",
+                label=f"pod {s.labels['pod']}: growth in the last 5 min",
+            )
+    for s in used:
+        bottom.plot(
+            window.grid,
+            window.on_grid(s) / GIB,
+            linewidth=1.5,
+            drawstyle="steps-post",
+            label=f"pod {s.labels['pod']}: memory used",
+        )
+    for s in limit:
+        bottom.plot(
+            window.grid,
+            window.on_grid(s) / GIB,
+            linewidth=1.5,
+            linestyle=":",
+            drawstyle="steps-post",
+            label=f"pod {s.labels['pod']}: HAMi limit (promised)",
+        )
+    bottom.set_ylim(0, bottom.get_ylim()[1] * 1.15)
+    bottom.set_ylabel("GiB")
+    bottom.set_xlabel("seconds since the simulation started (the scenario's `at:`)")
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    bottom.grid(alpha=0.3)
+    for ax, alert in ((top, "GPUTimeSliceHog"), (bottom, "GPUSharedMemoryNearFull")):
+        at = _fired_at(window, alert, gpu)
+        if at is not None:
+            ax.axvline(at, color="tab:red", linewidth=1.5)
+            ax.annotate(
+                f"{alert} fires",
+                xy=(at, 0.5),
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(4, 0),
+                textcoords="offset points",
+                fontsize=8,
+                color="tab:red",
+            )
+    _mark_events(bottom, [e for e in events if gpu in e.gpus])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def render_all(
     api: PromApi, *, start: float, end: float, t0: float, events: list[Event], out_dir: Path
 ) -> list[Path]:
@@ -407,6 +536,7 @@ def render_all(
         plot_util_vs_sm_active(window, events, out_dir / FILES["util"]),
         plot_orphaned_memory(window, events, out_dir / FILES["orphans"]),
         plot_time_sliced_gpu(window, events, out_dir / FILES["shared"]),
+        plot_shared_gpu_hog(window, events, out_dir / FILES["hog"]),
     ]
     return [p for p in paths if p is not None]
 

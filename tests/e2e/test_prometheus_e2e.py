@@ -131,6 +131,10 @@ EXPECTED: dict[str, Expect] = {
     # x8 of x16 under load; idle GPUs 6 and 7 sit at PCIe Gen1 of Gen5 and stay quiet
     "GPUPCIeLinkDegraded": Expect(({"gpu": "0"},)),
     "GPUUtilizationWithoutSMActivity": Expect(({"gpu": "4"},)),
+    # GPU 8: batch-hog takes ~88 % of the turns; GPU 2's three chat pods share fairly enough
+    "GPUTimeSliceHog": Expect(({"gpu": "8", "namespace": "inference", "pod": "batch-hog"},)),
+    # GPU 8: llm-hami grows 22 GiB at t=25, leaving less than that
+    "GPUSharedMemoryNearFull": Expect(({"gpu": "8"},)),
     "GPUAllocatedButIdle": Expect(
         # GPU 6's allocation is not idle once the GPU is lost (t=41): it is broken,
         # which GPUUnhealthy reports; idle time is not counted on a failed GPU
