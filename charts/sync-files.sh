@@ -4,8 +4,9 @@
 # Helm cannot read files outside a chart's directory, and a symlink pointing out of it
 # breaks the whole chart when its target is missing (git keeps no empty directory), so the
 # chart carries copies: alerts/*.yaml (the rule files; alerts/tests/ stays out) ->
-# files/alerts/, dashboards/*.json -> files/dashboards/. alerts/ and dashboards/ stay the
-# one source of truth; tests/test_helm_chart.py fails when the copies differ from them.
+# files/alerts/, alerts/compat/*.yaml (opt-in rule files) -> files/compat/,
+# dashboards/*.json -> files/dashboards/. alerts/ and dashboards/ stay the one source of
+# truth; tests/test_helm_chart.py fails when the copies differ from them.
 #
 #   charts/sync-files.sh          make the copies match (adds, updates, removes)
 #   charts/sync-files.sh --check  only report differences; exit 1 if there are any
@@ -53,6 +54,7 @@ sync() {
 }
 
 sync alerts alerts '*.yaml'
+sync alerts/compat compat '*.yaml'
 sync dashboards dashboards '*.json'
 if [[ $status != 0 ]]; then
   echo "run charts/sync-files.sh to update the chart's copies" >&2

@@ -84,6 +84,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "kube-api-off": {"kubeApi": "off"},
     "kube-api-off-unquoted-yaml": {"kubeApi": False},
+    "dcgm-exporter-compat": {"prometheusRule": {"enabled": True, "dcgmExporterCompat": True}},
     "custom-runtime-class": {
         "nvidia": {
             "runtimeClassName": "nvidia-cdi",
@@ -1134,6 +1135,17 @@ def test_prometheus_rule_holds_exactly_the_groups_of_the_alert_files() -> None:
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_dcgm_exporter_compat_rules_are_rendered_only_when_asked_for() -> None:
+    """alerts/compat/ (dcgm-exporter's series, docs/migrating-from-dcgm-exporter.md) comes
+    after the other groups with prometheusRule.dcgmExporterCompat, and not without."""
+    compat = rule_groups(ROOT / "alerts" / "compat")
+    assert [g["name"] for g in compat] == ["dcgm-exporter-compat"]
+    (on,) = by_kind(VALUE_SETS["dcgm-exporter-compat"], "PrometheusRule")
+    assert on["spec"]["groups"] == rule_groups(ROOT / "alerts") + compat
+    (off,) = by_kind({"prometheusRule": {"enabled": True}}, "PrometheusRule")
+    assert off["spec"]["groups"] == rule_groups(ROOT / "alerts")
+
+
 def test_prometheus_rule_from_sample_files_keeps_prometheus_templates(sample_chart: Path) -> None:
     rule = one(VALUE_SETS["monitoring"], "PrometheusRule", sample_chart)
     expected = rule_groups(sample_chart / "files" / "alerts")
@@ -1207,6 +1219,7 @@ def _differences(source: Path, copy_dir: Path, pattern: str) -> list[str]:
 
 def test_chart_copies_of_alerts_and_dashboards_are_up_to_date() -> None:
     problems = _differences(ROOT / "alerts", CHART / "files" / "alerts", "*.yaml")
+    problems += _differences(ROOT / "alerts" / "compat", CHART / "files" / "compat", "*.yaml")
     problems += _differences(ROOT / "dashboards", CHART / "files" / "dashboards", "*.json")
     assert not problems, f"run charts/sync-files.sh: {problems}"
 

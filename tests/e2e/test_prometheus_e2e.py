@@ -16,8 +16,9 @@ Prometheus (`/usr/bin/prometheus`, Debian's `prometheus` package, as promtool) i
 needed: without it the run skips with a one-line reason, or fails in CI
 (tests/system_tools.py).
 
-Self-check: `GPU_E2E_BREAK=rule` breaks GPUIsolationLeak's expression in the loaded copy
-and `GPU_E2E_BREAK=query` breaks one dashboard query; either must make a test below fail.
+Self-check: `GPU_E2E_BREAK=rule` breaks GPUIsolationLeak's expression in the loaded copy,
+`GPU_E2E_BREAK=query` breaks one dashboard query and `GPU_E2E_BREAK=compat` renames
+DCGM_FI_DEV_GPU_TEMP in the loaded compatibility rules; each must make a test below fail.
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ GKE_NODE, DRA_NODE = "sim-gke-e2e", "sim-dra-e2e"
 FORMS_LEAK = {"namespace": "debug", "pod": "leaky-notebook", "gpu": "3"}  # from t=20
 ALERT_RULES = ALERTS / "gpu-occupancy-exporter.rules.yaml"
 RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
+# dcgm-exporter's series rebuilt from ours (docs/migrating-from-dcgm-exporter.md), loaded
+# into the main Prometheus, under which NVIDIA's own dcgm-exporter dashboard (a verbatim
+# copy; its source in dcgm-exporter-dashboard.md) must work like the project's boards.
+COMPAT_RULES = ALERTS / "compat" / "dcgm-exporter.recording.yaml"
+NVIDIA_DASHBOARD = HERE / "dcgm-exporter-dashboard.json"
 DOCS_IMG = ROOT / "docs" / "img"
 BREAK = os.environ.get("GPU_E2E_BREAK", "")
 
@@ -283,6 +289,26 @@ def rule_file_for_run(tmp: Path) -> Path:
     return path
 
 
+def compat_rules_for_run(tmp: Path) -> Path:
+    if BREAK != "compat":
+        return COMPAT_RULES
+    text = COMPAT_RULES.read_text(encoding="utf-8")  # self-check: NVIDIA's board must fail
+    broken = text.replace("record: DCGM_FI_DEV_GPU_TEMP\n", "record: DCGM_FI_DEV_GPU_TEMPERATURE\n")
+    assert broken != text, "GPU_E2E_BREAK=compat: DCGM_FI_DEV_GPU_TEMP's rule changed"
+    path = tmp / COMPAT_RULES.name
+    path.write_text(broken, encoding="utf-8")
+    return path
+
+
+def recording_rules(*paths: Path) -> list[dict[str, Any]]:
+    return [r for p in paths for g in load_yaml(p)["groups"] for r in g["rules"]]
+
+
+def served_metrics(scrape: str) -> set[str]:
+    """Names of the series in an exposition (counters with their `_total`)."""
+    return set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", scrape, re.MULTILINE))
+
+
 def wait_for_expected_alerts(api: PromApi, run: Run, prometheus: Child, exporter: Child) -> None:
     deadline = time.monotonic() + ALERTS_TIMEOUT_S
     seen: dict[tuple[str, str], str] = {}
@@ -317,9 +343,9 @@ def substitute(expr: str, range_s: int) -> str:
 
 
 def dashboard_queries() -> Iterator[tuple[str, str, str, str, str]]:
-    """(board, where, expr, mode, label) for every panel target, annotation and variable;
-    ``label`` is the variable's label for mode ``variable``."""
-    for path in dashboard_files():
+    """(board, where, expr, mode, label) for every panel target, annotation and variable of
+    the project's boards and NVIDIA's; ``label`` is the variable's label for mode ``variable``."""
+    for path in [*dashboard_files(), NVIDIA_DASHBOARD]:
         board = load(path)
         for panel in panels(board):
             for t in panel.get("targets", []):
@@ -436,9 +462,10 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     began = time.monotonic()
     exporter_port, prom_port = free_port(), free_port()
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
+    main_rules = [*rules, compat_rules_for_run(tmp)]
     config = tmp / "prometheus.yml"
     secured = secure_main_exporter(tmp)
-    write_prometheus_config(config, {NODE: exporter_port}, rules, secured)
+    write_prometheus_config(config, {NODE: exporter_port}, main_rules, secured)
     forms_ports = {GKE_NODE: free_port(), DRA_NODE: free_port()}
     forms_config = tmp / "prometheus-forms.yml"
     write_prometheus_config(forms_config, forms_ports, rules)
@@ -518,8 +545,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
         run.recorded = {
             r["record"]: len(api.series(r["record"], run.main_end))
-            for g in load_yaml(RECORDING_RULES)["groups"]
-            for r in g["rules"]
+            for r in recording_rules(RECORDING_RULES, COMPAT_RULES)
         }
         run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
         events = render_plots.load_events(SCENARIO)
@@ -539,7 +565,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         for name, timeout_s in zip(STOP_PHASE, (DOWN_TIMEOUT_S, ABSENT_TIMEOUT_S), strict=True):
             if name == "GPUExporterAbsent":  # the target goes away entirely
-                write_prometheus_config(config, {}, rules, secured)
+                write_prometheus_config(config, {}, main_rules, secured)
                 api.reload()
             try:
                 wait_until(functools.partial(stop_fired, name), timeout_s=timeout_s, what=name)
@@ -663,12 +689,12 @@ def test_every_rule_evaluates_without_error(e2e: Run) -> None:
 
 
 def test_every_recording_rule_produces_series(e2e: Run) -> None:
-    empty = [name for name, count in e2e.recorded.items() if count == 0]
+    project = {r["record"] for r in recording_rules(RECORDING_RULES)}
+    empty = [name for name, count in e2e.recorded.items() if count == 0 and name in project]
     assert not empty, f"recording rules without series: {empty}\n" + e2e.scrape_lines(
         {
             m
-            for g in load_yaml(RECORDING_RULES)["groups"]
-            for r in g["rules"]
+            for r in recording_rules(RECORDING_RULES)
             if r["record"] in empty
             for m in referenced_metrics(r["expr"])
         }
@@ -696,6 +722,44 @@ def test_every_dashboard_query_returns_series(e2e: Run) -> None:
             for r in empty
         )
         + f"\n\n{e2e.state}"
+    )
+
+
+def test_every_compat_rule_produces_series_where_the_exporter_serves_its_source(
+    e2e: Run,
+) -> None:
+    """Each dcgm-exporter compatibility rule whose source series the exporter served in
+    this run records series (the rest read NVML features the e2e node does not model)."""
+    rules = recording_rules(COMPAT_RULES)
+    recorded = {r["record"] for r in rules}
+    served = served_metrics(e2e.scrape)
+    fed = [r["record"] for r in rules if referenced_metrics(r["expr"]) - recorded <= served]
+    print(f"[e2e] compat rules without a served source: {sorted(recorded - set(fed))}")
+    read_by_nvidia = {
+        m
+        for q in dashboard_queries()
+        if q[0] == NVIDIA_DASHBOARD.name
+        for m in referenced_metrics(q[2])
+    }
+    assert read_by_nvidia <= set(fed), sorted(read_by_nvidia - set(fed))
+    empty = [name for name in fed if e2e.recorded[name] == 0]
+    assert not empty, f"compat rules without series: {empty}\n" + e2e.scrape_lines(
+        {m for r in rules if r["record"] in empty for m in referenced_metrics(r["expr"])}
+    )
+
+
+def test_nvidia_dcgm_exporter_dashboard_works_on_the_compat_rules(e2e: Run) -> None:
+    """Every query of NVIDIA's own dcgm-exporter dashboard (its panels and its `instance`
+    and `gpu` variables, read from an unchanged copy) returns series from this exporter
+    through alerts/compat/dcgm-exporter.recording.yaml."""
+    expected = [q for q in dashboard_queries() if q[0] == NVIDIA_DASHBOARD.name]
+    board = [r for r in e2e.dashboards if r.board == NVIDIA_DASHBOARD.name]
+    assert len(board) == len(expected) >= 10, [r.where for r in board]
+    bad = [r for r in board if r.status != "success" or r.series == 0]
+    assert not bad, "\n\n".join(
+        f"{r.where} ({r.mode}): {r.status} {r.error}, {r.series} series\n  {r.expr}\n"
+        + e2e.scrape_lines(referenced_metrics(r.expr))
+        for r in bad
     )
 
 
