@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from exporter.exposition.families import DEFAULT_FAMILIES, SELF_PREFIX  # noqa: E402
 from exporter.sim.scenario import SHIPPED  # noqa: E402
-from tests.golden.record import CYCLES, STEP_S, _settle  # noqa: E402
+from tests.golden.record import on_schedule  # noqa: E402
 from tests.harness import simulated_exporter  # noqa: E402
 
 DOC = ROOT / "docs" / "metrics.md"
@@ -91,10 +91,7 @@ class Measurement:
 async def measure(scenario: str, argv: Sequence[str] = ()) -> Measurement:
     seen = Measurement()
     async with simulated_exporter(scenario, argv=argv) as h:
-        for _ in range(CYCLES):
-            await h.advance(STEP_S, cycle=False)
-            await _settle(h)
-            await h.cycle()
+        async for _ in on_schedule(h):
             async with h.session.get(h.url + "/metrics") as response:
                 assert response.status == 200, await response.text()
                 seen.add(await response.text())

@@ -23,6 +23,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -135,15 +136,23 @@ async def _settle(h: Any, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def on_schedule(h: Any) -> AsyncIterator[None]:
+    """The fixed schedule on a harness: CYCLES cycles STEP_S apart, each run once the
+    timeline is applied and the pod watch has caught up; yields after every cycle."""
+    for _ in range(CYCLES):
+        await h.advance(STEP_S, cycle=False)
+        await _settle(h)
+        await h.cycle()
+        yield
+
+
 async def served_text(scenario: str) -> str:
     """The /metrics text after the fixed schedule."""
     from tests.harness import simulated_exporter
 
     async with simulated_exporter(scenario) as h:
-        for _ in range(CYCLES):
-            await h.advance(STEP_S, cycle=False)
-            await _settle(h)
-            await h.cycle()
+        async for _ in on_schedule(h):
+            pass
         async with h.session.get(h.url + "/metrics") as response:
             assert response.status == 200, await response.text()
             return await response.text()
