@@ -77,8 +77,8 @@ class _Guarded(asyncio.Protocol):
         if not self._in_header:  # a new request on a kept-alive connection
             self._in_header = True
             self._arm()
-        seen = self._tail + data
-        if HEADER_END in seen[-(len(data) + 3) :]:
+        seen = self._tail + data  # the tail is at most 3 bytes: a split "\r\n\r\n"
+        if HEADER_END in seen:
             # The header is complete (GET requests have no body): the server answers
             # now; a next request, if any, starts the clock again.
             self._in_header = False
