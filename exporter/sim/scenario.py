@@ -21,7 +21,8 @@ import yaml
 
 from exporter.model import OCCUPANCY_FIELDS
 
-SHIPPED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "dra")
+# The shipped scenarios: every YAML file beside this module (config lists the same folder).
+SHIPPED = tuple(sorted(p.stem for p in (Path(__file__).parent / "scenarios").glob("*.yaml")))
 # Who allocates the GPUs, and so how the kubelet names them: NVIDIA's device plugin
 # (UUIDs), GKE's device plugin (nvidia<minor>...) or NVIDIA's DRA driver (claims).
 ALLOCATORS = ("nvidia", "gke", "dra")
