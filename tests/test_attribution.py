@@ -344,7 +344,6 @@ def test_process_outside_kubepods_is_owned_by_the_host() -> None:
 @pytest.mark.parametrize(
     "identities",
     [
-        pytest.param((), id="no-procfs-identity"),
         pytest.param((ProcessIdentity(pid=9, alive=False),), id="proc-dir-gone"),
         pytest.param(
             (ProcessIdentity(pid=9, alive=False, pod_uid=UID_A, container_id=CID_A),),
@@ -367,6 +366,25 @@ def test_pid_without_a_live_process_is_dead(identities: tuple[ProcessIdentity, .
     )
     assert result.unattributed == (
         UnattributedUse(DeviceRef(0, G0, None), "dead", None, 2 * GiB, 1),
+    )
+
+
+def test_pid_procfs_said_nothing_about_is_unknown_not_dead() -> None:
+    # procfs down (no proc root): an exit was not seen, so no dead-process orphan
+    result = attribute(
+        node(
+            gpu(0, G0, proc(9, 2 * GiB)),
+            identities=(),
+            pods=(pod(UID_A, "a", (CID_A, "main")),),
+            allocations=(alloc("a", "main", G0),),
+        )
+    )
+    (row,) = result.processes
+    assert (row.owner, row.reason) == ("unknown", "process not read from /proc")
+    assert result.unattributed == (
+        UnattributedUse(
+            DeviceRef(0, G0, None), "unknown", "process not read from /proc", 2 * GiB, 1
+        ),
     )
     assert result.containers == ()
 
@@ -776,6 +794,7 @@ def mixed_node() -> NodeSnapshot:
             ident(2, UID_A, CID_A),
             ident(3, UID_B, CID_B),
             ident(4),
+            ProcessIdentity(pid=5, alive=False),
             ident(6, UID_C, CID_C),
             ident(7, UID_C, CID_C),
         ),

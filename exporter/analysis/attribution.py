@@ -43,6 +43,7 @@ REASON_POD_NOT_ON_NODE = "pod not on this node"
 REASON_CONTAINER_UNKNOWN = "container id unknown"
 REASON_SHARED_NO_META = "shared GPU without pod metadata"
 REASON_AMBIGUOUS_NO_META = "several pods on an exclusive GPU without pod metadata"
+REASON_NOT_READ = "process not read from /proc"
 
 _DeviceKey = tuple[str, str | None]  # physical GPU UUID, MIG UUID
 
@@ -232,7 +233,9 @@ def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
 
 
 def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context) -> _Owner:
-    if identity is None or not identity.alive:
+    if identity is None:  # /proc was not read (procfs down): not evidence of an exit
+        return _Owner(OWNER_UNKNOWN, reason=REASON_NOT_READ)
+    if not identity.alive:
         return _Owner(OWNER_DEAD)
     if identity.pod_uid is None:
         return _Owner(OWNER_HOST)

@@ -251,6 +251,10 @@ class ProcessReader(Source):
         self._known: dict[int, _Known] = {}
 
     def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
+        if not self.proc_root.is_dir():
+            # Without the tree every pid would read as exited and its memory as a dead
+            # process's orphan; say nothing instead (status() reports the source down).
+            return ()
         return self.identify(cycle.gpu_pids())
 
     def status(self) -> SourceStatus:
