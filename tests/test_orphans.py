@@ -25,6 +25,7 @@ from exporter.model import (
     KIND_DELETED_POD,
     KIND_STUCK_PROCESS,
     KIND_UNATTRIBUTED,
+    ClaimDevice,
     ContainerDevices,
     DeviceHolder,
     DriverHeld,
@@ -352,6 +353,26 @@ def test_without_the_pod_watch_podresources_alone_flags_a_pod_it_named_before() 
     assert run.state.pod_names == {UID_A: PodName("ml", "t")}
     assert run.cycle(released, T0 + 10) == ()
     assert kinds(run.cycle(released, T0 + 70)) == {(0, KIND_DELETED_POD): (7 * GIB, 1)}
+
+
+def test_without_the_pod_watch_a_pod_holding_a_dra_claim_is_listed_by_the_kubelet() -> None:
+    """A DRA pod's only PodResources entry is its claim device: that lists it too."""
+    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    claim = ClaimDevice("ml", "t", "main", "ml", "t-gpu", "gpu.nvidia.com", "n1", "gpu-0")
+    claimed = PodResourcesSnapshot(ok=True, timestamp=T0, claims=(claim,))
+    identity = [alive(10, UID_A, CID_A)]
+    named = node(
+        [gpu_with_pod_process()],
+        identity,
+        pod_meta=watch(meta(UID_A, "t", CID_A)),
+        pod_resources=claimed,
+    )
+    watch_down = node(
+        [gpu_with_pod_process()], identity, pod_meta=watch(ok=False), pod_resources=claimed
+    )
+    assert run.cycle(named, T0) == ()
+    for step in range(1, 5):
+        assert run.cycle(watch_down, T0 + 100 * step) == ()
 
 
 def test_without_the_pod_watch_a_pod_never_named_is_not_flagged() -> None:

@@ -236,7 +236,8 @@ def _pods(
     done = {(m.namespace, m.name) for m in known if m.uid in finished} - running
     resources = snapshot.pod_resources
     kubelet = (
-        frozenset((c.namespace, c.pod) for c in resources.containers) - done
+        # device-plugin allocations and DRA claim devices both name the pod
+        frozenset((c.namespace, c.pod) for c in (*resources.containers, *resources.claims)) - done
         if resources is not None and resources.ok
         else None
     )
