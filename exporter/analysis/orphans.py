@@ -237,7 +237,11 @@ def _pods(
     resources = snapshot.pod_resources
     kubelet = (
         # device-plugin allocations and DRA claim devices both name the pod
-        frozenset((c.namespace, c.pod) for c in (*resources.containers, *resources.claims)) - done
+        frozenset(
+            {(c.namespace, c.pod) for c in resources.containers}
+            | {(c.namespace, c.pod) for c in resources.claims}
+        )
+        - done
         if resources is not None and resources.ok
         else None
     )
