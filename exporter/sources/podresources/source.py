@@ -64,11 +64,14 @@ class PodResourcesSource(Source):
             self._inflight = None
 
     async def _fetch(self) -> None:
-        previous_ok = self._snapshot.ok
+        previous_ok, previous_error = self._snapshot.ok, self._snapshot.error
         self._snapshot = await self._client.fetch()
         if not self._snapshot.ok:
             self._errors_total += 1
-            level = logging.WARNING if previous_ok else logging.DEBUG
+            # Once per distinct failure: the first one at start-up too (a socket missing
+            # from the start would otherwise never be logged), not every retry.
+            changed = previous_ok or self._snapshot.error != previous_error
+            level = logging.WARNING if changed else logging.DEBUG
             log.log(level, "kubelet PodResources unavailable: %s", self._snapshot.error)
         elif not previous_ok:
             log.info(
