@@ -21,7 +21,7 @@ from exporter.logs import setup_logging
 from exporter.snapshot import render_json, render_text
 
 if TYPE_CHECKING:
-    from exporter.sim.environment import SimEnvironment
+    from exporter.sim.environment import SimEnvironment, SimPaths
     from exporter.sim.scenario import Scenario
 
 log = logging.getLogger("exporter")
@@ -41,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.log_format,
     )
     try:
+        if config.simulated_node is not None:
+            config = _attached(config)
         if config.snapshot:
             return asyncio.run(take_snapshot(config, scenario))
         asyncio.run(serve(config, scenario))
@@ -66,16 +68,38 @@ async def _simulated(config: Config, scenario: Scenario) -> tuple[Config, SimEnv
     from exporter.sim.environment import SimEnvironment
 
     sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
-    paths = await sim.start()
-    config = replace(
+    return _pointed_at(config, await sim.start()), sim
+
+
+def _attached(config: Config) -> Config:
+    """Load only the NVML library of a simulated node another process serves."""
+    from exporter.sim.external import attach
+    from exporter.sim.scenario import ScenarioError
+
+    assert config.simulated_node is not None
+    try:
+        attached = attach(config.simulated_node)
+    except ScenarioError as exc:
+        raise ConfigError(f"--simulated-node: {exc}") from None
+    log.info(
+        "simulated node %s (%s) served from %s; only its NVML library is loaded here",
+        attached.paths.node_name,
+        attached.scenario_name,
+        config.simulated_node,
+    )
+    return _pointed_at(config, attached.paths)
+
+
+def _pointed_at(config: Config, paths: SimPaths) -> Config:
+    return replace(
         config,
         proc_root=paths.proc_root,
         kmsg_path=paths.kmsg,
         pod_resources_socket=paths.pod_resources_socket,
         kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
+        kube_api=config.kube_api if paths.kubeconfig else "off",
         node_name=paths.node_name,
     )
-    return config, sim
 
 
 async def take_snapshot(config: Config, scenario: Scenario | None) -> int:

@@ -59,6 +59,7 @@ class Config:
     kube_api: str  # "auto" | "off"
     kubeconfig: str | None
     simulate: str | None
+    simulated_node: Path | None
     per_process_metrics: bool
     families: frozenset[str]  # the metric families served (exporter/exposition/families.py)
     xid_severity: dict[int, str]
@@ -242,6 +243,14 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         f"scenario ({', '.join(SHIPPED_SCENARIOS)}) or a YAML file.",
         default=None,
         metavar="SCENARIO",
+    )
+    add(
+        "--simulated-node",
+        "Run on a simulated node that another process serves ('python -m exporter.sim "
+        "SCENARIO --dir DIR'): only its NVML library is loaded here, as libnvidia-ml is "
+        "on a real node, so this process's CPU and memory are the exporter's own.",
+        default=None,
+        metavar="DIR",
     )
     add(
         "--per-process-metrics",
@@ -467,6 +476,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
                 f"{_env_name('--' + flag.replace('_', '-'))}: {value!r} is not "
                 f"one of {', '.join(choices)}"
             )
+    if args.simulate and args.simulated_node:
+        raise ConfigError(
+            "--simulate and --simulated-node both given: pick one (--simulate runs the "
+            "whole simulated node in this process)"
+        )
     host, port = parse_host_port(args.listen)
     try:
         xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
@@ -514,6 +528,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         kube_api=args.kube_api,
         kubeconfig=args.kubeconfig,
         simulate=args.simulate,
+        simulated_node=Path(args.simulated_node) if args.simulated_node else None,
         per_process_metrics=bool(args.per_process_metrics),
         families=families,
         xid_severity=xid_severity,

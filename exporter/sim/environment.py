@@ -48,10 +48,18 @@ class SimPaths:
 
 class SimEnvironment:
     def __init__(
-        self, scenario: Scenario, *, clock: Callable[[], float] | None = None, kube_api: bool = True
+        self,
+        scenario: Scenario,
+        *,
+        clock: Callable[[], float] | None = None,
+        kube_api: bool = True,
+        nvml: bool = True,
     ) -> None:
         self.node = SimNode(scenario, clock)
         self._with_kube_api = kube_api
+        # False when the exporter runs in another process and loads the NVML library
+        # there itself (sim/external.py), as a real libnvidia-ml is loaded in-process.
+        self._with_nvml = nvml
         # unix socket paths must stay under 108 bytes, so keep the root short
         self._root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
         self.paths = SimPaths(
@@ -73,7 +81,8 @@ class SimEnvironment:
         self._kube_slices: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> SimPaths:
-        self.library = install(self.node)
+        if self._with_nvml:
+            self.library = install(self.node)
         self.paths.proc_root.mkdir(parents=True)
         self.kernel_log.start()
         self.sync()

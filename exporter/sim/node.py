@@ -524,6 +524,8 @@ class SimNode:
             self._start(args)
         elif event.action == "lose":
             self.gpus[int(str(value))].lost = True
+        elif event.action == "restore":  # back on the bus after a reset: same UUID
+            self.gpus[int(str(value))].lost = False
         elif event.action == "xid":
             self.xids.append(
                 XidRecord(

@@ -15,7 +15,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -313,6 +313,7 @@ _TIMELINE_ACTIONS = {
     "set_process",
     "xid",
     "lose",
+    "restore",
     "delete_pod",
     "set_pod_phase",
     "add_pod",
@@ -566,6 +567,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "pods",
             "host_processes",
             "timeline",
+            "churn",
             "kernel_log",
         },
         name,
@@ -611,9 +613,11 @@ def parse_scenario(data: object, name: str) -> Scenario:
         gpu = gpus[proc.gpu]
         if proc.mig is not None and not 0 <= proc.mig < len(gpu.mig):
             raise ScenarioError(f"pid {proc.pid}: GPU {proc.gpu} has no MIG instance {proc.mig}")
-    timeline = sorted(
+    timeline: list[SimEvent] = sorted(
         (_event(e, i) for i, e in enumerate(root.get("timeline") or [])), key=lambda e: e.at
     )
+    if root.get("churn") is not None:
+        timeline = _churn_timeline(root["churn"], timeline, processes, len(gpus))
     driver_version = str(root.get("driver_version", "550.90.07"))
     return Scenario(
         name=name,
@@ -639,6 +643,35 @@ def parse_scenario(data: object, name: str) -> Scenario:
 
 
 PROCESS_INFO_LAYOUTS = ("v2", "r535_early")
+
+
+def _churn_timeline(
+    raw: object, timeline: list[SimEvent], processes: list[SimProcess], gpu_count: int
+) -> list[SimEvent]:
+    """The timeline with churn (sim/churn.py) made on demand; declared a list because the
+    simulated node only indexes it in order."""
+    from dataclasses import fields
+
+    from exporter.sim.churn import Churn, ChurnTimeline  # churn.py imports SimEvent from here
+
+    data = _expect_mapping(raw, "churn")
+    names = {f.name for f in fields(Churn)}
+    _check_keys(data, names, "churn")
+    if "seconds" not in data:
+        raise ScenarioError("churn: 'seconds' (how long churn goes on) is required")
+    text = {"job_resource", "job_device"}
+    values: dict[str, Any] = {k: str(v) if k in text else int(v) for k, v in data.items()}
+    churn = Churn(**values)
+    for key in ("job_gpu", "gpu_flap"):
+        if not 0 <= getattr(churn, key) < gpu_count:
+            raise ScenarioError(f"churn.{key}: the node has no GPU {getattr(churn, key)}")
+    hosts = sorted(
+        {(p.pod, p.container, p.gpu) for p in processes if p.pod and p.container and p.mig is None}
+    )
+    try:
+        return cast("list[SimEvent]", ChurnTimeline(timeline, churn, hosts))
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _process_info_layout(value: object) -> str:

@@ -1,0 +1,56 @@
+"""``python -m exporter.sim SCENARIO --dir DIR``: a simulated node in its own process.
+
+Serves the node's proc tree, kernel log, kubelet PodResources socket and API stand-in,
+describes them in DIR/node.json and runs until SIGTERM or SIGINT. Point an exporter at it
+with ``--simulated-node DIR``: only the simulated NVML library is then loaded inside the
+exporter, as libnvidia-ml is on a real node, so its CPU and memory figures are its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from exporter.sim.external import serve_until_signalled
+from exporter.sim.scenario import SHIPPED, ScenarioError, load_scenario
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m exporter.sim",
+        description="Run a simulated GPU node's proc tree, kernel log, kubelet socket and "
+        "Kubernetes API stand-in in this process, for an exporter started with "
+        "--simulated-node DIR.",
+    )
+    parser.add_argument(
+        "scenario", help=f"a shipped scenario ({', '.join(SHIPPED)}) or a YAML file"
+    )
+    parser.add_argument(
+        "--dir", required=True, type=Path, help="where to write node.json (must exist)"
+    )
+    parser.add_argument(
+        "--kube-api",
+        choices=("on", "off"),
+        default="on",
+        help="serve the Kubernetes API stand-in (default on)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="sim-node: %(message)s")
+    try:
+        load_scenario(args.scenario)
+    except ScenarioError as exc:
+        sys.stderr.write(f"python -m exporter.sim: {exc}\n")
+        return 2
+    if not args.dir.is_dir():
+        sys.stderr.write(f"python -m exporter.sim: --dir {args.dir}: no such directory\n")
+        return 2
+    scenario = args.scenario if args.scenario in SHIPPED else str(Path(args.scenario).resolve())
+    asyncio.run(serve_until_signalled(scenario, args.dir, kube_api=args.kube_api == "on"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
