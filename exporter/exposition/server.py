@@ -17,9 +17,7 @@ from ssl import SSLContext
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.exposition import generate_latest as generate_text
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
@@ -28,6 +26,7 @@ from exporter.exposition.connections import (
     DEFAULT_MAX_CONNECTIONS,
     GuardedTCPSite,
 )
+from exporter.exposition.render import Renderer
 from exporter.exposition.web_security import WebSecurity
 
 OPENMETRICS_MEDIA = "application/openmetrics-text"
@@ -45,10 +44,6 @@ class _Rendered:
 
 
 TEXT, OPENMETRICS = "text", "openmetrics"
-_RENDERERS: dict[str, Callable[[CollectorRegistry], bytes]] = {
-    TEXT: generate_text,
-    OPENMETRICS: generate_openmetrics,
-}
 KEEP_RENDERING_CYCLES = 10  # a format nobody asked for in this many cycles is dropped
 
 
@@ -67,11 +62,16 @@ class MetricsCache:
         self._rendered: dict[str, _Rendered] = {}
         self._last_wanted: dict[str, int] = {TEXT: 0}
         self._lock = threading.Lock()
+        renderer = Renderer()
+        self._renderers: dict[str, Callable[[CollectorRegistry], bytes]] = {
+            TEXT: renderer.text,
+            OPENMETRICS: renderer.openmetrics,
+        }
 
     def render(self, registry: CollectorRegistry) -> None:
         """Render the wanted formats now; called once per sample cycle."""
         rendered = {
-            fmt: _Rendered(_RENDERERS[fmt](registry))
+            fmt: _Rendered(self._renderers[fmt](registry))
             for fmt, cycle in self._last_wanted.items()
             if self.cycles - cycle < KEEP_RENDERING_CYCLES
         }
@@ -96,7 +96,7 @@ class MetricsCache:
             if done is None:
                 if self._registry is None:
                     raise RuntimeError("no cycle has been rendered yet")
-                done = self._rendered[fmt] = _Rendered(_RENDERERS[fmt](self._registry))
+                done = self._rendered[fmt] = _Rendered(self._renderers[fmt](self._registry))
             return done
 
 
