@@ -369,6 +369,20 @@ def test_pid_without_a_live_process_is_dead(identities: tuple[ProcessIdentity, .
     )
 
 
+def test_a_live_pid_whose_cgroup_was_unreadable_is_unknown_not_host() -> None:
+    # a non-root exporter on a /proc it may not fully read: whose it is is not known
+    result = attribute(
+        node(
+            gpu(0, G0, proc(9, 2 * GiB)),
+            identities=(ProcessIdentity(pid=9, alive=True, comm="python3", cgroup_read=False),),
+            pods=(pod(UID_A, "a", (CID_A, "main")),),
+            allocations=(alloc("a", "main", G0),),
+        )
+    )
+    (row,) = result.processes
+    assert (row.owner, row.reason) == ("unknown", "process not read from /proc")
+
+
 def test_pid_procfs_said_nothing_about_is_unknown_not_dead() -> None:
     # procfs down (no proc root): an exit was not seen, so no dead-process orphan
     result = attribute(

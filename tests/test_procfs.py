@@ -550,8 +550,12 @@ def test_read_process_unreadable_cgroup_keeps_process_alive(tmp_path: Path) -> N
     (tmp_path / "12" / "cgroup").unlink()
     (tmp_path / "12" / "cgroup").mkdir()
     assert read_process(tmp_path, 12) == ProcessIdentity(
-        pid=12, alive=True, comm="nvidia-smi", state="S"
+        pid=12, alive=True, comm="nvidia-smi", state="S", cgroup_read=False
     )
+    reader = ProcessReader(tmp_path)  # counted as an error on every read
+    reader.identify([12])
+    reader.identify([12])
+    assert reader.errors_total == 2
 
 
 def test_read_process_unreadable_stat_keeps_attribution(tmp_path: Path) -> None:

@@ -237,6 +237,8 @@ def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context)
         return _Owner(OWNER_UNKNOWN, reason=REASON_NOT_READ)
     if not identity.alive:
         return _Owner(OWNER_DEAD)
+    if not identity.cgroup_read:  # whose it is cannot be told: not a host process
+        return _Owner(OWNER_UNKNOWN, reason=REASON_NOT_READ)
     if identity.pod_uid is None:
         return _Owner(OWNER_HOST)
     if context.pods is None:

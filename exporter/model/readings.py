@@ -175,7 +175,8 @@ class ProcessIdentity:
     """What ``<proc-root>/<pid>`` says about a pid.
 
     ``alive`` False: the directory is missing. A live pid with ``pod_uid`` None is a
-    host process (outside kubepods).
+    host process (outside kubepods), unless ``cgroup_read`` is False: its cgroup file
+    could not be read (permission, I/O), so whose it is is unknown.
     """
 
     pid: int
@@ -184,6 +185,7 @@ class ProcessIdentity:
     container_id: str | None = None  # bare 64-hex id, no runtime prefix
     comm: str | None = None
     state: str | None = None  # single letter from /proc/<pid>/stat, e.g. "R", "D", "Z"
+    cgroup_read: bool = True
 
 
 @dataclass(frozen=True, slots=True)

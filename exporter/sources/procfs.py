@@ -206,18 +206,26 @@ def _identify(
         return ProcessIdentity(pid=pid, alive=False), None
     start = _start_time(stat) if isinstance(stat, str) else None
     remember: _Known | None
+    cgroup_read = True
     if start is not None and known is not None and known[0] == start:
         ids, remember = known[1], known
     else:
         cgroup = _read_text(pid_dir / "cgroup")
         if cgroup is _Vanished.GONE:
             return ProcessIdentity(pid=pid, alive=False), None
+        cgroup_read = isinstance(cgroup, str)
         ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
         # an unreadable cgroup file is tried again next time
         remember = (start, ids) if start is not None and isinstance(cgroup, str) else None
     comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
     identity = ProcessIdentity(
-        pid=pid, alive=True, pod_uid=ids[0], container_id=ids[1], comm=comm, state=state
+        pid=pid,
+        alive=True,
+        pod_uid=ids[0],
+        container_id=ids[1],
+        comm=comm,
+        state=state,
+        cgroup_read=cgroup_read,
     )
     return identity, remember
 
@@ -249,6 +257,7 @@ class ProcessReader(Source):
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
         self._known: dict[int, _Known] = {}
+        self._unreadable_total = 0  # pids whose cgroup could not be read, per read
 
     def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
         if not self.proc_root.is_dir():
@@ -270,4 +279,10 @@ class ProcessReader(Source):
                 known[pid] = remember
             out.append(identity)
         self._known = known
+        self._unreadable_total += sum(1 for identity in out if not identity.cgroup_read)
         return tuple(out)
+
+    @property
+    def errors_total(self) -> int:
+        """A pid whose cgroup is unreadable (a non-root exporter, say) counts each cycle."""
+        return self._unreadable_total
