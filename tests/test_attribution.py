@@ -542,6 +542,27 @@ def test_without_pod_metadata_shared_gpu_stays_unknown(
     assert result.containers == ()
 
 
+def test_without_pod_metadata_an_unreadable_process_keeps_an_exclusive_gpu_ambiguous() -> None:
+    # pid 2 may be another pod's (a leak): pid 1 is not named the allocated container's
+    result = attribute(
+        node(
+            gpu(0, G0, proc(1, GiB), proc(2, GiB)),
+            identities=(
+                ident(1, UID_B, CID_B),
+                ProcessIdentity(pid=2, alive=True, cgroup_read=False),
+            ),
+            pods=None,
+            allocations=(alloc("a", "main", G0),),
+        )
+    )
+
+    assert [(p.owner, p.reason) for p in result.processes] == [
+        ("unknown", "several pods on an exclusive GPU without pod metadata"),
+        ("unknown", "process not read from /proc"),
+    ]
+    assert result.containers == ()
+
+
 def test_without_pod_metadata_two_pods_on_an_exclusive_gpu_stay_unknown() -> None:
     # One of them leaks onto the GPU, and without metadata we cannot tell which.
     result = attribute(

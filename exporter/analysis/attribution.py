@@ -192,11 +192,17 @@ def _latest_sm_ratios(gpu: GpuSample) -> dict[int, float]:
 def _sharers(
     listed: Iterable[_Listed], identities: Mapping[int, ProcessIdentity]
 ) -> dict[_DeviceKey, frozenset[tuple[str, str | None]]]:
-    """Distinct live (pod uid, container id) per device, to refuse ambiguous fallbacks."""
+    """Distinct live (pod uid, container id) per device, to refuse ambiguous fallbacks.
+    A live process whose cgroup could not be read may be anyone's: it counts as one
+    more sharer, so it never leaves another pod's process looking like the only one."""
     found: dict[_DeviceKey, set[tuple[str, str | None]]] = defaultdict(set)
     for entry in listed:
         identity = identities.get(entry.process.pid)
-        if identity is not None and identity.alive and identity.pod_uid is not None:
+        if identity is None or not identity.alive:
+            continue
+        if not identity.cgroup_read:
+            found[entry.device.key].add((f"unread pid {identity.pid}", None))
+        elif identity.pod_uid is not None:
             found[entry.device.key].add((identity.pod_uid, identity.container_id))
     return {key: frozenset(value) for key, value in found.items()}
 
