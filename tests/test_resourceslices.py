@@ -28,12 +28,11 @@ from exporter.sim.kube_api import (
 from exporter.sources.base import Cycle
 from exporter.sources.kube import PodWatcher
 from exporter.sources.resourceslices import (
-    FORBIDDEN_HINT,
     NOT_SERVED,
     ResourceSliceWatcher,
     slice_devices,
 )
-from tests.test_kube import fake, free_port, wait_for, wait_snapshot, watcher_factory
+from tests.test_kube import fake, wait_for, wait_snapshot, watcher_factory
 
 __all__ = ["fake"]  # a fixture, shared with test_kube
 
@@ -250,22 +249,6 @@ def test_only_the_newest_generation_of_a_pool_counts(
     ]
 
 
-def test_expired_resource_version_410_relists(
-    fake: FakeKubeApi, make_watcher: Callable[..., ResourceSliceWatcher]
-) -> None:
-    watcher = watching(fake, make_watcher, nvidia_slice("n1-a", NODE, gpu(0, UUID_0)))
-
-    fake.expire_history()
-    wait_for(lambda: lists(fake) == 2, what="relist after 410")
-    wait_for(lambda: fake.watcher_count == 1, what="watch reopened")
-    fake.set_resource_slice(nvidia_slice("n1-b", NODE, gpu(1, UUID_1)))
-    snap = synced(watcher, 2)
-    assert snap.error is None
-    first_watch = next(r for r in fake.requests if r.watch)
-    assert (first_watch.status, first_watch.outcome) == (410, "expired")
-    assert watcher.errors_total == 0  # 410 is routine, not an error
-
-
 def test_pod_events_do_not_reach_the_slice_watch_and_share_one_resource_version(
     fake: FakeKubeApi, make_watcher: Callable[..., ResourceSliceWatcher], tmp_path: Path
 ) -> None:
@@ -338,46 +321,6 @@ def test_recovers_when_the_api_server_starts_serving_resource_slices(
 
     fake.set_resource_slices_served(True)  # upgraded to 1.34, or DRA enabled
     assert synced(watcher, 1).error is None
-
-
-@pytest.mark.slow  # waits on real retry timers (~1 s)
-def test_missing_rbac_403_names_the_permission_then_recovers(
-    fake: FakeKubeApi, make_watcher: Callable[..., ResourceSliceWatcher]
-) -> None:
-    fake.set_resource_slice(nvidia_slice("n1-a", NODE, gpu(0, UUID_0)))
-    server_message = (
-        "resourceslices.resource.k8s.io is forbidden: User "
-        '"system:serviceaccount:gpu:exporter" cannot list resource "resourceslices" '
-        'in API group "resource.k8s.io" at the cluster scope'
-    )
-    fake.set_error(403, server_message, resource="resourceslices")
-    url = fake.start_in_thread()
-    watcher = make_watcher(url)
-
-    snap = first_failure(watcher)
-    assert not snap.ok
-    error = snap.error or ""
-    assert error.startswith(f"list resourceslices ({url}): {FORBIDDEN_HINT}; HTTP 403 Forbidden")
-    assert "get, list and watch on resourceslices in API group resource.k8s.io" in error
-    assert "\n" not in error and len(error) <= 300 + len(f"list resourceslices ({url}): ")
-    assert watcher.errors_total >= 1
-
-    fake.set_error(None, resource="resourceslices")
-    assert synced(watcher, 1).error is None
-
-
-def test_api_server_down_at_start_then_back(
-    fake: FakeKubeApi, make_watcher: Callable[..., ResourceSliceWatcher]
-) -> None:
-    port = free_port()
-    fake.set_resource_slice(nvidia_slice("n1-a", NODE, gpu(0, UUID_0)))
-    watcher = make_watcher(f"http://127.0.0.1:{port}")
-    snap = first_failure(watcher)
-    assert snap.error == (
-        f"list resourceslices (http://127.0.0.1:{port}): ConnectionRefusedError: Connection refused"
-    )
-    fake.start_in_thread(port=port)
-    assert uuids(synced(watcher, 1)) == {"gpu-0": UUID_0}
 
 
 def test_is_the_resourceslices_source_and_close_stops_its_thread(

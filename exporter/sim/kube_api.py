@@ -9,7 +9,7 @@ watch streams, 410 handling) under test. Only what ``PodWatcher`` and
 spans both collections, and compaction (``expire_history``) expires watches of both.
 
 Mutators (``set_pod``, ``delete_pod``, ``set_resource_slice``, ``delete_resource_slice``,
-``expire_history``, ``disconnect_watchers``, ``set_error``,
+``expire_history``, ``disconnect_watchers``, ``send_raw``, ``set_error``,
 ``set_resource_slices_served``) are thread-safe and may be called from any thread, so a
 test can drive the fake while its event loop runs in a background thread
 (``start_in_thread``) — needed because the watchers under test do blocking HTTP.
@@ -54,7 +54,7 @@ _RESOURCE_SLICE_FIELDS: dict[str, _FieldPath] = {
 }
 
 _Selector = tuple[tuple[_FieldPath, str, bool], ...]  # (field path, value, equal)
-_QueueItem = tuple[Literal["event", "gone", "drop"], dict[str, Any] | None]
+_QueueItem = tuple[Literal["event", "gone", "drop", "raw"], dict[str, Any] | bytes | None]
 
 Resource = Literal["pods", "resourceslices"]
 
@@ -414,6 +414,15 @@ class FakeKubeApi:
                 w.loop.call_soon_threadsafe(w.queue.put_nowait, ("drop", None))
             return len(self._watchers)
 
+    def send_raw(self, line: bytes) -> int:
+        """Write ``line`` and a newline into every open watch stream as it is: a
+        malformed event, as a broken server or proxy might send; returns how many were
+        open."""
+        with self._lock:
+            for w in self._watchers:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, ("raw", line))
+            return len(self._watchers)
+
     def set_error(
         self, code: int | None, message: str = "", *, resource: Resource | None = None
     ) -> None:
@@ -547,6 +556,9 @@ class FakeKubeApi:
                     break
                 if kind == "event":
                     await resp.write(json.dumps(event).encode() + b"\n")
+                elif kind == "raw":
+                    assert isinstance(event, bytes)
+                    await resp.write(event + b"\n")
                 elif kind == "gone":
                     await self._write_gone(resp, since, self._min_rv)
                     outcome = "expired"

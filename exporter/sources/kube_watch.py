@@ -131,10 +131,11 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     ``_snapshot``. ``_explain`` and ``_retry_delay`` may say more about a failure.
 
     ``ok`` is True once a LIST succeeded and no attempt since has failed. A watch that
-    breaks (410, dropped connection) is relisted at once without clearing ``ok``;
-    only a failed LIST, or a watch failing again before any progress for a reason other
-    than 410 Gone (then retried with backoff, 1 s doubling to 60 s), marks the source
-    down. Repeated 410s relist with the same backoff but leave the source up.
+    breaks (410, a connection dropped after the server accepted the watch) is relisted
+    at once without clearing ``ok``; only a failed LIST, or a watch failing again before
+    any progress for another reason (refused, unreachable; then retried with backoff,
+    1 s doubling to 60 s), marks the source down. Repeated breaks relist with the same
+    backoff but leave the source up: each relist is current data.
     """
 
     path: ClassVar[str]
@@ -172,6 +173,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._absent: str | None = None  # why the collection is empty by design, if it is
         self._first_result = threading.Event()  # a first LIST succeeded or failed
         self._active_watch: Any = None  # kubernetes.watch.Watch while a stream is open
+        self._watch_accepted = False  # the last watch request was answered 2xx (thread's)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -350,11 +352,13 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                         stopping.wait(self._retry_delay(exc, backoff))
                         continue
                     failures += 1
-                    if stage.startswith("watch") and (failures == 1 or gone):
+                    broke = stage.startswith("watch") and self._watch_accepted
+                    if stage.startswith("watch") and (failures == 1 or gone or broke):
                         # Watches end routinely (410, proxies, API restarts): relist now.
                         # 410 Gone is never an outage: the relist is current data. (One
                         # resourceVersion spans all collections, so a quiet watch can be
-                        # outrun by others' events again and again.) Repeated ones wait.
+                        # outrun by others' events again and again.) Nor is a watch the
+                        # server accepted and a proxy then cut. Repeated ones wait.
                         self._fail(message, mark_down=False, counted=not gone)
                         if failures > 1:
                             stopping.wait(backoff.next_delay())
@@ -455,8 +459,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             try:
                 if stopping.is_set():
                     return
+                self._watch_accepted = False
                 stream = watch.stream(
-                    functools.partial(self._get, api),
+                    functools.partial(self._open_watch, api),
                     field_selector=self._selector,
                     resource_version=rv,
                     timeout_seconds=window,
@@ -477,8 +482,19 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                 self._set_status_locked(self._ok, self._error)
             yield
 
-    def _apply(self, event: Mapping[str, Any]) -> str | None:
-        """Apply one watch event; returns the resourceVersion it carries."""
+    def _open_watch(self, api: Any, **kwargs: Any) -> Any:
+        """``_get`` for ``watch.stream``, noting whether the server accepted the watch."""
+        response = self._get(api, **kwargs)
+        self._watch_accepted = 200 <= response.status <= 299
+        return response
+
+    def _apply(self, event: Any) -> str | None:
+        """Apply one watch event; returns the resourceVersion it carries. The client
+        hands over a line that is not JSON as None: skipped, like any event without an
+        object, rather than breaking a healthy watch."""
+        if not isinstance(event, Mapping):
+            log.debug("%s: skipped a malformed watch event", self.thread_name)
+            return None
         obj = event.get("raw_object", event.get("object"))
         if not isinstance(obj, Mapping):
             return None
