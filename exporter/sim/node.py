@@ -170,6 +170,14 @@ class SimNode:
             if applied:
                 self.changed.notify_all()
 
+    def seconds_to_next_event(self) -> float | None:
+        """Simulated seconds until the next timeline event is due (None: none left)."""
+        with self.lock:
+            timeline = self.scenario.timeline
+            if self._next_event >= len(timeline):
+                return None
+            return max(0.0, timeline[self._next_event].at - self.clock())
+
     def gpm_counters(self, gpu: int, gpu_instance: int | None) -> dict[str, float]:
         """The GPM counters of a GPU (or one of its MIG GPU instances) as of now."""
         with self.lock:

@@ -47,6 +47,7 @@ MAX_MIG_DEVICES = 7
 SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
 
 _GPU_BASE = 0x1000
+EVENT_WAIT_STEP_S = 0.5
 # refresh time, (GPU, GPU instance or None), counters
 _GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]
 _MIG_BASE = 0x100000
@@ -868,7 +869,14 @@ class SimNvmlLibrary:
                         return SUCCESS
                 if waited >= deadline:
                     return TIMEOUT
-                step = min(0.05, deadline - waited)
+                # Sleep until the next timeline event is due, as the driver sleeps until
+                # an interrupt: no polling. A clock that another process or a test moves
+                # is looked at again after EVENT_WAIT_STEP_S at the latest (a test's
+                # sync() wakes the wait at once).
+                step = min(EVENT_WAIT_STEP_S, deadline - waited)
+                due = node.seconds_to_next_event()
+                if due is not None:
+                    step = max(0.001, min(step, due))
                 node.changed.wait(step)
                 waited += step
 
