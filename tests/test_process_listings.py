@@ -20,7 +20,7 @@ import pytest
 
 from exporter.analysis.attribution import attribute
 from exporter.analysis.orphans import OrphanPolicy, find_orphans
-from exporter.model import Analysis, GpuProcess, NodeSnapshot, OrphanState
+from exporter.model import Analysis, GpuProcess, NodeSnapshot, OrphanState, ProcessIdentity
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
 from exporter.sim.scenario import ScenarioError, parse_scenario
@@ -269,12 +269,17 @@ async def test_unknown_process_memory_serves_no_memory_series_and_claims_no_orph
 def test_snapshot_prints_unknown_memory_as_a_question_mark_not_zero(
     nvml: list[NvmlSource],
 ) -> None:
-    snapshot = NodeSnapshot(node_name="sim-node", nvml=nvml_on(nvml, UNKNOWN_MEMORY).sample())
+    sample = nvml_on(nvml, UNKNOWN_MEMORY).sample()
+    # procfs found none of the listed pids: every one has exited
+    gone = tuple(
+        ProcessIdentity(pid=p.pid, alive=False) for g in sample.gpus for p in g.all_processes()
+    )
+    snapshot = NodeSnapshot(node_name="sim-node", nvml=sample, processes=gone)
     attribution = attribute(snapshot)
     orphans, _ = find_orphans(snapshot, attribution, OrphanState(), now=0.0, policy=OrphanPolicy())
     text = render_text(Analysis(node=snapshot, attribution=attribution, orphans=orphans))
     owners = text.split("\nNOT OWNED BY ANY CONTAINER\n")[1].split("\n\n")[0].splitlines()
-    # no procfs here: every listed pid counts as dead; GPU 0's memory is unknown
+    # GPU 0's memory is unknown
     assert [line.split() for line in owners[1:]] == [
         ["0", "dead", "-", "?", "3"],
         ["1", "dead", "-", "9.0", "3"],
