@@ -29,8 +29,9 @@ def _activity(
 ) -> float | None:
     device = a.device
     gpu = gpus.get(device.uuid) if device.uuid is not None else None
-    if gpu is None or gpu.error:
-        # an unresolved device cannot be judged; a lost GPU is not idle, it is broken
+    if gpu is None or gpu.error or not gpu.processes_listed:
+        # an unresolved device cannot be judged; a lost GPU is not idle, it is broken;
+        # without a process listing, "no processes" would be a guess
         return None
     used = usage.get((a.container, gpu.uuid, device.mig_uuid))
     if used is None or used.processes == 0:

@@ -330,7 +330,8 @@ def _unattributed_streaks(
     ``used`` is NVML v2, which already excludes driver-reserved memory. Without v2
     (``memory_reserved_bytes`` None) used includes the reserve, whose size we cannot
     know, so the GPU is not judged rather than always flagged; likewise when a listed
-    process's memory is unknown (the sum would be a guess).
+    process's memory is unknown, or NVML could not list the processes (the sum would be
+    a guess, and a listing NOT_SUPPORTED would flag all used memory).
     """
     listed: dict[str, int] = defaultdict(int)
     unknown: set[str] = set()
@@ -343,7 +344,7 @@ def _unattributed_streaks(
     for gpu in gpus:
         if gpu.memory_used_bytes is None or gpu.memory_reserved_bytes is None:
             continue
-        if gpu.uuid in unknown:
+        if gpu.uuid in unknown or not gpu.processes_listed:
             continue
         excess = gpu.memory_used_bytes - listed[gpu.uuid]
         if excess <= policy.unattributed_threshold_bytes:

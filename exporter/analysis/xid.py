@@ -27,6 +27,8 @@ apart: they are history, not new errors, so nothing that alerts on new XIDs sees
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -250,10 +252,14 @@ class XidLedger:
         counts = dict(self.counts)
         before = dict(self.counts_before_start)
         recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
+        twins: dict[str | None, _TwinIndex] = {}
         for raw_event in events:
             event = _resolve(raw_event, resolver)
             entries = recent.setdefault(event.uuid, [])
-            twin = self._twin(event, entries)
+            index = twins.get(event.uuid)
+            if index is None:
+                index = twins[event.uuid] = _TwinIndex(entries)
+            twin = index.find(event, self.dedup_window_s)
             if twin is not None:
                 seen = entries[twin]
                 if seen.historical and not event.backlog:
@@ -267,12 +273,14 @@ class XidLedger:
                     sources=seen.sources | {event.source},
                     historical=seen.historical and event.backlog,
                 )
+                index.merged(twin, event.source)
                 continue
             severity = classify(event.xid, self.overrides)
             key = _key(event, severity)
             tally = before if event.backlog else counts
             tally[key] = tally.get(key, 0) + 1
             entries.append(RecordedXid(event, severity, frozenset({event.source}), event.backlog))
+            index.appended()
         horizon = now - self.retention_s
         pruned: dict[str | None, tuple[RecordedXid, ...]] = {}
         for uuid, entries in recent.items():
@@ -283,23 +291,6 @@ class XidLedger:
             if kept:
                 pruned[uuid] = tuple(kept)
         return replace(self, counts=counts, counts_before_start=before, recent=pruned)
-
-    def _twin(self, event: XidEvent, entries: list[RecordedXid]) -> int | None:
-        """Index of the other source's sighting of the same XID, closest in time."""
-        best: tuple[float, int] | None = None
-        for i, entry in enumerate(entries):
-            seen = entry.event
-            if (
-                event.source in entry.sources
-                or seen.xid != event.xid
-                or not _compatible(seen.gpu_instance_id, event.gpu_instance_id)
-                or not _compatible(seen.compute_instance_id, event.compute_instance_id)
-            ):
-                continue
-            gap = abs(seen.timestamp - event.timestamp)
-            if gap <= self.dedup_window_s and (best is None or gap < best[0]):
-                best = (gap, i)
-        return best[1] if best else None
 
     def events_since(
         self, gpu_uuid: str, since_ts: float, severity: str | None = None
@@ -325,6 +316,81 @@ class XidLedger:
             if codes:
                 out[uuid] = codes
         return out
+
+
+class _TwinIndex:
+    """Where the other source's sighting of an XID may be, for one GPU's entries.
+
+    Per (xid, source): the entries that source has not yet merged into, in time order,
+    so an event's twin is a bisect and a short walk outwards instead of a pass over every
+    entry: in an XID storm (thousands in one cycle, from NVML and the kernel log) that
+    pass made ``record()`` quadratic, seconds of a cycle for 8,000 events. The twin is
+    the compatible entry closest in time within the window, the earliest on a tie.
+    """
+
+    def __init__(self, entries: list[RecordedXid]) -> None:
+        self._entries = entries
+        self._lacking: dict[tuple[int, str], list[tuple[float, int]]] = {}
+
+    def _list(self, xid: int, source: str) -> list[tuple[float, int]]:
+        found = self._lacking.get((xid, source))
+        if found is None:
+            found = self._lacking[(xid, source)] = sorted(
+                (e.event.timestamp, i)
+                for i, e in enumerate(self._entries)
+                if e.event.xid == xid and source not in e.sources
+            )
+        return found
+
+    def find(self, event: XidEvent, window_s: float) -> int | None:
+        lacking = self._list(event.xid, event.source)
+        ts = event.timestamp
+        right = bisect.bisect_left(lacking, (ts, -1))
+        left = right - 1
+        best: tuple[float, int] | None = None
+        while True:
+            gap_left = ts - lacking[left][0] if left >= 0 else math.inf
+            gap_right = lacking[right][0] - ts if right < len(lacking) else math.inf
+            gap = min(gap_left, gap_right)
+            if gap > window_s or (best is not None and gap > best[0]):
+                return None if best is None else best[1]
+            # One run of equal stamps at a time, earliest entry first: a storm stamped
+            # within one clock tick is one run, not thousands of steps.
+            if gap_left <= gap_right:
+                stamp = lacking[left][0]
+                run = range(bisect.bisect_left(lacking, (stamp, -1), 0, left + 1), left + 1)
+                left = run.start - 1
+            else:
+                stamp = lacking[right][0]
+                run = range(right, bisect.bisect_right(lacking, (stamp, math.inf), right))
+                right = run.stop
+            for at in run:
+                index = lacking[at][1]
+                seen = self._entries[index].event
+                if _compatible(seen.gpu_instance_id, event.gpu_instance_id) and _compatible(
+                    seen.compute_instance_id, event.compute_instance_id
+                ):
+                    if best is None or (gap, index) < best:
+                        best = (gap, index)
+                    break
+
+    def appended(self) -> None:
+        """The last entry is new: every list of its xid whose source it lacks gets it."""
+        index = len(self._entries) - 1
+        entry = self._entries[index]
+        for (xid, source), lacking in self._lacking.items():
+            if xid == entry.event.xid and source not in entry.sources:
+                bisect.insort(lacking, (entry.event.timestamp, index))
+
+    def merged(self, index: int, source: str) -> None:
+        """Entry ``index`` now has ``source``: it is no longer a twin for that source."""
+        entry = self._entries[index]
+        lacking = self._lacking.get((entry.event.xid, source))
+        if lacking is None:
+            return
+        at = bisect.bisect_left(lacking, (entry.event.timestamp, index))
+        if at < len(lacking) and lacking[at][1] == index:
+            del lacking[at]
 
 
 def _key(event: XidEvent, severity: str) -> XidKey:

@@ -425,7 +425,8 @@ def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None
         out.add("gpu_remapped_rows", {**labels, "cause": "uncorrectable"}, rows.uncorrectable)
         out.add("gpu_row_remap_pending", labels, int(rows.pending))
         out.add("gpu_row_remap_failed", labels, int(rows.failure))
-    _add_process_counts(out, labels, (p.kind for p in gpu.processes))
+    if gpu.processes_listed:  # a count of what NVML could not list would be a false 0
+        _add_process_counts(out, labels, (p.kind for p in gpu.processes))
 
 
 def _add_engines_and_limits(out: FamilyBuilder, labels: Labels, gpu: GpuSample) -> None:
@@ -462,7 +463,8 @@ def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:
     out.add("gpu_memory_total_bytes", labels, mig.memory_total_bytes)
     out.add("gpu_memory_used_bytes", labels, mig.memory_used_bytes)
     _add_occupancy(out, labels, mig.occupancy)
-    _add_process_counts(out, labels, (p.kind for p in mig.processes))
+    if gpu.processes_listed:
+        _add_process_counts(out, labels, (p.kind for p in mig.processes))
 
 
 def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | None) -> None:

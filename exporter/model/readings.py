@@ -145,6 +145,10 @@ class GpuSample:
     mig_enabled: bool | None = None
     # On a MIG-enabled GPU the processes live in ``mig_instances[*].processes``.
     processes: tuple[GpuProcess, ...] = ()
+    # False when a process listing of the GPU (or of a MIG device) failed or is not
+    # supported: ``processes`` is then incomplete, so no count, no unattributed memory
+    # and no idleness may be derived from it.
+    processes_listed: bool = True
     process_utilization: tuple[ProcessUtilization, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
     occupancy: Occupancy | None = None

@@ -10,7 +10,10 @@ Entry points a scenario lists in ``missing_functions`` (or that its ``driver_ver
 predates) raise AttributeError (pynvml turns that into FunctionNotFound, like an older
 driver); names in a GPU's ``unsupported`` list return NOT_SUPPORTED for that GPU; a lost
 GPU answers GPU_IS_LOST; the scenario's ``call_errors`` make one entry point answer an
-error code for a while (on every handle, one GPU's or one MIG device's).
+error code, or block for ``delay_s`` real seconds, for a while (on every handle, one GPU's
+or one MIG device's). A GPU back from being lost gets a new handle, and the handles
+given out before answer GPU_IS_LOST: the strict case, so the exporter is shown to
+re-open it rather than trust a handle that outlived its device.
 
 GPM counters refresh every ``GPM_REFRESH_S``, as the hardware's do: NVML's GPM docs ask
 for more than 100 ms between two samples "due to the internal sample refresh rate"
@@ -23,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +52,7 @@ SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
 
 _GPU_BASE = 0x1000
 EVENT_WAIT_STEP_S = 0.5
+_GPU_STRIDE = 0x100  # a GPU's handle: _GPU_BASE + generation * _GPU_STRIDE + index
 # refresh time, (GPU, GPU instance or None), counters
 _GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]
 _MIG_BASE = 0x100000
@@ -139,12 +144,15 @@ def device_call(fn: Callable[..., int]) -> Callable[..., int]:
         if not self.initialised:
             return UNINITIALIZED
         self.node.advance()
+        resolved = self.resolve(handle)
+        if resolved is not None:
+            self.stall(fn.__name__, *resolved)
         with self.node.lock:
             resolved = self.resolve(handle)
             if resolved is None:
                 return INVALID_ARGUMENT
             gpu, mig = resolved
-            if gpu.lost:
+            if self._stale(handle, gpu, mig) or gpu.lost:
                 return GPU_IS_LOST
             if fn.__name__ in gpu.unsupported:
                 return NOT_SUPPORTED
@@ -166,8 +174,25 @@ class SimNvmlLibrary:
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._gpm_refreshed: dict[tuple[int, int | None], tuple[float, dict[str, float]]] = {}
         self._event_sets: dict[int, dict[str, Any]] = {}
+        self._generation: dict[int, int] = {}  # GPU index -> times it came back
+        self._seen_lost: set[int] = set()
 
     # -- handles ----------------------------------------------------------------------
+
+    def _gpu_address(self, gpu: SimGpu) -> int:
+        """The handle of a GPU as of now: a new one each time it is back from being
+        lost (noticed at the first call that finds it lost, or back)."""
+        if gpu.lost:
+            self._seen_lost.add(gpu.index)
+        elif gpu.index in self._seen_lost:
+            self._seen_lost.discard(gpu.index)
+            self._generation[gpu.index] = self._generation.get(gpu.index, 0) + 1
+        return _GPU_BASE + self._generation.get(gpu.index, 0) * _GPU_STRIDE + gpu.index
+
+    def _stale(self, handle: Any, gpu: SimGpu, mig: SimMig | None) -> bool:
+        """A GPU handle given out before the GPU was last lost (MIG handles stay)."""
+        current = self._gpu_address(gpu)
+        return mig is None and _address(handle) != current
 
     def resolve(self, handle: Any) -> tuple[SimGpu, SimMig | None] | None:
         address = _address(handle)
@@ -177,8 +202,9 @@ class SimNvmlLibrary:
             if gpu_index < len(gpus) and mig_index < len(gpus[gpu_index].mig):
                 return gpus[gpu_index], gpus[gpu_index].mig[mig_index]
             return None
-        if _GPU_BASE <= address < _GPU_BASE + len(gpus):
-            return gpus[address - _GPU_BASE], None
+        if _GPU_BASE <= address < _MIG_BASE:
+            index = (address - _GPU_BASE) % _GPU_STRIDE
+            return (gpus[index], None) if index < len(gpus) else None
         return None
 
     def injected_error(self, call: str, gpu: SimGpu | None, mig: SimMig | None) -> int | None:
@@ -187,9 +213,26 @@ class SimNvmlLibrary:
         index = None if gpu is None else gpu.index
         slot = None if gpu is None or mig is None else gpu.mig.index(mig)
         for entry in self.node.scenario.call_errors:
-            if entry.applies(call, index, slot, now):
+            if entry.error is not None and entry.applies(call, index, slot, now):
                 return entry.error
         return None
+
+    def stall(self, call: str, gpu: SimGpu | None, mig: SimMig | None) -> None:
+        """Block as long as a scenario's ``delay_s`` says, outside the node's lock, so
+        the event thread and the simulator go on meanwhile."""
+        now = self.node.now()
+        index = None if gpu is None else gpu.index
+        slot = None if gpu is None or mig is None else gpu.mig.index(mig)
+        delay = max(
+            (
+                e.delay_s
+                for e in self.node.scenario.call_errors
+                if e.applies(call, index, slot, now)
+            ),
+            default=0.0,
+        )
+        if delay > 0:
+            time.sleep(delay)
 
     # -- system -----------------------------------------------------------------------
 
@@ -256,7 +299,8 @@ class SimNvmlLibrary:
         i = _value(index)
         if not 0 <= i < len(self.node.gpus):
             return INVALID_ARGUMENT
-        _set_pointer(_out(out), _GPU_BASE + i)
+        with self.node.lock:
+            _set_pointer(_out(out), self._gpu_address(self.node.gpus[i]))
         return SUCCESS
 
     # -- identity ---------------------------------------------------------------------
@@ -746,7 +790,7 @@ class SimNvmlLibrary:
     ) -> int:
         if mig is None:
             return INVALID_ARGUMENT
-        _set_pointer(_out(out), _GPU_BASE + gpu.index)
+        _set_pointer(_out(out), self._gpu_address(gpu))
         return SUCCESS
 
     # -- GPM (GPU performance monitoring) ---------------------------------------------
@@ -847,10 +891,15 @@ class SimNvmlLibrary:
         """Block until an XID on a registered GPU, or time out (the normal case)."""
         node = self.node
         deadline = _value(timeout_ms) / 1000.0
+        self.stall("nvmlEventSetWait_v2", None, None)
         with node.lock:
             registered = self._event_sets.get(_address(event_set))
             if registered is None:
                 return INVALID_ARGUMENT
+            node.advance()
+            error = self.injected_error("nvmlEventSetWait_v2", None, None)
+            if error is not None:  # nvml.h: GPU_IS_LOST, UNKNOWN on any unexpected error
+                return error
             waited = 0.0
             while True:
                 node.advance()
@@ -861,7 +910,7 @@ class SimNvmlLibrary:
                     mask = registered["devices"].get(record.gpu, 0)
                     if mask & pynvml.nvmlEventTypeXidCriticalError:
                         data = _out(out)
-                        _set_pointer(data.device, _GPU_BASE + record.gpu)
+                        _set_pointer(data.device, self._gpu_address(node.gpus[record.gpu]))
                         data.eventType = pynvml.nvmlEventTypeXidCriticalError
                         data.eventData = record.code
                         data.gpuInstanceId = record.gpu_instance_id

@@ -68,14 +68,17 @@ class SimMig:
 @dataclass
 class SimCallError:
     """An NVML entry point that answers ``error`` from ``start`` until ``until`` (simulated
-    seconds; None: for good), on every handle or only on one GPU's (or MIG device's)."""
+    seconds; None: for good), on every handle or only on one GPU's (or MIG device's).
+    ``delay_s`` makes the call block that many real seconds first (error None: then it
+    answers normally), as a driver busy with a GPU in trouble does."""
 
     call: str  # the C symbol, e.g. nvmlDeviceGetCount_v2, nvmlGpmSampleGet
-    error: int
+    error: int | None
     gpu: int | None = None
     mig: int | None = None  # index into the GPU's MIG list: calls on that MIG handle only
     start: float = 0.0
     until: float | None = None
+    delay_s: float = 0.0
 
     def applies(self, call: str, gpu: int | None, mig: int | None, now: float) -> bool:
         if call != self.call or now < self.start:
@@ -693,11 +696,13 @@ def _newer_than(driver_version: str) -> set[str]:
 
 
 def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCallError:
-    _check_keys(data, {"call", "error", "gpu", "mig", "from", "until"}, where)
+    _check_keys(data, {"call", "error", "gpu", "mig", "from", "until", "delay_s"}, where)
     if not data.get("call"):
         raise ScenarioError(f"{where}.call: name the NVML entry point, e.g. nvmlGpmSampleGet")
-    error = data.get("error")
-    if error not in NVML_ERROR_CODES:
+    error, delay = data.get("error"), data.get("delay_s", 0.0)
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        raise ScenarioError(f"{where}.delay_s: {delay!r} is not a number of seconds >= 0")
+    if error not in NVML_ERROR_CODES and not (error is None and delay > 0):
         raise ScenarioError(f"{where}.error: {error!r} is not one of {sorted(NVML_ERROR_CODES)}")
     gpu, mig = data.get("gpu"), data.get("mig")
     if gpu is not None and not (isinstance(gpu, int) and 0 <= gpu < len(gpus)):
@@ -709,11 +714,12 @@ def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCall
     until = data.get("until")
     return SimCallError(
         call=str(data["call"]),
-        error=NVML_ERROR_CODES[error],
+        error=None if error is None else NVML_ERROR_CODES[error],
         gpu=gpu,
         mig=mig,
         start=float(data.get("from", 0.0)),
         until=None if until is None else float(until),
+        delay_s=float(delay),
     )
 
 

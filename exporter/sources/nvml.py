@@ -129,6 +129,7 @@ class NvmlSource(Source):
         self._devices: list[_Device | None] = []
         self._errors: list[tuple[str, str]] = []
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
+        self._listing_failed = False  # a listing of the GPU being read gave no answer
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -262,7 +263,9 @@ class NvmlSource(Source):
         mig_mode = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         remapped = q("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
+        self._listing_failed = False
         mig_instances = self._mig_instances(device) if mig_enabled else ()
+        processes = () if mig_enabled else self._processes(h)
         if device.nvlink_count is None:
             device.nvlink_count = nvml_links.nvlink_count(q, h, self._error)
         nvlinks = device.nvlink_count or 0
@@ -332,7 +335,8 @@ class NvmlSource(Source):
             pcie=nvml_links.pcie_link(q, h, fields),
             nvlinks=nvml_links.nvlinks(q, h, nvlinks, fields, device.nvlinks_seen_active),
             mig_enabled=mig_enabled,
-            processes=() if mig_enabled else self._processes(h),
+            processes=processes,
+            processes_listed=not self._listing_failed,
             process_utilization=() if mig_enabled else self._process_utilization(device),
             mig_instances=mig_instances,
             occupancy=None if mig_enabled else self._gpm(device, None),
@@ -447,7 +451,10 @@ class NvmlSource(Source):
     ) -> tuple[GpuProcess, ...]:
         found: list[GpuProcess] = []
         for kind, name in _PROCESS_LISTINGS:
-            for proc in self._list_processes(name, handle) or ():
+            listed = self._list_processes(name, handle)
+            if listed is None:
+                self._listing_failed = True
+            for proc in listed or ():
                 gi, ci = mig_ids or (proc.gpuInstanceId, proc.computeInstanceId)
                 found.append(
                     GpuProcess(
