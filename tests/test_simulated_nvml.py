@@ -121,6 +121,21 @@ def test_process_listing_is_marshalled_into_pynvml_structs(node: SimNode) -> Non
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0)) == []
 
 
+def test_power_management_limit_and_pcie_throughput_answer_as_nvitop_reads_them(
+    clock: ManualClock,
+) -> None:
+    """Two calls nvitop-exporter (the benchmark's peer) makes and our exporter does not."""
+    gpu = {"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "pcie_rx_bytes_per_s": 2048_000}
+    for _ in run_nvml({"gpus": [gpu]}, clock):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetPowerManagementLimit(handle) == 700_000  # the default
+        assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 700_000
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) == 2000
+        assert pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 0
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_COUNT)
+
+
 # -- errors the way pynvml raises them -----------------------------------------------------
 
 

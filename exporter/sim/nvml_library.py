@@ -388,6 +388,13 @@ class SimNvmlLibrary:
         return SUCCESS
 
     @device_call
+    def nvmlDeviceGetPowerManagementLimit(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
+        """The limit set by power management; the enforced one is the lowest of it and
+        any other constraint, and the simulated GPUs have none other."""
+        _out(out).value = gpu.power_limit_mw
+        return SUCCESS
+
+    @device_call
     def nvmlDeviceGetTotalEnergyConsumption(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
         # energy grows with power over simulated time, like the real counter
         _out(out).value = gpu.energy_mj + int(gpu.power_mw * self.node.now())
@@ -594,6 +601,20 @@ class SimNvmlLibrary:
     @device_call
     def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
         _out(out).value = gpu.pcie_max_width
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetPcieThroughput(
+        self, gpu: SimGpu, mig: SimMig | None, counter: Any, out: Any
+    ) -> int:
+        """KB/s over the driver's last 20 ms: the rates behind the PCIe byte counters."""
+        kind = _value(counter)
+        if kind == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            _out(out).value = int(gpu.pcie_tx_bytes_per_s / 1024)
+        elif kind == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            _out(out).value = int(gpu.pcie_rx_bytes_per_s / 1024)
+        else:
+            return INVALID_ARGUMENT
         return SUCCESS
 
     @device_call
