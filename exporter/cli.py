@@ -21,7 +21,8 @@ from exporter.logs import setup_logging
 from exporter.snapshot import render_json, render_text
 
 if TYPE_CHECKING:
-    from exporter.sim.environment import SimEnvironment, SimPaths
+    from exporter.sim.environment import SimEnvironment
+    from exporter.sim.paths import SimPaths
     from exporter.sim.scenario import Scenario
 
 log = logging.getLogger("exporter")

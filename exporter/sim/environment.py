@@ -13,7 +13,6 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
 from exporter.sim.node import SimNode
 from exporter.sim.nvml_library import SimNvmlLibrary, install
+from exporter.sim.paths import SimPaths
 from exporter.sim.podresources_server import start_podresources_server
 from exporter.sim.proctree import (
     gpu_fds,
@@ -33,17 +33,6 @@ from exporter.sim.scenario import Scenario, SimPod, SimProcess
 
 log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 0.2
-
-
-@dataclass(frozen=True)
-class SimPaths:
-    """Where the exporter should look instead of the host's real paths."""
-
-    proc_root: Path
-    kmsg: Path  # the kernel log, for --kmsg-path
-    pod_resources_socket: Path
-    kubeconfig: Path | None
-    node_name: str
 
 
 class SimEnvironment:

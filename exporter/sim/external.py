@@ -25,12 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from exporter.sim.environment import SimEnvironment, SimPaths
 from exporter.sim.node import SimNode
 from exporter.sim.nvml_library import SimNvmlLibrary, install
+from exporter.sim.paths import SimPaths
 from exporter.sim.scenario import ScenarioError, load_scenario
+
+if TYPE_CHECKING:
+    from exporter.sim.environment import SimEnvironment
 
 NODE_FILE = "node.json"
 CLOCK_FILE = "clock"
@@ -111,6 +114,8 @@ async def serve(
     scenario: str, directory: Path, *, kube_api: bool = True, shared_clock: bool = False
 ) -> SimEnvironment:
     """Start the node's outer edge (no NVML library) and describe it in ``directory``."""
+    from exporter.sim.environment import SimEnvironment  # not needed by attach()
+
     spec: dict[str, Any]
     if shared_clock:
         clock: Callable[[], float] = SharedClock(directory / CLOCK_FILE, create=True)

@@ -1,0 +1,17 @@
+"""Where a simulated node's files and sockets are, for the exporter's flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SimPaths:
+    """Where the exporter should look instead of the host's real paths."""
+
+    proc_root: Path
+    kmsg: Path  # the kernel log, for --kmsg-path
+    pod_resources_socket: Path
+    kubeconfig: Path | None
+    node_name: str
