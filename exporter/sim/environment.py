@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -33,6 +34,9 @@ from exporter.sim.scenario import Scenario, SimPod, SimProcess
 
 log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 0.2
+# In memory where the machine has it: /proc is in memory too, and a disk-backed proc tree
+# made the simulator's file writes (a dozen per new process) a benchmark's bottleneck.
+_ROOT_PARENT = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else "/tmp"
 
 
 class SimEnvironment:
@@ -50,7 +54,7 @@ class SimEnvironment:
         # there itself (sim/external.py), as a real libnvidia-ml is loaded in-process.
         self._with_nvml = nvml
         # unix socket paths must stay under 108 bytes, so keep the root short
-        self._root = Path(tempfile.mkdtemp(prefix="gpusim-", dir="/tmp"))
+        self._root = Path(tempfile.mkdtemp(prefix="gpusim-", dir=_ROOT_PARENT))
         self.paths = SimPaths(
             proc_root=self._root / "proc",
             kmsg=self._root / "kmsg",

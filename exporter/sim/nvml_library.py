@@ -143,22 +143,26 @@ def device_call(fn: Callable[..., int]) -> Callable[..., int]:
     def wrapper(self: SimNvmlLibrary, handle: Any, *args: Any) -> int:
         if not self.initialised:
             return UNINITIALIZED
-        self.node.advance()
-        resolved = self.resolve(handle)
-        if resolved is not None:
-            self.stall(fn.__name__, *resolved)
-        with self.node.lock:
-            resolved = self.resolve(handle)
+        node = self.node
+        node.advance()
+        address = _address(handle)
+        if node.scenario.call_errors:
+            resolved = self.resolve(address)
+            if resolved is not None:
+                self.stall(fn.__name__, *resolved)
+        with node.lock:
+            resolved = self.resolve(address)
             if resolved is None:
                 return INVALID_ARGUMENT
             gpu, mig = resolved
-            if self._stale(handle, gpu, mig) or gpu.lost:
-                return GPU_IS_LOST
+            if gpu.lost or (mig is None and address != self._gpu_address(gpu)):
+                return GPU_IS_LOST  # lost, or a handle from before it was last lost
             if fn.__name__ in gpu.unsupported:
                 return NOT_SUPPORTED
-            error = self.injected_error(fn.__name__, gpu, mig)
-            if error is not None:
-                return error
+            if node.scenario.call_errors:
+                error = self.injected_error(fn.__name__, gpu, mig)
+                if error is not None:
+                    return error
             return fn(self, gpu, mig, *args)
 
     return wrapper
@@ -189,13 +193,8 @@ class SimNvmlLibrary:
             self._generation[gpu.index] = self._generation.get(gpu.index, 0) + 1
         return _GPU_BASE + self._generation.get(gpu.index, 0) * _GPU_STRIDE + gpu.index
 
-    def _stale(self, handle: Any, gpu: SimGpu, mig: SimMig | None) -> bool:
-        """A GPU handle given out before the GPU was last lost (MIG handles stay)."""
-        current = self._gpu_address(gpu)
-        return mig is None and _address(handle) != current
-
-    def resolve(self, handle: Any) -> tuple[SimGpu, SimMig | None] | None:
-        address = _address(handle)
+    def resolve(self, address: int) -> tuple[SimGpu, SimMig | None] | None:
+        """The GPU (and MIG instance) a handle's address names, if any."""
         gpus = self.node.gpus
         if address >= _MIG_BASE:
             gpu_index, mig_index = divmod(address - _MIG_BASE, 0x100)
