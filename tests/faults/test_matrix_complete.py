@@ -39,3 +39,14 @@ def test_every_case_has_one_test_and_every_test_a_case() -> None:
     assert not missing, f"cases without a test: {missing}"
     assert not unknown, f"tests record cases not in tests/faults/cases.py: {unknown}"
     assert not twice, f"cases recorded by more than one test: {twice}"
+
+
+def test_the_reliability_doc_has_a_row_for_every_case() -> None:
+    """docs/reliability.md's table comes from tests/faults/report.py: regenerate it when a
+    case is added or renamed."""
+    doc = (HERE.parents[1] / "docs" / "reliability.md").read_text()
+    table = doc.partition("<!-- fault-matrix:begin -->")[2].partition("<!-- fault-matrix:end -->")[
+        0
+    ]
+    missing = [c.fault for c in CASES if f"| {c.area} | {c.fault} |" not in table]
+    assert not missing, f"run python tests/faults/report.py; rows missing for {missing}"
