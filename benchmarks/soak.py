@@ -43,6 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from exporter import allocator  # noqa: E402
 from exporter.agent import Agent, build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache  # noqa: E402
@@ -51,6 +52,7 @@ from exporter.sources.podresources.source import PodResourcesSource  # noqa: E40
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGET_SLOPE_MIB = 0.01  # RSS growth per 1,000 cycles after warm-up
+TARGET_SLOPE_COUNT = 0.01  # open fds and threads, the same
 TARGET_CHURN_OVER_QUIET_MIB = 10.0
 POD_RESOURCES_EVERY = 10
 EXPIRE_HISTORY_EVERY = 1000
@@ -95,6 +97,7 @@ def sample(cycle: int, agent: Agent) -> dict[str, Any]:
         "gc_objects": len(gc.get_objects()),
         "allocated_blocks": sys.getallocatedblocks(),
         "processes": len(latest.node.processes) if latest else 0,
+        **{f"malloc_{k}_mib": v / 2**20 for k, v in (allocator.usage() or {}).items()},
     }
 
 
@@ -200,7 +203,17 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
         "max_processes": max(s["processes"] for s in samples),
         "slopes_per_1000_cycles": {
             key: slope_per_1000(samples, key, plan.slope_from)
-            for key in ("rss", "anon", "fds", "threads", "gc_objects", "allocated_blocks")
+            for key in (
+                "rss",
+                "anon",
+                "fds",
+                "threads",
+                "gc_objects",
+                "allocated_blocks",
+                "malloc_in_use_mib",
+                "malloc_free_mib",
+            )
+            if key in end
         },
         "fds_range_after_warmup": _range(samples, "fds", plan.slope_from),
         "threads_range_after_warmup": _range(samples, "threads", plan.slope_from),
@@ -215,6 +228,7 @@ def _range(samples: list[dict[str, Any]], key: str, start: int) -> list[int]:
 
 
 def _run(plan: SoakPlan) -> dict[str, Any]:
+    allocator.limit_arenas()  # as the exporter's main() does, before threads start
     return asyncio.run(soak(plan))
 
 
@@ -251,17 +265,20 @@ def rows(churn: dict[str, Any], quiet: dict[str, Any] | None) -> list[tuple[str,
             "—",
         ),
         (f"tracked objects per 1,000 cycles, {span}", f"{slopes['gc_objects']:.1f}", "—", "—"),
-        (
-            f"open fds, {span} (min-max)",
-            "{}-{}".format(*churn["fds_range_after_warmup"]),
-            "flat",
-            _verdict(len(set(churn["fds_range_after_warmup"])) == 1),
+        *(
+            (f"malloc {what} per 1,000 cycles, {span}", f"{slopes[key]:.4f} MiB", "—", "—")
+            for what, key in (("in use", "malloc_in_use_mib"), ("held free", "malloc_free_mib"))
+            if key in slopes
         ),
-        (
-            f"threads, {span} (min-max)",
-            "{}-{}".format(*churn["threads_range_after_warmup"]),
-            "flat",
-            _verdict(len(set(churn["threads_range_after_warmup"])) == 1),
+        *(
+            (
+                f"{what} per 1,000 cycles, {span} (min-max {low}-{high})",
+                f"{slopes[key]:.4f}",
+                f"≤ {TARGET_SLOPE_COUNT}",
+                _verdict(abs(slopes[key]) <= TARGET_SLOPE_COUNT),
+            )
+            for what, key in (("open fds", "fds"), ("threads", "threads"))
+            for low, high in [churn[f"{key}_range_after_warmup"]]
         ),
     ]
     if quiet is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.registry import CollectorRegistry
 
-from exporter import __version__
+from exporter import __version__, allocator
 from exporter.analysis.health import HealthPolicy
 from exporter.analysis.idle import IdlePolicy
 from exporter.analysis.orphans import OrphanPolicy
@@ -47,6 +47,8 @@ AGENT = "agent"  # gpu_exporter_errors{source="agent"}: failed cycles
 # closes at once; together well inside the chart's terminationGracePeriodSeconds (10 s).
 CYCLE_GRACE_S = 2.0
 CLOSE_TIMEOUT_S = 3.0
+# Cycles between giving glibc's free pages back to the kernel (exporter/allocator.py).
+TRIM_EVERY_CYCLES = 60
 
 
 @dataclass
@@ -140,6 +142,7 @@ class Agent:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._frozen = False
+        self._rendered_cycles = 0
         self.latest: Analysis | None = None
 
     def source(self, name: str) -> Source | None:
@@ -278,6 +281,9 @@ class Agent:
             gc.collect()
             gc.freeze()
             self._frozen = True
+        self._rendered_cycles += 1
+        if self._rendered_cycles % TRIM_EVERY_CYCLES == 0:
+            allocator.trim()
 
     def _settled(self) -> bool:
         """The pod watch (which loads the kubernetes client) has listed, or is off."""

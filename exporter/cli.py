@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from exporter import allocator
 from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.families import selectable
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A scrape waiting for the GIL while a cycle runs in its worker thread would wait
     # up to the default 5 ms switch interval; 1 ms keeps scrape latency tails short.
     sys.setswitchinterval(0.001)
+    allocator.limit_arenas()  # before any thread starts: flat memory over months
     setup_logging(
         "warning" if config.snapshot and config.log_level == "info" else config.log_level,
         config.log_format,

@@ -4,32 +4,19 @@ resolve. Nothing is started: the benchmark itself takes minutes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.scenario import load_scenario
+from tests.bench_scripts import load
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scaling() -> ModuleType:
-    """benchmarks/ is scripts, not a package: load the file under a name of its own."""
-    path = ROOT / "benchmarks" / "scaling.py"
-    spec = importlib.util.spec_from_file_location("bench_scaling", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-scaling = _scaling()
+scaling = load("scaling")
 POINTS = scaling.all_points()
 
 
