@@ -58,6 +58,7 @@ POD_RESOURCES_EVERY = 10
 EXPIRE_HISTORY_EVERY = 1000
 FLAP_GPU, FLAP_PERIOD_S = 5, 600
 TRACE_FRAMES = 12
+SOAK_BEGIN, SOAK_END = "<!-- soak:begin -->", "<!-- soak:end -->"
 
 
 @dataclass(frozen=True)
@@ -372,7 +373,19 @@ def main() -> int:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "soak.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS_DIR / "soak.md").write_text(text)
+    if args.cycles >= 100_000:  # the recorded long form: its summary goes in the docs
+        _into_doc(text)
     return 0
+
+
+def _into_doc(text: str) -> None:
+    """The soak's table into docs/reliability.md, between its markers."""
+    doc = ROOT / "docs" / "reliability.md"
+    body = text.split("\n", 2)[2].strip()  # without the title
+    head, _, rest = doc.read_text().partition(SOAK_BEGIN)
+    _, _, tail = rest.partition(SOAK_END)
+    doc.write_text(f"{head}{SOAK_BEGIN}\n{body}\n{SOAK_END}{tail}")
+    print(f"wrote {doc.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

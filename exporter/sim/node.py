@@ -139,6 +139,9 @@ class SimNode:
             gpu.index: dict.fromkeys(CLOCK_EVENT_BITS, 0.0) for gpu in self.scenario.gpus
         }
         self._integrated_to = self.clock()
+        self._applied = 0  # timeline events applied: the version of the node's state
+        self._rates_at = -1
+        self._rates_cache: dict[tuple[int, int | None], dict[str, float]] = {}
         # Epoch seconds at simulated time 0, so API timestamps read like real ones.
         self.epoch = time.time() - self.clock()
 
@@ -166,6 +169,7 @@ class SimNode:
                 self._integrate(max(timeline[self._next_event].at, self._integrated_to))
                 self._apply(timeline[self._next_event])
                 self._next_event += 1
+                self._applied += 1
                 applied = True
             if applied:
                 self.changed.notify_all()
@@ -196,8 +200,9 @@ class SimNode:
         dt = until - self._integrated_to
         if dt <= 0:
             return
-        for (index, gi), acc in self.gpm_integral.items():
-            for metric, percent in self.gpm_percent(self.gpus[index], gi).items():
+        for key, rates in self._rates().items():
+            acc = self.gpm_integral[key]
+            for metric, percent in rates.items():
                 acc[metric] += percent * dt
         for gpu in self.gpus:
             held = self.clock_event_ns[gpu.index]
@@ -205,6 +210,18 @@ class SimNode:
                 if gpu.clock_event_reasons & bits:
                     held[reason] += dt * 1e9
         self._integrated_to = until
+
+    def _rates(self) -> dict[tuple[int, int | None], dict[str, float]]:
+        """GPM percentages of every GPU and GPU instance. They change only when a timeline
+        event is applied, so they are worked out once per event, not at every GPM or
+        clock-event read (on the real clock, every read integrates a little further)."""
+        if self._rates_at != self._applied:
+            self._rates_cache = {
+                (index, gi): self.gpm_percent(self.gpus[index], gi)
+                for index, gi in self.gpm_integral
+            }
+            self._rates_at = self._applied
+        return self._rates_cache
 
     def gpm_percent(self, gpu: SimGpu, gpu_instance: int | None = None) -> dict[str, float]:
         """Current GPM percentages of a GPU (or one MIG GPU instance): scenario values for
