@@ -171,7 +171,7 @@ async def _inline(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return func(*args, **kwargs)
 
 
-async def profile_cycles(plan: CyclePlan, top: int = 30) -> str:
+async def _profiled(plan: CyclePlan) -> cProfile.Profile:
     """cProfile of the cycles, with ``asyncio.to_thread`` run inline so one profiler
     sees the worker-thread work too."""
     async with simulated_agent(load_scenario(SCENARIO), CYCLE_FORMATS[:1]) as sim:
@@ -186,8 +186,26 @@ async def profile_cycles(plan: CyclePlan, top: int = 30) -> str:
                 await sim.agent.cycle()
                 profiler.disable()
                 sim.scrape()
+    return profiler
+
+
+async def profile_cycles(plan: CyclePlan, top: int = 30) -> str:
     out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
+    stats = pstats.Stats(await _profiled(plan), stream=out)
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+async def simulator_share(plan: CyclePlan) -> dict[str, float]:
+    """The share of a cycle's time spent inside the simulated NVML library (its own
+    functions, as cProfile counts them): work a real driver does in C."""
+    stats = pstats.Stats(await _profiled(plan))
+    entries = stats.stats  # type: ignore[attr-defined]
+    total = sum(tottime for _, _, tottime, _, _ in entries.values())
+    sim = sum(
+        tottime
+        for (filename, _, _), (_, _, tottime, _, _) in entries.items()
+        if "/exporter/sim/" in filename
+    )
+    return {"share": sim / total, "profiled_s": total}

@@ -72,6 +72,7 @@ class ErrorCounter(logging.Handler):
 SECTIONS: dict[str, Callable[[Any], Coroutine[Any, Any, Any]]] = {
     "cycle": cycle.measure_cycles,
     "profile": cycle.profile_cycles,
+    "simulator_share": cycle.simulator_share,
 }
 
 
@@ -197,8 +198,8 @@ def process_rows(r: dict[str, Any]) -> list[Row]:
     return out
 
 
-def cycle_rows(r: dict[str, Any]) -> list[Row]:
-    out = []
+def cycle_rows(r: dict[str, Any], simulator: dict[str, float]) -> list[Row]:
+    out = [Row("share of the cycle in the simulated NVML library", 100 * simulator["share"], "%")]
     for fmt, cycles in r["by_format"].items():
         label = f"sample cycle in-process ({fmt} scraped), {cycles['cpu_ms']['n']} cycles"
         out.append(Row(f"{label}: CPU median", cycles["cpu_ms"]["p50"], "ms", TARGET_CYCLE_CPU_MS))
@@ -270,11 +271,14 @@ def main() -> int:
     cycle_plan = cycle.QUICK if args.quick else cycle.FULL
     print(f"[3/3] sample cycle in-process over {cycle_plan.cycles} cycles", flush=True)
     results["cycle"] = in_fresh_process("cycle", cycle_plan)
+    results["simulator_share"] = in_fresh_process("simulator_share", cycle_plan)
     if args.profile:
         print(in_fresh_process("profile", cycle_plan))
     results["duration_s"] = time.monotonic() - started
 
-    rows_ = process_rows(results["process"]) + cycle_rows(results["cycle"])
+    rows_ = process_rows(results["process"]) + cycle_rows(
+        results["cycle"], results["simulator_share"]
+    )
     results["verdicts"] = [asdict(r) for r in rows_]
     curve = scaling.curve_markdown(results["scaling"])
     print()
