@@ -34,10 +34,10 @@ def test_a_churning_node_keeps_files_threads_and_python_objects_flat() -> None:
     samples = {s["cycle"]: s for s in result["samples"]}
     warm, mid, end = samples[PERIOD], samples[2 * PERIOD], samples[3 * PERIOD]
     assert warm["processes"] >= quiet_processes(PERIOD) + 15  # ~20 churn workers alive
-    for key in ("fds", "threads"):
-        assert warm[key] == mid[key] == end[key], key
+    for key in ("fds", "threads"):  # one may be in flight (a relist, a refresh) at a sample
+        assert end[key] <= warm[key] + 1 and mid[key] <= warm[key] + 1, key
     # Every pid, container and pod of the first periods is gone from what the exporter
-    # holds: the tracked objects of the last period are those of the one before it.
+    # holds: one object kept per churned pid would add PERIOD objects per period; the
+    # objects in flight at a sample (a watch event, a refresh) move the count by ~150.
     grown = end["gc_objects"] - mid["gc_objects"]
-    print(warm, mid, end, sep="\n")
-    assert grown <= 0.002 * mid["gc_objects"], (grown, mid["gc_objects"])
+    assert grown < PERIOD / 2, (warm, mid, end)
