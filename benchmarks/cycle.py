@@ -89,17 +89,7 @@ async def simulated_agent(
         env._task.cancel()
     try:
         assert paths.kubeconfig is not None
-        config = parse_config(
-            [
-                "--listen=127.0.0.1:0",
-                f"--proc-root={paths.proc_root}",
-                f"--pod-resources-socket={paths.pod_resources_socket}",
-                f"--node-name={paths.node_name}",
-                "--kube-api=auto",
-                f"--kubeconfig={paths.kubeconfig}",
-            ],
-            env={},
-        )
+        config = parse_config(["--listen=127.0.0.1:0", *paths.flags()], env={})
         wall_start = time.time()
         agent = build_agent(config, MetricsCache(), wall_clock=lambda: wall_start + clock())
         # Background threads start, no refresh task: step() decides when PodResources

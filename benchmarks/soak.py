@@ -141,17 +141,7 @@ async def soak(plan: SoakPlan) -> dict[str, Any]:
 async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
     paths = attach(node.directory).paths
     assert paths.kubeconfig is not None
-    config = parse_config(
-        [
-            f"--proc-root={paths.proc_root}",
-            f"--pod-resources-socket={paths.pod_resources_socket}",
-            f"--node-name={paths.node_name}",
-            f"--kubeconfig={paths.kubeconfig}",
-            f"--kmsg-path={paths.kmsg}",
-            "--dcgm=off",
-        ],
-        env={},
-    )
+    config = parse_config([*paths.flags(), "--dcgm=off"], env={})
     wall_start = time.time()
     agent = build_agent(config, MetricsCache(), wall_clock=lambda: wall_start + node.clock())
     # Background threads, no refresh task: the loop below refreshes PodResources on the

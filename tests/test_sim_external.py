@@ -73,16 +73,7 @@ async def test_an_exporter_attached_to_a_node_process_reads_every_source(tmp_pat
         attached = attach(tmp_path)
         paths = attached.paths
         assert paths.kubeconfig is not None
-        config = parse_config(
-            [
-                f"--proc-root={paths.proc_root}",
-                f"--pod-resources-socket={paths.pod_resources_socket}",
-                f"--node-name={paths.node_name}",
-                f"--kubeconfig={paths.kubeconfig}",
-                f"--kmsg-path={paths.kmsg}",
-            ],
-            env={},
-        )
+        config = parse_config(paths.flags(), env={})
         agent = build_agent(config, MetricsCache())
         await agent.start()
         try:

@@ -15,3 +15,14 @@ class SimPaths:
     pod_resources_socket: Path
     kubeconfig: Path | None
     node_name: str
+
+    def flags(self) -> list[str]:
+        """The exporter's flags that point it at this node (``--kube-api=off`` without
+        an API stand-in)."""
+        return [
+            f"--proc-root={self.proc_root}",
+            f"--kmsg-path={self.kmsg}",
+            f"--pod-resources-socket={self.pod_resources_socket}",
+            f"--node-name={self.node_name}",
+            f"--kubeconfig={self.kubeconfig}" if self.kubeconfig else "--kube-api=off",
+        ]
