@@ -29,6 +29,15 @@ CASES: tuple[Case, ...] = (
     Case("kubelet-garbage-bytes", "Kubelet", "answers garbage bytes"),
     Case("kubelet-100mib-response", "Kubelet", "a 100 MiB response"),
     Case("kubelet-permission-denied", "Kubelet", "permission denied on the socket"),
+    Case(
+        "kubelet-undecodable-answer", "Kubelet", "an answer that cannot be decoded, then good ones"
+    ),
+    Case(
+        "kubelet-unresolvable-device-ids",
+        "Kubelet",
+        "20,000 advertised device ids that resolve to nothing",
+    ),
+    Case("source-loop-exception", "Kubelet", "an exception escaping a background source's loop"),
     # -- the Kubernetes API server (pod and ResourceSlice watches)
     Case("api-unreachable", "API server", "unreachable"),
     Case("api-401", "API server", "401 Unauthorized"),
@@ -41,6 +50,9 @@ CASES: tuple[Case, ...] = (
         "API server",
         "a pod deleted and recreated with the same name",
     ),
+    Case("api-garbage-event-stream", "API server", "an endless stream of malformed events"),
+    Case("api-bookmark-410-loop", "API server", "BOOKMARK then 410 Gone, over and over"),
+    Case("api-huge-watch-line", "API server", "a single 300 MiB watch line"),
     # -- NVML
     Case("nvml-init-fails-then-succeeds", "NVML", "nvmlInit fails, then succeeds"),
     Case("nvml-gpu-lost-and-back", "NVML", "a GPU lost and coming back (new handle, same UUID)"),
@@ -48,16 +60,22 @@ CASES: tuple[Case, ...] = (
     Case("nvml-no-permission", "NVML", "NO_PERMISSION"),
     Case("nvml-xid-storm", "NVML", "an XID storm of thousands of events"),
     Case("nvml-event-set-error", "NVML", "an event-set error mid-run"),
+    Case("nvml-hung-call", "NVML", "an NVML call that never returns"),
+    Case("nvml-down-capacity-unknown", "NVML", "NVML down: advertised devices not counted healthy"),
+    Case("nvml-gpu-lost-before-start", "NVML", "a GPU lost before the exporter starts"),
     # -- /proc
     Case("proc-unreadable-files", "/proc", "unreadable files"),
     Case("proc-pids-vanish-mid-read", "/proc", "pids vanishing mid-read"),
     Case("proc-50000-pids", "/proc", "50,000 pids"),
+    Case("proc-fd-exhaustion", "/proc", "every read fails (file descriptors exhausted)"),
     # -- HTTP
     Case("http-200-concurrent-scrapers", "HTTP", "200 concurrent scrapers"),
     Case("http-2000-idle-connections", "HTTP", "2,000 idle or half-sent connections held open"),
     Case("http-oversized-headers", "HTTP", "oversized headers"),
     Case("http-malformed-requests", "HTTP", "malformed requests"),
     Case("http-slow-reader", "HTTP", "a slow reader of a big response"),
+    Case("http-unread-responses", "HTTP", "128 connections that never read their answers"),
+    Case("http-basic-auth-flood", "HTTP", "a flood of wrong passwords"),
     # -- the process
     Case("process-sigterm-mid-cycle", "Process", "SIGTERM mid-cycle"),
     Case("process-sigint", "Process", "SIGINT"),
@@ -66,6 +84,19 @@ CASES: tuple[Case, ...] = (
         "process-non-root-proc-partly-unreadable",
         "Process",
         "non-root user, /proc partly unreadable",
+    ),
+    Case("config-bcrypt-cost-ceiling", "Config", "a bcrypt hash of cost 31"),
+    Case(
+        "config-web-config-hostile-file",
+        "Config",
+        "a binary, deeply nested or endless web-config file",
+    ),
+    Case(
+        "config-web-config-broken-at-reload", "Config", "the web-config file broken while running"
+    ),
+    Case("config-non-finite-flags", "Config", "non-finite or out-of-range numeric flags"),
+    Case(
+        "config-unknown-boolean", "Config", "a boolean environment variable with an unknown value"
     ),
     # -- what the data says during faults
     Case("data-xid-while-kubelet-down", "Data", "an XID raised while the kubelet is down"),
@@ -76,6 +107,7 @@ CASES: tuple[Case, ...] = (
         "Data",
         "each source outage vs. the orphan and leak alerts",
     ),
+    Case("data-capacity-kubelet-down", "Data", "kubelet down: nothing counted allocatable"),
 )
 
 BY_ID = {case.id: case for case in CASES}
