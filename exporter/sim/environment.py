@@ -67,9 +67,10 @@ class SimEnvironment:
         self._grpc: Any = None
         self._task: asyncio.Task[None] | None = None
         self.library: SimNvmlLibrary | None = None  # set by start()
-        # pid -> (cgroup, what was last written): a cgroup is fixed at the first write
-        # (a deleted pod's process keeps it), the rest is rewritten when it changes.
-        self._written: dict[int, tuple[str, tuple[object, ...]]] = {}
+        # pid -> (start time, cgroup, what was last written): a process's cgroup is fixed
+        # at its first write (a deleted pod's process keeps it), the rest is rewritten
+        # when it changes; a new start time is a new process on a reused pid.
+        self._written: dict[int, tuple[int, str, tuple[object, ...]]] = {}
         self._kube_pods: dict[str, dict[str, Any]] = {}
         self._kube_slices: dict[str, dict[str, Any]] = {}
 
@@ -142,12 +143,14 @@ class SimEnvironment:
                 del self._written[pid]
             for pid, proc in alive.items():
                 written = self._written.get(pid)
-                cgroup = written[0] if written else _cgroup(proc, pods)
+                if written and written[0] != proc.start_time:
+                    written = None  # the pid's earlier process is gone
+                cgroup = written[1] if written else _cgroup(proc, pods)
                 held = proc.holds_devices
                 indexes = [proc.gpu, *proc.extra_gpus] if held is None else held
                 fds = gpu_fds(node.gpus[i].minor for i in indexes)
                 content = (proc.comm, proc.state, tuple(fds))
-                if written == (cgroup, content):
+                if written == (proc.start_time, cgroup, content):
                     continue
                 write_process(
                     self.paths.proc_root,
@@ -156,8 +159,9 @@ class SimEnvironment:
                     state=proc.state,
                     cgroup=cgroup,
                     fds=fds,
+                    start_time=proc.start_time,
                 )
-                self._written[pid] = (cgroup, content)
+                self._written[pid] = (proc.start_time, cgroup, content)
         if self.kube_api is not None:
             self._sync_kube()
 

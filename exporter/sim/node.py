@@ -36,6 +36,10 @@ SHARED_RESOURCE = "nvidia.com/gpu.shared"
 DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver (k8s-dra-driver-gpu)
 DRA_API_VERSION = "resource.k8s.io/v1"
 MIN_REPLICAS = 4  # replicas a time-shared GPU advertises when the pods use fewer
+# /proc start times: the simulated node booted ~5 hours before simulated time 0, and the
+# kernel counts in USER_HZ ticks (100 per second on every architecture Linux ships).
+BOOT_TICKS = 1_843_265
+USER_HZ = 100
 # GPU-instance profile ids (nvidia-smi mig -lgip "ID") by slice count; the DRA driver
 # names MIG devices by them. 1g.<2x memory> (REV2) is 15 and +me profiles are 20.
 _GI_PROFILE_IDS = {1: 19, 2: 14, 3: 9, 4: 5, 7: 0}
@@ -125,6 +129,9 @@ class SimNode:
         self.xids: list[XidRecord] = []
         self._next_event = 0
         self._pid_seq = 90_000
+        self._last_start_time = BOOT_TICKS - 1
+        for proc in self.scenario.processes:
+            proc.start_time = self._start_time(0.0)
         # GPM counters: per GPU (and per MIG GPU instance, which is what GPM measures on
         # MIG), per metric, the time integral of the percentage, like hardware counters
         # that only ever grow; metrics are their slope between samples.
@@ -546,7 +553,7 @@ class SimNode:
             for key, val in args.items():
                 setattr(proc, key, parse_size(val, key) if key == "memory" else val)
         elif event.action == "start":
-            self._start(args)
+            self._start(args, event.at)
         elif event.action == "lose":
             self.gpus[int(str(value))].lost = True
         elif event.action == "restore":  # back on the bus after a reset: same UUID
@@ -569,13 +576,19 @@ class SimNode:
         elif event.action == "add_pod":
             self._add_pod(args)
         elif event.action == "fork_orphan":
-            self._fork_orphan(args)
+            self._fork_orphan(args, event.at)
         elif event.action == "terminate_pod":  # deletion requested, containers still run
             pod = self._pod(args.get("pod", value))
             grace = float(args.get("grace_s", 30))
             pod.deletion_at = event.at + grace  # the API sets request time + grace
 
-    def _fork_orphan(self, args: dict[str, object]) -> None:
+    def _start_time(self, at: float) -> int:
+        """A start time for a process started at simulated second ``at``: later than any
+        before it, so a reused pid never shows its previous process's."""
+        self._last_start_time = max(self._last_start_time + 1, BOOT_TICKS + round(at * USER_HZ))
+        return self._last_start_time
+
+    def _fork_orphan(self, args: dict[str, object], at: float) -> None:
         """The parent dies after forking: it leaves /proc and NVML, its memory stays
         (no listed process accounts for it) and the child keeps the device files open."""
         parent = self._process(args["pid"])
@@ -598,10 +611,11 @@ class SimNode:
                     if parent.holds_devices is not None
                     else [parent.gpu, *parent.extra_gpus]
                 ),
+                start_time=self._start_time(at),
             )
         )
 
-    def _start(self, args: dict[str, object]) -> None:
+    def _start(self, args: dict[str, object], at: float) -> None:
         self._pid_seq += 13
         pod = args.get("pod")
         self.scenario.processes.append(
@@ -614,16 +628,21 @@ class SimNode:
                 comm=str(args.get("comm", "python3")),
                 pod=str(pod) if pod else None,
                 container=str(args["container"]) if args.get("container") else None,
+                start_time=self._start_time(at),
             )
         )
 
     def _add_pod(self, args: dict[str, object]) -> None:
+        """A new pod: its UID and container ids (unless ``uid``/``id`` name them) derive
+        from its name and this event's place in the timeline, so a pod deleted and added
+        again under the same name is a new incarnation, as a recreated pod is."""
         namespace, name = str(args["pod"]).split("/", 1)
         key = f"{namespace}/{name}"
+        node, event = self.scenario.node_name, self._next_event
         containers = [
             SimContainer(
                 str(c["name"]),
-                derived_container_id(self.scenario.node_name, key, c["name"]),
+                str(c.get("id") or derived_container_id(node, key, c["name"], event)),
                 {k: list(v) for k, v in c.get("devices", {}).items()},
                 {str(k): str(v) for k, v in (c.get("limits") or {}).items()},
             )
@@ -633,7 +652,7 @@ class SimNode:
             SimPod(
                 namespace,
                 name,
-                derived_uuid(self.scenario.node_name, "pod", key),
+                str(args.get("uid") or derived_uuid(node, "pod", key, event)),
                 str(args.get("qos", "burstable")),
                 "Running",
                 containers,

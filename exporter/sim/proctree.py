@@ -6,10 +6,15 @@ procfs source and the holder scan read it unchanged. Writes
 are atomic for a concurrent reader: a new pid directory appears complete (built
 aside, then renamed into place), files of an existing one are swapped with
 ``os.replace``, and a removed one disappears at once.
+
+Each process has a start time (``stat`` field 22, clock ticks after boot), as on Linux:
+an update keeps it, a new process on a pid gets a later one. A reader that knows a pid
+by pid and start time thus sees a reused pid as the new process it is.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -22,6 +27,10 @@ from typing import Final
 _COMM_MAX_BYTES: Final = 15
 # Valid ``stat`` state letters (fs/proc/array.c task_state_array, plus tracing stop).
 _STATES: Final = frozenset("RSDTtXZPIWKx")
+# Start times handed to new processes that name none: later for each, as the kernel's
+# are (clock ticks after boot; this one booted ~5 hours before the first).
+_next_start_time: Final = itertools.count(1_843_265)
+_START_TIME_FIELD: Final = 19  # index of field 22 among the fields after "(comm)"
 
 QOS_CLASSES: Final = ("guaranteed", "burstable", "besteffort")
 RUNTIMES: Final = ("containerd", "crio", "docker")
@@ -104,7 +113,7 @@ def _check(ok: bool, name: str, value: object) -> None:
         raise ValueError(f"invalid {name}: {value!r}")
 
 
-def _stat_line(pid: int, comm: str, state: str) -> str:
+def _stat_line(pid: int, comm: str, state: str, start_time: int) -> str:
     """A ``/proc/<pid>/stat`` line with all 52 fields, shaped like a real one."""
     fields = [
         f"{pid} ({comm}) {state}",
@@ -126,7 +135,7 @@ def _stat_line(pid: int, comm: str, state: str) -> str:
         "0",  # nice
         "12",  # num_threads (20)
         "0",  # itrealvalue
-        str(1_843_265 + pid),  # starttime (clock ticks after boot; differs per process)
+        str(start_time),  # starttime (clock ticks after boot; one per process)
         "35817193472",  # vsize
         "412031",  # rss (pages)
         "18446744073709551615",  # rsslim (25)
@@ -164,6 +173,16 @@ def _stat_line(pid: int, comm: str, state: str) -> str:
 def _truncate_comm(comm: str) -> str:
     """Cut to the kernel's 15 bytes, as ``stat`` and ``comm`` would show it."""
     return comm.encode()[:_COMM_MAX_BYTES].decode(errors="ignore")
+
+
+def start_time_of(proc_root: Path, pid: int) -> int | None:
+    """The start time ``<proc_root>/<pid>/stat`` shows; None when there is no process."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 1 :].split()
+    return int(fields[_START_TIME_FIELD]) if len(fields) > _START_TIME_FIELD else None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -218,6 +237,7 @@ def write_process(
     state: str = "S",
     cgroup: str,
     fds: Sequence[str] | None = None,
+    start_time: int | None = None,
 ) -> None:
     """Create or update ``<proc_root>/<pid>`` with ``cgroup``, ``stat`` and ``comm``.
 
@@ -225,13 +245,26 @@ def write_process(
     aside and renamed into place, so a reader never sees it half-written. ``fds``
     (link targets, e.g. from :func:`gpu_fds`) makes ``fd/0..n`` symlinks; None leaves
     any ``fd`` directory as it is.
+
+    ``start_time`` names the process: None updates the one on ``pid`` (or starts one
+    with a start time later than any handed out before); another start time than the
+    one there is a new process on a reused pid, so the old directory vanishes first and
+    a new one appears, as when the kernel reaps a process and reuses its pid.
     """
     _check(pid > 0, "pid", pid)
     _check(state in _STATES, "state", state)
+    _check(start_time is None or start_time >= 0, "start_time", start_time)
     comm = _truncate_comm(comm)
-    files = {"cgroup": cgroup, "stat": _stat_line(pid, comm, state), "comm": f"{comm}\n"}
     proc_root.mkdir(parents=True, exist_ok=True)
     pid_dir = proc_root / str(pid)
+    running = start_time_of(proc_root, pid)
+    if start_time is not None and running is not None and running != start_time:
+        remove_process(proc_root, pid)  # the old process is gone before its pid is reused
+        running = None
+    if start_time is None:
+        start_time = running if running is not None else next(_next_start_time)
+    stat = _stat_line(pid, comm, state, start_time)
+    files = {"cgroup": cgroup, "stat": stat, "comm": f"{comm}\n"}
     if not pid_dir.is_dir():
         staging = Path(tempfile.mkdtemp(dir=proc_root, prefix=f".{pid}.", suffix=".tmp"))
         staging.chmod(0o555 | 0o200)  # /proc/<pid> is world-readable; owner may update

@@ -164,6 +164,9 @@ class SimProcess:
     extra_gpus: list[int] = field(default_factory=list)
     # GPU indices whose /dev/nvidia<minor> it has open; None: the GPUs it runs on
     holds_devices: list[int] | None = None
+    # /proc/<pid>/stat field 22, clock ticks after boot: with the pid it names this one
+    # process, so a pid reused by a new process shows a new one (SimNode sets it)
+    start_time: int = 0
 
 
 @dataclass

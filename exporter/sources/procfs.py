@@ -211,7 +211,7 @@ def _identify(
         ids, remember = known[1], known
     else:
         cgroup = _read_text(pid_dir / "cgroup")
-        if cgroup is _Vanished.GONE:
+        if cgroup is _Vanished.GONE or not _still_running(pid_dir, start):
             return ProcessIdentity(pid=pid, alive=False), None
         cgroup_read = isinstance(cgroup, str)
         ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
@@ -228,6 +228,19 @@ def _identify(
         cgroup_read=cgroup_read,
     )
     return identity, remember
+
+
+def _still_running(pid_dir: Path, start: str | None) -> bool:
+    """Whether the process whose ``stat`` was read still holds the pid after its
+    ``cgroup`` was read. If it died and the pid went to a new process in between, that
+    cgroup is the new one's: a second ``stat`` shows another start time (or none), and
+    the process read first is dead. Unknown start times are not evidence of a change."""
+    if start is None:
+        return True
+    again = _read_text(pid_dir / "stat")
+    if again is _Vanished.GONE:
+        return False
+    return not isinstance(again, str) or _start_time(again) in {start, None}
 
 
 def read_process(proc_root: Path, pid: int) -> ProcessIdentity:

@@ -99,62 +99,148 @@ def churn_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+# Two pods take turns with the same pids: each incarnation of a pid belongs to the pod
+# its comm names, so a read that mixes two incarnations (a cached cgroup of the old
+# process, or a stat of one and a cgroup of the next) shows up as a mismatch.
+UID_B = "0b6a1f3e-22c4-4f0e-9d2a-6e1c7a5b9f01"
+CID_B = "ad57366865126e55649ecb23ae1d48887544976efea46a48eb5d85a6eeb4d306"
+OWNERS = {"job-a": (UID, CID), "job-b": (UID_B, CID_B)}
+CGROUPS = {
+    comm: kubepods_cgroup(uid, cid, qos="guaranteed", runtime="crio", driver="cgroupfs")
+    for comm, (uid, cid) in OWNERS.items()
+}
+
+
+class Tally:
+    """What the reader said about each read: dead, alive in the pod of the incarnation it
+    read, or alive in the pod of another incarnation of the pid (wrong)."""
+
+    def __init__(self) -> None:
+        self.right = dict.fromkeys(OWNERS, 0)
+        self.dead = self.wrong = 0
+
+    def check(self, identities: tuple[ProcessIdentity, ...]) -> None:
+        for identity in identities:
+            if not identity.alive:
+                self.dead += 1
+                assert identity == ProcessIdentity(pid=identity.pid, alive=False)
+                continue
+            assert identity.comm in OWNERS and identity.state == "R", identity  # whole
+            if (identity.pod_uid, identity.container_id) == OWNERS[identity.comm]:
+                self.right[identity.comm] += 1
+            else:
+                self.wrong += 1
+
+
+def incarnate(root: Path, pid: int, comm: str) -> None:
+    """A new process on ``pid`` (written, then rewritten as a live one is)."""
+    write_process(root, pid, comm=comm, state="R", cgroup=CGROUPS[comm])
+    write_process(root, pid, comm=comm, state="R", cgroup=CGROUPS[comm])
+
+
+def reused_during_a_read(root: Path, pid: int) -> ProcessIdentity:
+    """Read ``pid`` while its process dies and a process of the other pod takes the pid,
+    between the reader's read of ``stat`` and of ``cgroup``.
+
+    ``stat`` is made a FIFO, so the reader waits in it for the test's write: the test
+    hands it the old process's line, replaces the process, then lets the read finish.
+    """
+    incarnate(root, pid, "job-a")
+    stat = root / str(pid) / "stat"
+    line = stat.read_bytes()
+    stat.unlink()
+    os.mkfifo(stat)
+    found: list[ProcessIdentity] = []
+    reader = threading.Thread(target=lambda: found.extend(ProcessReader(root).identify([pid])))
+    reader.start()
+    deadline = time.monotonic() + 10
+    while True:  # a FIFO opens for writing once its reader has it open
+        try:
+            fifo = os.open(stat, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            assert time.monotonic() < deadline, "the reader never opened stat"
+            time.sleep(0.001)
+    try:
+        os.write(fifo, line)
+        remove_process(root, pid)
+        incarnate(root, pid, "job-b")
+    finally:
+        os.close(fifo)  # the reader sees the end of stat and goes on to cgroup
+    reader.join(timeout=10)
+    assert not reader.is_alive() and len(found) == 1
+    return found[0]
+
+
 def test_proc_pids_vanish_mid_read(churn_root: Path, record_fault: RecordFault) -> None:
-    # A writer creates, rewrites and removes pids while a reader reads them: every
-    # read must be either dead or complete and correct (atomic sim writes + a reader
-    # that tolerates vanishing directories).
+    # Each new process on a pid belongs to the other pod, so /proc shows it with a new
+    # start time. First the pids are reused between two reads (as between two sample
+    # cycles); then a writer reuses them while a reader reads them. Every read must be
+    # dead, or complete and the pod of the process it read: never the previous one's.
     pids = range(100, 108)
-    cgroup = kubepods_cgroup(UID, CID, qos="guaranteed", runtime="crio", driver="cgroupfs")
+    reader = ProcessReader(churn_root)
+    between = Tally()
+    turns = 20
+    for turn in range(turns):
+        for pid in pids:
+            remove_process(churn_root, pid)
+            incarnate(churn_root, pid, "job-b" if turn % 2 else "job-a")
+        between.check(reader.identify(pids))
+    assert between.wrong == 0, f"{between.wrong} reused pids read as their old pod"
+    assert between.right == dict.fromkeys(OWNERS, turns // 2 * len(pids))
+
+    # Reused during one read: the stat read was the old process, the cgroup file now is
+    # the new one's. Either it is the old process, whole, or it is dead; never job-b's pod.
+    during_read = reused_during_a_read(churn_root, 200)
+    assert during_read.comm in {"job-a", None}, during_read
+    during_read_tally = Tally()
+    during_read_tally.check((during_read,))
+    assert during_read_tally.wrong == 0, f"read as the new process's pod: {during_read}"
+
     stop = threading.Event()
     churned = 0
 
     def churn() -> None:
         nonlocal churned
         while not stop.is_set():
+            comm = "job-b" if churned // len(pids) % 2 else "job-a"
             for pid in pids:
-                write_process(churn_root, pid, comm="worker", state="R", cgroup=cgroup)
-                write_process(churn_root, pid, comm="worker", state="R", cgroup=cgroup)
                 remove_process(churn_root, pid)
+                incarnate(churn_root, pid, comm)
                 churned += 1
 
     writer = threading.Thread(target=churn)
     writer.start()
-    reader = ProcessReader(churn_root)
-    seen_alive = seen_dead = rounds = 0
+    during = Tally()
+    rounds = 0
     started = time.monotonic()
     deadline = started + 20
     try:
-        # at least 300 rounds and 40 churns, and on to a live sighting (a loaded CI
-        # machine may schedule the writer so that early rounds only find the pids gone)
-        while (rounds < 300 or churned < 40 or seen_alive == 0) and time.monotonic() < deadline:
+        # at least 300 rounds and 40 churns, and on to live sightings of both pods (a
+        # loaded CI machine may schedule the writer so that early rounds find pids gone)
+        while (rounds < 300 or churned < 40 or min(during.right.values()) == 0) and (
+            time.monotonic() < deadline
+        ):
             rounds += 1
-            for identity in reader.identify(pids):
-                if identity.alive:
-                    seen_alive += 1
-                    assert identity == ProcessIdentity(
-                        pid=identity.pid,
-                        alive=True,
-                        pod_uid=UID,
-                        container_id=CID,
-                        comm="worker",
-                        state="R",
-                    )
-                else:
-                    seen_dead += 1
-                    assert identity == ProcessIdentity(pid=identity.pid, alive=False)
+            during.check(reader.identify(pids))
     finally:
         stop.set()
         writer.join()
     elapsed = time.monotonic() - started
-    assert seen_alive > 0
+    assert during.wrong == 0, f"{during.wrong} reads gave a pid the pod of another process"
+    assert min(during.right.values()) > 0, during.right
 
     record_fault(
         "proc-pids-vanish-mid-read",
         expected="A pid whose directory or files vanish while it is read is reported dead, "
-        "never half-read, never raising and never attributed to the wrong pod.",
-        figure=f"{rounds * len(pids):,} reads in {elapsed:.1f} s against {churned:,} "
-        f"create/rewrite/remove cycles of the same pids: {seen_alive:,} complete and "
-        f"correct, {seen_dead:,} dead, 0 wrong or partial, 0 exceptions.",
+        "never half-read and never raising; a pid reused by a process of another pod (a "
+        "new start time in /proc/<pid>/stat), between two reads or during one, is never "
+        "given the old process's pod.",
+        figure=f"{turns * len(pids)} reads of pids reused between reads, each by the other "
+        f"pod: all of the new pod. {rounds * len(pids):,} reads in {elapsed:.1f} s against "
+        f"{churned:,} remove/create/rewrite cycles of the same pids: "
+        f"{sum(during.right.values()):,} complete and of the right pod, {during.dead:,} "
+        f"dead, 0 of another incarnation's pod, 0 partial, 0 exceptions.",
     )
 
 
