@@ -163,9 +163,25 @@ def render_text(analysis: Analysis) -> str:
     if analysis.capacity:
         lines += ["", "NODE CAPACITY"]
         lines += _table(
-            ["RESOURCE", "ADVERTISED", "HEALTHY", "UNHEALTHY", "ALLOCATED", "ALLOCATABLE"],
-            (
-                [c.resource, c.advertised, c.healthy, c.unhealthy, c.allocated, c.allocatable]
+            [
+                "RESOURCE",
+                "ADVERTISED",
+                "HEALTHY",
+                "UNHEALTHY",
+                "UNKNOWN",
+                "ALLOCATED",
+                "ALLOCATABLE",
+            ],
+            (  # "-": the count's source is down (docs/health.md)
+                [
+                    c.resource,
+                    c.advertised,
+                    c.healthy,
+                    c.unhealthy,
+                    c.unknown,
+                    c.allocated,
+                    c.allocatable,
+                ]
                 for c in analysis.capacity
             ),
         )

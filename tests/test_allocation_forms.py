@@ -280,7 +280,7 @@ def test_gke_devices_of_a_lost_gpu_count_as_unhealthy() -> None:
     )
     allocations = attribute(replace(node(*gpus), pod_resources=pod_resources)).allocations
 
-    (cap,) = node_capacity(gpus, health, pod_resources, allocations)
+    (cap,) = node_capacity(gpus, health, pod_resources, allocations, nvml_ok=True)
 
     assert (cap.advertised, cap.healthy, cap.unhealthy, cap.allocated, cap.allocatable) == (
         7,
@@ -304,7 +304,7 @@ def test_dra_capacity_counts_the_slice_devices_of_the_driver() -> None:
         replace(node(*gpus), pod_resources=pod_resources, resource_slices=SLICES)
     ).allocations
 
-    (cap,) = node_capacity(gpus, health, pod_resources, allocations, SLICES)
+    (cap,) = node_capacity(gpus, health, pod_resources, allocations, SLICES, nvml_ok=True)
 
     assert cap.resource == DRIVER
     assert (cap.advertised, cap.healthy, cap.unhealthy, cap.allocated, cap.allocatable) == (

@@ -122,6 +122,7 @@ def test_dra_capacity_counts_the_resource_slices_devices(scrapes: dict[str, Scra
         "advertised": 6,
         "healthy": 6,
         "unhealthy": 0,
+        "unknown": 0,
         "allocated": 6,
         "allocatable": 0,
     }

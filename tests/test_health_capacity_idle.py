@@ -156,7 +156,7 @@ def test_capacity_counts_healthy_advertised_minus_allocated_per_resource() -> No
     ]
     got = {
         c.resource: (c.advertised, c.healthy, c.unhealthy, c.allocated, c.allocatable)
-        for c in node_capacity(gpus, health, pr, allocations)
+        for c in node_capacity(gpus, health, pr, allocations, nvml_ok=True)
     }
     assert got == {
         "nvidia.com/gpu": (3, 2, 1, 2, 1),  # GPU-2 is the only one left
@@ -168,19 +168,16 @@ def test_capacity_counts_healthy_advertised_minus_allocated_per_resource() -> No
 def test_capacity_falls_back_to_nvml_when_the_kubelet_cannot_say() -> None:
     gpus = [GpuSample(index=i, uuid=f"GPU-{i}") for i in range(2)]
     health = [GpuHealth(0, "GPU-0"), GpuHealth(1, "GPU-1", (HealthReason("x", "unhealthy"),))]
-    for pr in (
-        None,
-        PodResourcesSnapshot(ok=False, timestamp=0),
-        PodResourcesSnapshot(ok=True, timestamp=0, allocatable_ok=False),
-    ):
-        (cap,) = node_capacity(gpus, health, pr, [])
-        assert (cap.resource, cap.advertised, cap.healthy, cap.unhealthy, cap.allocatable) == (
-            "nvidia.com/gpu",
-            2,
-            1,
-            1,
-            1,
-        )
+    # An older kubelet: List answers (allocations known), GetAllocatableResources not.
+    pr = PodResourcesSnapshot(ok=True, timestamp=0, allocatable_ok=False)
+    (cap,) = node_capacity(gpus, health, pr, [], nvml_ok=True)
+    assert (cap.resource, cap.advertised, cap.healthy, cap.unhealthy, cap.allocatable) == (
+        "nvidia.com/gpu",
+        2,
+        1,
+        1,
+        1,
+    )
 
 
 def usage(

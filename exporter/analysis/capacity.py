@@ -6,13 +6,22 @@ Devices are counted per resource in the units the scheduler sees: whole GPUs, MI
 instances and time-sliced replicas of a device plugin's extended resource (in whatever
 form the plugin names them), and the devices of a DRA driver's ResourceSlices (the
 resource is then the driver's name). Each device is resolved to its physical GPU for
-health: a device on an unhealthy GPU is unhealthy; one that cannot be resolved is
-counted as the kubelet advertises it.
+health.
+
+Every count rests on a source that answered (docs/health.md, "Unknown"):
+
+- health needs NVML. A device on a GPU NVML reports is healthy or unhealthy by that
+  GPU's verdict; a device naming a GPU that NVML, up, does not report is unhealthy (the
+  scheduler can hand it out, nothing can use it); a device that names no GPU at all, or
+  any device while NVML is down, is *unknown* and never counted healthy;
+- allocation needs the kubelet: while its PodResources answer is missing, ``allocated``
+  and ``allocatable`` are ``None`` (served as absent), never 0 or "all free".
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from exporter.analysis.devices import DeviceResolver
 from exporter.model import (
@@ -22,9 +31,13 @@ from exporter.model import (
     GpuSample,
     PodResourcesSnapshot,
     ResourceSliceSnapshot,
+    SliceDevice,
 )
 
 NVML_RESOURCE = "nvidia.com/gpu"
+_GPU_UUID_PREFIX = "GPU-"  # a physical GPU's UUID (MIG UUIDs name no physical GPU)
+
+Verdict = Literal["healthy", "unhealthy", "unknown"]
 
 
 def node_capacity(
@@ -33,12 +46,14 @@ def node_capacity(
     pod_resources: PodResourcesSnapshot | None,
     allocations: Sequence[Allocation],
     slices: ResourceSliceSnapshot | None = None,
+    *,
+    nvml_ok: bool,
 ) -> tuple[DeviceCapacity, ...]:
     """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
-    ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU)."""
-    unhealthy_gpus = {h.uuid for h in health if not h.healthy}
+    ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU).
+    ``nvml_ok``: NVML answered this cycle (``gpus`` and ``health`` are its word)."""
     resolver = DeviceResolver(gpus, slices)
-    # resource -> device id -> physical GPU UUID (None: unresolved)
+    # resource -> device id -> physical GPU UUID (None: names no GPU)
     advertised: dict[str, dict[str, str | None]] = {}
     kubelet_ok = pod_resources is not None and pod_resources.ok and pod_resources.allocatable_ok
     if kubelet_ok and pod_resources is not None:
@@ -49,25 +64,62 @@ def node_capacity(
     if slices is not None and slices.ok:
         for device in slices.devices:
             uuid = resolver.claim(device.driver, device.pool, device.name).uuid
-            advertised.setdefault(device.driver, {})[f"{device.pool}/{device.name}"] = uuid
+            key = f"{device.pool}/{device.name}"
+            advertised.setdefault(device.driver, {})[key] = uuid or _published_gpu(device)
     if not kubelet_ok and not advertised and gpus:
         advertised[NVML_RESOURCE] = {g.uuid: g.uuid for g in gpus}
+    judge = _Judge(gpus, health, nvml_ok)
+    allocation_ok = pod_resources is not None and pod_resources.ok
     allocated: dict[str, set[str]] = {}
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
-    out = []
-    for resource, devices in sorted(advertised.items()):
-        unhealthy = {d for d, uuid in devices.items() if uuid in unhealthy_gpus}
-        healthy = devices.keys() - unhealthy
-        taken = devices.keys() & allocated.get(resource, set())
-        out.append(
-            DeviceCapacity(
-                resource=resource,
-                advertised=len(devices),
-                healthy=len(healthy),
-                unhealthy=len(unhealthy),
-                allocated=len(taken),
-                allocatable=len(healthy - taken),
-            )
-        )
-    return tuple(out)
+    return tuple(
+        _count(resource, devices, judge, allocated.get(resource, set()) if allocation_ok else None)
+        for resource, devices in sorted(advertised.items())
+    )
+
+
+class _Judge:
+    """One device's health from NVML's word on its physical GPU."""
+
+    def __init__(self, gpus: Sequence[GpuSample], health: Sequence[GpuHealth], nvml_ok: bool):
+        self._ok = nvml_ok
+        self._reported = {g.uuid for g in gpus}
+        self._unhealthy = {h.uuid for h in health if not h.healthy}
+
+    @property
+    def ok(self) -> bool:
+        return self._ok
+
+    def __call__(self, uuid: str | None) -> Verdict:
+        if not self._ok or uuid is None:
+            return "unknown"
+        if uuid not in self._reported or uuid in self._unhealthy:
+            return "unhealthy"  # a GPU NVML cannot see is not one a pod can use
+        return "healthy"
+
+
+def _count(
+    resource: str, devices: dict[str, str | None], judge: _Judge, taken: set[str] | None
+) -> DeviceCapacity:
+    verdicts = {d: judge(uuid) for d, uuid in devices.items()}
+    healthy = {d for d, v in verdicts.items() if v == "healthy"}
+    unhealthy = sum(1 for v in verdicts.values() if v == "unhealthy")
+    unknown = len(verdicts) - len(healthy) - unhealthy
+    allocated = None if taken is None else len(devices.keys() & taken)
+    return DeviceCapacity(
+        resource=resource,
+        advertised=len(devices),
+        healthy=len(healthy) if judge.ok else None,
+        unhealthy=unhealthy if judge.ok else None,
+        allocated=allocated,
+        allocatable=len(healthy - taken) if judge.ok and taken is not None else None,
+        unknown=unknown,
+    )
+
+
+def _published_gpu(device: SliceDevice) -> str | None:
+    """The physical GPU a DRA driver publishes for a device NVML does not report (its
+    ``uuid`` attribute, when that is a GPU's UUID): None for anything else."""
+    uuid = device.attribute("uuid")
+    return uuid if isinstance(uuid, str) and uuid.startswith(_GPU_UUID_PREFIX) else None

@@ -81,7 +81,12 @@ def analyse(
         policy=policy.health,
     )
     capacity = node_capacity(
-        gpus, health, snapshot.pod_resources, attribution.allocations, snapshot.resource_slices
+        gpus,
+        health,
+        snapshot.pod_resources,
+        attribution.allocations,
+        snapshot.resource_slices,
+        nvml_ok=snapshot.nvml.ok,
     )
     elapsed = 0.0 if state.last_timestamp is None else now - state.last_timestamp
     idle = account_idle(

@@ -203,7 +203,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_node_devices": (
         GAUGE,
         "Schedulable GPU devices of the node by resource and state: advertised, "
-        "healthy, unhealthy, allocated, allocatable.",
+        "healthy, unhealthy, unknown (health not judged), allocated, allocatable; a "
+        "state whose source is down is absent.",
     ),
     "gpu_container_idle_allocated_seconds": (
         COUNTER,
@@ -268,6 +269,9 @@ CLOCK_EVENT_REASONS = {
     "display_clock_setting": 0x100,
 }
 _OCCUPANCY_FIELDS = {f"gpu_{field}_ratio": field for field in OCCUPANCY_FIELDS}
+# gpu_node_devices' ``state`` values: DeviceCapacity's fields (healthy + unhealthy +
+# unknown = advertised; docs/health.md).
+CAPACITY_STATES = ("advertised", "healthy", "unhealthy", "unknown", "allocated", "allocatable")
 
 Labels = Mapping[str, str]
 
@@ -572,10 +576,10 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
                 1,
             )
     for cap in analysis.capacity:
-        for state in ("advertised", "healthy", "unhealthy", "allocated", "allocatable"):
-            out.add(
-                "gpu_node_devices", {"resource": cap.resource, "state": state}, getattr(cap, state)
-            )
+        for state in CAPACITY_STATES:
+            count = getattr(cap, state)
+            if count is not None:  # None: its source is down (docs/health.md), not 0
+                out.add("gpu_node_devices", {"resource": cap.resource, "state": state}, count)
     for idle in analysis.idle:
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)

@@ -147,14 +147,19 @@ class GpuHealth:
 @dataclass(frozen=True, slots=True)
 class DeviceCapacity:
     """Devices of one extended resource (or DRA driver) by state: allocatable = healthy
-    advertised - allocated healthy; a device on an unhealthy GPU is unhealthy."""
+    advertised - allocated healthy; a device on an unhealthy GPU is unhealthy.
+
+    healthy + unhealthy + unknown = advertised. ``None`` is a count the sources cannot
+    give (docs/health.md): health while NVML is down, allocation while the kubelet is.
+    """
 
     resource: str
     advertised: int
-    healthy: int
-    unhealthy: int
-    allocated: int
-    allocatable: int  # healthy advertised devices not allocated
+    healthy: int | None
+    unhealthy: int | None
+    allocated: int | None
+    allocatable: int | None  # devices known healthy and not allocated
+    unknown: int = 0  # advertised devices whose health no present source can judge
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,15 +164,14 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
                 grpc.StatusCode.UNIMPLEMENTED, "Method GetAllocatableResources not implemented"
             )
         _, allocatable, _ = await self._allocations()
-        merged: dict[str, list[str]] = {}
+        merged: dict[str, dict[str, None]] = {}  # insertion-ordered sets: linear in ids
         for entry in allocatable:
-            ids = merged.setdefault(entry.resource_name, [])
-            ids.extend(d for d in entry.device_ids if d not in ids)
+            merged.setdefault(entry.resource_name, {}).update(dict.fromkeys(entry.device_ids))
         return api_pb2.AllocatableResourcesResponse(
             devices=[
                 device
                 for name, ids in merged.items()
-                for device in _device_entries(name, ids, self._split_devices)
+                for device in _device_entries(name, list(ids), self._split_devices)
             ]
         )
 
