@@ -180,6 +180,8 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         finished = await agent.run()
         log.info("stopped")
     finally:
+        if security is not None:
+            security.close()  # queued password checks answer 503 now, not after bcrypt
         await runner.cleanup()
         if sim is not None:
             await sim.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
 import ssl
 from collections.abc import AsyncIterator
@@ -17,7 +18,12 @@ import yaml
 from cryptography import x509
 
 from exporter.exposition.server import build_app, start_server
-from exporter.exposition.web_config import WebConfigError, load_web_config
+from exporter.exposition.web_config import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    WebConfigError,
+    load_web_config,
+)
 from exporter.exposition.web_security import WebSecurity
 from tests.harness import one_gauge_cache
 from tests.test_cli import run
@@ -345,3 +351,24 @@ def test_the_cli_exits_2_with_one_line_for_a_bad_file(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--web-config-file" in lines[0] and "basic_auth_users.u" in lines[0]
+
+
+def test_a_hostile_file_is_one_line_and_read_no_further_than_the_ceiling(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)  # nobody writes: opening it must not block
+    cases = {
+        tmp_path / "binary.yml": (b"\xff\xfe" + bytes(range(256)), "not UTF-8 text (byte 0)"),
+        tmp_path / "deep.yml": (
+            "".join("  " * n + f"k{n}:\n" for n in range(MAX_DEPTH + 2)).encode(),
+            f"nested deeper than {MAX_DEPTH} levels",
+        ),
+        tmp_path / "big.yml": (b"#" * (MAX_FILE_BYTES + 1), "larger than 1 MiB"),
+        tmp_path / "half.yml": (b"basic_auth_users: {u: '$2y", "not valid YAML: found unexpected"),
+    }
+    for path, (body, _) in cases.items():
+        path.write_bytes(body)
+    for path, message in [*((p, m) for p, (_, m) in cases.items()), (fifo, "not a regular file")]:
+        with pytest.raises(WebConfigError) as raised:
+            load_web_config(path)
+        assert message in str(raised.value) and str(path) in str(raised.value)
+        assert "\n" not in str(raised.value)

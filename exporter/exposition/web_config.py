@@ -12,12 +12,19 @@ What Python's ``ssl`` cannot do is refused with a reason rather than silently dr
 ``client_auth_type`` RequestClientCert and RequireAnyClientCert (a client certificate
 that is not verified), ``curve_preferences`` and ``rate_limit``. ``http2`` is accepted
 and has no effect (the server speaks HTTP/1.1, which Prometheus uses anyway).
+
+The file comes from outside, so reading it is bounded: a regular file of at most
+``MAX_FILE_BYTES``, UTF-8, nested at most ``MAX_DEPTH`` levels, bcrypt costs at most
+``BCRYPT_MAX_COST``. Anything else is one ``WebConfigError`` line, never a traceback:
+at start the exporter exits 2, at a reload it keeps the last good settings.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import ssl
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -86,6 +93,17 @@ _TLS_KEYS = {
     "prefer_server_cipher_suites",
     "curve_preferences",
 }
+# Ceilings on what the file may ask for. A real web config is a few KiB (inline PEM
+# included) and three levels deep (tls_server_config.cipher_suites).
+MiB = 1024 * 1024
+MAX_FILE_BYTES = 1 * MiB
+MAX_DEPTH = 16
+# bcrypt's cost is log2 of its rounds: a check at cost 12 takes ~0.24 s of one core
+# (bcrypt 5.0, 2-core AMD EPYC), at 14 a second, at 31 days. Every check runs on the
+# one password worker (exposition/basic_auth.py), so the ceiling bounds its queue's wait.
+BCRYPT_MAX_COST = 12
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+_HASH_HINT = "htpasswd -nBC 10 '' | tr -d ':\\n'"
 _UNSUPPORTED = {
     "tls_server_config.curve_preferences": "Python's ssl cannot set a curve list",
     "rate_limit": "rate limiting is not implemented here",
@@ -127,17 +145,74 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Read and check the file; relative file names are relative to the file's folder
     (as exporter-toolkit resolves them)."""
+    text = _read_text(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
+        _check_depth(text, path)
+        raw = yaml.load(text, Loader=_Loader)  # a safe loader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise WebConfigError(f"{path}:{where} not valid YAML") from None
+        problem = getattr(exc, "problem", None)
+        why = f": {' '.join(str(problem).split())}" if problem else ""
+        raise WebConfigError(f"{path}:{where} not valid YAML{why}") from None
     return parse_web_config(raw if raw is not None else {}, path)
+
+
+def bcrypt_cost(hashed: str) -> int | None:
+    """The cost of a well-formed bcrypt hash (``$2y$10$`` + 53 characters), else None."""
+    match = BCRYPT_HASH.fullmatch(hashed)
+    return int(match.group(1)) if match else None
+
+
+# libyaml's parser (in PyYAML's wheels) is ~8x faster than the pure-Python one: a reload
+# parses on the event loop.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_NESTING_STARTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_NESTING_ENDS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: a regular file (a FIFO or device could block or never end) of at
+    most MAX_FILE_BYTES, read no further than that, decoded as UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WebConfigError(f"{path}: not a regular file; give the path of a YAML file")
+        try:
+            data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise WebConfigError(
+            f"{path}: larger than {MAX_FILE_BYTES / MiB:g} MiB; a web config is a few KiB "
+            "(name certificate files with cert_file rather than inlining large bundles)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}); is this the right file?"
+        ) from None
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before building anything from it (PyYAML's
+    composer recurses once per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, _NESTING_STARTS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else 0
+                raise WebConfigError(
+                    f"{path}: line {line}: nested deeper than {MAX_DEPTH} levels; "
+                    "a web config is at most three levels deep"
+                )
+        elif isinstance(event, _NESTING_ENDS):
+            depth -= 1
 
 
 def parse_web_config(raw: Any, path: Path) -> WebConfig:
@@ -277,10 +352,15 @@ def _users(raw: Any, fail: Any) -> dict[str, str]:
             raise fail("basic_auth_users", "user names must be non-empty strings")
         if ":" in user:
             raise fail(f"basic_auth_users.{user}", "a user name cannot contain ':'")
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+        cost = bcrypt_cost(hashed) if isinstance(hashed, str) else None
+        if cost is None or cost < 4:
+            raise fail(f"basic_auth_users.{user}", f"must be a bcrypt hash ($2y$...): {_HASH_HINT}")
+        if cost > BCRYPT_MAX_COST:
             raise fail(
                 f"basic_auth_users.{user}",
-                "must be a bcrypt hash ($2y$...): htpasswd -nBC 10 '' | tr -d ':\\n'",
+                f"bcrypt cost {cost} is above the ceiling of {BCRYPT_MAX_COST} (each check "
+                f"would take ~{0.24 * 2 ** (cost - 12):,.1f} s of CPU); hash it again at "
+                f"cost 10: {_HASH_HINT}",
             )
         out[user] = hashed
     return out

@@ -10,15 +10,14 @@ start: turning TLS on or off needs a restart.
 
 ``/healthz`` and ``/readyz`` stay open without credentials, so kubelet probes need no
 password (they say nothing about the node); everything else needs them when
-``basic_auth_users`` is set.
+``basic_auth_users`` is set. Passwords are checked by ``exposition/basic_auth.py``: on a
+worker of its own, cached once verified, with a budget for failed logins.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import hashlib
 import logging
 import ssl
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from exporter.exposition.basic_auth import BasicAuth, Verdict
 from exporter.exposition.web_config import (
     WebConfig,
     WebConfigError,
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 CHECK_EVERY_S = 1.0
-_VERIFIED_CACHE_MAX = 64
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -55,7 +54,7 @@ class WebSecurity:
         self._last_error: str | None = None
         self.reloads_total = 0
         self.reload_errors_total = 0
-        self._verified: dict[tuple[str, bytes], str] = {}  # (user, sha256(pw)) -> hash
+        self.auth = BasicAuth(clock=clock)
 
     @property
     def tls(self) -> bool:
@@ -85,19 +84,23 @@ class WebSecurity:
                     f"{self.path}: turning TLS on or off needs a restart of the exporter"
                 )
             context = ssl_context(config.tls) if config.tls else None
-        except WebConfigError as exc:
+        except Exception as exc:  # whatever the file holds, the last good settings stay
             self.reload_errors_total += 1
-            if str(exc) != self._last_error:
-                log.error("web config not reloaded, keeping the previous one: %s", exc)
-                self._last_error = str(exc)
+            error = str(exc) if isinstance(exc, WebConfigError) else f"{self.path}: {exc!r}"
+            if error != self._last_error:
+                log.error("web config not reloaded, keeping the previous one: %s", error)
+                self._last_error = error
             return  # stamp not taken: the next change is tried again
         self._stamp, self.config, self._last_error = stamp, config, None
         if context is not None:
             context.sni_callback = self._on_handshake
             self._context = context
-        self._verified.clear()
         self.reloads_total += 1
         log.info("web config reloaded from %s", self.path)
+
+    def close(self) -> None:
+        """Answer queued password checks now (503), so that shutdown does not wait on them."""
+        self.auth.close()
 
     # -- TLS ---------------------------------------------------------------------------
 
@@ -147,16 +150,20 @@ class WebSecurity:
         if not config.basic_auth_users:
             return None
         user, password = _basic_credentials(request.headers.get("Authorization", ""))
-        hashed = config.basic_auth_users.get(user or "")
-        if user is not None and hashed is not None and password is not None:
-            key = (user, hashlib.sha256(password.encode()).digest())
-            if self._verified.get(key) == hashed:
-                return None
-            if await asyncio.to_thread(_bcrypt_matches, password, hashed):
-                if len(self._verified) >= _VERIFIED_CACHE_MAX:
-                    self._verified.clear()
-                self._verified[key] = hashed
-                return None
+        verdict = await self.auth.check(
+            config.basic_auth_users, user, password, request.remote or ""
+        )
+        if verdict is Verdict.ALLOWED:
+            return None
+        if verdict is Verdict.LIMITED:
+            retry = str(max(1, round(self.auth.retry_after_s)))
+            return web.Response(
+                status=429, text="too many failed logins\n", headers={"Retry-After": retry}
+            )
+        if verdict is Verdict.BUSY:
+            return web.Response(
+                status=503, text="password checks busy\n", headers={"Retry-After": "1"}
+            )
         return web.Response(
             status=401,
             text="unauthorized\n",
@@ -174,12 +181,3 @@ def _basic_credentials(header: str) -> tuple[str | None, str | None]:
         return None, None
     user, sep, password = decoded.partition(":")
     return (user, password) if sep else (None, None)
-
-
-def _bcrypt_matches(password: str, hashed: str) -> bool:
-    import bcrypt  # only where basic auth is configured
-
-    try:
-        return bool(bcrypt.checkpw(password.encode("utf-8"), hashed.encode("ascii")))
-    except ValueError:  # a malformed hash
-        return False
