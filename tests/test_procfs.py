@@ -639,3 +639,54 @@ def test_process_reader_agrees_with_read_process(tmp_path: Path) -> None:
     uncached = tuple(read_process(tmp_path, pid) for pid in (50, 51, 52))
     for _ in range(2):  # uncached, then cached
         assert reader.identify([51, 50, 52, 50]) == uncached
+
+
+# /proc failing wholesale
+# ---------------------------------------------------------------------------
+
+
+def unreadable(pid_dir: Path) -> None:
+    """Both files a directory: EISDIR on every read, for root too."""
+    for name in ("stat", "cgroup"):
+        (pid_dir / name).unlink()
+        (pid_dir / name).mkdir()
+
+
+def test_most_pids_unreadable_is_the_source_down_with_no_identities(tmp_path: Path) -> None:
+    reader = ProcessReader(tmp_path)
+    for pid in (60, 61, 62):
+        write_process(tmp_path, pid, comm="w", cgroup=kubepods_cgroup(UID, CID))
+    assert len(reader.identify([60, 61, 62])) == 3 and reader.status().up
+    for pid in (60, 61):
+        unreadable(tmp_path / str(pid))
+    remove_process(tmp_path, 62)  # gone: a read that proves nothing while /proc fails
+    assert reader.identify([60, 61, 62]) == ()  # every owner unknown, none dead
+    status = reader.status()
+    assert not status.up
+    assert status.error == ("EISDIR: 4 of 5 reads failed, 2 of 2 pids unreadable (Is a directory)")
+
+
+def test_a_minority_of_unreadable_pids_leaves_the_source_up(tmp_path: Path) -> None:
+    reader = ProcessReader(tmp_path)
+    for pid in (70, 71, 72):
+        write_process(tmp_path, pid, comm="w", cgroup=kubepods_cgroup(UID, CID))
+    unreadable(tmp_path / "70")
+    identities = reader.identify([70, 71, 72])
+    assert [(p.pid, p.alive, p.cgroup_read) for p in identities] == [
+        (70, True, False),
+        (71, True, True),
+        (72, True, True),
+    ]
+    assert reader.status().up and reader.status().error is None
+
+
+def test_the_source_is_up_again_once_proc_reads(tmp_path: Path) -> None:
+    reader = ProcessReader(tmp_path)
+    write_process(tmp_path, 80, comm="w", cgroup=kubepods_cgroup(UID, CID))
+    unreadable(tmp_path / "80")
+    assert reader.identify([80]) == () and not reader.status().up
+    for name in ("stat", "cgroup"):
+        (tmp_path / "80" / name).rmdir()
+    write_process(tmp_path, 80, comm="w", cgroup=kubepods_cgroup(UID, CID))
+    assert reader.identify([80])[0].pod_uid == UID
+    assert reader.status().up

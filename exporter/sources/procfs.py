@@ -11,12 +11,23 @@ garbled line can leave a process unattributed but never hand it to the wrong pod
 Reads are blocking. :class:`ProcessReader` is the procfs source: the agent calls its
 ``read`` with the cycle's other source reads in a worker thread. :func:`read_process`
 reads one pid uncached (the holder scan uses it).
+
+One pid's unreadable file leaves that pid's fields unknown. /proc failing wholesale (the
+exporter out of file descriptors: every open is EMFILE) is another matter: when more than
+half of the live pids of a cycle had no readable file, the source is down with a reason,
+and the cycle reads no identities, so every GPU process's owner is unknown (never dead,
+never an orphan) until /proc answers again.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import re
+from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import Enum, auto
 from pathlib import Path
 from typing import ClassVar, Final
@@ -62,6 +73,15 @@ _SLICE_NOTATION: Final = re.compile(
 _DELETED_SUFFIX: Final = " (deleted)"
 
 _READ_LIMIT: Final = 64 * 1024  # real files are tiny; bound a corrupt fake one
+# /proc fails wholesale when more than this share of a cycle's live pids has no readable
+# file: a few unreadable pids are those pids' problem, most of them is the reader's.
+WHOLESALE_SHARE: Final = 0.5
+
+# Why it failed, in the source's status and its log line: the numbers are arguments, so
+# the log's flood control (exporter/logs.py) counts a changing figure as one fault.
+_FAILURE: Final = "%s: %d of %d reads failed, %d of %d pids unreadable (%s)"
+
+log = logging.getLogger(__name__)
 
 Attribution = tuple[str | None, str | None]
 _NOTHING: Final[Attribution] = (None, None)
@@ -160,14 +180,39 @@ class _Vanished(Enum):
     GONE = auto()
 
 
-def _read_text(path: Path) -> str | _Vanished | None:
+@dataclass
+class _Tally:
+    """One cycle's reads: enough to tell a few unreadable pids from /proc failing."""
+
+    reads: int = 0
+    failed: int = 0
+    errors: Counter[int] = field(default_factory=Counter)  # errno -> failed reads
+    live: int = 0  # pids not found gone
+    unreadable: int = 0  # live pids with no readable file
+
+    def failure(self) -> tuple[str, int, int, int, int, str] | None:
+        """Why /proc failed wholesale this cycle (``_FAILURE``'s arguments), or None."""
+        if not self.live or self.unreadable <= WHOLESALE_SHARE * self.live:
+            return None
+        code = self.errors.most_common(1)[0][0] if self.errors else 0
+        name = errno.errorcode.get(code, "error")
+        strerror = os.strerror(code) if code else "unknown error"
+        return name, self.failed, self.reads, self.unreadable, self.live, strerror
+
+
+def _read_text(path: Path, tally: _Tally | None = None) -> str | _Vanished | None:
     """File contents; None when unreadable for another reason (permission, I/O)."""
+    if tally is not None:
+        tally.reads += 1
     try:
         with path.open("rb") as handle:
             data = handle.read(_READ_LIMIT)
     except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
         return _Vanished.GONE
-    except OSError:
+    except OSError as exc:
+        if tally is not None:
+            tally.failed += 1
+            tally.errors[exc.errno or 0] += 1
         return None
     return data.decode("utf-8", errors="replace")
 
@@ -190,7 +235,7 @@ _Known = tuple[str, Attribution]  # (start time, parsed cgroup identity)
 
 
 def _identify(
-    pid_dir: Path, pid: int, known: _Known | None
+    pid_dir: Path, pid: int, known: _Known | None, tally: _Tally | None = None
 ) -> tuple[ProcessIdentity, _Known | None]:
     """Read one pid; ``known`` is its cgroup identity from an earlier read, reused when
     the start time shows it is still the same process. Returns the identity and what
@@ -201,7 +246,7 @@ def _identify(
     directory again instead would mistake a reused pid for the old process. A file
     unreadable for any other reason (permission, I/O) only leaves its fields unknown.
     """
-    stat = _read_text(pid_dir / "stat")
+    stat = _read_text(pid_dir / "stat", tally)
     if stat is _Vanished.GONE:
         return ProcessIdentity(pid=pid, alive=False), None
     start = _start_time(stat) if isinstance(stat, str) else None
@@ -210,13 +255,16 @@ def _identify(
     if start is not None and known is not None and known[0] == start:
         ids, remember = known[1], known
     else:
-        cgroup = _read_text(pid_dir / "cgroup")
+        cgroup = _read_text(pid_dir / "cgroup", tally)
         if cgroup is _Vanished.GONE or not _still_running(pid_dir, start):
             return ProcessIdentity(pid=pid, alive=False), None
         cgroup_read = isinstance(cgroup, str)
         ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
         # an unreadable cgroup file is tried again next time
         remember = (start, ids) if start is not None and isinstance(cgroup, str) else None
+    if tally is not None:
+        tally.live += 1
+        tally.unreadable += not (cgroup_read or isinstance(stat, str))
     comm, state = _parse_stat(stat) if isinstance(stat, str) else (None, None)
     identity = ProcessIdentity(
         pid=pid,
@@ -271,6 +319,7 @@ class ProcessReader(Source):
         self.proc_root = proc_root
         self._known: dict[int, _Known] = {}
         self._unreadable_total = 0  # pids whose cgroup could not be read, per read
+        self._failure: str | None = None  # why the last read failed wholesale
 
     def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
         if not self.proc_root.is_dir():
@@ -280,19 +329,38 @@ class ProcessReader(Source):
         return self.identify(cycle.gpu_pids())
 
     def status(self) -> SourceStatus:
-        ok = self.proc_root.is_dir()
-        return SourceStatus(self.name, ok, None if ok else "proc root missing")
+        if not self.proc_root.is_dir():
+            return SourceStatus(self.name, False, "proc root missing")
+        return SourceStatus(self.name, self._failure is None, self._failure)
 
     def identify(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
+        """Every pid's identity; none at all when /proc fails wholesale (see the module)."""
         known: dict[int, _Known] = {}
         out = []
+        tally = _Tally()
         for pid in sorted(set(pids)):
-            identity, remember = _identify(self.proc_root / str(pid), pid, self._known.get(pid))
+            identity, remember = _identify(
+                self.proc_root / str(pid), pid, self._known.get(pid), tally
+            )
             if remember is not None:
                 known[pid] = remember
             out.append(identity)
-        self._known = known
         self._unreadable_total += sum(1 for identity in out if not identity.cgroup_read)
+        failure = tally.failure()
+        if failure is not None:
+            # A warning each cycle: logs.RepeatFilter lets one a minute through.
+            log.warning(
+                "reading %s failed wholesale: " + _FAILURE + "; the owners of GPU "
+                "processes are unknown until it reads again",
+                self.proc_root,
+                *failure,
+            )
+            self._failure = _FAILURE % failure
+            return ()  # not one identity: a "gone" read beside failures is no evidence
+        if self._failure is not None:
+            log.info("reading %s works again", self.proc_root)
+            self._failure = None
+        self._known = known
         return tuple(out)
 
     @property
