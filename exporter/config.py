@@ -8,6 +8,7 @@ was wrong and how to fix it, and the CLI exits with status 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import socket
@@ -20,6 +21,7 @@ from typing import NoReturn
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
 from exporter.exposition.families import DEFAULT_OFF, FamilySelectionError, select_families
+from exporter.exposition.liveness import DEFAULT_CYCLES, MAX_CYCLES, MIN_CYCLES, STARTUP_GRACE_S
 from exporter.model import (
     DCGM_HOSTENGINE_PORT,
     GPU_DRA_DRIVERS,
@@ -33,7 +35,7 @@ ENV_PREFIX = "GPU_EXPORTER_"
 # The host engine dcgm-exporter is pointed at (its -r flag's variable); the GPU Operator
 # sets it to its nvidia-dcgm Service when it runs a standalone host engine.
 DCGM_REMOTE_HOSTENGINE_INFO = "DCGM_REMOTE_HOSTENGINE_INFO"
-MIN_INTERVAL_S = 0.1
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 3600.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The shipped scenarios are the YAML files beside the simulator; listed, not imported,
 # so parsing flags never loads the simulator.
@@ -82,6 +84,7 @@ class Config:
     http_header_timeout_s: float = 10.0
     http_max_connections: int = 128
     web_config_file: Path | None = None
+    liveness_cycles: int = DEFAULT_CYCLES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +103,7 @@ SERVER_ONLY_FLAGS = frozenset(
     {
         "--listen",
         "--interval",
+        "--liveness-cycles",
         "--web-config-file",
         "--http-header-timeout",
         "--http-max-connections",
@@ -135,25 +139,38 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         ),
     )
 
-    def add(flag: str, help_text: str, **kwargs: object) -> None:
+    def add(flag: str, help_text: str, *, bounds: Bounds | None = None, **kwargs: object) -> None:
+        """One flag and its variable; a numeric flag names its ``bounds``."""
         name = _env_name(flag)
+        if kwargs.get("action") == "store_true":
+            kwargs["default"] = parse_boolean(env.get(name, ""), name)
+        elif name in env:
+            kwargs["default"] = env[name]
+            if bounds is not None:  # argparse would name the flag, not the variable
+                _check_variable(bounds, env[name], name)
+        if bounds is not None:
+            kwargs["type"] = bounds.check  # argparse applies it to string defaults too
         if snapshot and flag in SERVER_ONLY_FLAGS:  # not offered, but parsed as default
-            default = kwargs.get("default", False if kwargs.get("action") else None)
+            default = kwargs.get("default")
+            if bounds is not None and isinstance(default, str):
+                default = bounds.check(default)
             parser.set_defaults(**{flag.lstrip("-").replace("-", "_"): default})
             return
         if "choices" in kwargs and "default" in kwargs:
             help_text += " Choices: %(choices)s."
         if kwargs.get("action") == "store_true":
-            kwargs["default"] = env.get(name, "").lower() in {"1", "true", "yes", "on"}
-            parser.add_argument(flag, help=f"{help_text} [env {name}]", **kwargs)  # type: ignore[arg-type]
+            words = f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
+            help_text = f"{help_text} [env {name}: {words}]"
+            parser.add_argument(flag, help=help_text, **kwargs)  # type: ignore[arg-type]
             return
-        if name in env:
-            kwargs["default"] = env[name]
         # One default per flag: none shown where there is none, or the text says it.
         shown = kwargs.get("default") not in (None, "") and "default:" not in help_text
+        notes = ["default: %(default)s"] if shown else []
+        notes += [f"range {bounds}"] if bounds is not None else []
+        said = f" ({'; '.join(notes)})" if notes else ""
         parser.add_argument(
             flag,
-            help=f"{help_text}{' (default: %(default)s)' if shown else ''} [env {name}]",
+            help=f"{help_text}{said} [env {name}]",
             **kwargs,  # type: ignore[arg-type]
         )
 
@@ -164,7 +181,21 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         metavar="HOST:PORT",
     )
     add(
-        "--interval", "Seconds between sample cycles (minimum 0.1).", default="5", metavar="SECONDS"
+        "--interval",
+        "Seconds between sample cycles.",
+        default="5",
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    )
+    add(
+        "--liveness-cycles",
+        f"/healthz and /readyz answer 503 (and the kubelet's liveness probe restarts the "
+        f"exporter) once no sample cycle has completed for this many intervals, e.g. an "
+        f"NVML call that never returns; at least {STARTUP_GRACE_S:g} s before the first "
+        "cycle.",
+        default=str(DEFAULT_CYCLES),
+        metavar="N",
+        bounds=Bounds(MIN_CYCLES, MAX_CYCLES, whole=True),
     )
     add(
         "--web-config-file",
@@ -179,6 +210,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "Seconds a client may take to send a request's header; slower connections are closed.",
         default="10",
         metavar="SECONDS",
+        bounds=Bounds(0.1, 600, "seconds"),
     )
     add(
         "--http-max-connections",
@@ -186,6 +218,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "closed (or the new one refused when all are busy).",
         default="128",
         metavar="N",
+        bounds=Bounds(1, 10_000, whole=True),
     )
     add(
         "--proc-root",
@@ -204,6 +237,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "Seconds between PodResources refreshes.",
         default="10",
         metavar="SECONDS",
+        bounds=Bounds(1, 3600, "seconds"),
     )
     add(
         "--resource-names",
@@ -286,18 +320,21 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "Seconds a fatal XID keeps its GPU unhealthy.",
         default="3600",
         metavar="SECONDS",
+        bounds=Bounds(1, 7 * 86400, "seconds"),
     )
     add(
         "--retired-pages-limit",
         "Retired memory pages at which a GPU is unhealthy.",
         default="60",
         metavar="N",
+        bounds=Bounds(1, 100_000, whole=True),
     )
     add(
         "--idle-threshold",
-        "SM activity (0..1) below which an allocated GPU counts as idle.",
+        "SM activity below which an allocated GPU counts as idle.",
         default="0.05",
         metavar="RATIO",
+        bounds=Bounds(0, 1),
     )
     add(
         "--orphan-threshold",
@@ -305,6 +342,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "it is reported as orphaned ('unattributed').",
         default="256",
         metavar="MIB",
+        bounds=Bounds(0, 2**20, "MiB"),
     )
     add(
         "--orphan-cycles",
@@ -312,6 +350,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "state D/Z) must persist before it is reported.",
         default="3",
         metavar="N",
+        bounds=Bounds(1, 10_000, whole=True),
     )
     add(
         "--deleted-pod-grace",
@@ -319,6 +358,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
         "processes count as orphaned ('deleted_pod').",
         default="60",
         metavar="SECONDS",
+        bounds=Bounds(0, 7 * 86400, "seconds"),
     )
     add(
         "--kmsg",
@@ -355,35 +395,76 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add("--log-format", "Log line format.", default="text", choices=("text", "json"))
     if snapshot:
         parser.add_argument("--json", action="store_true", help="Print JSON, not tables.")
+        window = Bounds(0.1, 60, "seconds")
         parser.add_argument(
             "--window",
             default="1",
+            type=window.check,
             metavar="SECONDS",
-            help="Seconds between the two samples GPM occupancy needs (default: %(default)s).",
+            help="Seconds between the two samples GPM occupancy needs "
+            f"(default: %(default)s; range {window}).",
         )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-def _positive_float(text: str, flag: str, minimum: float, unit: str = " seconds") -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        what = f"a number of{unit}" if unit else "a number"
-        raise ConfigError(f"{flag}: {text!r} is not {what}") from None
-    if not value >= minimum:  # also rejects NaN
-        raise ConfigError(f"{flag}: {text} is below the minimum of {minimum}{unit}")
-    return value
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric flag accepts: a finite number in ``low..high``, a whole one
+    when ``whole``. Every numeric flag (and its variable) is parsed by one, given as
+    ``add(..., bounds=Bounds(...))``: inf, nan, 1e400 and values out of range stop the
+    exporter with one line, instead of freezing the sample loop (``--interval inf``) or
+    failing later with a traceback; ``--help`` states the range."""
+
+    low: float
+    high: float
+    unit: str = ""  # "seconds", "MiB": how --help and errors name the value
+    whole: bool = False
+
+    def __str__(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{_plain(self.low)}..{_plain(self.high)}{unit}"
+
+    def check(self, text: str) -> float:
+        """``text`` as a number in range (an ``int`` when whole); the error's text is
+        one line for argparse or a variable's name to prefix."""
+        try:
+            value: float = int(text) if self.whole else float(text)
+        except ValueError:
+            kind = "a whole number" if self.whole else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind} in {self}") from None
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            raise argparse.ArgumentTypeError(f"{text} is not in the range {self}")
+        return value
 
 
-def _whole(text: str, flag: str) -> int:
+def _plain(number: float) -> str:
+    """1048576, not 1.04858e+06; 0.1, not 0.1000."""
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def parse_boolean(text: str, name: str) -> bool:
+    """A boolean variable, strictly: a typo ("yes-please", "ture") is an error, not a
+    silent false. Empty is unset (false), as charts render an unset value."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS or not word:
+        return False
+    raise ConfigError(
+        f"{name}: {text!r} is not a boolean; use one of {', '.join(TRUE_WORDS + FALSE_WORDS)}"
+    )
+
+
+def _check_variable(bounds: Bounds, text: str, name: str) -> None:
     try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"{flag}: {text!r} is not a whole number") from None
-    if value < 1:
-        raise ConfigError(f"{flag}: must be at least 1, got {value}")
-    return value
+        bounds.check(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def parse_host_port(
@@ -491,13 +572,6 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         remote_info=env.get(DCGM_REMOTE_HOSTENGINE_INFO) or None,
         operator_namespaces=args.dcgm_operator_namespace,
     )
-    retired_limit = _whole(args.retired_pages_limit, "--retired-pages-limit")
-    idle_threshold = _positive_float(args.idle_threshold, "--idle-threshold", 0.0, unit="")
-    orphan_mib = _positive_float(args.orphan_threshold, "--orphan-threshold", 0.0, unit=" MiB")
-    orphan_cycles = _whole(args.orphan_cycles, "--orphan-cycles")
-    max_connections = _whole(args.http_max_connections, "--http-max-connections")
-    if idle_threshold > 1:
-        raise ConfigError(f"--idle-threshold: {args.idle_threshold} is above 1 (a ratio)")
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
     try:
         families = select_families(
@@ -512,17 +586,15 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
     return Config(
         listen_host=host,
         listen_port=port,
-        interval_s=_positive_float(args.interval, "--interval", MIN_INTERVAL_S),
-        http_header_timeout_s=_positive_float(
-            args.http_header_timeout, "--http-header-timeout", 0.1
-        ),
-        http_max_connections=max_connections,
+        # numbers: parsed and range-checked by their flags' Bounds (build_parser)
+        interval_s=args.interval,
+        http_header_timeout_s=args.http_header_timeout,
+        http_max_connections=args.http_max_connections,
+        liveness_cycles=args.liveness_cycles,
         web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
         pod_resources_socket=Path(args.pod_resources_socket),
-        pod_resources_interval_s=_positive_float(
-            args.pod_resources_interval, "--pod-resources-interval", 1.0
-        ),
+        pod_resources_interval_s=args.pod_resources_interval,
         resource_names=names,
         node_name=args.node_name,
         kube_api=args.kube_api,
@@ -532,12 +604,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         per_process_metrics=bool(args.per_process_metrics),
         families=families,
         xid_severity=xid_severity,
-        health_xid_window_s=_positive_float(args.health_xid_window, "--health-xid-window", 1.0),
-        retired_pages_limit=retired_limit,
-        idle_threshold=idle_threshold,
-        orphan_threshold_bytes=int(orphan_mib * 2**20),
-        orphan_cycles=orphan_cycles,
-        deleted_pod_grace_s=_positive_float(args.deleted_pod_grace, "--deleted-pod-grace", 0.0),
+        health_xid_window_s=args.health_xid_window,
+        retired_pages_limit=args.retired_pages_limit,
+        idle_threshold=args.idle_threshold,
+        orphan_threshold_bytes=int(args.orphan_threshold * 2**20),
+        orphan_cycles=args.orphan_cycles,
+        deleted_pod_grace_s=args.deleted_pod_grace,
         kmsg=bool(args.kmsg),
         kmsg_path=Path(args.kmsg_path),
         dcgm=dcgm,
@@ -547,7 +619,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         log_format=args.log_format,
         snapshot=snapshot,
         snapshot_json=bool(getattr(args, "json", False)),
-        snapshot_window_s=_positive_float(getattr(args, "window", "1"), "--window", 0.1),
+        snapshot_window_s=getattr(args, "window", 1.0),
     )
 
 

@@ -41,12 +41,14 @@ def free_port() -> int:
     ("args", "needle"),
     [
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["--interval", "-1"], "--interval: -1 is below the minimum of 0.1 seconds"),
-        (["--interval", "0.05"], "below the minimum"),
-        (["--interval", "soon"], "--interval: 'soon' is not a number of seconds"),
+        (["--interval", "-1"], "--interval: -1 is not in the range 0.1..3600 seconds"),
+        (["--interval", "0.05"], "not in the range 0.1..3600"),
+        (["--interval", "soon"], "--interval: 'soon' is not a number in 0.1..3600 seconds"),
+        (["--interval", "inf"], "--interval: inf is not in the range 0.1..3600 seconds"),
+        (["--orphan-threshold", "inf"], "--orphan-threshold: inf is not in the range"),
         (["--listen", "9445"], "--listen: '9445' is not HOST:PORT"),
-        (["--http-max-connections", "0"], "--http-max-connections: must be at least 1"),
-        (["--http-header-timeout", "0"], "--http-header-timeout: 0 is below the minimum"),
+        (["--http-max-connections", "0"], "--http-max-connections: 0 is not in the range 1.."),
+        (["--http-header-timeout", "0"], "--http-header-timeout: 0 is not in the range 0.1.."),
         (["--listen", "0.0.0.0:70000"], "is not HOST:PORT"),
         (["--kube-api", "maybe"], "invalid choice: 'maybe'"),
         (["--log-format", "xml"], "invalid choice: 'xml'"),
@@ -105,7 +107,7 @@ def test_environment_variable_sets_a_flag_and_the_flag_wins() -> None:
 def test_bad_environment_value_is_reported_under_its_variable_name() -> None:
     with pytest.raises(ConfigError, match="GPU_EXPORTER_KUBE_API: 'sometimes' is not one of"):
         parse_config([], env={"GPU_EXPORTER_KUBE_API": "sometimes"})
-    with pytest.raises(ConfigError, match="--interval: 'x' is not a number"):
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_INTERVAL: 'x' is not a number"):
         parse_config([], env={"GPU_EXPORTER_INTERVAL": "x"})
 
 
