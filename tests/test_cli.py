@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import SERVER_ONLY_FLAGS, ConfigError, build_parser, parse_config
+from exporter.config import SERVER_ONLY_FLAGS, Bounds, ConfigError, build_parser, parse_config
 from exporter.model import DcgmMode
 
 EXE = [sys.executable, "-m", "exporter"]
@@ -165,6 +165,21 @@ def test_every_flag_is_in_the_readme_flag_table() -> None:
     assert flags
     missing = sorted(flag for flag in flags if f"`{flag}" not in readme)
     assert not missing, f"README.md's flag table lacks {missing}"
+
+
+def test_every_numeric_flag_has_its_range_in_the_readme() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = {}
+    for snapshot in (False, True):
+        for action in build_parser({}, snapshot=snapshot)._actions:
+            bounds = getattr(action.type, "__self__", None)
+            if isinstance(bounds, Bounds):
+                flag = action.option_strings[-1]
+                only = " (snapshot)" if snapshot and flag not in rows else ""
+                rows[flag] = f"| `{flag}`{only} | {bounds} |"
+    assert "--interval" in rows and "--window" in rows
+    missing = [row for row in rows.values() if row not in readme]
+    assert not missing, f"README.md's range table lacks or misstates {missing}"
 
 
 def test_dra_drivers_and_dcgm_are_stored_parsed() -> None:
