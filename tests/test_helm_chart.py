@@ -1299,6 +1299,8 @@ def test_network_policy_pod_labels_alone_match_in_every_namespace() -> None:
 BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "interval-not-a-number": ({"interval": "fast"}, "/interval"),
     "interval-too-small": ({"interval": 0.01}, "/interval"),
+    "interval-too-large": ({"interval": 7200}, "/interval"),
+    "pod-resources-interval-too-large": ({"podResourcesInterval": 86400}, "/podResources"),
     "unknown-top-level-key": ({"intervall": 5}, "intervall"),
     "unknown-nested-key": ({"serviceMonitor": {"enable": True}}, "enable"),
     "families-regex": ({"families": {"disable": ["gpu_fp.*"]}}, "/families/disable/0"),
