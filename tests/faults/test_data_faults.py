@@ -55,25 +55,33 @@ async def test_data_xid_while_kubelet_down(record_fault: RecordFault) -> None:
         await h.refresh_pod_resources()
         await h.advance(5)  # t=10: the XIDs, with the kubelet down
         down = await h.scrape()
-        assert down.get("gpu_exporter_source_up", source="podresources") == 0
-        assert xids(down) == 2  # both counted, once each (NVML and the kernel log)
-        assert xids(down, gpu="0", xid="13", **{"class": "application"}) == 1
-        assert xids(down, gpu="1", xid="48", **{"class": "fatal"}) == 1
-        assert down.get("gpu_healthy", gpu="1") == 0  # and the verdict follows
-        assert down.get("gpu_healthy", gpu="0") == 1
+        kubelet_up = down.get("gpu_exporter_source_up", source="podresources")
+        assert kubelet_up == 0
+        counted = xids(down)
+        application = xids(down, gpu="0", xid="13", **{"class": "application"})
+        fatal = xids(down, gpu="1", xid="48", **{"class": "fatal"})
+        assert counted == 2  # both counted, once each (NVML and the kernel log)
+        assert application == 1 and fatal == 1
+        healthy = {gpu: down.get("gpu_healthy", gpu=gpu) for gpu in ("0", "1")}
+        assert healthy == {"0": 1, "1": 0}  # and the verdict follows
         # the pods still own their memory through their cgroups and the pod watch
-        assert down.get("gpu_container_memory_used_bytes", pod="b") == 8 * GiB
+        owned = {name: down.get("gpu_container_memory_used_bytes", pod=name) for name in ("a", "b")}
+        assert owned == {"a": 8 * GiB, "b": 8 * GiB}
         await h.advance(5)
-        assert xids(await h.scrape()) == 2  # and not again on the next cycle
+        again = xids(await h.scrape()) - counted
+        assert again == 0  # and not again on the next cycle
 
     record_fault(
         "data-xid-while-kubelet-down",
         expected="XIDs raised while the kubelet's PodResources API is down are counted once "
-        "each, with their class, and the health verdict follows them; pod attribution "
-        "carries on through cgroups and the pod watch.",
-        figure="2 of 2 XIDs counted (1 application, 1 fatal), 0 twice, with "
-        "gpu_exporter_source_up{source=podresources} 0; the fatal one's GPU unhealthy the "
-        "same cycle.",
+        "each, with their class, and the health verdict follows them the same cycle; the "
+        "pods keep their memory through cgroups and the pod watch.",
+        figure=f"{counted:.0f} of 2 XIDs counted ({application:.0f} application, "
+        f"{fatal:.0f} fatal), {again:.0f} more on the next cycle, with "
+        f"gpu_exporter_source_up{{source=podresources}} {kubelet_up:.0f}; gpu_healthy "
+        f"{healthy['1']:.0f} for the fatal one's GPU and {healthy['0']:.0f} for the other "
+        f"the same cycle; pods a and b kept {owned['a'] / GiB:.0f} and "
+        f"{owned['b'] / GiB:.0f} GiB.",
     )
 
 

@@ -395,14 +395,16 @@ async def test_kubelet_100mib_response(sock: Path, record_fault: RecordFault) ->
     assert not status.up and source.errors_total == 1
     assert status.error is not None
     assert status.error.startswith("PodResources List: RESOURCE_EXHAUSTED:")
-    assert f"vs. {MAX_RECEIVE_MESSAGE_BYTES}" in status.error  # the limit is named
+    assert f"({size} vs. {MAX_RECEIVE_MESSAGE_BYTES})" in status.error  # both sizes named
     assert grown_mib < 32  # refused from the length prefix, never buffered whole
     assert refresh_s < 1.0
 
     record_fault(
         "kubelet-100mib-response",
-        expected="A List response over the 16 MiB receive limit fails the refresh with "
-        "RESOURCE_EXHAUSTED naming both sizes, source down, without buffering the message.",
+        expected="A 100 MiB List response, over the 16 MiB receive limit, fails the refresh "
+        "in under a second with RESOURCE_EXHAUSTED naming the response's size and the "
+        "limit; the source is down with one error counted, and the client's memory grows "
+        "by under 32 MiB: the message is never held whole.",
         figure=f"{size / 2**20:.0f} MiB response refused in {refresh_s * 1000:.0f} ms; "
         f"client resident memory grew {grown_mib:.1f} MiB at peak",
     )
