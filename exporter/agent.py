@@ -21,7 +21,7 @@ import platform
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.registry import CollectorRegistry
@@ -138,6 +138,7 @@ class Agent:
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_severity)
         self._errors_seen: dict[str, int] = {}
+        self._last_success: dict[str, float] = {}  # sampled sources: last cycle they were up
         self._unresolved_forms_logged: set[str] = set()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -250,7 +251,7 @@ class Agent:
             self.self_metrics.read_seconds.labels(source.name).set(time.perf_counter() - began)
             status = source.status()
             if status is not None:
-                statuses.append(status)
+                statuses.append(self._with_last_success(status, timestamp))
             self._count_errors(source)
         return NodeSnapshot(
             node_name=self.config.node_name,
@@ -258,6 +259,16 @@ class Agent:
             sources=tuple(statuses),
             **cycle.readings,  # type: ignore[arg-type]
         )
+
+    def _with_last_success(self, status: SourceStatus, timestamp: float) -> SourceStatus:
+        """A background source knows its last success; a sampled one succeeded in the
+        last cycle that found it up."""
+        if status.last_success is not None:
+            return status
+        if status.up:
+            self._last_success[status.name] = timestamp
+        last = self._last_success.get(status.name)
+        return status if last is None else replace(status, last_success=last)
 
     def _count_errors(self, source: Source) -> None:
         """Turn a source's running error total into increments of our counter."""

@@ -15,6 +15,7 @@ from exporter import allocator
 from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.families import selectable
+from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.exposition.web_config import WebConfigError
 from exporter.exposition.web_security import WebSecurity
@@ -142,9 +143,10 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
             raise ConfigError(f"--web-config-file: {exc}") from None
     # under --simulate the landing page names the simulated node, not this host
     node = scenario.node_name if scenario is not None else config.node_name
+    liveness = Liveness(cache, interval_s=config.interval_s, cycles=config.liveness_cycles)
     try:
         runner = await start_server(
-            build_app(cache, node, security=security),
+            build_app(cache, node, security=security, liveness=liveness),
             config.listen_host,
             config.listen_port,
             header_timeout_s=config.http_header_timeout_s,
@@ -158,6 +160,7 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         ) from None
     sim = None
     finished = True
+    watching = asyncio.create_task(liveness.watch(), name="liveness")
     try:
         if scenario is not None:
             config, sim = await _simulated(config, scenario)
@@ -180,6 +183,7 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         finished = await agent.run()
         log.info("stopped")
     finally:
+        watching.cancel()
         if security is not None:
             security.close()  # queued password checks answer 503 now, not after bcrypt
         await runner.cleanup()

@@ -55,6 +55,7 @@ def build_sources(
                 dra_drivers=config.dra_drivers,
             ),
             interval_s=config.pod_resources_interval_s,
+            wall_clock=wall_clock,
         ),
         PodWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,
         ResourceSliceWatcher(

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.agent import Agent, build_agent
 from exporter.config import parse_config
+from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
 from exporter.sim.environment import SimEnvironment
 from exporter.sim.node import ManualClock
@@ -206,12 +207,18 @@ async def simulated_exporter(
                 "--kube-api",
                 "auto" if kube_api else "off",
                 *(["--kubeconfig", str(paths.kubeconfig)] if paths.kubeconfig else []),
+                # Refreshes are the test's (refresh_pod_resources): a long period keeps a
+                # slow run from making the last one stale (3 periods of real time).
+                "--pod-resources-interval",
+                "600",
                 *argv,
             ],
             env={},
         )
         cache = MetricsCache()
-        runner = await start_server(build_app(cache, paths.node_name), "127.0.0.1", 0)
+        liveness = Liveness(cache, interval_s=config.interval_s, cycles=config.liveness_cycles)
+        app = build_app(cache, paths.node_name, liveness=liveness)
+        runner = await start_server(app, "127.0.0.1", 0)
         agent = build_agent(config, cache, wall_clock=env.node.wall_time)
         try:
             # Background sources start, but no refresh task runs: the test decides when

@@ -38,6 +38,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "1 when NVML initialised and answered this cycle.",
     ),
     "gpu_exporter_source_up": (GAUGE, "1 when the named source answered its last refresh."),
+    "gpu_exporter_source_last_success_timestamp_seconds": (
+        GAUGE,
+        "Unix time of the named source's last success (a background source goes down when "
+        "this is older than 3 of its periods); absent until it first succeeds.",
+    ),
     "gpu_exporter_last_sample_timestamp_seconds": (
         GAUGE,
         "Unix time at which the last sample cycle started.",
@@ -362,6 +367,11 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     out.add("gpu_exporter_last_sample_timestamp_seconds", {}, node.timestamp)
     for source in node.sources:
         out.add("gpu_exporter_source_up", {"source": source.name}, 1 if source.up else 0)
+        out.add(  # absent (unknown) until the source first succeeds
+            "gpu_exporter_source_last_success_timestamp_seconds",
+            {"source": source.name},
+            source.last_success,
+        )
     migs: dict[str, dict[str, str]] = {}
     for gpu in nvml.gpus:
         _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")

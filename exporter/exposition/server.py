@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import html
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ssl import SSLContext
@@ -26,6 +27,7 @@ from exporter.exposition.connections import (
     DEFAULT_MAX_CONNECTIONS,
     GuardedTCPSite,
 )
+from exporter.exposition.liveness import Liveness
 from exporter.exposition.render import Renderer
 from exporter.exposition.web_security import WebSecurity
 
@@ -56,8 +58,10 @@ class MetricsCache:
     A format not rendered this cycle is rendered once on its first request.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.cycles = 0
+        self._clock = clock
+        self._rendered_at: float | None = None
         self._registry: CollectorRegistry | None = None
         self._rendered: dict[str, _Rendered] = {}
         self._last_wanted: dict[str, int] = {TEXT: 0}
@@ -78,10 +82,16 @@ class MetricsCache:
         with self._lock:
             self._registry, self._rendered = registry, rendered
             self.cycles += 1
+            self._rendered_at = self._clock()
 
     @property
     def ready(self) -> bool:
         return self._registry is not None
+
+    @property
+    def rendered_at(self) -> float | None:
+        """When the last cycle was rendered (monotonic seconds); None before the first."""
+        return self._rendered_at
 
     def cached(self, fmt: str) -> _Rendered | None:
         """This cycle's bytes in ``fmt`` if already rendered (cheap, for the event loop)."""
@@ -143,9 +153,15 @@ LANDING = """<!doctype html>
 
 
 def build_app(
-    cache: MetricsCache, node_name: str, *, security: WebSecurity | None = None
+    cache: MetricsCache,
+    node_name: str,
+    *,
+    security: WebSecurity | None = None,
+    liveness: Liveness | None = None,
 ) -> web.Application:
-    """The routes; with ``security`` (``--web-config-file``) behind its auth middleware."""
+    """The routes; with ``security`` (``--web-config-file``) behind its auth middleware.
+    With ``liveness``, /healthz and /readyz answer 503 with its reason while no cycle
+    completes (exposition/liveness.py)."""
 
     async def metrics(request: web.Request) -> web.Response:
         if not cache.ready:
@@ -164,13 +180,17 @@ def build_app(
             return web.Response(body=rendered.compressed(), headers=headers)
         return web.Response(body=rendered.body, headers=headers)
 
+    def not_live() -> web.Response | None:
+        problem = liveness.problem() if liveness is not None else None
+        return None if problem is None else web.Response(status=503, text=problem + "\n")
+
     async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+        return not_live() or web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        if cache.ready:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="waiting for the first sample\n")
+        if not cache.ready:
+            return web.Response(status=503, text="waiting for the first sample\n")
+        return not_live() or web.Response(text="ready\n")
 
     async def landing(request: web.Request) -> web.Response:
         return web.Response(

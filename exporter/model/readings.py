@@ -300,11 +300,13 @@ class PodMetaSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
-    """Health of one source for ``gpu_exporter_source_up``."""
+    """Health of one source for ``gpu_exporter_source_up``; ``last_success`` (epoch
+    seconds, None: never) for ``gpu_exporter_source_last_success_timestamp_seconds``."""
 
     name: str
     up: bool
     error: str | None = None
+    last_success: float | None = field(default=None, compare=False)  # a time, not a state
 
 
 @dataclass(frozen=True, slots=True)

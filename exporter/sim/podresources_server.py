@@ -5,6 +5,11 @@ transport), so tests and demos exercise the real client code path. Allocations c
 from a provider called on every request, so a simulator timeline can move devices
 between pods while the server runs. A provider returns (containers, allocatable) or,
 with DRA claims, (containers, allocatable, claims).
+
+``undecodable_lists`` makes the first so many ``List`` answers bytes that are no
+``ListPodResourcesResponse`` (a corrupt wire format), as a kubelet with a broken
+encoder or a mangling proxy would send: the client's gRPC receives a successful call
+whose message does not decode.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ PodResourcesProvider: TypeAlias = Callable[[], Allocations | Awaitable[Allocatio
 
 # sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH_BYTES = 107
+# Field 1 (pod_resources), length-delimited, whose length varint never ends: protobuf's
+# parser answers "Wire format was corrupt".
+UNDECODABLE = b"\x0a\xff"
 
 
 def _device_entries(
@@ -135,10 +143,19 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
         *,
         allocatable_implemented: bool = True,
         split_devices: bool = False,
+        undecodable_lists: int = 0,
     ) -> None:
         self._provider = provider
         self._allocatable_implemented = allocatable_implemented
         self._split_devices = split_devices
+        self.undecodable_lists = undecodable_lists  # List answers still to corrupt
+
+    def serialize_list(self, response: api_pb2.ListPodResourcesResponse) -> bytes:
+        """The List answer's bytes, or undecodable ones while ``undecodable_lists`` > 0."""
+        if self.undecodable_lists > 0:
+            self.undecodable_lists -= 1
+            return UNDECODABLE
+        return response.SerializeToString()
 
     async def _allocations(
         self,
@@ -197,6 +214,7 @@ async def start_podresources_server(
     *,
     allocatable_implemented: bool = True,
     split_devices: bool = False,
+    undecodable_lists: int = 0,
 ) -> grpc.aio.Server:
     """Serve ``v1.PodResourcesLister`` on ``socket_path``; stop with ``server.stop(None)``.
 
@@ -211,14 +229,39 @@ async def start_podresources_server(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     server = grpc.aio.server()
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
-        PodResourcesServicer(
-            provider,
-            allocatable_implemented=allocatable_implemented,
-            split_devices=split_devices,
-        ),
-        server,
+    servicer = PodResourcesServicer(
+        provider,
+        allocatable_implemented=allocatable_implemented,
+        split_devices=split_devices,
+        undecodable_lists=undecodable_lists,
     )
+    _add_servicer(servicer, server)
     server.add_insecure_port(f"unix://{path}")
     await server.start()
     return server
+
+
+def _add_servicer(servicer: PodResourcesServicer, server: grpc.aio.Server) -> None:
+    """``api_pb2_grpc.add_PodResourcesListerServicer_to_server``, with List's answer
+    serialised by the servicer (so that it can corrupt it)."""
+    handlers = {
+        "List": grpc.unary_unary_rpc_method_handler(
+            servicer.List,
+            request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+            response_serializer=servicer.serialize_list,
+        ),
+        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+            servicer.GetAllocatableResources,
+            request_deserializer=api_pb2.AllocatableResourcesRequest.FromString,
+            response_serializer=api_pb2.AllocatableResourcesResponse.SerializeToString,
+        ),
+        "Get": grpc.unary_unary_rpc_method_handler(
+            servicer.Get,
+            request_deserializer=api_pb2.GetPodResourcesRequest.FromString,
+            response_serializer=api_pb2.GetPodResourcesResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),)
+    )
+    server.add_registered_method_handlers("v1.PodResourcesLister", handlers)

@@ -17,15 +17,35 @@ A source is one of two kinds, with the same methods:
 ``read()`` fills one field of ``NodeSnapshot`` (``field``). Sources never import one
 another; one that needs another's reading (procfs needs the pids NVML listed) reads it
 from ``Cycle.readings``, so the registry's order is the order of reading.
+
+Every background loop runs under a ``Supervisor``: whatever escapes the loop's own error
+handling (a bug, an answer nobody foresaw) is counted, logged once per distinct error and
+reported as the source being down, and the loop starts again after a backoff. The same
+record says when the loop last succeeded: a background source whose last success is
+older than ``STALE_PERIODS`` of its periods reports down, whatever its last reading said,
+so a loop that is stuck or gone can never leave the source up (docs/reliability.md,
+"Supervised sources and liveness").
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from exporter.model import HolderScanRequest, NvmlSnapshot, SourceName, SourceStatus
+from exporter.sources.backoff import Backoff
+from exporter.text import one_line
+
+log = logging.getLogger(__name__)
+
+# A background source is down once its last success is older than this many of its
+# periods: one late refresh is noise, three in a row is a loop that no longer works.
+STALE_PERIODS = 3
 
 
 @dataclass
@@ -79,3 +99,122 @@ class Source:
     async def aclose(self) -> None:
         """Async release; defaults to ``close()`` in a worker thread."""
         await asyncio.to_thread(self.close)
+
+
+class Supervisor:
+    """The record of one background loop: when it last succeeded, what escaped it.
+
+    The loop calls ``success()`` whenever it has current data (a refresh answered, a
+    wait returned, a watch made progress); ``run_async``/``run_thread`` run the loop
+    body, turning an exception that escapes it into ``crash()`` and a retry after
+    backoff. ``judge()`` turns the source's own status into the one served: down while
+    the last crash is unresolved or the last success is older than ``STALE_PERIODS``
+    periods, with ``last_success`` filled in. Ages are measured on the monotonic clock
+    (a wall-clock step never makes a source stale); the served time is the wall clock's.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        period_s: float,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0, got {period_s}")
+        self.name = name
+        self.period_s = period_s
+        self._wall_clock = wall_clock
+        self._monotonic = monotonic
+        self._since = monotonic()  # before a first success, staleness counts from here
+        self._last_ok: float | None = None  # monotonic
+        self._last_ok_wall: float | None = None
+        self._crash: str | None = None  # why the loop last failed; None after a success
+        self._logged: str | None = None  # the crash last logged (once per distinct error)
+        self._crashes = 0
+
+    @property
+    def crashes(self) -> int:
+        """Exceptions that escaped the loop so far (added to the source's error total)."""
+        return self._crashes
+
+    @property
+    def last_success(self) -> float | None:
+        """Wall-clock time of the last success; None: none yet."""
+        return self._last_ok_wall
+
+    def restart(self) -> None:
+        """The loop (re)starts: staleness before its first success counts from now."""
+        self._since = self._monotonic()
+
+    def success(self) -> None:
+        """The loop has current data (cheap: called from loops many times a second)."""
+        self._last_ok = self._monotonic()
+        self._last_ok_wall = self._wall_clock()
+        if self._crash is not None:
+            log.info("%s source loop working again after: %s", self.name, self._crash)
+            self._crash = self._logged = None
+
+    def crash(self, exc: BaseException) -> None:
+        """Count an exception that escaped the loop; log it once per distinct error."""
+        self._crashes += 1
+        text = one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        self._crash = text
+        if text != self._logged:
+            self._logged = text
+            log.error(
+                "%s source loop failed, retrying with backoff: %s",
+                self.name,
+                text,
+                exc_info=exc,
+            )
+        else:
+            log.debug("%s source loop failed again: %s", self.name, text)
+
+    def stale_for(self) -> float | None:
+        """Seconds since the last success (or the start) when over the limit, else None."""
+        age = self._monotonic() - (self._last_ok if self._last_ok is not None else self._since)
+        return age if age > STALE_PERIODS * self.period_s else None
+
+    def judge(self, status: SourceStatus) -> SourceStatus:
+        """The source's own status, down while the loop is crashed or stale."""
+        status = replace(status, last_success=self._last_ok_wall)
+        if self._crash is not None:
+            return replace(status, up=False, error=f"loop failed: {self._crash}")
+        stale = self.stale_for()
+        if stale is not None and status.up:
+            since = "successful refresh" if self._last_ok is not None else "success since start"
+            age = f"{stale:.0f}" if stale >= 10 else f"{stale:.1f}"
+            return replace(status, up=False, error=f"no {since} for {age} s")
+        return status
+
+    async def run_async(self, step: Callable[[], Awaitable[float]], backoff: Backoff) -> None:
+        """Call ``step`` forever; it returns the delay before its next call. An exception
+        from it is ``crash()`` and the next call waits out ``backoff`` (cancellation
+        ends the loop)."""
+        self.restart()
+        while True:
+            try:
+                delay = await step()
+            except Exception as exc:
+                self.crash(exc)
+                delay = backoff.next_delay()
+            else:
+                backoff.reset()
+            await asyncio.sleep(delay)
+
+    def run_thread(self, body: Callable[[], None], stop: threading.Event, backoff: Backoff) -> None:
+        """A thread's target: run ``body`` (which loops until ``stop`` is set) again
+        after backoff whenever it raises or returns before ``stop``."""
+        self.restart()
+        while not stop.is_set():
+            try:
+                body()
+            except Exception as exc:
+                if stop.is_set():
+                    return
+                self.crash(exc)
+            if stop.is_set():
+                return
+            stop.wait(backoff.next_delay())

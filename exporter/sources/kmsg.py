@@ -139,7 +139,7 @@ class KmsgReader(ThreadedSource):
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__()
+        super().__init__(wall_clock=clock)
         self._on_event = on_event or self._publish
         self._path = Path(path)
         self._proc_root = Path(proc_root)
@@ -217,12 +217,14 @@ class KmsgReader(ThreadedSource):
                 self._stop.wait(self._poll_interval_s)
                 continue
             self._backoff.reset()
+            self._supervisor.success()
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 self._handle(line.decode("utf-8", "replace"), boot)
 
     def _idle(self) -> None:
+        self._supervisor.success()  # read to the end: what the log holds is ours
         self._draining = False  # from here on, records arrive as the kernel logs them
         if not self._caught_up.is_set():
             self._caught_up.set()

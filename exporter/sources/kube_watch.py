@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from exporter.model import SourceStatus
 from exporter.sources.backoff import Backoff
-from exporter.sources.base import Cycle, Source
+from exporter.sources.base import Cycle, Source, Supervisor
 from exporter.text import one_line
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,10 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._watch_accepted = False  # the last watch request was answered 2xx (thread's)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # A working watch ends a window every watch_timeout_s and relists every
+        # resync_s (a collection not served here is asked about as seldom): the resync
+        # is its period for staleness (exporter/sources/base.py).
+        self._supervisor = Supervisor(self.name, resync_s)
 
     # -- subclass hooks ----------------------------------------------------------------
 
@@ -216,9 +220,10 @@ class KubeWatchSource(Source, Generic[V, I, S]):
 
     @property
     def errors_total(self) -> int:
-        """Failed list/watch attempts so far (410 Gone is routine and not counted)."""
+        """Failed list/watch attempts so far (410 Gone is routine and not counted), and
+        exceptions that escaped the thread's loop."""
         with self._lock:
-            return self._errors_total
+            return self._errors_total + self._supervisor.crashes
 
     def snapshot(self) -> S:
         """The current snapshot: the same object until something changes."""
@@ -231,7 +236,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
 
     def status(self) -> SourceStatus:
         snap = self.snapshot()
-        return SourceStatus(self.name, snap.ok, snap.error)
+        return self._supervisor.judge(SourceStatus(self.name, snap.ok, snap.error))
 
     async def prime(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the first LIST to succeed or fail, so the first
@@ -252,7 +257,10 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         with self._lock:
             self._set_status_locked(False, f"waiting for the first {self.singular} list")
         self._thread = threading.Thread(
-            target=self._run, args=(stopping,), name=self.thread_name, daemon=True
+            target=self._supervisor.run_thread,
+            args=(functools.partial(self._run, stopping), stopping, Backoff(max_s=60.0)),
+            name=self.thread_name,
+            daemon=True,
         )
         self._thread.start()
 
@@ -280,6 +288,8 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     # -- state -------------------------------------------------------------------------
 
     def _set_status_locked(self, ok: bool, error: str | None) -> None:
+        if ok:  # listed, or the watch made progress: current data
+            self._supervisor.success()
         self._ok, self._error = ok, error
         self._snapshot_now = self._snapshot(ok, time.time(), error, self._items_tuple)
 

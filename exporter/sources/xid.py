@@ -77,7 +77,9 @@ class XidListener(ThreadedSource):
         rebuild_after_lost_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__()
+        super().__init__(wall_clock=clock)
+        # Up with nothing to listen to, it waits up to backoff_max_s between looks.
+        self._supervisor.period_s = max(self.period_s, backoff_max_s)
         self._on_event = on_event or self._publish
         self._wait_timeout_ms = wait_timeout_ms
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
@@ -118,6 +120,7 @@ class XidListener(ThreadedSource):
             registration = self._register()
             if not registration.by_uuid:
                 # nothing to listen to (no GPU, or none supports events): look again later
+                self._supervisor.success()
                 return self._backoff.next_delay()
             rebuild_at = (
                 time.monotonic() + self._rebuild_after_lost_s if registration.skipped_lost else None
@@ -215,6 +218,7 @@ class XidListener(ThreadedSource):
         """A wait answered: we listen again, so the last error is history."""
         self._backoff.reset()
         self._last_error = None
+        self._supervisor.success()
 
     def _identify(self, registration: _Registration, device: Any) -> tuple[int | None, str | None]:
         """Which registered GPU raised the event: by UUID, else by handle.

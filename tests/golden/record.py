@@ -43,10 +43,15 @@ REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "
 CYCLES = 32
 STEP_S = 5.0
 
-# Families whose values depend on how fast this machine ran the cycle: their series (names
-# and labels) are kept, their values are stored as null and not compared.
+# Families whose values depend on how fast this machine ran the cycle, or on when a
+# background thread last woke (a source's last success): their series (names and labels)
+# are kept, their values are stored as null and not compared.
 TIMING_FAMILIES = frozenset(
-    {"gpu_exporter_sample_duration_seconds", "gpu_exporter_source_read_seconds"}
+    {
+        "gpu_exporter_sample_duration_seconds",
+        "gpu_exporter_source_read_seconds",
+        "gpu_exporter_source_last_success_timestamp_seconds",
+    }
 )
 # Labels that name the machine rather than the node being simulated.
 EXCLUDED_LABELS = {"gpu_exporter_build_info": frozenset({"python_version"})}

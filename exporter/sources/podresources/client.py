@@ -61,6 +61,17 @@ def resource_name_matches(name: str, patterns: Iterable[str]) -> bool:
     return False
 
 
+class _Undecodable(Exception):
+    """An answer gRPC could not decode into the method's response message."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__(
+            "the kubelet's answer could not be decoded"
+            if answer is None
+            else f"the kubelet answered a {type(answer).__name__}, not the expected message"
+        )
+
+
 def _rpc_error_text(method: str, err: grpc.aio.AioRpcError) -> str:
     code = err.code()
     name = code.name if code is not None else "UNKNOWN"
@@ -146,10 +157,22 @@ class PodResourcesClient:
             listed = await self._get_stub().List(
                 api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s
             )
+            if not isinstance(listed, api_pb2.ListPodResourcesResponse):
+                # grpc.aio logs "Exception deserializing message!" and hands over None
+                # for an answer that does not decode (grpc/_common.py deserialize, from
+                # UnaryUnaryCall._invoke in grpc/aio/_call.py)
+                raise _Undecodable(listed)
+            containers = self._containers(listed)
+            claims = self._claims(listed)
         except grpc.aio.AioRpcError as err:
             await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False, timestamp=timestamp, error=_rpc_error_text("List", err)
+            )
+        except _Undecodable as err:
+            await self._drop_channel()
+            return PodResourcesSnapshot(
+                ok=False, timestamp=timestamp, error=f"PodResources List: {err}"
             )
         except Exception as err:  # never raise into the agent: one readable line instead
             await self._drop_channel()
@@ -158,8 +181,6 @@ class PodResourcesClient:
                 timestamp=timestamp,
                 error=one_line(f"PodResources List: {type(err).__name__}: {err}"),
             )
-        containers = self._containers(listed)
-        claims = self._claims(listed)
 
         allocatable: tuple[AllocatableDevices, ...] = ()
         allocatable_ok = False
@@ -168,6 +189,8 @@ class PodResourcesClient:
             response = await self._get_stub().GetAllocatableResources(
                 api_pb2.AllocatableResourcesRequest(), timeout=self._timeout_s
             )
+            if not isinstance(response, api_pb2.AllocatableResourcesResponse):
+                raise _Undecodable(response)
             allocatable = self._allocatable(response)
             allocatable_ok = True
         except grpc.aio.AioRpcError as err:
@@ -175,6 +198,9 @@ class PodResourcesClient:
                 # Unexpected: the connection may be broken, start afresh next time.
                 await self._drop_channel()
                 error = _rpc_error_text("GetAllocatableResources", err)
+        except _Undecodable as err:
+            await self._drop_channel()
+            error = f"PodResources GetAllocatableResources: {err}"
         except Exception as err:
             await self._drop_channel()
             error = one_line(f"PodResources GetAllocatableResources: {type(err).__name__}: {err}")

@@ -2,7 +2,9 @@
 
 The kubelet rate-limits this API, so the refresh runs every ``--pod-resources-interval``
 (backing off while the kubelet is down), not every cycle; ``read()`` hands the last
-refresh to each cycle.
+refresh to each cycle. The refresh task runs under a ``Supervisor``: an exception that
+escapes a refresh is counted and the task goes on after a backoff, and a last good
+refresh older than ``STALE_PERIODS`` intervals reports the source down.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import ClassVar
 
 from exporter.model import PodResourcesSnapshot, SourceName, SourceStatus
 from exporter.sources.backoff import Backoff
-from exporter.sources.base import Cycle, Source
+from exporter.sources.base import Cycle, Source, Supervisor
 from exporter.sources.podresources.client import PodResourcesClient
 
 log = logging.getLogger(__name__)
@@ -24,9 +27,17 @@ class PodResourcesSource(Source):
     name: ClassVar[SourceName] = "podresources"
     field: ClassVar[str] = "pod_resources"
 
-    def __init__(self, client: PodResourcesClient, *, interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: PodResourcesClient,
+        *,
+        interval_s: float = 10.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._client = client
         self._interval_s = interval_s
+        self._supervisor = Supervisor(self.name, interval_s, wall_clock=wall_clock)
+        self._backoff = Backoff(initial_s=1.0, max_s=60.0)
         self._snapshot = PodResourcesSnapshot(
             ok=False, timestamp=time.time(), error="not fetched yet"
         )
@@ -38,15 +49,15 @@ class PodResourcesSource(Source):
         return self._client
 
     async def run(self) -> None:
-        backoff = Backoff(initial_s=1.0, max_s=60.0)
-        while True:
-            await self.refresh()
-            if self._snapshot.ok:
-                backoff.reset()
-                delay = self._interval_s
-            else:
-                delay = min(backoff.next_delay(), self._interval_s * 6)
-            await asyncio.sleep(delay)
+        await self._supervisor.run_async(self._step, Backoff(initial_s=1.0, max_s=60.0))
+
+    async def _step(self) -> float:
+        """One refresh; the delay before the next (backing off while the kubelet fails)."""
+        await self.refresh()
+        if self._snapshot.ok:
+            self._backoff.reset()
+            return self._interval_s
+        return min(self._backoff.next_delay(), self._interval_s * 6)
 
     async def prime(self, timeout_s: float) -> None:
         await self.refresh()  # shares run()'s first fetch when both start together
@@ -66,6 +77,8 @@ class PodResourcesSource(Source):
     async def _fetch(self) -> None:
         previous_ok, previous_error = self._snapshot.ok, self._snapshot.error
         self._snapshot = await self._client.fetch()
+        if self._snapshot.ok:
+            self._supervisor.success()
         if not self._snapshot.ok:
             self._errors_total += 1
             # Once per distinct failure: the first one at start-up too (a socket missing
@@ -80,14 +93,24 @@ class PodResourcesSource(Source):
             )
 
     def read(self, cycle: Cycle) -> PodResourcesSnapshot:
-        return self._snapshot
+        """The last refresh; while the refresh task is crashed or stale, its allocations
+        are no evidence of now: a failed snapshot saying why is handed over instead."""
+        snapshot = self._snapshot
+        if snapshot.ok:
+            status = self.status()
+            if not status.up:
+                return PodResourcesSnapshot(
+                    ok=False, timestamp=snapshot.timestamp, error=status.error
+                )
+        return snapshot
 
     def status(self) -> SourceStatus:
-        return SourceStatus(self.name, self._snapshot.ok, self._snapshot.error)
+        own = SourceStatus(self.name, self._snapshot.ok, self._snapshot.error)
+        return self._supervisor.judge(own)
 
     @property
     def errors_total(self) -> int:
-        return self._errors_total
+        return self._errors_total + self._supervisor.crashes
 
     async def aclose(self) -> None:
         await self._client.close()
