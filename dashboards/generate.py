@@ -807,13 +807,16 @@ def node_overview() -> Json:
                     ),
                     timeseries(
                         "Node devices by state",
-                        "allocatable = healthy advertised - allocated (per extended resource).",
+                        "allocatable = healthy advertised - allocated (per extended resource); "
+                        "unknown = advertised devices whose health no source can judge. A "
+                        "state whose source (NVML, the kubelet) is down has no line meanwhile.",
                         [target(f"gpu_node_devices{{{NODE}}}", "{{node}} {{resource}} {{state}}")],
                         "short",
                     ),
                     bargauge(
                         "Devices by state now",
-                        "Summed over the selected nodes.",
+                        "Summed over the selected nodes; a node adds nothing to a state its "
+                        "sources cannot tell now (see unknown).",
                         f"sum by (resource, state) (gpu_node_devices{{{NODE}}})",
                         "{{resource}} {{state}}",
                         "short",
