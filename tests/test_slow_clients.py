@@ -14,7 +14,11 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from exporter.exposition.connections import ConnectionGuard, GuardedTCPSite
+from exporter.exposition.connections import (
+    ConnectionGuard,
+    GuardedTCPSite,
+    fd_headroom_problem,
+)
 from exporter.exposition.server import build_app, start_server
 from tests.harness import one_gauge_cache
 
@@ -98,8 +102,8 @@ async def test_a_request_sent_slowly_but_in_time_is_answered() -> None:
 
 async def test_a_kept_alive_connection_is_not_cut_between_requests() -> None:
     # Prometheus keeps its connection open between scrapes: the header clock only runs
-    # while a request is being sent.
-    async with serving(header_timeout_s=0.3) as (port, guard):
+    # while a request is being sent, the write clock only while an answer is not taken.
+    async with serving(header_timeout_s=0.3, write_timeout_s=0.3) as (port, guard):
         loop = asyncio.get_running_loop()
         sock = await connect(port, WHOLE_REQUEST)
         try:
@@ -112,13 +116,16 @@ async def test_a_kept_alive_connection_is_not_cut_between_requests() -> None:
                 b"HTTP/1.1 200"
             )
             assert guard.stats.timed_out_total == 0
+            assert guard.stats.write_timed_out_total == 0
         finally:
             sock.close()
 
 
 async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> None:
-    # Connections whose request arrived just now are being answered: not evicted.
+    # Connections whose request arrived just now are being answered: not evicted. (A
+    # long grace, so that a loaded test machine does not make them idle.)
     async with serving(header_timeout_s=5.0, max_connections=3) as (port, guard):
+        guard.answer_grace_s = 30.0
         loop = asyncio.get_running_loop()
         busy = [await connect(port, WHOLE_REQUEST) for _ in range(3)]
         try:
@@ -138,8 +145,75 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> N
                 sock.close()
 
 
+async def unread(port: int, requests: int = 500) -> socket.socket:
+    """A client that pipelines ``requests`` requests and reads none of the answers,
+    through a 4 KiB receive buffer: most of the answers wait in the server's queues."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    await asyncio.get_running_loop().sock_sendall(sock, WHOLE_REQUEST * requests)
+    return sock
+
+
+def reset_by_server(sock: socket.socket) -> bool:
+    """Without reading (tcp(7) TCP_INFO; 1 is ESTABLISHED)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1
+
+
+async def test_a_client_that_does_not_read_is_reset_at_the_write_deadline() -> None:
+    async with serving(write_timeout_s=0.5) as (port, guard):
+        started = time.monotonic()
+        sock = await unread(port)
+        try:
+            while not reset_by_server(sock) and time.monotonic() - started < 5:
+                await asyncio.sleep(0.02)
+            assert 0.45 <= time.monotonic() - started < 5
+            assert guard.stats.write_timed_out_total == 1
+            assert guard.stats.open == 0
+        finally:
+            sock.close()
+
+
+async def test_at_the_cap_the_slow_go_first_then_the_idle() -> None:
+    # One idle kept-alive scraper (the oldest), one client that does not read its
+    # answers, one that sends half a header: the latter two make room first.
+    async with serving(header_timeout_s=30.0, max_connections=3) as (port, guard):
+        loop = asyncio.get_running_loop()
+
+        async def kept_alive_scraper() -> socket.socket:
+            sock = await connect(port, WHOLE_REQUEST)
+            reply = await asyncio.wait_for(loop.sock_recv(sock, 4096), 3)
+            assert reply.startswith(b"HTTP/1.1 200")
+            return sock
+
+        held = [idle := await kept_alive_scraper()]
+        held += [stalled := await unread(port), half := await connect(port, HALF_REQUEST)]
+        try:
+            await asyncio.sleep(guard.answer_grace_s + 0.1)
+            held += [await kept_alive_scraper(), await kept_alive_scraper()]
+            assert reset_by_server(stalled)
+            assert await closed_by_server(half, within_s=1)
+            assert not reset_by_server(idle)
+            await asyncio.sleep(guard.answer_grace_s + 0.1)
+            held.append(await kept_alive_scraper())  # now the idle one goes
+            assert reset_by_server(idle)
+            assert (guard.stats.evicted_total, guard.stats.refused_total) == (3, 0)
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_cap_beyond_the_fd_limit_is_named() -> None:
+    assert fd_headroom_problem(128, 1024) is None
+    problem = fd_headroom_problem(128, 100)
+    assert problem is not None and "RLIMIT_NOFILE" in problem and "lower the flag" in problem
+
+
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="header_timeout_s must be > 0"):
         ConnectionGuard(asyncio.Protocol, header_timeout_s=0)
     with pytest.raises(ValueError, match="max_connections must be >= 1"):
         ConnectionGuard(asyncio.Protocol, max_connections=0)
+    with pytest.raises(ValueError, match="write_timeout_s must be > 0"):
+        ConnectionGuard(asyncio.Protocol, write_timeout_s=0)

@@ -25,6 +25,7 @@ from exporter import __version__
 from exporter.exposition.connections import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
+    WRITE_TIMEOUT_S,
     GuardedTCPSite,
 )
 from exporter.exposition.liveness import Liveness
@@ -215,10 +216,12 @@ async def start_server(
     *,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    write_timeout_s: float = WRITE_TIMEOUT_S,
     ssl_context: SSLContext | None = None,
 ) -> web.AppRunner:
     """Bind and start serving; raises OSError when the address is taken. Slow clients
-    are held to a header deadline and a connection cap (exposition/connections.py)."""
+    are held to a header deadline, a write deadline and a connection cap
+    (exposition/connections.py)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = GuardedTCPSite(
@@ -227,6 +230,7 @@ async def start_server(
         port,
         header_timeout_s=header_timeout_s,
         max_connections=max_connections,
+        write_timeout_s=write_timeout_s,
         ssl_context=ssl_context,
     )
     try:

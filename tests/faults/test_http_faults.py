@@ -94,14 +94,24 @@ def ms(seconds: float) -> str:
 
 async def test_200_concurrent_scrapers(exporter: Exporter, record_fault: RecordFault) -> None:
     """200 Prometheus-like scrapers, each on its own kept-alive connection, three rounds.
-    The cap (--http-max-connections, 128) holds: the scrapers within it are answered
-    fast, the others are closed at once (never left hanging), every round alike."""
+    The cap (--http-max-connections, 128) holds: the exporter's fds (sampled from /proc
+    all along) stay at the cap, so some scrapers' connections are closed (refused at
+    once, or evicted while idle and made again), and none hangs."""
     fds_before, rss_before = exporter.fds(), exporter.rss()
     answered: list[float] = []
     refused: list[float] = []  # seconds until the client saw its connection closed
+    made = 0  # TCP connections the scrapers opened
+    fds_seen: list[int] = []
+
+    async def connection_made(*_: object) -> None:
+        nonlocal made
+        made += 1
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_create_end.append(connection_made)
 
     async def scraper() -> None:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(trace_configs=[tracing]) as session:
             for _ in range(3):
                 began = time.perf_counter()
                 try:
@@ -112,14 +122,31 @@ async def test_200_concurrent_scrapers(exporter: Exporter, record_fault: RecordF
                     refused.append(time.perf_counter() - began)
                 await asyncio.sleep(0.3)
 
+    async def sample_fds() -> None:
+        while True:
+            fds_seen.append(exporter.fds())
+            await asyncio.sleep(0.01)
+
     began = time.monotonic()
-    await asyncio.gather(*(scraper() for _ in range(200)))
+    sampler = asyncio.create_task(sample_fds())
+    try:
+        await asyncio.gather(*(scraper() for _ in range(200)))
+    finally:
+        sampler.cancel()
     wall = time.monotonic() - began
     assert len(answered) + len(refused) == 600
     assert len(answered) >= 3 * DEFAULT_MAX_CONNECTIONS * 0.9
-    assert not refused or max(refused) < 1.0  # closed at once, not hung
+    # closed at once, not hung until the client's 10 s timeout (up to 1.6 s seen with
+    # 8 test runs sharing 2 cores, before and after the write deadline came)
+    assert not refused or max(refused) < 2.0
     p50, p99 = percentile(answered, 0.5), percentile(answered, 0.99)
     assert p99 < 2.0
+    # The cap: connections beyond it were closed (without it each scraper makes one and
+    # keeps it: 200), and the exporter's fds stayed at the cap but for moments (a
+    # refused one lives a loop turn or two after its accept; without the cap: 200 more).
+    assert made > 200
+    fds_typical, fds_peak = sorted(fds_seen)[len(fds_seen) // 2], max(fds_seen)
+    assert fds_typical <= fds_before + DEFAULT_MAX_CONNECTIONS + 2
     fds_after, settle_s = await exporter.settled_fds(fds_before + 2, within_s=3)
     assert fds_after <= fds_before + 2
     rss_growth = exporter.rss() - rss_before
@@ -128,17 +155,21 @@ async def test_200_concurrent_scrapers(exporter: Exporter, record_fault: RecordF
     record_fault(
         "http-200-concurrent-scrapers",
         expected=(
-            "200 concurrent kept-alive scrapers: those within --http-max-connections "
-            "(default 128) are answered from the cached render, the rest are closed at "
-            "once rather than left hanging, and the exporter's fds return to where they were."
+            "200 concurrent kept-alive scrapers: the exporter's fds stay at "
+            "--http-max-connections (default 128) over its own (the median of samples "
+            "taken throughout; a refused connection lives a moment after its accept), "
+            "connections beyond it are closed at once (refused, or evicted while idle) "
+            "rather than left hanging, most scrapes are answered from the cached render, "
+            "and the fds return to where they were."
         ),
         figure=(
             f"{len(answered)} of 600 scrapes answered (p50 {ms(p50)}, p99 {ms(p99)}, "
             f"gzip), {len(refused)} closed "
             f"({'at most ' + ms(max(refused)) if refused else 'none'}) at the cap of "
-            f"{DEFAULT_MAX_CONNECTIONS}; {wall:.1f} s in all on 2 shared cores; fds "
-            f"{fds_before} -> {fds_after} within {settle_s:.1f} s, RSS "
-            f"{rss_growth / MiB:+.1f} MiB."
+            f"{DEFAULT_MAX_CONNECTIONS}; the scrapers made {made} connections; exporter "
+            f"fds {fds_before} before, median {fds_typical} and peak {fds_peak} during "
+            f"({len(fds_seen)} samples), {fds_after} within {settle_s:.1f} s after; "
+            f"{wall:.1f} s in all on 2 shared cores; RSS {rss_growth / MiB:+.1f} MiB."
         ),
     )
 
