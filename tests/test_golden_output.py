@@ -2,11 +2,11 @@
 
 The golden files were recorded by ``tests/golden/record.py`` (a fixed schedule of cycles on
 the manual clock; timing- and machine-dependent values left out). A failure lists the
-missing and extra series and the changed values. If the change is intended, re-record::
+missing and extra series and the changed values. If the change is intended, review the
+difference and re-record::
 
-    .venv/bin/python tests/golden/record.py
-
-and review the JSON diff in the commit.
+    .venv/bin/python tests/golden/record.py            # shows the diff, writes nothing
+    .venv/bin/python tests/golden/record.py --accept   # writes it
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import pytest
 
 from tests.golden.record import GOLDEN_DIR, REQUIRED, Golden, load, normalise, served_text
 
-RERECORD = "if the change is intended, re-record with: .venv/bin/python tests/golden/record.py"
+RERECORD = (
+    "if the change is intended, see the diff with .venv/bin/python tests/golden/record.py "
+    "and write it with --accept"
+)
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -63,7 +66,9 @@ def differences(expected: Golden, actual: Golden) -> list[str]:
 
 def test_every_required_scenario_has_a_golden_copy() -> None:
     missing = [s for s in REQUIRED if not (GOLDEN_DIR / f"{s}.json").is_file()]
-    assert not missing, f"no golden copy for {missing}; record with tests/golden/record.py"
+    assert not missing, (
+        f"no golden copy for {missing}; record with tests/golden/record.py <scenario> --accept"
+    )
 
 
 @pytest.mark.parametrize("path", GOLDEN_FILES, ids=[p.stem for p in GOLDEN_FILES])

@@ -12,16 +12,24 @@ Values that depend on timing or on the machine are left out or made relative (se
 
 Re-record after an intended change of the output::
 
-    .venv/bin/python tests/golden/record.py [scenario ...] [--out DIR]
+    .venv/bin/python tests/golden/record.py [scenario ...] [--out DIR] [--accept]
+
+Without ``--accept`` nothing is written: each scenario whose served output differs from
+its file shows a short unified diff, and the exit status is 1 if any differs (0 if none).
+With ``--accept`` the differing files are written (each atomically, so runs side by side
+never leave a torn file). Review the diff before accepting it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +42,8 @@ if str(ROOT) not in sys.path:  # run as a script: make ``tests`` and ``exporter`
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parent
+# A diff longer than this many changed lines per scenario is cut, with a count of the rest.
+DIFF_LINES = 40
 REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "dra")
 
 # The schedule: the harness's first cycle, then CYCLES cycles STEP_S seconds apart, to
@@ -192,20 +202,90 @@ def load(path: Path) -> Golden:
     return golden
 
 
-def main(argv: list[str] | None = None) -> int:
-    from exporter.sim.scenario import SHIPPED
+def diff(old: str | None, new: str, name: str, limit: int = DIFF_LINES) -> list[str]:
+    """A unified diff of the recorded text ``old`` (None: no file yet) and the served
+    ``new``, cut at ``limit`` changed lines, then a count; empty when they are the same.
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    No context and no hunk headers: each sample line names its family, labels and value.
+    """
+    if old == new:
+        return []
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines() if old is not None else [],
+            new.splitlines(),
+            f"{name} (recorded)" if old is not None else f"{name} (no file yet)",
+            f"{name} (served now)",
+            n=0,
+            lineterm="",
+        )
+    )
+    headers, changed = lines[:2], [line for line in lines[2:] if not line.startswith("@@")]
+    removed = sum(1 for line in changed if line.startswith("-"))
+    summary = f"{name}: {removed} line(s) removed, {len(changed) - removed} added"
+    if len(changed) > limit:
+        summary += f"; {len(changed) - limit} more not shown"
+    return [*headers, *changed[:limit], summary]
+
+
+def write_atomic(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` whole or not at all."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    from exporter.sim.scenario import SHIPPED, ScenarioError, load_scenario
+
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Exit status: 0 nothing differs (or --accept wrote it), 1 something differs "
+        "and was not written, 2 bad arguments.",
+    )
     parser.add_argument("scenarios", nargs="*", help=f"default: all of {', '.join(SHIPPED)}")
     parser.add_argument("--out", type=Path, default=GOLDEN_DIR, help="default: %(default)s")
+    parser.add_argument(
+        "--accept", action="store_true", help="write the files that differ (default: only show)"
+    )
     args = parser.parse_args(argv)
+    scenarios = args.scenarios or list(SHIPPED)
+    for scenario in scenarios:
+        try:
+            load_scenario(scenario)
+        except ScenarioError as exc:
+            parser.error(str(exc))
+    if not args.out.is_dir():
+        parser.error(f"--out {args.out}: not a directory; create it or name another")
     import exporter
 
     print(f"recording from {Path(exporter.__file__).parent}", file=sys.stderr)
-    for scenario in args.scenarios or SHIPPED:
-        target = path_for(scenario, args.out)
-        target.write_text(dump(served(scenario)), encoding="utf-8")
-        print(f"wrote {target}", file=sys.stderr)
+    differing = []
+    for scenario in scenarios:
+        target = path_for(Path(scenario).stem, args.out)
+        new = dump(served(scenario))
+        old = target.read_text(encoding="utf-8") if target.is_file() else None
+        lines = diff(old, new, str(target))
+        if not lines:
+            print(f"unchanged {target}", file=sys.stderr)
+            continue
+        print("\n".join(lines))
+        differing.append(target)
+        if args.accept:
+            write_atomic(target, new)
+            print(f"wrote {target}", file=sys.stderr)
+    if differing and not args.accept:
+        print(
+            f"{len(differing)} golden file(s) differ and were not written; if the change "
+            "is intended, run again with --accept",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
