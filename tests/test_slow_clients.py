@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -21,13 +23,14 @@ from exporter.exposition.connections import (
 )
 from exporter.exposition.server import build_app, start_server
 from tests.harness import one_gauge_cache
+from tests.tls_certs import authority
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\nUser-Agent: slo"
 WHOLE_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: exporter\r\n\r\n"
 
 
 @asynccontextmanager
-async def serving(**limits: float) -> AsyncIterator[tuple[int, ConnectionGuard]]:
+async def serving(**limits: object) -> AsyncIterator[tuple[int, ConnectionGuard]]:
     runner = await start_server(build_app(one_gauge_cache(), "node-a"), "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
     try:
         (site,) = runner.sites
@@ -202,6 +205,23 @@ async def test_at_the_cap_the_slow_go_first_then_the_idle() -> None:
         finally:
             for sock in held:
                 sock.close()
+
+
+async def test_a_tls_handshake_that_never_comes_is_closed_at_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    ca = authority(tmp_path, "ca")
+    pair = ca.issue(tmp_path, "exporter", server=True, sans=("127.0.0.1",))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pair.cert, pair.key)
+    async with serving(header_timeout_s=0.3, ssl_context=context) as (port, _):
+        started = time.monotonic()
+        silent = await connect(port)  # TCP, and not a byte of TLS
+        try:
+            assert await closed_by_server(silent, within_s=5)
+            assert time.monotonic() - started < 5
+        finally:
+            silent.close()
 
 
 def test_a_cap_beyond_the_fd_limit_is_named() -> None:

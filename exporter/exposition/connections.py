@@ -358,6 +358,10 @@ class GuardedTCPSite(web.BaseSite):
             ssl=self._ssl_context,
             backlog=self._backlog,
             reuse_address=True,
+            # asyncio hands a TLS connection to the guard only once its handshake is
+            # done (sslproto.py, _on_handshake_complete): until then the header deadline
+            # bounds it, instead of asyncio's 60 s.
+            ssl_handshake_timeout=self.guard.header_timeout_s if self._ssl_context else None,
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
