@@ -102,6 +102,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "registry-creds"}],
         "port": 9500,
         "interval": 2.5,
+        "livenessCycles": 20,
         "podResourcesInterval": 30,
         "perProcessMetrics": True,
         "families": {"disable": ["gpu_clock_event_*", "gpu_fp*"], "enable": ["gpu_fp64_*"]},
@@ -705,6 +706,7 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     else:
         assert config.listen_host == "" and config.listen_port == merged["port"]
     assert config.interval_s == merged["interval"]
+    assert config.liveness_cycles == merged["livenessCycles"]
     assert config.pod_resources_interval_s == merged["podResourcesInterval"]
     assert str(config.proc_root) == merged["hostProc"]["mountPath"]
     assert config.kube_api == ("off" if merged["kubeApi"] in ("off", False) else "auto")
@@ -815,6 +817,11 @@ def test_probes_use_the_exporters_health_endpoints_on_the_metrics_port() -> None
     assert port == {"name": "metrics", "containerPort": 9445, "protocol": "TCP"}
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # /healthz fails after livenessCycles x interval without a cycle (50 s by default);
+    # the probe restarts the container at most 30 s later (three failures).
+    probe = main["livenessProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= 30
+    assert "--liveness-cycles=10" in main["args"]
     app = build_app(MetricsCache(), "n")
     routes = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
     assert {"/healthz", "/readyz", "/metrics"} <= routes
@@ -1299,6 +1306,7 @@ def test_network_policy_pod_labels_alone_match_in_every_namespace() -> None:
 BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "interval-not-a-number": ({"interval": "fast"}, "/interval"),
     "interval-too-small": ({"interval": 0.01}, "/interval"),
+    "liveness-cycles-too-few": ({"livenessCycles": 1}, "/livenessCycles"),
     "interval-too-large": ({"interval": 7200}, "/interval"),
     "pod-resources-interval-too-large": ({"podResourcesInterval": 86400}, "/podResources"),
     "unknown-top-level-key": ({"intervall": 5}, "intervall"),

@@ -90,6 +90,7 @@ TokenReviews and SubjectAccessReviews. */}}
 - {{ printf "--web-config-file=%s" (include "gpu-occupancy-exporter.webConfig.path" .) | quote }}
 {{- end }}
 - {{ printf "--interval=%v" .Values.interval | quote }}
+- {{ printf "--liveness-cycles=%v" .Values.livenessCycles | quote }}
 - {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
 - {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
 - "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"
