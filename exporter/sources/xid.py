@@ -118,9 +118,9 @@ class XidListener(ThreadedSource):
         try:
             self._ensure_initialised()
             registration = self._register()
+            self._supervisor.success()  # listening (or, with nothing to listen to, up)
             if not registration.by_uuid:
                 # nothing to listen to (no GPU, or none supports events): look again later
-                self._supervisor.success()
                 return self._backoff.next_delay()
             rebuild_at = (
                 time.monotonic() + self._rebuild_after_lost_s if registration.skipped_lost else None
