@@ -16,7 +16,9 @@ from prometheus_client.registry import Collector
 
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
+    DROPPED_LINE_REASONS,
     OCCUPANCY_FIELDS,
+    RELIST_REASONS,
     Analysis,
     AttributedProcess,
     ContainerRef,
@@ -24,7 +26,9 @@ from exporter.model import (
     GpuSample,
     MigInstance,
     Occupancy,
+    PodMetaSnapshot,
     ProcessKind,
+    ResourceSliceSnapshot,
     XidCount,
 )
 
@@ -46,6 +50,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_exporter_last_sample_timestamp_seconds": (
         GAUGE,
         "Unix time at which the last sample cycle started.",
+    ),
+    "gpu_exporter_kube_relists": (
+        COUNTER,
+        "LISTs a Kubernetes list + watch made after its first, by reason: resync, "
+        "expired (410 Gone), watch_failed, bad_stream (malformed or oversize lines), "
+        "list_failed (docs/reliability.md).",
+    ),
+    "gpu_exporter_kube_watch_lines_dropped": (
+        COUNTER,
+        "Watch lines a Kubernetes watch skipped: malformed, or oversize (over 16 MiB).",
     ),
     "gpu_exporter_unresolved_allocations": (
         GAUGE,
@@ -359,6 +373,22 @@ def _scaled(value: int | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
 
+def _add_watch_counts(
+    out: FamilyBuilder, source: str, watched: PodMetaSnapshot | ResourceSliceSnapshot | None
+) -> None:
+    """A list + watch's relists and dropped lines (``source`` is the watch source's
+    name), every reason present from the start at 0 so that rate() sees the first."""
+    if watched is None:  # that watch does not run
+        return
+    relists, dropped = dict(watched.counts.relists), dict(watched.counts.dropped_lines)
+    for reason in RELIST_REASONS:
+        labels = {"source": source, "reason": reason}
+        out.add("gpu_exporter_kube_relists", labels, relists.get(reason, 0))
+    for reason in DROPPED_LINE_REASONS:
+        labels = {"source": source, "reason": reason}
+        out.add("gpu_exporter_kube_watch_lines_dropped", labels, dropped.get(reason, 0))
+
+
 def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metric]:
     out = FamilyBuilder(options.families)
     node = analysis.node
@@ -372,6 +402,8 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
             {"source": source.name},
             source.last_success,
         )
+    _add_watch_counts(out, "kube", node.pod_meta)
+    _add_watch_counts(out, "resourceslices", node.resource_slices)
     migs: dict[str, dict[str, str]] = {}
     for gpu in nvml.gpus:
         _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")

@@ -30,6 +30,8 @@ from exporter.model.findings import (
     XidCount,
 )
 from exporter.model.readings import (
+    DROPPED_LINE_REASONS,
+    RELIST_REASONS,
     AllocatableDevices,
     ClaimDevice,
     ContainerDevices,
@@ -55,6 +57,7 @@ from exporter.model.readings import (
     SliceAttribute,
     SliceDevice,
     SourceStatus,
+    WatchCounts,
     XidEvent,
 )
 from exporter.model.state import (
@@ -92,6 +95,7 @@ from exporter.model.vocabulary import (
 
 __all__ = [
     "DCGM_HOSTENGINE_PORT",
+    "DROPPED_LINE_REASONS",
     "GPU_DRA_DRIVERS",
     "GPU_OPERATOR_NAMESPACES",
     "GPU_RESOURCE_NAMES",
@@ -106,6 +110,7 @@ __all__ = [
     "OWNER_HOST",
     "OWNER_POD",
     "OWNER_UNKNOWN",
+    "RELIST_REASONS",
     "REPLICA_SEPARATOR",
     "ROLE_HOLDER",
     "ROLE_MANAGEMENT",
@@ -164,6 +169,7 @@ __all__ = [
     "Streak",
     "UnallocatedUse",
     "UnattributedUse",
+    "WatchCounts",
     "XidCount",
     "XidEvent",
 ]

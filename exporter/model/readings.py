@@ -266,6 +266,22 @@ class SliceDevice:
         return None
 
 
+# gpu_exporter_kube_relists_total{reason}: why a list + watch listed again (the first
+# LIST of a start is not a relist). docs/metrics.md and docs/reliability.md say more.
+RELIST_REASONS = ("resync", "expired", "watch_failed", "bad_stream", "list_failed")
+# gpu_exporter_kube_watch_lines_dropped_total{reason}
+DROPPED_LINE_REASONS = ("malformed", "oversize")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchCounts:
+    """Running totals of one list + watch, (reason, count) pairs with a count above 0:
+    relists by ``RELIST_REASONS``, watch lines dropped by ``DROPPED_LINE_REASONS``."""
+
+    relists: tuple[tuple[str, int], ...] = ()
+    dropped_lines: tuple[tuple[str, int], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceSliceSnapshot:
     """This node's ResourceSlice devices; ``ok`` False: the API could not be read."""
@@ -274,6 +290,7 @@ class ResourceSliceSnapshot:
     timestamp: float
     error: str | None = None
     devices: tuple[SliceDevice, ...] = ()
+    counts: WatchCounts = WatchCounts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +313,7 @@ class PodMetaSnapshot:
     timestamp: float
     error: str | None = None
     pods: tuple[PodMeta, ...] = ()
+    counts: WatchCounts = WatchCounts()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from exporter.model import PodMeta, PodMetaSnapshot, SourceName
+from exporter.model import PodMeta, PodMetaSnapshot, SourceName, WatchCounts
 from exporter.sources.kube_watch import KubeWatchSource
 
 
@@ -120,6 +120,11 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
         return tuple(sorted(values, key=lambda p: (p.namespace, p.name, p.uid)))
 
     def _snapshot(
-        self, ok: bool, timestamp: float, error: str | None, items: tuple[PodMeta, ...]
+        self,
+        ok: bool,
+        timestamp: float,
+        error: str | None,
+        items: tuple[PodMeta, ...],
+        counts: WatchCounts,
     ) -> PodMetaSnapshot:
-        return PodMetaSnapshot(ok=ok, timestamp=timestamp, error=error, pods=items)
+        return PodMetaSnapshot(ok=ok, timestamp=timestamp, error=error, pods=items, counts=counts)

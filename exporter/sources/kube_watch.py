@@ -5,32 +5,54 @@ Shared by the pod watch (``kube.PodWatcher``) and the ResourceSlice watch
 watch from the list's resourceVersion, and relist on any break (410 Gone, a dropped
 connection, an error) and every ``resync_s`` as a safety net. A subclass names the API
 path and says how one object becomes a model value; everything that makes a watch
-robust (backoff, stopping an open stream, readable errors) lives here once.
+robust (backoff, the LIST budget, bounded watch lines, stopping an open stream, readable
+errors) lives here once.
+
+The thread is a small state machine (``Phase``): LIST (a first list, or a relist with a
+reason), WATCH (one watch window), BACKOFF (a wait before the relist that follows a
+failure). Every failure of either kind waits a jittered backoff (0.8 s doubling to
+30 s, starting over only after 2 minutes without a failure: client-go's reflector), and
+every LIST also needs a token of a per-watch budget (4 at once, one more per 30 s), so
+no answer of the API server, however broken, makes the watch load it faster than that
+(docs/reliability.md, "Watch pacing and the LIST budget").
 
 ``kubernetes`` is imported only inside the thread: it costs ~20 MiB of RSS and a second
 of start-up (its generated ``CoreV1Api`` would cost another ~21 MiB, so the one request
 we need is built through ``ApiClient``), and with ``--kube-api off`` it is never loaded.
 Objects are read as raw JSON rather than the client's models: cheaper per event, and
-immune to model validation tripping over fields a newer API server adds or omits.
+immune to model validation tripping over fields a newer API server adds or omits. The
+watch stream is read here too (``watch_stream``), not by ``kubernetes.watch.Watch``,
+whose line reader buffers a line of any length.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import json
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from exporter.model import SourceStatus
-from exporter.sources.backoff import Backoff
+from exporter.model import SourceStatus, WatchCounts
+from exporter.sources.backoff import Backoff, RateBudget
 from exporter.sources.base import Cycle, Source, Supervisor
+from exporter.sources.watch_stream import (
+    LineTooLong,
+    StreamBroken,
+    WatchEvent,
+    bounded_lines,
+    parse_event,
+    response_chunks,
+)
 from exporter.text import one_line
 
 log = logging.getLogger(__name__)
@@ -49,6 +71,28 @@ _QUERY_NAMES = {
 # A watch with no events is silent; the read timeout only has to outlast the window the
 # server was asked to keep open, so a half-open connection is still noticed.
 WATCH_READ_GRACE_S = 10.0
+# A LIST answer is one node's objects: ~110 pods of a few KiB, a few ResourceSlices.
+MAX_LIST_BYTES = 64 * 1024 * 1024
+
+# Pacing, after client-go's reflector (tools/cache/reflector.go, NewReflectorWithOptions:
+# NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)): every failure waits
+# BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, drawn from [d * (1 - jitter), d], and the
+# schedule starts over only after BACKOFF_QUIET_RESET_S without a failure.
+BACKOFF_INITIAL_S = 0.8
+BACKOFF_MAX_S = 30.0
+BACKOFF_JITTER = 0.5
+BACKOFF_QUIET_RESET_S = 120.0
+# The LIST budget per watch: a bucket of LIST_BURST LISTs (a first LIST and three quick
+# retries), refilled at one per LIST_PERIOD_S; a LIST waits for a token.
+LIST_BURST = 4
+LIST_PERIOD_S = 30.0
+# Watch failures in a row, without a clean window between them, that mark the source
+# down: its quick retries are spent, and what it serves is only as fresh as its last
+# LIST (up to LIST_PERIOD_S old) until a watch window runs its course again.
+FAILURES_DOWN = 4
+# Malformed watch lines since the last clean window that, once they outnumber the good
+# ones, mark the source down and break the stream off.
+MALFORMED_DOWN = 10
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -114,6 +158,49 @@ class WatchSnapshot(Protocol):
     @property
     def error(self) -> str | None: ...
 
+    @property
+    def timestamp(self) -> float: ...
+
+
+class Phase(enum.Enum):
+    """Where the watch thread is; each has one function (``KubeWatchSource._step``)."""
+
+    LIST = "list"  # a first LIST, or a relist (with the reason it is one)
+    WATCH = "watch"  # one watch window from the last resourceVersion
+    BACKOFF = "backoff"  # waiting after a failure; a relist follows
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The thread's next state: ``reason`` says why the coming LIST is a relist (one of
+    ``RELIST_REASONS``; None for the first LIST), ``delay_s`` how long BACKOFF waits."""
+
+    phase: Phase
+    reason: str | None = None
+    delay_s: float = 0.0
+
+
+class MalformedStream(Exception):
+    """Too many malformed watch lines: the stream is broken off and the source is down."""
+
+
+class WatchEndedEarly(Exception):
+    """The server ended a watch window cleanly, but long before the time asked for."""
+
+
+class _OpenWatch:
+    """The watch response being read, so ``stop()`` can end a blocked read at once: it
+    shuts the socket down, as ``kubernetes.watch.Watch.stop`` does (a close() from
+    another thread could wait on the lock that the blocked read holds)."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+
+    def stop(self) -> None:
+        sock = getattr(getattr(self._response, "connection", None), "sock", None)
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+
 
 V = TypeVar("V")  # the model value one API object turns into (a PodMeta, a slice's devices)
 I = TypeVar("I")  # noqa: E741 -- one item of the snapshot (a PodMeta, a SliceDevice)
@@ -131,11 +218,12 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     ``_snapshot``. ``_explain`` and ``_retry_delay`` may say more about a failure.
 
     ``ok`` is True once a LIST succeeded and no attempt since has failed. A watch that
-    breaks (410, a connection dropped after the server accepted the watch) is relisted
-    at once without clearing ``ok``; only a failed LIST, or a watch failing again before
-    any progress for another reason (refused, unreachable; then retried with backoff,
-    1 s doubling to 60 s), marks the source down. Repeated breaks relist with the same
-    backoff but leave the source up: each relist is current data.
+    fails (410, refused, cut, ended long before its time, a line over the size limit)
+    is relisted after the backoff without clearing ``ok``: the relist is current data.
+    The source goes down on a failed LIST, on ``FAILURES_DOWN`` watch failures in a row
+    without a clean window between them, and on ``MALFORMED_DOWN`` malformed lines that
+    outnumber the good ones; the last two stay down through relists until a watch window
+    runs its course (``_watch_trouble``).
     """
 
     path: ClassVar[str]
@@ -168,11 +256,29 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._items_tuple: tuple[I, ...] = ()
         self._ok = False
         self._error: str | None = "not started"
-        self._snapshot_now = self._snapshot(False, time.time(), self._error, ())
+        self._relists: dict[str, int] = {}  # by reason (RELIST_REASONS)
+        self._dropped_lines: dict[str, int] = {}  # by reason (DROPPED_LINE_REASONS)
+        self._snapshot_now = self._snapshot(False, time.time(), self._error, (), WatchCounts())
         self._errors_total = 0
+        # The watch thread's own state, kept across restarts of its loop so that a
+        # restart never refills the LIST budget or forgets the backoff.
+        self._backoff = Backoff(
+            initial_s=BACKOFF_INITIAL_S,
+            max_s=BACKOFF_MAX_S,
+            jitter=BACKOFF_JITTER,
+            quiet_reset_s=BACKOFF_QUIET_RESET_S,
+        )
+        self._list_budget = RateBudget(burst=LIST_BURST, period_s=LIST_PERIOD_S)
+        self._api: Any = None  # kubernetes.client.ApiClient once configured
+        self._rv = ""  # the resourceVersion to watch from
+        self._resync_at = 0.0  # monotonic time of the next scheduled relist
+        self._watch_failures = 0  # in a row, since the last clean watch window
+        self._lines_good = 0  # watch lines since the last clean window, for the
+        self._lines_bad = 0  # malformed-share rule (MALFORMED_DOWN)
+        self._watch_trouble: str | None = None  # why the watch keeps the source down
         self._absent: str | None = None  # why the collection is empty by design, if it is
         self._first_result = threading.Event()  # a first LIST succeeded or failed
-        self._active_watch: Any = None  # kubernetes.watch.Watch while a stream is open
+        self._active_watch: _OpenWatch | None = None  # while a watch response is read
         self._watch_accepted = False  # the last watch request was answered 2xx (thread's)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -196,7 +302,14 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         """The current values as the snapshot's items, in a stable order."""
         raise NotImplementedError
 
-    def _snapshot(self, ok: bool, timestamp: float, error: str | None, items: tuple[I, ...]) -> S:
+    def _snapshot(
+        self,
+        ok: bool,
+        timestamp: float,
+        error: str | None,
+        items: tuple[I, ...],
+        counts: WatchCounts,
+    ) -> S:
         raise NotImplementedError
 
     def _explain(self, exc: BaseException) -> str:
@@ -291,7 +404,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         if ok:  # listed, or the watch made progress: current data
             self._supervisor.success()
         self._ok, self._error = ok, error
-        self._snapshot_now = self._snapshot(ok, time.time(), error, self._items_tuple)
+        self._snapshot_now = self._snapshot(
+            ok, time.time(), error, self._items_tuple, self._counts_locked()
+        )
 
     def _values_changed_locked(self) -> None:
         self._items_tuple = self._items(self._values.values())
@@ -326,59 +441,152 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     # -- worker thread -----------------------------------------------------------------
 
     def _run(self, stopping: threading.Event) -> None:
+        """The watch thread: one ``Step`` after another until ``stopping`` is set."""
         try:
-            from kubernetes import watch as k8s_watch
+            import kubernetes  # noqa: F401 -- only to say so once if it is missing
         except ImportError as exc:
             with self._lock:
                 self._set_status_locked(False, f"kubernetes client unavailable: {exc}")
             self._first_result.set()
             return
-        # return_type "object": events keep raw dicts, no model deserialisation.
-        watch = k8s_watch.Watch(return_type="object")  # type: ignore[no-untyped-call]
-        backoff = Backoff(initial_s=1.0, max_s=60.0)
-        failures = 0  # consecutive, reset by watch progress (not by a LIST alone)
-        api: Any = None
+        step = Step(Phase.LIST)
         try:
             while not stopping.is_set():
-                stage = "load config"
-                try:
-                    if api is None:
-                        api = self._connect()
-                    stage = f"list {self.resource}"
-                    rv = self._list(api)
-                    stage = f"watch {self.resource}"
-                    for _ in self._watch(api, watch, rv, stopping):
-                        failures = 0
-                        backoff.reset()
-                    continue  # resync due (or stopping): relist
-                except Exception as exc:
-                    if stopping.is_set():
-                        break
-                    gone = http_status(exc) == 410
-                    where = f"{stage} ({api.configuration.host})" if api else stage
-                    message = f"{where}: {self._explain(exc)}"
-                    if self._not_served(exc):
-                        self._empty(message)
-                        stopping.wait(self._retry_delay(exc, backoff))
-                        continue
-                    failures += 1
-                    broke = stage.startswith("watch") and self._watch_accepted
-                    if stage.startswith("watch") and (failures == 1 or gone or broke):
-                        # Watches end routinely (410, proxies, API restarts): relist now.
-                        # 410 Gone is never an outage: the relist is current data. (One
-                        # resourceVersion spans all collections, so a quiet watch can be
-                        # outrun by others' events again and again.) Nor is a watch the
-                        # server accepted and a proxy then cut. Repeated ones wait.
-                        self._fail(message, mark_down=False, counted=not gone)
-                        if failures > 1:
-                            stopping.wait(backoff.next_delay())
-                        continue
-                    self._fail(message, mark_down=True, counted=not gone)
-                    stopping.wait(self._retry_delay(exc, backoff))
+                step = self._step(step, stopping)
         finally:
+            api, self._api = self._api, None
             if api is not None:
                 with contextlib.suppress(Exception):
                     api.close()
+
+    def _step(self, step: Step, stopping: threading.Event) -> Step:
+        """Run one state; returns the next."""
+        if step.phase is Phase.LIST:
+            return self._list_step(step.reason, stopping)
+        if step.phase is Phase.WATCH:
+            return self._watch_step(stopping)
+        stopping.wait(step.delay_s)  # BACKOFF
+        return Step(Phase.LIST, step.reason)
+
+    def _list_step(self, reason: str | None, stopping: threading.Event) -> Step:
+        """LIST once the budget allows: WATCH next, or BACKOFF when it failed."""
+        wait_s = self._list_budget.wait_s()
+        if wait_s > 0:
+            log.debug("%s: LIST budget spent, next LIST in %.1f s", self.thread_name, wait_s)
+            stopping.wait(wait_s)
+            return Step(Phase.LIST, reason)
+        self._list_budget.take()
+        if reason is not None:
+            self._count(self._relists, reason)
+        stage = "load config"
+        try:
+            if self._api is None:
+                self._api = self._connect()
+            stage = f"list {self.resource}"
+            self._rv = self._list(self._api)
+        except Exception as exc:
+            if stopping.is_set():
+                return Step(Phase.LIST)
+            message = f"{self._where(stage)}: {self._explain(exc)}"
+            if self._not_served(exc):
+                self._empty(message)
+            else:
+                self._fail(message, mark_down=True, counted=True)
+            return Step(Phase.BACKOFF, "list_failed", self._retry_delay(exc, self._backoff))
+        self._resync_at = time.monotonic() + self._resync_s
+        return Step(Phase.WATCH)
+
+    def _watch_step(self, stopping: threading.Event) -> Step:
+        """One watch window: WATCH again after a clean one, LIST when a resync is due,
+        BACKOFF after a failure."""
+        remaining = self._resync_at - time.monotonic()
+        if remaining <= 0:
+            return Step(Phase.LIST, "resync")
+        window = max(1, min(self._watch_timeout_s, math.ceil(remaining)))
+        began = time.monotonic()
+        try:
+            self._watch_window(window, stopping)
+            lasted = time.monotonic() - began
+            if not stopping.is_set() and lasted < window / 2:
+                raise WatchEndedEarly(
+                    f"the server ended the watch after {lasted:.1f} s of the {window} s asked"
+                )
+        except Exception as exc:
+            if stopping.is_set():
+                return Step(Phase.WATCH)
+            return self._watch_failed(exc)
+        if not stopping.is_set():
+            self._watch_healthy()
+        return Step(Phase.WATCH)
+
+    def _watch_failed(self, exc: BaseException) -> Step:
+        """Count a failed watch, mark the source down when the rules say so, and back
+        off before the relist."""
+        gone = http_status(exc) == 410
+        if isinstance(exc, LineTooLong):
+            self._count(self._dropped_lines, "oversize")
+        reason = (
+            "bad_stream"
+            if isinstance(exc, (LineTooLong, MalformedStream))
+            else "expired"
+            if gone
+            else "watch_failed"
+        )
+        self._watch_failures += 1
+        where = self._where(f"watch {self.resource}")
+        message = f"{where}: {self._explain(exc)}"
+        if isinstance(exc, MalformedStream):
+            trouble: str | None = message
+        elif self._watch_failures >= FAILURES_DOWN:
+            trouble = (
+                f"{where}: {FAILURES_DOWN} failures in a row without a clean watch window; "
+                f"last: {self._explain(exc)}"
+            )
+        else:
+            trouble = None
+        if trouble is None:
+            # 410 Gone is routine (one resourceVersion spans all collections, so a quiet
+            # watch can be outrun by others' events); the rest are errors.
+            self._fail(message, mark_down=False, counted=not gone)
+        else:
+            with self._lock:
+                newly = self._watch_trouble is None
+                self._watch_trouble = trouble
+            # A 410 loop costs one counted error when it takes the source down.
+            self._fail(trouble, mark_down=True, counted=not gone or newly)
+        return Step(Phase.BACKOFF, reason, self._backoff.next_delay())
+
+    def _watch_healthy(self) -> None:
+        """A window ran its course: the data is current as of now, and failures and
+        malformed lines before it are forgiven (the backoff forgets by time alone)."""
+        self._watch_failures = 0
+        self._lines_good = self._lines_bad = 0
+        with self._lock:
+            trouble, self._watch_trouble = self._watch_trouble, None
+            if trouble is not None:
+                self._set_status_locked(True, None)
+            else:
+                self._set_status_locked(self._ok, self._error)
+        if trouble is not None:
+            log.info("%s source up again: a watch window ran its course", self.description)
+
+    def _where(self, stage: str) -> str:
+        return f"{stage} ({self._api.configuration.host})" if self._api is not None else stage
+
+    def _count(self, counts: dict[str, int], reason: str) -> None:
+        """One more relist or dropped line; the snapshot carries the new totals."""
+        with self._lock:
+            counts[reason] = counts.get(reason, 0) + 1
+            snap = self._snapshot_now
+            self._snapshot_now = self._snapshot(
+                self._ok, snap.timestamp, self._error, self._items_tuple, self._counts_locked()
+            )
+
+    def _counts_locked(self) -> WatchCounts:
+        return WatchCounts(
+            relists=tuple(sorted(self._relists.items())),
+            dropped_lines=tuple(sorted(self._dropped_lines.items())),
+        )
 
     def _connect(self) -> Any:
         """An ApiClient on a private Configuration, so nothing global is touched."""
@@ -414,7 +622,8 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         return response.response
 
     def _list(self, api: Any) -> str:
-        """LIST this node's objects, replace the whole set; returns the resourceVersion."""
+        """LIST this node's objects, replace the whole set; returns the resourceVersion.
+        The source is up after it unless the watch keeps it down (``_watch_trouble``)."""
         resp = self._get(
             api,
             field_selector=self._selector,
@@ -422,12 +631,15 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         )
         try:
             if not 200 <= resp.status <= 299:
-                from kubernetes.client.exceptions import ApiException
-
-                raise ApiException(http_resp=resp)  # reads status, reason, body
-            body = json.loads(resp.data)
+                raise _api_exception(resp)
+            body = json.loads(_read_bounded(resp, MAX_LIST_BYTES))
+        except BaseException:
+            resp.close()  # perhaps not read to its end: never reuse the connection
+            raise
         finally:
             resp.release_conn()
+        if not isinstance(body, Mapping):
+            raise ValueError(f"{self.resource} list that is not a JSON object")
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         if not rv:
             raise ValueError(f"{self.resource} list without metadata.resourceVersion")
@@ -442,10 +654,11 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             was_ok = self._ok and self._absent is None
             self._absent = None
             self._values = values
-            self._ok, self._error = True, None
+            trouble = self._watch_trouble
+            self._ok, self._error = (False, trouble) if trouble else (True, None)
             self._values_changed_locked()
         self._first_result.set()
-        if not was_ok:
+        if not was_ok and trouble is None:
             log.info(
                 "%s: listed %d %s on node %s",
                 self.description,
@@ -455,64 +668,75 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             )
         return rv
 
-    def _watch(self, api: Any, watch: Any, rv: str, stopping: threading.Event) -> Iterable[None]:
-        """Watch windows from ``rv`` until a resync is due; yields on each sign of health
-        (an event, a window that ended cleanly) and raises when the stream breaks."""
-        resync_at = time.monotonic() + self._resync_s
-        while not stopping.is_set():
-            remaining = resync_at - time.monotonic()
-            if remaining <= 0:
-                return
-            window = max(1, min(self._watch_timeout_s, math.ceil(remaining)))
-            with self._lock:
-                self._active_watch = watch
-            try:
+    def _watch_window(self, window: int, stopping: threading.Event) -> None:
+        """Read one watch window from ``_rv``, applying events; returns when the server
+        ends it (or on stop) and raises when it fails."""
+        response = self._open_watch(
+            self._api,
+            watch=True,
+            field_selector=self._selector,
+            resource_version=self._rv,
+            timeout_seconds=window,
+            allow_watch_bookmarks=True,
+            _request_timeout=(CONNECT_TIMEOUT_S, window + WATCH_READ_GRACE_S),
+        )
+        with self._lock:
+            self._active_watch = _OpenWatch(response)
+        try:
+            if not 200 <= response.status <= 299:
+                raise _api_exception(response)
+            for line in bounded_lines(response_chunks(response)):
                 if stopping.is_set():
                     return
-                self._watch_accepted = False
-                stream = watch.stream(
-                    functools.partial(self._open_watch, api),
-                    field_selector=self._selector,
-                    resource_version=rv,
-                    timeout_seconds=window,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(CONNECT_TIMEOUT_S, window + WATCH_READ_GRACE_S),
-                )
-                for event in stream:
-                    if stopping.is_set():
-                        return
-                    rv = self._apply(event) or rv
-                    yield
-            finally:
-                with self._lock:
-                    self._active_watch = None
-            if stopping.is_set():
-                return
-            with self._lock:  # the window closed cleanly: the data is current as of now
-                self._set_status_locked(self._ok, self._error)
-            yield
+                self._take_line(line)
+        finally:
+            with self._lock:
+                self._active_watch = None
+            # Closed, not drained: after a line over the limit the rest is never read.
+            response.close()
+            response.release_conn()
+
+    def _take_line(self, line: bytes) -> None:
+        """Apply one watch line, or count it as malformed (raising ``MalformedStream``
+        once malformed lines pass ``MALFORMED_DOWN`` and outnumber the good ones)."""
+        try:
+            event = parse_event(line)
+        except StreamBroken:
+            self._malformed_line()
+            raise
+        if event is None:
+            self._malformed_line()
+            return
+        self._lines_good += 1
+        if event.kind == "BOOKMARK":  # only a newer version to resume from
+            self._rv = event.resource_version or self._rv
+            return
+        self._rv = self._apply(event) or self._rv
+
+    def _malformed_line(self) -> None:
+        self._count(self._dropped_lines, "malformed")
+        self._lines_bad += 1
+        bad, seen = self._lines_bad, self._lines_bad + self._lines_good
+        if bad >= MALFORMED_DOWN and bad > self._lines_good:
+            raise MalformedStream(
+                f"{bad} of the {seen} watch lines since the last clean watch window "
+                "were malformed (not JSON, or no usable event)"
+            )
+        log.debug("%s: skipped a malformed watch line", self.thread_name)
 
     def _open_watch(self, api: Any, **kwargs: Any) -> Any:
-        """``_get`` for ``watch.stream``, noting whether the server accepted the watch."""
+        """``_get`` for a watch, noting whether the server accepted it."""
         response = self._get(api, **kwargs)
         self._watch_accepted = 200 <= response.status <= 299
         return response
 
-    def _apply(self, event: Any) -> str | None:
-        """Apply one watch event; returns the resourceVersion it carries. The client
-        hands over a line that is not JSON as None: skipped, like any event without an
-        object, rather than breaking a healthy watch."""
-        if not isinstance(event, Mapping):
-            log.debug("%s: skipped a malformed watch event", self.thread_name)
-            return None
-        obj = event.get("raw_object", event.get("object"))
-        if not isinstance(obj, Mapping):
-            return None
-        new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-        kind = event.get("type")
-        key = self._key(obj) if kind in ("ADDED", "MODIFIED", "DELETED") else None
+    def _apply(self, event: WatchEvent) -> str | None:
+        """Apply one ADDED/MODIFIED/DELETED event; returns the resourceVersion it
+        carries. An object without a key we can track is skipped."""
+        obj = event.obj
+        key = self._key(obj)
         if key is not None:
-            value = None if kind == "DELETED" else self._convert(obj)
+            value = None if event.kind == "DELETED" else self._convert(obj)
             with self._lock:
                 if value is None:
                     changed = self._values.pop(key, None) is not None
@@ -521,4 +745,27 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                     self._values[key] = value
                 if changed:
                     self._values_changed_locked()
-        return str(new_rv) if new_rv else None
+        return event.resource_version
+
+
+def _read_bounded(response: Any, limit: int) -> bytes:
+    """The whole body of ``response``, refused once it passes ``limit`` bytes."""
+    body = bytearray()
+    for chunk in response_chunks(response):
+        body += chunk
+        if len(body) > limit:
+            raise ValueError(f"answer larger than {limit // (1024 * 1024)} MiB")
+    return bytes(body)
+
+
+def _api_exception(response: Any) -> Exception:
+    """``kubernetes.client.ApiException`` for an error answer, its body read up to
+    64 KiB (the message is cut to one line anyway)."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = response.read(64 * 1024)
+    return ApiException(
+        status=response.status,
+        reason=response.reason,
+        body=body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body,
+    )

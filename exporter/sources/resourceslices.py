@@ -24,7 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from exporter.model import GPU_DRA_DRIVERS, ResourceSliceSnapshot, SliceDevice, SourceName
+from exporter.model import (
+    GPU_DRA_DRIVERS,
+    ResourceSliceSnapshot,
+    SliceDevice,
+    SourceName,
+    WatchCounts,
+)
 from exporter.sources.backoff import Backoff
 from exporter.sources.kube_watch import KubeWatchSource, describe_error, http_status
 from exporter.text import one_line
@@ -168,9 +174,16 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
         return tuple(sorted(devices, key=lambda d: (d.driver, d.pool, d.name)))
 
     def _snapshot(
-        self, ok: bool, timestamp: float, error: str | None, items: tuple[SliceDevice, ...]
+        self,
+        ok: bool,
+        timestamp: float,
+        error: str | None,
+        items: tuple[SliceDevice, ...],
+        counts: WatchCounts,
     ) -> ResourceSliceSnapshot:
-        return ResourceSliceSnapshot(ok=ok, timestamp=timestamp, error=error, devices=items)
+        return ResourceSliceSnapshot(
+            ok=ok, timestamp=timestamp, error=error, devices=items, counts=counts
+        )
 
     def _explain(self, exc: BaseException) -> str:
         status = http_status(exc)
