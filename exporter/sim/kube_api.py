@@ -9,8 +9,9 @@ watch streams, 410 handling) under test. Only what ``PodWatcher`` and
 spans both collections, and compaction (``expire_history``) expires watches of both.
 
 Mutators (``set_pod``, ``delete_pod``, ``set_resource_slice``, ``delete_resource_slice``,
-``expire_history``, ``disconnect_watchers``, ``send_raw``, ``set_error``,
-``set_resource_slices_served``) are thread-safe and may be called from any thread, so a
+``expire_history``, ``disconnect_watchers``, ``send_raw``, ``send_huge_line``,
+``set_error``, ``set_resource_slices_served``, ``set_watch_garbage``,
+``set_watch_bookmark_then_gone``) are thread-safe and may be called from any thread, so a
 test can drive the fake while its event loop runs in a background thread
 (``start_in_thread``) — needed because the watchers under test do blocking HTTP.
 """
@@ -18,11 +19,13 @@ test can drive the fake while its event loop runs in a background thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -54,7 +57,12 @@ _RESOURCE_SLICE_FIELDS: dict[str, _FieldPath] = {
 }
 
 _Selector = tuple[tuple[_FieldPath, str, bool], ...]  # (field path, value, equal)
-_QueueItem = tuple[Literal["event", "gone", "drop", "raw"], dict[str, Any] | bytes | None]
+_QueueItem = tuple[
+    Literal["event", "gone", "drop", "raw", "huge"], dict[str, Any] | bytes | int | None
+]
+# The pieces send_huge_line writes a long line in: the same bytes object each time, so
+# a 300 MiB line costs the fake one block, not 300 MiB.
+HUGE_LINE_BLOCK = 1024 * 1024
 
 Resource = Literal["pods", "resourceslices"]
 
@@ -89,7 +97,8 @@ class LoggedRequest:
     A watch is logged when it opens and updated when it ends: ``outcome`` goes from
     ``"open"`` to ``"timeout"``, ``"expired"`` (``status`` becomes 410, as the in-stream
     ERROR event says), ``"dropped"`` (``disconnect_watchers``) or ``"closed"`` (the
-    client went away). A list is ``"done"``.
+    client went away). A list is ``"done"``. ``at`` is when it came and ``ended_at``
+    when a watch ended (``time.monotonic()``), for request rates and gaps.
     """
 
     method: str
@@ -98,6 +107,8 @@ class LoggedRequest:
     watch: bool
     status: int
     outcome: str = "done"
+    at: float = field(default_factory=time.monotonic)
+    ended_at: float | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -324,6 +335,8 @@ class FakeKubeApi:
         # resource (None: every request) -> (code, reason, message)
         self._errors: dict[Resource | None, tuple[int, str, str]] = {}
         self._slices_served = True
+        self._garbage: tuple[bytes, ...] = ()  # written over and over into each new watch
+        self._bookmark_then_gone = False
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
@@ -423,6 +436,33 @@ class FakeKubeApi:
                 w.loop.call_soon_threadsafe(w.queue.put_nowait, ("raw", line))
             return len(self._watchers)
 
+    def send_huge_line(self, size: int, *, resource: Resource | None = None) -> int:
+        """Write one line of ``size`` bytes (then a newline) into every open watch
+        stream (of ``resource`` only, if given): a syntactically valid ADDED event whose
+        object carries one huge annotation, written in ``HUGE_LINE_BLOCK`` pieces (never
+        materialised); returns how many streams it went to. Writing stops when the
+        client goes away."""
+        with self._lock:
+            chosen = [w for w in self._watchers if resource in (None, w.resource)]
+            for w in chosen:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, ("huge", size))
+            return len(chosen)
+
+    def set_watch_garbage(self, lines: Sequence[bytes]) -> None:
+        """Every watch opened from now on is answered with ``lines`` (each followed by a
+        newline) written over and over for as long as it stays open, instead of events:
+        a broken server or proxy. An empty sequence ends this for new watches."""
+        with self._lock:
+            self._garbage = tuple(lines)
+
+    def set_watch_bookmark_then_gone(self, on: bool) -> None:
+        """True: every watch opened from now on gets a BOOKMARK event at the current
+        resourceVersion and then an in-stream 410 Gone (too old resource version), and
+        ends; the loop a cluster whose history is compacted faster than it is watched
+        shows. False ends this for new watches."""
+        with self._lock:
+            self._bookmark_then_gone = on
+
     def set_error(
         self, code: int | None, message: str = "", *, resource: Resource | None = None
     ) -> None:
@@ -467,6 +507,7 @@ class FakeKubeApi:
     def _finish(self, record: LoggedRequest, outcome: str, status: int | None = None) -> None:
         with self._lock:
             record.outcome = outcome
+            record.ended_at = time.monotonic()
             if status is not None:
                 record.status = status
 
@@ -535,6 +576,7 @@ class FakeKubeApi:
                 watcher.events = [e for e in backlog if _matches(e["object"], selector)]
                 self._watchers.add(watcher)
             min_rv = self._min_rv
+            garbage, gone_after_bookmark, rv_now = self._garbage, self._bookmark_then_gone, self._rv
         record = self._log(request, True, 410 if gone else 200, "expired" if gone else "open")
 
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -546,6 +588,20 @@ class FakeKubeApi:
             return resp
         outcome = "closed"  # unless the loop below says otherwise: the client left
         try:
+            if garbage:
+                await self._write_garbage(resp, garbage)
+                return resp
+            if gone_after_bookmark:
+                bookmark = {
+                    "type": "BOOKMARK",
+                    "object": {"metadata": {"resourceVersion": str(rv_now)}},
+                }
+                await resp.write(json.dumps(bookmark).encode() + b"\n")
+                await self._write_gone(resp, since, rv_now)
+                outcome = "expired"
+                self._finish(record, outcome, 410)
+                await resp.write_eof()
+                return resp
             for backlog_event in watcher.events:
                 await resp.write(json.dumps(backlog_event).encode() + b"\n")
             deadline = loop.time() + timeout
@@ -559,6 +615,9 @@ class FakeKubeApi:
                 elif kind == "raw":
                     assert isinstance(event, bytes)
                     await resp.write(event + b"\n")
+                elif kind == "huge":
+                    assert isinstance(event, int)
+                    await self._write_huge(resp, event)
                 elif kind == "gone":
                     await self._write_gone(resp, since, self._min_rv)
                     outcome = "expired"
@@ -577,6 +636,29 @@ class FakeKubeApi:
             self._finish(record, outcome)
         await resp.write_eof()
         return resp
+
+    @staticmethod
+    async def _write_garbage(resp: web.StreamResponse, lines: tuple[bytes, ...]) -> None:
+        """``lines`` over and over until the client goes away (the handler is then
+        cancelled, or a write fails)."""
+        payload = b"".join(line + b"\n" for line in lines)
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await resp.write(payload)
+
+    @staticmethod
+    async def _write_huge(resp: web.StreamResponse, size: int) -> None:
+        head = b'{"type": "ADDED", "object": {"metadata": {"name": "huge", "uid": "huge", '
+        head += b'"annotations": {"filler": "'
+        tail = b'"}}, "spec": {"nodeName": ""}}}\n'
+        block = b"x" * HUGE_LINE_BLOCK
+        with contextlib.suppress(ConnectionError):  # the client dropped it: as it should
+            await resp.write(head)
+            left = max(0, size - len(head) - len(tail))
+            while left > 0:
+                await resp.write(block if left >= len(block) else block[:left])
+                left -= len(block)
+            await resp.write(tail)
 
     @staticmethod
     async def _write_gone(resp: web.StreamResponse, since: int, min_rv: int) -> None:

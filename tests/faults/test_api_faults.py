@@ -134,23 +134,33 @@ def test_api_unreachable(
         f"list resourceslices (http://127.0.0.1:{port}): ConnectionRefusedError: Connection refused"
     )
     assert w.pods.snapshot().pods == () and w.slices.snapshot().devices == ()
+    # Attempts, each a counted error, 3 s into the outage: the backoff (0.4-0.8 s,
+    # doubling) allows at most 4 (at 0, >= 0.4, >= 1.2, >= 2.8 s); a retry loop, hundreds.
+    time.sleep(max(0.0, began + 3.0 - time.monotonic()))
+    attempts = [x.errors_total for x in w.both()]
+    assert all(2 <= n <= 4 for n in attempts), attempts
 
     fake.start_in_thread(port=port)
+    errors_when_up = [x.errors_total for x in w.both()]
     started = time.monotonic()
+    wait_for(lambda: all(x.status().up for x in w.both()), timeout=10, what="both listed")
     w.synced()
     recover_s = time.monotonic() - started
 
     assert w.pods.snapshot().error is None and w.pods.snapshot().pods[0].name == "trainer-0"
     assert [d.attribute("uuid") for d in w.slices.snapshot().devices] == [UUID_0]
-    assert recover_s < 1.5  # the first retry of the 1 s backoff
+    # The first retry after the server came back listed: no attempt failed in between.
+    assert [x.errors_total for x in w.both()] == errors_when_up
+    assert recover_s < 6.4 + 0.5  # the longest step a 5th attempt can wait, and slack
 
     record_fault(
         "api-unreachable",
         expected="Both watches report down with 'ConnectionRefusedError: Connection "
-        "refused' and the API URL, retry with backoff (1 s doubling to 60 s), and list "
-        "again at the first retry after the server is back.",
-        figure=f"down {detect_s * 1000:.0f} ms after start; both listed {recover_s:.2f} s "
-        f"after the API server came up (first retry)",
+        "refused' and the API URL, retry with a doubling backoff (at most 4 attempts in "
+        "the first 3 s), and list again at the first retry after the server is back.",
+        figure=f"down {detect_s * 1000:.0f} ms after start; {attempts} attempts in the "
+        f"first 3 s; both listed {recover_s:.2f} s after the API server came up, with no "
+        "failed attempt in between",
     )
 
 
@@ -169,6 +179,7 @@ def test_api_401(
     kept = (len(w.pods.snapshot().pods), len(w.slices.snapshot().devices))
 
     fake.set_error(None)  # a new token is mounted
+    errors_when_fixed = [x.errors_total for x in w.both()]
     fixed = time.monotonic()
     w.synced()
     recover_s = time.monotonic() - fixed
@@ -178,7 +189,8 @@ def test_api_401(
         "resourceslices": f"list resourceslices ({url}): HTTP 401 Unauthorized: Unauthorized",
     }
     assert kept == (1, 1)  # the last list is kept, marked stale by source_up 0
-    assert recover_s < 1.5
+    assert [x.errors_total for x in w.both()] == errors_when_fixed  # the first retry listed
+    assert recover_s < 3.2 + 0.5  # at most the third backoff step, and slack
 
     record_fault(
         "api-401",
@@ -213,6 +225,7 @@ def test_api_403(
 
     fake.set_error(None, resource="pods")  # the ClusterRole is fixed
     fake.set_error(None, resource="resourceslices")
+    errors_when_fixed = [x.errors_total for x in w.both()]
     fixed = time.monotonic()
     w.synced()
     recover_s = time.monotonic() - fixed
@@ -225,7 +238,8 @@ def test_api_403(
     assert "\n" not in slices_error
     assert len(slices_error) <= 300 + len(f"list resourceslices ({url}): ")
     assert w.pods.snapshot().error is None and w.slices.snapshot().error is None
-    assert recover_s < 1.5
+    assert [x.errors_total for x in w.both()] == errors_when_fixed  # the first retry listed
+    assert recover_s < 3.2 + 0.5  # at most the third backoff step, and slack
 
     record_fault(
         "api-403",
@@ -257,15 +271,18 @@ def test_api_410_gone(
     first = [next(r for r in fake.requests if r.watch and r.path == p) for p in (PODS, SLICES)]
     assert [(r.status, r.outcome) for r in first] == [(410, "expired")] * 2
     assert [x.errors_total for x in w.both()] == [0, 0]  # 410 is routine, not an error
+    assert [dict(x.snapshot().counts.relists) for x in w.both()] == [{"expired": 1}] * 2
     assert down_s == 0.0
     assert [r.status for r in fake.requests if r.watch][-2:] == [200, 200]
+    assert 0.4 <= relist_s < 5.0  # after the first backoff step (0.4-0.8 s)
 
     record_fault(
         "api-410-gone",
-        expected="410 Gone on a watch relists at once and watches from the new list's "
+        expected="410 Gone on a watch relists after the first backoff step (0.4-0.8 s), "
+        "counted as a relist for reason expired, and watches from the new list's "
         "version; the source never goes down and no error is counted.",
         figure=f"both relisted and watching again {relist_s * 1000:.0f} ms after the 410; "
-        f"0 s down, 0 errors counted",
+        f"0 s down, 0 errors counted, 1 expired relist each",
     )
 
 
@@ -290,16 +307,30 @@ def test_api_watch_drops_every_second(
     assert dropped >= 4
     assert down_s == 0.0  # each relist succeeded: current data, not an outage
     assert all(x.snapshot().error is None for x in w.both())
-    assert "dropped" in [r.outcome for r in fake.requests if r.watch]
     errors = sum(x.errors_total for x in w.both())
-    assert 1 <= errors <= dropped  # each break counted once
+    for x, path in zip(w.both(), (PODS, SLICES), strict=True):
+        watch_cuts = sum(1 for r in fake.requests if r.path == path and r.outcome == "dropped")
+        assert x.errors_total == watch_cuts  # each cut counted once
+        counted = dict(x.snapshot().counts.relists)
+        assert set(counted) <= {"watch_failed"}
+        assert sum(counted.values()) == lists(fake, path) - 1  # every relist counted
+        # The k-th relist came at least 0.4 * 2**(k-1) s after the cut of its watch: the
+        # backoff doubled while the cuts went on (0.4 s: the lower end of 0.8 s).
+        requests = [r for r in fake.requests if r.path == path]
+        for k, relist in enumerate(r for r in requests if not r.watch and r.at > began):
+            cut = max(
+                r.ended_at or 0.0 for r in requests if r.outcome == "dropped" and r.at < relist.at
+            )
+            assert relist.at - cut >= 0.4 * 2**k - 0.05, (k, relist.at - cut)
     assert relists <= dropped  # repeated breaks back off: no relist storm
     assert seen_s < 5.0  # the backoff bounds how stale the data gets
 
     record_fault(
         "api-watch-drops",
-        expected="A watch the server accepted and a proxy then cuts is relisted (with "
-        "backoff when it keeps happening) and the source stays up; each break is counted.",
+        expected="A watch the server accepted and a proxy then cuts is relisted after a "
+        "backoff that doubles while the cuts go on (the k-th relist at least 0.4 * 2^(k-1) "
+        "s after its cut), the source stays up, and each cut is counted as one error and "
+        "its relist as one watch_failed relist.",
         figure=f"{dropped} watch streams cut over 4 s: {relists} relists, {errors} errors "
         f"counted, 0 s down; a pod added after the last cut seen {seen_s:.2f} s later",
     )
