@@ -4,18 +4,29 @@ The agent runs in this process with only the simulated NVML library inside (as
 libnvidia-ml is on a real node); the rest of the simulated node — proc tree, kernel log,
 kubelet gRPC socket, API stand-in — runs in a process of its own (``NodeProcess``), on a
 clock both share, so cycles can run faster than real time and what this process holds is
-the exporter's. Each cycle moves the node one simulated second on, runs one sample cycle,
-and takes the rendered bytes as a scrape would (both formats). PodResources is refreshed
-every 10 cycles (its default 10 s at 1 s), and every 1,000 cycles the API stand-in drops
-its event history, which makes both watches relist, as after an etcd compaction.
+the exporter's. Every source the exporter runs on a node is on, the kernel-log reader
+(``--kmsg``, fed by the simulator's kernel log) included, and the exporter's own HTTP
+server (``build_app`` + ``start_server``, as ``cli.serve`` starts it) serves ``/metrics``.
+Each cycle moves the node one simulated second on and runs one sample cycle; every
+``SCRAPE_EVERY`` cycles a client scrapes ``/metrics`` over TCP, as text, OpenMetrics and
+gzip-compressed OpenMetrics in turn, on a kept-alive connection replaced every
+``SCRAPES_PER_CONNECTION`` scrapes. PodResources is refreshed every 10 cycles (its default
+10 s at 1 s), and every 1,000 cycles the API stand-in drops its event history, which makes
+both watches relist, as after an etcd compaction.
 
 The churning node is ``node-8gpu`` plus the scenario's ``churn:`` block (sim/churn.py): a
 new worker pid every cycle living 20 s, a pod ``churn/job-N`` created and deleted every
 60 s, and GPU 5 lost and back every 600 s; the quiet node is ``node-8gpu`` alone.
 
-Usage: ``python benchmarks/soak.py [--cycles N] [--quiet-cycles N] [--tracemalloc]``
-(``benchmarks/run.py`` runs it too). Results are printed and written to
-``benchmarks/results/soak.json`` and ``soak.md``.
+``growth_failures`` is the verdict both forms apply between two samples a whole churn
+period apart: open files, threads, tracked objects, pymalloc blocks and anonymous RSS.
+``SoakPlan.leak`` (``--leak``) makes the driver itself keep one float per churned pid, a
+leak ``gc.get_objects()`` cannot see, to show that the verdict catches it.
+
+Usage: ``python benchmarks/soak.py [--cycles N] [--quiet-cycles N] [--tracemalloc]
+[--record] [--leak]`` (``benchmarks/run.py`` runs it too). Results are printed and
+written to ``benchmarks/results/soak.json`` and ``soak.md``; ``--record`` also writes the
+table into docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import gzip
 import json
 import linecache
 import multiprocessing
@@ -32,6 +44,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -46,8 +59,14 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from exporter import allocator  # noqa: E402
 from exporter.agent import Agent, build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
-from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache  # noqa: E402
+from exporter.exposition.server import (  # noqa: E402
+    MetricsCache,
+    bound_port,
+    build_app,
+    start_server,
+)
 from exporter.sim.external import NodeProcess, attach  # noqa: E402
+from exporter.sources.kmsg import KmsgReader  # noqa: E402
 from exporter.sources.podresources.source import PodResourcesSource  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -57,7 +76,27 @@ TARGET_CHURN_OVER_QUIET_MIB = 10.0
 POD_RESOURCES_EVERY = 10
 EXPIRE_HISTORY_EVERY = 1000
 FLAP_GPU, FLAP_PERIOD_S = 5, 600
-TRACE_FRAMES = 12
+TRACE_FRAMES = 30
+KMSG_WAIT_POLLS = 500  # 10 ms each: how long the driver waits for the kernel-log reader
+SCRAPE_EVERY = 5  # cycles: a 5 s scrape interval at --interval 1
+SCRAPES_PER_CONNECTION = 20
+PROMETHEUS_ACCEPT = (  # what Prometheus 2.x sends
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+SCRAPES = (  # (kind, Accept, Accept-Encoding), taken in turn
+    ("text", "*/*", "identity"),
+    ("openmetrics", PROMETHEUS_ACCEPT, "identity"),
+    ("gzip", PROMETHEUS_ACCEPT, "gzip"),
+)
+# The verdict between two samples a churn period apart (growth_failures). Leaks are per
+# churned thing, and a period churns FLAP_PERIOD_S pids: one pymalloc block kept per pid
+# would add that many blocks, twice the ceiling. Measured between period-aligned samples
+# (docs/reliability.md): blocks move by a few hundred, anonymous RSS by under 1 MiB.
+MAX_BLOCKS_PER_PERIOD = FLAP_PERIOD_S // 2
+MAX_GC_OBJECTS_PER_PERIOD = FLAP_PERIOD_S // 2
+MAX_ANON_MIB_PER_PERIOD = 2.0
+MAX_HANDLES_IN_FLIGHT = 1  # an fd or thread of a relist or refresh under way at a sample
 SOAK_BEGIN, SOAK_END = "<!-- soak:begin -->", "<!-- soak:end -->"
 
 
@@ -68,6 +107,7 @@ class SoakPlan:
     sample_every: int = 100
     slope_from: int = 3000
     tracemalloc: bool = False
+    leak: bool = False  # the driver keeps one float per churned pid (LeakyHolder)
 
 
 def scenario_file(directory: Path, plan: SoakPlan) -> Path:
@@ -85,21 +125,108 @@ def scenario_file(directory: Path, plan: SoakPlan) -> Path:
     return path
 
 
-def sample(cycle: int, agent: Agent) -> dict[str, Any]:
+def measure() -> dict[str, Any]:
+    """What this process holds: resident and anonymous memory (MiB), open files, threads,
+    objects the collector tracks, and pymalloc blocks, which also count what the
+    collector does not track (ints, floats, strings held in a dict), after a collection
+    so that cyclic garbage waiting for one does not count."""
+    gc.collect()
     status = Path("/proc/self/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    latest = agent.latest
     return {
-        "cycle": cycle,
         "rss": int(fields["VmRSS"].split()[0]) / 1024,
         "anon": int(fields["RssAnon"].split()[0]) / 1024,
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "gc_objects": len(gc.get_objects()),
         "allocated_blocks": sys.getallocatedblocks(),
-        "processes": len(latest.node.processes) if latest else 0,
         **{f"malloc_{k}_mib": v / 2**20 for k, v in (allocator.usage() or {}).items()},
     }
+
+
+def sample(cycle: int, agent: Agent, scraper: Scraper) -> dict[str, Any]:
+    latest = agent.latest
+    return {
+        "cycle": cycle,
+        **measure(),
+        "processes": len(latest.node.processes) if latest else 0,
+        "scrapes": scraper.scrapes,
+    }
+
+
+def growth_failures(before: dict[str, Any], after: dict[str, Any], periods: float) -> list[str]:
+    """What grew past its ceiling from ``before`` to ``after``, samples ``periods`` churn
+    periods apart (empty when nothing did): one line per figure, with both values."""
+    ceilings = {
+        "allocated_blocks": MAX_BLOCKS_PER_PERIOD * periods,
+        "gc_objects": MAX_GC_OBJECTS_PER_PERIOD * periods,
+        "anon": MAX_ANON_MIB_PER_PERIOD * periods,
+        "fds": MAX_HANDLES_IN_FLIGHT,
+        "threads": MAX_HANDLES_IN_FLIGHT,
+    }
+    return [
+        f"{key}: {before[key]:g} -> {after[key]:g} (+{after[key] - before[key]:g}, "
+        f"at most +{ceiling:g} over {periods:g} period(s))"
+        for key, ceiling in ceilings.items()
+        if after[key] - before[key] > ceiling
+    ]
+
+
+class LeakyHolder:
+    """A deliberate leak for ``SoakPlan.leak``: one float per pid the exporter has seen,
+    held in a dict and never dropped, as a per-pid cache without eviction would be. It
+    lives in the driver, not in the exporter, and is what ``gc.get_objects()`` misses."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, float] = {}
+
+    def keep(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.held.setdefault(pid, float(pid))
+
+
+class Scraper:
+    """A Prometheus-like client of the exporter's HTTP server: one GET /metrics per call,
+    on a kept-alive connection replaced every ``SCRAPES_PER_CONNECTION`` scrapes, the
+    response read whole (Content-Length) and checked."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.scrapes = 0
+        self.body_bytes: dict[str, int] = {}
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def scrape(self) -> None:
+        kind, accept, encoding = SCRAPES[self.scrapes % len(SCRAPES)]
+        if self._streams is None or self.scrapes % SCRAPES_PER_CONNECTION == 0:
+            await self.close()
+            self._streams = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self._streams
+        writer.write(
+            f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nAccept: {accept}\r\n"
+            f"Accept-Encoding: {encoding}\r\nUser-Agent: soak\r\n\r\n".encode()
+        )
+        status = await reader.readline()
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        if not status.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"soak scrape ({kind}): {status!r}")
+        if kind == "gzip":
+            body = gzip.decompress(body)
+        if not body.startswith(b"# HELP"):
+            raise RuntimeError(f"soak scrape ({kind}): the body starts {body[:40]!r}")
+        self.body_bytes[kind] = len(body)
+        self.scrapes += 1
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            writer = self._streams[1]
+            self._streams = None
+            writer.close()
+            await writer.wait_closed()
 
 
 def slope_per_1000(samples: list[dict[str, Any]], key: str, start: int) -> float:
@@ -110,12 +237,20 @@ def slope_per_1000(samples: list[dict[str, Any]], key: str, start: int) -> float
     return fit.slope * 1000
 
 
-def by_module(snapshot: tracemalloc.Snapshot, before: tracemalloc.Snapshot) -> list[list[Any]]:
-    """Growth between two snapshots by where it was allocated (innermost frames of this
-    project, else the innermost frame), largest first."""
-    top = snapshot.compare_to(before, "traceback")[:15]
+def growing_in_both_halves(snapshots: list[tracemalloc.Snapshot]) -> list[list[Any]]:
+    """Allocation sites (whole tracebacks) whose live blocks grew over both halves of the
+    traced span, most blocks first: a steady leak grows in both, a replaced working set
+    (a relist's objects, a cycle's strings) moves up in one and down in the other."""
+    first, half, last = snapshots
+    early = {s.traceback: s.count_diff for s in half.compare_to(first, "traceback")}
+    both = [
+        (s.traceback, early.get(s.traceback, 0), s.count_diff, s.size_diff)
+        for s in last.compare_to(half, "traceback")
+        if s.count_diff > 0 and early.get(s.traceback, 0) > 0
+    ]
+    both.sort(key=lambda row: -(row[1] + row[2]))
     linecache.clearcache()
-    return [[_where(s.traceback), s.size_diff, s.count_diff] for s in top]
+    return [[_where(tb), a, b, size] for tb, a, b, size in both[:15]]
 
 
 def _where(traceback: tracemalloc.Traceback) -> str:
@@ -124,7 +259,7 @@ def _where(traceback: tracemalloc.Traceback) -> str:
     ours = [
         f for f, raw in zip(frames, innermost_first, strict=True) if "/exporter/" in raw.filename
     ]
-    return " < ".join((ours or frames)[:3])
+    return " < ".join(frames[:2] + [f for f in ours[:3] if f not in frames[:2]])
 
 
 async def soak(plan: SoakPlan) -> dict[str, Any]:
@@ -139,48 +274,67 @@ async def soak(plan: SoakPlan) -> dict[str, Any]:
 
 
 async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
-    paths = attach(node.directory).paths
+    attached = attach(node.directory)
+    paths = attached.paths
     assert paths.kubeconfig is not None
-    config = parse_config([*paths.flags(), "--dcgm=off"], env={})
+    config = parse_config([*paths.flags(), "--dcgm=off", "--kmsg"], env={})
     wall_start = time.time()
-    agent = build_agent(config, MetricsCache(), wall_clock=lambda: wall_start + node.clock())
+    cache = MetricsCache()
+    agent = build_agent(config, cache, wall_clock=lambda: wall_start + node.clock())
+    runner = await start_server(
+        build_app(cache, config.node_name),
+        "127.0.0.1",
+        0,
+        header_timeout_s=config.http_header_timeout_s,
+        max_connections=config.http_max_connections,
+    )
+    scraper = Scraper(bound_port(runner))
+    leak = LeakyHolder() if plan.leak else None
     # Background threads, no refresh task: the loop below refreshes PodResources on the
     # simulated schedule, not the real one.
     for source in agent.sources:
         source.start()
     podresources = agent.source("podresources")
     assert isinstance(podresources, PodResourcesSource)
+    kmsg = agent.source("kmsg")
+    assert isinstance(kmsg, KmsgReader)
     samples: list[dict[str, Any]] = []
-    tracemalloc_growth: list[list[Any]] = []
-    before: tracemalloc.Snapshot | None = None
+    snapshots: list[tracemalloc.Snapshot] = []
+    half_way = plan.slope_from + (plan.cycles - plan.slope_from) // 2
     started = time.monotonic()
     try:
         await asyncio.gather(*(s.prime(30.0) for s in agent.sources))
         for cycle in range(1, plan.cycles + 1):
             node.advance(1.0)
+            raised = len(attached.library.node.xids)
             await agent.cycle()
-            for fmt in (TEXT, OPENMETRICS):  # a scrape of each format
-                if agent.cache.cached(fmt) is None:
-                    agent.cache.render_now(fmt)
+            if len(attached.library.node.xids) > raised:
+                await kernel_log_caught_up(kmsg, len(attached.library.node.xids))
+            if cycle % SCRAPE_EVERY == 0:
+                await scraper.scrape()
             if cycle % POD_RESOURCES_EVERY == 0:
                 await podresources.refresh()
             if cycle % EXPIRE_HISTORY_EVERY == 0:
                 node.command("expire_history")
+            if leak is not None and agent.latest is not None:
+                leak.keep(p.pid for p in agent.latest.node.processes)
             if cycle % plan.sample_every == 0 or cycle == 1:
-                samples.append(sample(cycle, agent))
-            # Traced from half-way through warm-up, so both snapshots hold the live
-            # working set (replaced every cycle) and their difference is what stayed.
+                samples.append(sample(cycle, agent, scraper))
+            # Traced from half-way through warm-up, so every snapshot holds the live
+            # working set (replaced every cycle) and their differences are what stayed.
             if plan.tracemalloc and cycle == plan.slope_from // 2:
                 tracemalloc.start(TRACE_FRAMES)
-            if plan.tracemalloc and cycle == plan.slope_from:
-                before = tracemalloc.take_snapshot()
-        if before is not None:
-            tracemalloc_growth = by_module(tracemalloc.take_snapshot(), before)
-            tracemalloc.stop()
+            if plan.tracemalloc and cycle in (plan.slope_from, half_way, plan.cycles):
+                gc.collect()
+                snapshots.append(tracemalloc.take_snapshot())
+        tracemalloc.stop()
+        final = await scraper_counts(scraper)
         latest = agent.latest
         assert latest is not None
         down = [s.name for s in latest.node.sources if not s.up and s.name != "dcgm"]
     finally:
+        await scraper.close()
+        await runner.cleanup()
         await agent.close()
     elapsed = time.monotonic() - started
     end = samples[-1]
@@ -189,6 +343,9 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
         "seconds": elapsed,
         "cycles_per_s": plan.cycles / elapsed,
         "sources_down_at_end": down,
+        "scrapes": scraper.scrapes,
+        "scraped_bytes": scraper.body_bytes,
+        "xids_at_end": final,
         "start": samples[0],
         "end": end,
         "max_processes": max(s["processes"] for s in samples),
@@ -208,9 +365,41 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
         },
         "fds_range_after_warmup": _range(samples, "fds", plan.slope_from),
         "threads_range_after_warmup": _range(samples, "threads", plan.slope_from),
-        "tracemalloc_growth_by_file": tracemalloc_growth,
+        "tracemalloc_growth": growing_in_both_halves(snapshots) if len(snapshots) == 3 else [],
         "samples": samples,
     }
+
+
+async def kernel_log_caught_up(kmsg: KmsgReader, xids: int) -> None:
+    """Wait (real time, simulated time standing still) until the kernel-log reader has
+    read the XIDs the node raised. It polls its file every 0.5 s of real time
+    (exporter/sources/kmsg.py, ``poll_interval_s``), tens of simulated seconds at the
+    soak's pace: without the wait it would stamp an XID that late, past the ledger's 5 s
+    window for matching it with NVML's copy, and count it twice, which at one cycle a
+    second cannot happen."""
+    for _ in range(KMSG_WAIT_POLLS):
+        if kmsg.events_total >= xids:  # every XID the node raised, its backlog included
+            return
+        await asyncio.sleep(0.01)
+
+
+async def scraper_counts(scraper: Scraper) -> dict[str, float]:
+    """XIDs served at the end (text format) by GPU and code: the kernel log's and
+    NVML's XIDs reached the exposition through the ledger, each counted once."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", scraper.port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: soak\r\nConnection: close\r\n\r\n")
+        raw = await reader.read()
+    finally:
+        writer.close()
+    counts: dict[str, float] = {}
+    for line in raw.decode().splitlines():
+        if line.startswith(("gpu_xid_errors_total{", "gpu_xid_errors_before_start{")):
+            series, _, value = line.rpartition(" ")
+            name, _, labels = series.partition("{")
+            pairs = dict(p.split("=", 1) for p in labels.rstrip("}").split(","))
+            counts[f"{name}{{gpu={pairs['gpu']},xid={pairs['xid']}}}"] = float(value)
+    return counts
 
 
 def _range(samples: list[dict[str, Any]], key: str, start: int) -> list[int]:
@@ -266,16 +455,37 @@ def rows(churn: dict[str, Any], quiet: dict[str, Any] | None) -> list[tuple[str,
                 f"{what} per 1,000 cycles, {span} (min-max {low}-{high})",
                 f"{slopes[key]:.4f}",
                 f"≤ {TARGET_SLOPE_COUNT}",
-                _verdict(abs(slopes[key]) <= TARGET_SLOPE_COUNT),
+                _verdict(slopes[key] <= TARGET_SLOPE_COUNT),  # growth: fewer is no failure,
             )
             for what, key in (("open fds", "fds"), ("threads", "threads"))
             for low, high in [churn[f"{key}_range_after_warmup"]]
+        ),
+        *_verdict_row(churn),
+        (
+            "scrapes over HTTP (text, OpenMetrics, gzip in turn), bytes of each",
+            f"{churn['scrapes']:,}: "
+            + ", ".join(f"{b / 1024:.0f} KiB" for b in churn["scraped_bytes"].values()),
+            "—",
+            "—",
+        ),
+        (
+            "XIDs served at the end (NVML event set + kernel log)",
+            ", ".join(f"{k} {v:g}" for k, v in sorted(churn["xids_at_end"].items())) or "none",
+            "—",
+            "—",
         ),
     ]
     if quiet is not None:
         over = churn["end"]["rss"] - quiet["end"]["rss"]
         out += [
             ("quiet node: RSS at end", f"{quiet['end']['rss']:.1f} MiB", "—", "—"),
+            (
+                f"quiet node: pymalloc blocks per 1,000 cycles, cycles "
+                f"{quiet['plan']['slope_from']:,}-{quiet['plan']['cycles']:,}",
+                f"{quiet['slopes_per_1000_cycles']['allocated_blocks']:.1f}",
+                "—",
+                "—",
+            ),
             (
                 "churning node's RSS over the quiet node's",
                 f"{over:.1f} MiB",
@@ -290,25 +500,60 @@ def _verdict(ok: bool) -> str:
     return "pass" if ok else "FAIL"
 
 
+def _verdict_row(churn: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The short form's verdict (``growth_failures``) between the first sample a whole
+    churn period after warm-up and the last one at the same point of the period."""
+    aligned = [
+        s
+        for s in churn["samples"]
+        if s["cycle"] % FLAP_PERIOD_S == 0 and s["cycle"] >= churn["plan"]["slope_from"]
+    ]
+    if len(aligned) < 2:
+        return []
+    first, last = aligned[0], aligned[-1]
+    periods = (last["cycle"] - first["cycle"]) / FLAP_PERIOD_S
+    failed = growth_failures(first, last, periods)
+    return [
+        (
+            f"blocks, objects, anonymous RSS, fds, threads, cycles {first['cycle']:,}-"
+            f"{last['cycle']:,} (tests/test_soak.py's ceilings)",
+            "; ".join(failed)
+            or f"+{last['allocated_blocks'] - first['allocated_blocks']:,} "
+            f"blocks, {last['anon'] - first['anon']:+.1f} MiB anonymous",
+            f"≤ {MAX_BLOCKS_PER_PERIOD} blocks, {MAX_ANON_MIB_PER_PERIOD:g} MiB per period",
+            _verdict(not failed),
+        )
+    ]
+
+
 def markdown(results: dict[str, Any], machine: str) -> str:
     churn, quiet = results["churn"], results.get("quiet")
+    quiet_cycles = quiet["plan"]["cycles"] if quiet else 0
     lines = [
         "# Soak: node-8gpu with pid, container, pod and GPU churn",
         "",
-        f"Run {results['started']} on {machine}; regenerate with "
-        "`python benchmarks/soak.py` (see benchmarks/README.md).",
+        f"Run {results['started']} on {machine}; regenerate with `python benchmarks/soak.py "
+        f"--cycles {churn['plan']['cycles']} --quiet-cycles {quiet_cycles}"
+        " --record` (see benchmarks/README.md).",
         "",
         "| figure | value | target | result |",
         "|---|---:|---|---|",
         *(f"| {' | '.join(r)} |" for r in rows(churn, quiet)),
         "",
     ]
-    if churn["tracemalloc_growth_by_file"]:
-        lines += ["Python allocations that grew after warm-up, by file (tracemalloc):", ""]
-        lines += ["| file | bytes | blocks |", "|---|---:|---:|"]
+    if churn["tracemalloc_growth"]:
+        start, n = churn["plan"]["slope_from"], churn["plan"]["cycles"]
+        half = start + (n - start) // 2
         lines += [
-            f"| {f} | {size:+,} | {count:+,} |"
-            for f, size, count in churn["tracemalloc_growth_by_file"]
+            f"Python allocations whose live blocks grew over both cycles {start:,}-{half:,} "
+            f"and {half:,}-{n:,} (tracemalloc, innermost frames first):",
+            "",
+            "| where | blocks, first half | blocks, second half | bytes, second half |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {where} | {a:+,} | {b:+,} | {size:+,} |"
+            for where, a, b, size in churn["tracemalloc_growth"]
         ]
         lines.append("")
     return "\n".join(lines)
@@ -343,12 +588,24 @@ def main() -> int:
     parser.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="also list Python allocations that grew after warm-up, by file (slower)",
+        help="also list Python allocations that grew in both halves after warm-up (slower)",
+    )
+    parser.add_argument(
+        "--leak",
+        action="store_true",
+        help="keep one float per churned pid in the driver, to see the verdict fail",
+    )
+    parser.add_argument(
+        "--record", action="store_true", help="write the table into docs/reliability.md"
     )
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     churn = SoakPlan(
-        args.cycles, churn=True, slope_from=args.slope_from, tracemalloc=args.tracemalloc
+        args.cycles,
+        churn=True,
+        slope_from=args.slope_from,
+        tracemalloc=args.tracemalloc,
+        leak=args.leak,
     )
     print(f"soak: churning node-8gpu for {churn.cycles:,} cycles", flush=True)
     results: dict[str, Any] = {"started": started, "churn": in_fresh_process(churn)}
@@ -363,7 +620,7 @@ def main() -> int:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / "soak.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS_DIR / "soak.md").write_text(text)
-    if args.cycles >= 100_000:  # the recorded long form: its summary goes in the docs
+    if args.record:
         _into_doc(text)
     return 0
 
@@ -372,9 +629,11 @@ def _into_doc(text: str) -> None:
     """The soak's table into docs/reliability.md, between its markers."""
     doc = ROOT / "docs" / "reliability.md"
     body = text.split("\n", 2)[2].strip()  # without the title
-    head, _, rest = doc.read_text().partition(SOAK_BEGIN)
-    _, _, tail = rest.partition(SOAK_END)
-    doc.write_text(f"{head}{SOAK_BEGIN}\n{body}\n{SOAK_END}{tail}")
+    text = doc.read_text()
+    old = text.partition(SOAK_BEGIN)[2].partition(SOAK_END)[0]
+    doc.write_text(
+        text.replace(f"{SOAK_BEGIN}{old}{SOAK_END}", f"{SOAK_BEGIN}\n{body}\n{SOAK_END}")
+    )
     print(f"wrote {doc.relative_to(ROOT)}")
 
 

@@ -13,7 +13,8 @@ time-sliced GPU) and exits ``worker_lifetime_s`` later, each pid used once. Ever
 ``job_period_s`` a pod ``churn/job-N`` is created with ``job_device``, runs one process,
 and is deleted ``job_lifetime_s`` later, so the pod watch, the PodResources answer and
 the pod label sets churn too. With ``gpu_flap_period_s``, GPU ``gpu_flap`` falls off the
-bus once a period and comes back (same UUID) ``gpu_flap_down_s`` later.
+bus once a period (the driver raises XID 79 first, so NVML's event set and the kernel log
+both see it) and comes back (same UUID) ``gpu_flap_down_s`` later.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class ChurnTimeline(Sequence[SimEvent]):
         events.extend(self._job_events(second))
         period = churn.gpu_flap_period_s
         if period and 0 < second <= churn.seconds:
-            if second % period == period // 2:
+            if second % period == period // 2:  # the driver logs XID 79, then NVML says lost
+                events.append(SimEvent(second, "xid", {"gpu": churn.gpu_flap, "code": 79}))
                 events.append(SimEvent(second, "lose", {"value": churn.gpu_flap}))
             elif second % period == (period // 2 + churn.gpu_flap_down_s) % period:
                 events.append(SimEvent(second, "restore", {"value": churn.gpu_flap}))
