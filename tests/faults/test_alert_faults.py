@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 import exporter.sim
+from exporter.model import SourceStatus
 from exporter.sim.scenario import Scenario, SimEvent, load_scenario, parse_scenario
 from tests.faults.conftest import RecordFault
 from tests.harness import Harness, Scrape, simulated_exporter
@@ -71,6 +72,20 @@ async def api_server_failing(h: Harness) -> None:
     assert api is not None
     api.set_error(500, "etcdserver: request timed out")
     api.disconnect_watchers()
+    await watches_down(h, "kube", "resourceslices")
+
+
+async def watches_down(h: Harness, *names: str) -> None:
+    """A cut watch is routine; a watch source is down once its relist, after the first
+    backoff step (0.4-0.8 s of real time), is refused too. Waits up to 10 s for that."""
+    for _ in range(200):
+        sources = [h.agent.source(n) for n in names]
+        if all(s is None or not (s.status() or _UP).up for s in sources):
+            return
+        await asyncio.sleep(0.05)
+
+
+_UP = SourceStatus("any", True)
 
 
 async def kubelet_and_api_down(h: Harness) -> None:
@@ -83,6 +98,7 @@ async def resourceslices_forbidden(h: Harness) -> None:
     assert api is not None
     api.set_error(403, "resourceslices is forbidden", resource="resourceslices")
     api.disconnect_watchers()
+    await watches_down(h, "resourceslices")
 
 
 @dataclass(frozen=True)
