@@ -852,3 +852,28 @@ def test_mig_xids_are_counted_per_gpu_and_compute_instance() -> None:
         XidKey(0, UUID_A, 43, APPLICATION, 2, 0): 1,
         XidKey(0, UUID_A, 43, APPLICATION): 1,
     }
+
+
+def test_kmsg_reader_skips_a_line_without_end_in_bounded_time(
+    proc_root: Path, tmp_path: Path
+) -> None:
+    """/dev/kmsg hands out whole records, but --kmsg-path may name a regular file with a
+    32 MiB "line": the reader keeps at most MAX_PENDING of it (it used to hold all of it
+    and re-split it at every 8 KiB read, quadratic: minutes of a core), and the record
+    after it is read."""
+    log = tmp_path / "kmsg"
+    with log.open("w") as f:
+        f.write(kmsg_line(1, 1_000_000, "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, before"))
+        f.write("4,2,2000000,-;" + "x" * (32 * 1024 * 1024) + "\n")
+        f.write(kmsg_line(3, 3_000_000, "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, after"))
+    events: queue.Queue[XidEvent] = queue.Queue()
+    reader = KmsgReader(events.put, path=log, proc_root=proc_root, poll_interval_s=0.02)
+    began = time.monotonic()
+    reader.start()
+    try:
+        assert events.get(timeout=5).xid == 13
+        assert events.get(timeout=5).xid == 31
+        assert time.monotonic() - began < 5.0
+        assert reader.alive and reader.errors_total == 0
+    finally:
+        reader.stop()

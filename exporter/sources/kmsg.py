@@ -51,6 +51,9 @@ from exporter.sources.threaded import ThreadedSource
 log = logging.getLogger(__name__)
 
 READ_SIZE = 8192  # larger than any record (a read smaller than a record fails EINVAL)
+# /dev/kmsg hands out whole records; only a regular file named by --kmsg-path can hold a
+# "line" without end. What is held while waiting for its newline stops here.
+MAX_PENDING = 64 * 1024
 _RECORD = re.compile(r"^(\d+),(\d+),(\d+)(?:,[^;]*)?;(.*)$")
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?"
@@ -196,6 +199,7 @@ class KmsgReader(ThreadedSource):
                 self._proc_root,
             )
         pending = b""
+        skipping = False  # inside a line longer than MAX_PENDING
         while not self._stop.is_set():
             try:
                 chunk = os.read(fd, READ_SIZE)
@@ -220,6 +224,10 @@ class KmsgReader(ThreadedSource):
             self._supervisor.success()
             pending += chunk
             *lines, pending = pending.split(b"\n")
+            if skipping and lines:  # the end of a line too long to keep
+                lines, skipping = lines[1:], False
+            if len(pending) > MAX_PENDING:  # no record is this long: drop what is held
+                pending, skipping = b"", True
             for line in lines:
                 self._handle(line.decode("utf-8", "replace"), boot)
 
