@@ -570,7 +570,8 @@ def test_read_process_garbage_stat_gives_unknown_comm_and_state(tmp_path: Path) 
     pid_dir.mkdir()
     (pid_dir / "cgroup").write_bytes(b"\xff\xfe\x00garbage")
     (pid_dir / "stat").write_bytes(b"9 no-parens R 1 2 3")
-    assert read_process(tmp_path, 9) == ProcessIdentity(pid=9, alive=True)
+    # a cgroup of junk is no evidence of a host process either: owner unknown
+    assert read_process(tmp_path, 9) == ProcessIdentity(pid=9, alive=True, cgroup_parsed=False)
 
 
 def test_read_process_file_vanishing_mid_read_means_dead(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ REASON_CONTAINER_UNKNOWN = "container id unknown"
 REASON_SHARED_NO_META = "shared GPU without pod metadata"
 REASON_AMBIGUOUS_NO_META = "several pods on an exclusive GPU without pod metadata"
 REASON_NOT_READ = "process not read from /proc"
+REASON_CGROUP_UNPARSED = "cgroup file not understood"
 
 _DeviceKey = tuple[str, str | None]  # physical GPU UUID, MIG UUID
 
@@ -193,14 +194,14 @@ def _sharers(
     listed: Iterable[_Listed], identities: Mapping[int, ProcessIdentity]
 ) -> dict[_DeviceKey, frozenset[tuple[str, str | None]]]:
     """Distinct live (pod uid, container id) per device, to refuse ambiguous fallbacks.
-    A live process whose cgroup could not be read may be anyone's: it counts as one
+    A live process whose cgroup could not be read (or parsed) may be anyone's: it counts as one
     more sharer, so it never leaves another pod's process looking like the only one."""
     found: dict[_DeviceKey, set[tuple[str, str | None]]] = defaultdict(set)
     for entry in listed:
         identity = identities.get(entry.process.pid)
         if identity is None or not identity.alive:
             continue
-        if not identity.cgroup_read:
+        if not (identity.cgroup_read and identity.cgroup_parsed):
             found[entry.device.key].add((f"unread pid {identity.pid}", None))
         elif identity.pod_uid is not None:
             found[entry.device.key].add((identity.pod_uid, identity.container_id))
@@ -245,6 +246,8 @@ def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context)
         return _Owner(OWNER_DEAD)
     if not identity.cgroup_read:  # whose it is cannot be told: not a host process
         return _Owner(OWNER_UNKNOWN, reason=REASON_NOT_READ)
+    if not identity.cgroup_parsed:  # junk where the cgroup should be: nor is this
+        return _Owner(OWNER_UNKNOWN, reason=REASON_CGROUP_UNPARSED)
     if identity.pod_uid is None:
         return _Owner(OWNER_HOST)
     if context.pods is None:

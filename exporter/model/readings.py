@@ -180,7 +180,9 @@ class ProcessIdentity:
 
     ``alive`` False: the directory is missing. A live pid with ``pod_uid`` None is a
     host process (outside kubepods), unless ``cgroup_read`` is False: its cgroup file
-    could not be read (permission, I/O), so whose it is is unknown.
+    could not be read (permission, I/O), so whose it is is unknown; or unless
+    ``cgroup_parsed`` is False: the file was read but is in no form the kernel writes
+    (junk), which is no evidence of where the process runs either.
     """
 
     pid: int
@@ -190,6 +192,7 @@ class ProcessIdentity:
     comm: str | None = None
     state: str | None = None  # single letter from /proc/<pid>/stat, e.g. "R", "D", "Z"
     cgroup_read: bool = True
+    cgroup_parsed: bool = True
 
 
 @dataclass(frozen=True, slots=True)

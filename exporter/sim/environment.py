@@ -28,6 +28,7 @@ from exporter.sim.proctree import (
     host_cgroup,
     kubepods_cgroup,
     remove_process,
+    write_host_pids,
     write_process,
 )
 from exporter.sim.scenario import Scenario, SimPod, SimProcess
@@ -78,6 +79,7 @@ class SimEnvironment:
         if self._with_nvml:
             self.library = install(self.node)
         self.paths.proc_root.mkdir(parents=True)
+        write_host_pids(self.paths.proc_root)  # what only a host's live /proc shows
         self.kernel_log.start()
         self.sync()
         self._grpc = await start_podresources_server(

@@ -10,6 +10,10 @@ aside, then renamed into place), files of an existing one are swapped with
 Each process has a start time (``stat`` field 22, clock ticks after boot), as on Linux:
 an update keeps it, a new process on a pid gets a later one. A reader that knows a pid
 by pid and start time thus sees a reused pid as the new process it is.
+
+A host's /proc always shows pid 1 (init) and pid 2 (``kthreadd``, whose kernel threads only
+the initial pid namespace sees): :func:`write_host_pids` writes both, so the tree passes
+the procfs source's check that it reads the host's live /proc.
 """
 
 from __future__ import annotations
@@ -113,11 +117,11 @@ def _check(ok: bool, name: str, value: object) -> None:
         raise ValueError(f"invalid {name}: {value!r}")
 
 
-def _stat_line(pid: int, comm: str, state: str, start_time: int) -> str:
+def _stat_line(pid: int, comm: str, state: str, start_time: int, ppid: int = 1) -> str:
     """A ``/proc/<pid>/stat`` line with all 52 fields, shaped like a real one."""
     fields = [
         f"{pid} ({comm}) {state}",
-        "1",  # ppid (4)
+        str(ppid),  # ppid (4): 0 for init and kthreadd, whose parent is the idle task
         str(pid),  # pgrp
         str(pid),  # session
         "0",  # tty_nr
@@ -238,6 +242,7 @@ def write_process(
     cgroup: str,
     fds: Sequence[str] | None = None,
     start_time: int | None = None,
+    ppid: int = 1,
 ) -> None:
     """Create or update ``<proc_root>/<pid>`` with ``cgroup``, ``stat`` and ``comm``.
 
@@ -254,6 +259,7 @@ def write_process(
     _check(pid > 0, "pid", pid)
     _check(state in _STATES, "state", state)
     _check(start_time is None or start_time >= 0, "start_time", start_time)
+    _check(ppid >= 0, "ppid", ppid)
     comm = _truncate_comm(comm)
     proc_root.mkdir(parents=True, exist_ok=True)
     pid_dir = proc_root / str(pid)
@@ -263,7 +269,7 @@ def write_process(
         running = None
     if start_time is None:
         start_time = running if running is not None else next(_next_start_time)
-    stat = _stat_line(pid, comm, state, start_time)
+    stat = _stat_line(pid, comm, state, start_time, ppid)
     files = {"cgroup": cgroup, "stat": stat, "comm": f"{comm}\n"}
     if not pid_dir.is_dir():
         staging = Path(tempfile.mkdtemp(dir=proc_root, prefix=f".{pid}.", suffix=".tmp"))
@@ -283,6 +289,13 @@ def write_process(
         _write_atomic(pid_dir / name, text)
     if fds is not None:
         _write_fds(pid_dir, fds)
+
+
+def write_host_pids(proc_root: Path) -> None:
+    """Pid 1 (systemd, in ``init.scope``) and pid 2 (``kthreadd``, in the root cgroup),
+    both children of the idle task (ppid 0) and started at boot, as on a host."""
+    write_process(proc_root, 1, comm="systemd", cgroup="0::/init.scope\n", start_time=1, ppid=0)
+    write_process(proc_root, 2, comm="kthreadd", cgroup="0::/\n", start_time=1, ppid=0)
 
 
 def remove_process(proc_root: Path, pid: int) -> None:

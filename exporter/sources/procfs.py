@@ -17,6 +17,22 @@ exporter out of file descriptors: every open is EMFILE) is another matter: when 
 half of the live pids of a cycle had no readable file, the source is down with a reason,
 and the cycle reads no identities, so every GPU process's owner is unknown (never dead,
 never an orphan) until /proc answers again.
+
+"No ``<proc-root>/<pid>``" means the process exited only where the tree is a live /proc
+of the pid namespace NVML's pids live in: the host's, since the driver knows processes by
+their pid in the initial pid namespace (https://github.com/matpool/mpu, README.md). So
+each cycle first checks two things only that /proc shows (:func:`host_view_problem`):
+pid 1 is there (an empty directory, a lost hostPath mount, has none), and pid 2 is
+``kthreadd``, the kernel's thread spawner, which the kernel starts second at boot
+(``rest_init`` in init/main.c: ``kernel_init`` is pid 1, ``kthreadd`` pid 2) and which,
+like every kernel thread, only the initial pid namespace sees (a pod's own /proc, or one
+mounted with ``hidepid``, has no such pid 2). Where either check fails the source is
+down with the reason, and no pid is read at all: owners unknown, never dead.
+
+A cgroup file read whole but in no form the kernel writes (every line
+``<hierarchy-id>:<controllers>:<path>``, the path absolute) is no evidence of where the
+process runs: it is not a host process, its owner is unknown, and it is counted like an
+unreadable one (``ProcessIdentity.cgroup_parsed``).
 """
 
 from __future__ import annotations
@@ -77,6 +93,10 @@ _READ_LIMIT: Final = 64 * 1024  # real files are tiny; bound a corrupt fake one
 # file: a few unreadable pids are those pids' problem, most of them is the reader's.
 WHOLESALE_SHARE: Final = 0.5
 
+# The advice every "not the host's /proc" reason ends with (docs/install.md, hostPID).
+_HOST_VIEW_FIX: Final = "mount the host's /proc and run with hostPID"
+_KTHREADD: Final = "kthreadd"
+
 # Why it failed, in the source's status and its log line: the numbers are arguments, so
 # the log's flood control (exporter/logs.py) counts a changing figure as one fault.
 _FAILURE: Final = "%s: %d of %d reads failed, %d of %d pids unreadable (%s)"
@@ -110,6 +130,24 @@ def parse_cgroup(text: str) -> Attribution:
         if _rank(found) > _rank(best):
             best = found
     return best
+
+
+def cgroup_well_formed(text: str) -> bool:
+    """Whether ``text`` is in the form the kernel writes ``/proc/<pid>/cgroup`` in: at
+    least one line, each ``<hierarchy-id>:<controllers>:<absolute path>``
+    (cgroups(7), "/proc/[pid]/cgroup"). Only such a file that names no pod is evidence
+    of a host process; a file of junk (a corrupt or foreign tree) names nobody."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(_well_formed_line(line) for line in lines)
+
+
+def _well_formed_line(line: str) -> bool:
+    parts = line.split(":", 2)
+    return (
+        len(parts) == 3
+        and _HIERARCHY_ID.fullmatch(parts[0]) is not None
+        and parts[2].startswith("/")
+    )
 
 
 def _rank(found: Attribution) -> tuple[bool, bool]:
@@ -251,7 +289,7 @@ def _identify(
         return ProcessIdentity(pid=pid, alive=False), None
     start = _start_time(stat) if isinstance(stat, str) else None
     remember: _Known | None
-    cgroup_read = True
+    cgroup_read = cgroup_parsed = True
     if start is not None and known is not None and known[0] == start:
         ids, remember = known[1], known
     else:
@@ -260,8 +298,11 @@ def _identify(
             return ProcessIdentity(pid=pid, alive=False), None
         cgroup_read = isinstance(cgroup, str)
         ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
-        # an unreadable cgroup file is tried again next time
-        remember = (start, ids) if start is not None and isinstance(cgroup, str) else None
+        # Naming no pod makes a host process only if the file is a real cgroup file.
+        cgroup_parsed = not isinstance(cgroup, str) or ids != _NOTHING or cgroup_well_formed(cgroup)
+        # an unreadable or unparsed cgroup file is tried again next time
+        understood = isinstance(cgroup, str) and cgroup_parsed
+        remember = (start, ids) if start is not None and understood else None
     if tally is not None:
         tally.live += 1
         tally.unreadable += not (cgroup_read or isinstance(stat, str))
@@ -274,6 +315,7 @@ def _identify(
         comm=comm,
         state=state,
         cgroup_read=cgroup_read,
+        cgroup_parsed=cgroup_parsed,
     )
     return identity, remember
 
@@ -289,6 +331,44 @@ def _still_running(pid_dir: Path, start: str | None) -> bool:
     if again is _Vanished.GONE:
         return False
     return not isinstance(again, str) or _start_time(again) in {start, None}
+
+
+def host_view_problem(proc_root: Path) -> str | None:
+    """Why ``proc_root`` is not a live /proc of the host's pid namespace, or None.
+
+    Only positive evidence fails the check: pid 1 absent, or a pid 2 that reads as
+    another process than ``kthreadd`` (the module says why both hold on the host). A
+    file that cannot be read (EMFILE, EACCES) or parsed proves nothing either way; the
+    reads of the pids that follow then judge /proc as they always do.
+    """
+    if not proc_root.is_dir():
+        return f"proc root {proc_root} is not a directory: {_HOST_VIEW_FIX}"
+    if _read_text(proc_root / "1" / "stat") is _Vanished.GONE:
+        return f"proc root {proc_root} shows no pid 1: not a live /proc of the host; " + (
+            _HOST_VIEW_FIX
+        )
+    spawner = _read_text(proc_root / "2" / "stat")
+    if spawner is _Vanished.GONE:
+        return (
+            f"proc root {proc_root} shows no pid 2 (kthreadd): the /proc of another pid "
+            f"namespace, or mounted with hidepid; {_HOST_VIEW_FIX}"
+        )
+    seen = _comm_and_ppid(spawner) if isinstance(spawner, str) else None
+    if seen is not None and seen != (_KTHREADD, "0"):
+        return (
+            f"proc root {proc_root} shows pid 2 as {seen[0]!r}, not kthreadd: the /proc of "
+            f"another pid namespace; {_HOST_VIEW_FIX}"
+        )
+    return None
+
+
+def _comm_and_ppid(stat: str) -> tuple[str, str] | None:
+    """``(comm, ppid)`` from a ``stat`` in the kernel's format, else None."""
+    comm, state = _parse_stat(stat)
+    fields = stat[stat.rfind(")") + 1 :].split()
+    if comm is None or state is None or len(fields) < 2 or not fields[1].isdigit():
+        return None
+    return comm, fields[1]
 
 
 def read_process(proc_root: Path, pid: int) -> ProcessIdentity:
@@ -320,17 +400,25 @@ class ProcessReader(Source):
         self._known: dict[int, _Known] = {}
         self._unreadable_total = 0  # pids whose cgroup could not be read, per read
         self._failure: str | None = None  # why the last read failed wholesale
+        self._not_host: str | None = None  # why the last cycle's tree was not host /proc
 
     def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
-        if not self.proc_root.is_dir():
-            # Without the tree every pid would read as exited and its memory as a dead
-            # process's orphan; say nothing instead (status() reports the source down).
+        problem = host_view_problem(self.proc_root)
+        if problem != self._not_host:  # logged once when it starts, once when it ends
+            if problem is not None:
+                log.warning("%s; the owners of GPU processes are unknown until it is", problem)
+            else:
+                log.info("proc root %s is a live /proc of the host again", self.proc_root)
+            self._not_host = problem
+        if problem is not None:
+            # Without the host's tree every pid would read as exited and its memory as a
+            # dead process's orphan; say nothing instead (status() reports the source down).
             return ()
         return self.identify(cycle.gpu_pids())
 
     def status(self) -> SourceStatus:
-        if not self.proc_root.is_dir():
-            return SourceStatus(self.name, False, "proc root missing")
+        if self._not_host is not None:
+            return SourceStatus(self.name, False, self._not_host)
         return SourceStatus(self.name, self._failure is None, self._failure)
 
     def identify(self, pids: Iterable[int]) -> tuple[ProcessIdentity, ...]:
@@ -345,7 +433,9 @@ class ProcessReader(Source):
             if remember is not None:
                 known[pid] = remember
             out.append(identity)
-        self._unreadable_total += sum(1 for identity in out if not identity.cgroup_read)
+        self._unreadable_total += sum(
+            1 for identity in out if not (identity.cgroup_read and identity.cgroup_parsed)
+        )
         failure = tally.failure()
         if failure is not None:
             # A warning each cycle: logs.RepeatFilter lets one a minute through.
@@ -365,5 +455,6 @@ class ProcessReader(Source):
 
     @property
     def errors_total(self) -> int:
-        """A pid whose cgroup is unreadable (a non-root exporter, say) counts each cycle."""
+        """A pid whose cgroup is unreadable (a non-root exporter, say) or in no known form
+        counts each cycle."""
         return self._unreadable_total
