@@ -163,3 +163,40 @@ def test_dra_devices_follow_the_same_rule() -> None:
     )
     (down,) = node_capacity(GPUS, HEALTH, None, [], slices, nvml_ok=True)
     assert (down.advertised, down.allocated, down.allocatable) == (3, None, None)
+
+
+def shared_replica(gpu: str) -> Allocation:
+    return held(f"{gpu}::0", resource="nvidia.com/gpu.shared")
+
+
+def older_kubelet() -> PodResourcesSnapshot:
+    """List answers (allocations known), GetAllocatableResources does not (UNIMPLEMENTED:
+    a kubelet before 1.21, or 1.21-1.22 with the feature gate off)."""
+    return PodResourcesSnapshot(ok=True, timestamp=0.0, allocatable_ok=False)
+
+
+def test_a_guessed_advertised_set_serves_no_allocation_counts() -> None:
+    """Every GPU handed out as a time-sliced replica, which the guessed nvidia.com/gpu set
+    cannot match: all allocatable was served (4), nothing allocated (0)."""
+    allocations = [shared_replica(u) for u in UUIDS]
+    (cap,) = node_capacity(GPUS, HEALTH, older_kubelet(), allocations, nvml_ok=True)
+    assert states(cap) == {
+        "advertised": 4,  # NVML's GPUs stand in, and NVML judges them
+        "healthy": 4,
+        "unhealthy": 0,
+        "unknown": 0,
+        "allocated": None,
+        "allocatable": None,
+    }
+
+
+def test_a_guessed_set_serves_no_allocation_even_when_ids_match() -> None:
+    """Even whole GPUs listed by UUID under nvidia.com/gpu: the plugin may also advertise
+    replicas or MIG devices the guess does not hold, so what is free is not known."""
+    (cap,) = node_capacity(GPUS, HEALTH, older_kubelet(), [held("GPU-1")], nvml_ok=True)
+    assert (cap.allocated, cap.allocatable) == (None, None)
+
+
+def test_an_advertised_set_from_the_kubelet_keeps_its_allocation_counts() -> None:
+    (cap,) = node_capacity(GPUS, HEALTH, kubelet(*UUIDS), [held("GPU-1")], nvml_ok=True)
+    assert (cap.allocated, cap.allocatable) == (1, 3)

@@ -15,7 +15,15 @@ Every count rests on a source that answered (docs/health.md, "Unknown"):
   scheduler can hand it out, nothing can use it); a device that names no GPU at all, or
   any device while NVML is down, is *unknown* and never counted healthy;
 - allocation needs the kubelet: while its PodResources answer is missing, ``allocated``
-  and ``allocatable`` are ``None`` (served as absent), never 0 or "all free".
+  and ``allocatable`` are ``None`` (served as absent), never 0 or "all free";
+- allocation also needs the advertised set to be the kubelet's (or a DRA driver's). Where
+  the kubelet lists allocations but cannot say what it advertises (no
+  ``GetAllocatableResources``: kubelets before 1.21, or 1.21-1.22 with the feature gate
+  off), NVML's GPUs stand in as one ``nvidia.com/gpu`` each: a guess. The device plugin
+  may advertise them otherwise (time-sliced replicas under ``nvidia.com/gpu.shared``,
+  MIG instances, ``GPU-...::N`` ids), and allocations of those match no guessed device,
+  so ``allocated`` and ``allocatable`` of a guessed set are ``None`` too: never "all free"
+  on a node whose every GPU is handed out in another form.
 """
 
 from __future__ import annotations
@@ -66,10 +74,12 @@ def node_capacity(
             uuid = resolver.claim(device.driver, device.pool, device.name).uuid
             key = f"{device.pool}/{device.name}"
             advertised.setdefault(device.driver, {})[key] = uuid or _published_gpu(device)
-    if not kubelet_ok and not advertised and gpus:
+    guessed = not kubelet_ok and not advertised and bool(gpus)
+    if guessed:
         advertised[NVML_RESOURCE] = {g.uuid: g.uuid for g in gpus}
     judge = _Judge(gpus, health, nvml_ok)
-    allocation_ok = pod_resources is not None and pod_resources.ok
+    # what is taken of a guessed set is unknown, whatever the kubelet lists (module doc)
+    allocation_ok = pod_resources is not None and pod_resources.ok and not guessed
     allocated: dict[str, set[str]] = {}
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
