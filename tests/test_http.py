@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import platform
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -343,3 +345,23 @@ async def test_only_formats_scrapers_ask_for_are_rendered_each_cycle() -> None:
             await h.advance(1)
             await h.scrape()  # text
         assert cache._rendered.keys() == {"text"}
+
+
+async def test_a_first_request_for_a_format_renders_off_the_sampling_executor() -> None:
+    """The sample cycle's reads run on the default executor; a scrape that has to render
+    (OpenMetrics or gzip not yet rendered this cycle) runs on the cache's own worker, so
+    neither waits on the other. Here every default worker is held by the test itself,
+    and the scrape is still answered."""
+    async with simulated_exporter("single-gpu", kube_api=False) as h:
+        await h.cycle()
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        held = [loop.run_in_executor(None, release.wait, 10.0) for _ in range(64)]
+        try:
+            accept = {"Accept": "application/openmetrics-text", "Accept-Encoding": "gzip"}
+            response = await asyncio.wait_for(fetch(h, "/metrics", accept), timeout=5.0)
+        finally:
+            release.set()
+            await asyncio.gather(*held)
+    assert response.status == 200 and response.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(response.body).endswith(b"# EOF\n")

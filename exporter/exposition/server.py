@@ -13,6 +13,7 @@ import html
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from ssl import SSLContext
 
@@ -67,6 +68,10 @@ class MetricsCache:
         self._rendered: dict[str, _Rendered] = {}
         self._last_wanted: dict[str, int] = {TEXT: 0}
         self._lock = threading.Lock()
+        # Renders asked for by a request run here, one at a time: never on the default
+        # executor, where the sample cycle's reads run (a burst of first requests would
+        # queue the cycle behind them).
+        self._request_executor = ThreadPoolExecutor(1, thread_name_prefix="render-request")
         renderer = Renderer()
         self._renderers: dict[str, Callable[[CollectorRegistry], bytes]] = {
             TEXT: renderer.text,
@@ -99,6 +104,17 @@ class MetricsCache:
         with self._lock:
             self._last_wanted[fmt] = self.cycles
             return self._rendered.get(fmt)
+
+    async def for_request(self, fmt: str, *, gzipped: bool) -> bytes:
+        """This cycle's bytes in ``fmt`` for a request, rendering (and compressing) on
+        the request executor when this cycle has not yet."""
+        rendered = self.cached(fmt)
+        if rendered is None or (gzipped and rendered.gzipped is None):
+            loop = asyncio.get_running_loop()
+            rendered = await loop.run_in_executor(self._request_executor, self.render_now, fmt)
+            if gzipped:
+                return await loop.run_in_executor(self._request_executor, rendered.compressed)
+        return rendered.compressed() if gzipped else rendered.body
 
     def render_now(self, fmt: str) -> _Rendered:
         """Render ``fmt`` for the current cycle once (blocking: run it in a thread)."""
@@ -169,17 +185,14 @@ def build_app(
             return web.Response(status=503, text="no sample yet\n")
         openmetrics = _wants_openmetrics(request.headers.get("Accept", ""))
         fmt = OPENMETRICS if openmetrics else TEXT
-        rendered = cache.cached(fmt)
-        if rendered is None:  # first request for this format in this cycle
-            rendered = await asyncio.to_thread(cache.render_now, fmt)
         # generate_text writes the 0.0.4 text format; prometheus_client's
         # CONTENT_TYPE_LATEST now says version=1.0.0, which would mislabel it.
         content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_PLAIN_0_0_4
         headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
-        if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        if gzipped:
             headers["Content-Encoding"] = "gzip"
-            return web.Response(body=rendered.compressed(), headers=headers)
-        return web.Response(body=rendered.body, headers=headers)
+        return web.Response(body=await cache.for_request(fmt, gzipped=gzipped), headers=headers)
 
     def not_live() -> web.Response | None:
         problem = liveness.problem() if liveness is not None else None
