@@ -6,13 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
 from exporter.exposition.liveness import STARTUP_GRACE_S, Liveness
 from exporter.model import SourceStatus
+from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.nvml_library import install
+from exporter.sim.scenario import parse_scenario
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import STALE_PERIODS, Supervisor
+from exporter.sources.xid import XidListener
 
 
 class Clock:
@@ -159,3 +165,113 @@ def test_liveness_allows_a_slow_start_at_least_the_startup_grace() -> None:
     clock.now += 1
     reason = live.problem()
     assert reason is not None and "since start" in reason
+
+
+def warnings_and_infos(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == "exporter.sources.base" and r.levelno >= logging.INFO
+    ]
+
+
+def test_a_source_turning_stale_is_logged_once_and_its_recovery_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.sources.base")
+    sup, clock = supervisor(10.0)
+    sup.success()
+    clock.now += 35
+    for _ in range(50):  # a cycle a second judges it; the served age grows each time
+        assert not sup.judge(UP).up
+        clock.now += 1
+    assert warnings_and_infos(caplog) == [
+        (
+            logging.WARNING,
+            "podresources source is down: no successful refresh for 35 s (more than 3 "
+            "periods of 10 s); its loop is stuck or gone",
+        )
+    ]
+    sup.success()
+    for _ in range(3):
+        assert sup.judge(UP).up
+    assert warnings_and_infos(caplog)[1:] == [
+        (logging.INFO, "podresources source has current data again")
+    ]
+    clock.now += 31  # stale again: news again
+    sup.judge(UP)
+    assert [level for level, _ in warnings_and_infos(caplog)] == [
+        logging.WARNING,
+        logging.INFO,
+        logging.WARNING,
+    ]
+
+
+def test_a_crash_of_a_stale_loop_is_still_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.sources.base")
+    sup, clock = supervisor(1.0)
+    clock.now += 5
+    sup.judge(UP)
+    sup.crash(ValueError("boom"))
+    sup.judge(UP)
+    levels = [r.levelno for r in caplog.records if r.name == "exporter.sources.base"]
+    assert levels == [logging.WARNING, logging.ERROR]
+
+
+class QuickXidListener(XidListener):
+    """The real XID listener with a 0.2 s period (its class setting), so that three missed
+    periods pass in well under a second of real time."""
+
+    period_s = 0.2
+
+
+@pytest.mark.slow  # waits out a 2 s hung call on real time
+def test_a_hung_xid_event_wait_is_logged_when_it_goes_stale_and_when_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nvmlEventSetWait that does not return (the simulated driver blocks the call): no
+    exception, so only staleness can say so, once; once when the wait answers again."""
+    caplog.set_level(logging.INFO, logger="exporter.sources.base")
+    hang_s = 2.0
+    scenario = parse_scenario(
+        {
+            "gpus": [{}],
+            "call_errors": [
+                {"call": "nvmlEventSetWait_v2", "error": None, "delay_s": hang_s, "from": 10}
+            ],
+        },
+        "xid-hang",
+    )
+    clock = ManualClock()
+    install(SimNode(scenario, clock))
+    listener = QuickXidListener(wait_timeout_ms=50, backoff_initial_s=0.05, backoff_max_s=0.2)
+    listener.start()
+    try:
+        assert _eventually(lambda: listener.registered == (0,) and listener.status().up)
+        clock.advance(10)  # the next wait blocks for hang_s real seconds, then the next...
+        assert _eventually(lambda: not listener.status().up, timeout_s=hang_s)
+        down = listener.status()
+        for _ in range(20):  # judged every cycle meanwhile: logged once
+            listener.status()
+            time.sleep(0.01)
+        clock.advance(10)  # still hanging; then the driver answers promptly again
+        scenario.call_errors[0].until = clock()
+        assert _eventually(lambda: listener.status().up, timeout_s=3 * hang_s)
+        for _ in range(5):
+            listener.status()
+    finally:
+        listener.stop()
+    assert down.error is not None and down.error.startswith("no successful refresh for ")
+    assert [(level, text.split(":")[0]) for level, text in warnings_and_infos(caplog)] == [
+        (logging.WARNING, "xid source is down"),
+        (logging.INFO, "xid source has current data again"),
+    ]
+
+
+def _eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 # A background source is down once its last success is older than this many of its
 # periods: one late refresh is noise, three in a row is a loop that no longer works.
 STALE_PERIODS = 3
+# The fault key under which staleness is logged (once, like each distinct crash): the
+# served reason carries the age, which changes every cycle, so it cannot be the key.
+_STALE = "stale"
 
 
 @dataclass
@@ -111,6 +114,10 @@ class Supervisor:
     the last crash is unresolved or the last success is older than ``STALE_PERIODS``
     periods, with ``last_success`` filled in. Ages are measured on the monotonic clock
     (a wall-clock step never makes a source stale); the served time is the wall clock's.
+
+    Each fault is logged once, when it starts, and its end once: a distinct crash, and a
+    loop turning stale (a wait that never returns raises nothing, so without this line
+    the source would go down in silence); ``_logged`` is the fault last logged.
     """
 
     def __init__(
@@ -131,7 +138,7 @@ class Supervisor:
         self._last_ok: float | None = None  # monotonic
         self._last_ok_wall: float | None = None
         self._crash: str | None = None  # why the loop last failed; None after a success
-        self._logged: str | None = None  # the crash last logged (once per distinct error)
+        self._logged: str | None = None  # the fault last logged (once per distinct fault)
         self._crashes = 0
 
     @property
@@ -161,8 +168,7 @@ class Supervisor:
         self._crashes += 1
         text = one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         self._crash = text
-        if text != self._logged:
-            self._logged = text
+        if self._first_report(text):
             log.error(
                 "%s source loop failed, retrying with backoff: %s",
                 self.name,
@@ -171,6 +177,13 @@ class Supervisor:
             )
         else:
             log.debug("%s source loop failed again: %s", self.name, text)
+
+    def _first_report(self, fault: str) -> bool:
+        """Whether ``fault`` is news: another fault than the one last logged."""
+        if fault == self._logged:
+            return False
+        self._logged = fault
+        return True
 
     def stale_for(self) -> float | None:
         """Seconds since the last success (or the start) when over the limit, else None."""
@@ -186,7 +199,20 @@ class Supervisor:
         if stale is not None and status.up:
             since = "successful refresh" if self._last_ok is not None else "success since start"
             age = f"{stale:.0f}" if stale >= 10 else f"{stale:.1f}"
-            return replace(status, up=False, error=f"no {since} for {age} s")
+            error = f"no {since} for {age} s"
+            if self._first_report(_STALE):
+                log.warning(
+                    "%s source is down: %s (more than %d periods of %g s); its loop is "
+                    "stuck or gone",
+                    self.name,
+                    error,
+                    STALE_PERIODS,
+                    self.period_s,
+                )
+            return replace(status, up=False, error=error)
+        if stale is None and self._logged == _STALE:
+            self._logged = None
+            log.info("%s source has current data again", self.name)
         return status
 
     async def run_async(self, step: Callable[[], Awaitable[float]], backoff: Backoff) -> None:
