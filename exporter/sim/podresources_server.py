@@ -10,6 +10,11 @@ with DRA claims, (containers, allocatable, claims).
 ``ListPodResourcesResponse`` (a corrupt wire format), as a kubelet with a broken
 encoder or a mangling proxy would send: the client's gRPC receives a successful call
 whose message does not decode.
+
+``synthetic_containers`` appends that many pods to every ``List`` answer, each with one
+container holding one ``nvidia.com/gpu`` device id that names no GPU
+(``synthetic-<i>``): the bulk of a kubelet answer that brings in far more than any node
+has, built and serialised once, so that serving it costs the server almost nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +43,31 @@ _MAX_SOCKET_PATH_BYTES = 107
 # Field 1 (pod_resources), length-delimited, whose length varint never ends: protobuf's
 # parser answers "Wire format was corrupt".
 UNDECODABLE = b"\x0a\xff"
+SYNTHETIC_RESOURCE = "nvidia.com/gpu"
+
+
+def synthetic_pods(count: int) -> bytes:
+    """``count`` pods in ``ListPodResourcesResponse`` wire format: a repeated field's
+    entries concatenate, so these bytes can follow any answer's own."""
+    return api_pb2.ListPodResourcesResponse(
+        pod_resources=[
+            api_pb2.PodResources(
+                namespace="synthetic",
+                name=f"synthetic-{i}",
+                containers=[
+                    api_pb2.ContainerResources(
+                        name="c",
+                        devices=[
+                            api_pb2.ContainerDevices(
+                                resource_name=SYNTHETIC_RESOURCE, device_ids=[f"synthetic-{i}"]
+                            )
+                        ],
+                    )
+                ],
+            )
+            for i in range(count)
+        ]
+    ).SerializeToString()
 
 
 def _device_entries(
@@ -144,18 +174,21 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
         allocatable_implemented: bool = True,
         split_devices: bool = False,
         undecodable_lists: int = 0,
+        synthetic_containers: int = 0,
     ) -> None:
         self._provider = provider
         self._allocatable_implemented = allocatable_implemented
         self._split_devices = split_devices
         self.undecodable_lists = undecodable_lists  # List answers still to corrupt
+        self._synthetic = synthetic_pods(synthetic_containers) if synthetic_containers else b""
 
     def serialize_list(self, response: api_pb2.ListPodResourcesResponse) -> bytes:
-        """The List answer's bytes, or undecodable ones while ``undecodable_lists`` > 0."""
+        """The List answer's bytes (with the synthetic pods), or undecodable ones while
+        ``undecodable_lists`` > 0."""
         if self.undecodable_lists > 0:
             self.undecodable_lists -= 1
             return UNDECODABLE
-        return response.SerializeToString()
+        return response.SerializeToString() + self._synthetic
 
     async def _allocations(
         self,
@@ -215,6 +248,7 @@ async def start_podresources_server(
     allocatable_implemented: bool = True,
     split_devices: bool = False,
     undecodable_lists: int = 0,
+    synthetic_containers: int = 0,
 ) -> grpc.aio.Server:
     """Serve ``v1.PodResourcesLister`` on ``socket_path``; stop with ``server.stop(None)``.
 
@@ -234,6 +268,7 @@ async def start_podresources_server(
         allocatable_implemented=allocatable_implemented,
         split_devices=split_devices,
         undecodable_lists=undecodable_lists,
+        synthetic_containers=synthetic_containers,
     )
     _add_servicer(servicer, server)
     server.add_insecure_port(f"unix://{path}")

@@ -8,24 +8,34 @@ replaced only after a call on it failed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 import grpc.aio
 
-from exporter.kubelet_api import api_pb2, api_pb2_grpc
+from exporter.kubelet_api import api_pb2
 from exporter.model import (
     GPU_DRA_DRIVERS,
     GPU_RESOURCE_NAMES,
     KUBELET_POD_RESOURCES_SOCKET,
     AllocatableDevices,
-    ClaimDevice,
-    ContainerDevices,
     PodResourcesSnapshot,
+)
+from exporter.sources.podresources.answer import (
+    MAX_ADVERTISED_IDS,
+    MAX_GPU_ALLOCATIONS,
+    OverCeiling,
+    Undecodable,
+    allocatable_answer,
+    list_answer,
+)
+from exporter.sources.podresources.answer import (
+    resource_name_matches as resource_name_matches,  # re-exported: callers import it here
 )
 from exporter.text import one_line
 
@@ -46,30 +56,31 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
-def resource_name_matches(name: str, patterns: Iterable[str]) -> bool:
-    """True if ``name`` equals a pattern, or starts with a pattern's text before a trailing ``*``.
+class _Lister:
+    """The two calls this client makes, each answering its message's bytes undecoded.
 
-    Only a trailing ``*`` is special: MIG resource names (``nvidia.com/mig-1g.10gb``)
-    are open-ended, everything else is an exact name.
+    Decoding happens in ``answer.py``, in a worker thread and within its ceilings: a
+    16 MiB answer decoded whole on the event loop took ~0.1 s and ~150 MB before any of
+    it was looked at (the generated stub decodes in gRPC's callback, on the loop).
     """
-    for pattern in patterns:
-        if pattern.endswith("*"):
-            if name.startswith(pattern[:-1]):
-                return True
-        elif name == pattern:
-            return True
-    return False
 
-
-class _Undecodable(Exception):
-    """An answer gRPC could not decode into the method's response message."""
-
-    def __init__(self, answer: object) -> None:
-        super().__init__(
-            "the kubelet's answer could not be decoded"
-            if answer is None
-            else f"the kubelet answered a {type(answer).__name__}, not the expected message"
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.list = channel.unary_unary(
+            "/v1.PodResourcesLister/List",
+            request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=None,  # the bytes, as received
         )
+        self.allocatable = channel.unary_unary(
+            "/v1.PodResourcesLister/GetAllocatableResources",
+            request_serializer=api_pb2.AllocatableResourcesRequest.SerializeToString,
+            response_deserializer=None,
+        )
+
+
+def _answer_bytes(answer: object) -> bytes:
+    if not isinstance(answer, bytes):
+        raise Undecodable()
+    return answer
 
 
 def _rpc_error_text(method: str, err: grpc.aio.AioRpcError) -> str:
@@ -112,6 +123,8 @@ class PodResourcesClient:
         resource_names: Sequence[str] = DEFAULT_RESOURCE_NAMES,
         dra_drivers: Sequence[str] = DEFAULT_DRA_DRIVERS,
         timeout_s: float = 1.0,
+        max_gpu_allocations: int = MAX_GPU_ALLOCATIONS,
+        max_advertised_ids: int = MAX_ADVERTISED_IDS,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -126,8 +139,10 @@ class PodResourcesClient:
         self._resource_names = tuple(resource_names)
         self._timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+        self._lister: _Lister | None = None
         self._channels_created = 0
+        self._max_allocations = max_gpu_allocations
+        self._max_advertised = max_advertised_ids
 
     @property
     def socket_path(self) -> Path:
@@ -146,6 +161,11 @@ class PodResourcesClient:
         ``error`` then explains why unless the kubelet simply does not offer that call.
         After any other failure the channel is closed, so the next ``fetch()`` connects
         afresh instead of waiting out gRPC's own reconnect backoff.
+
+        Each answer is decoded in a worker thread, so probes and scrapes never wait on
+        it. An answer over a ceiling of ``answer.py`` (GPU allocations in ``List``,
+        advertised GPU ids in ``GetAllocatableResources``) fails the whole round: no
+        allocations are handed over, as when the kubelet is down, rather than a part.
         """
         timestamp = time.time()
         missing = self._socket_problem()
@@ -154,22 +174,25 @@ class PodResourcesClient:
             return PodResourcesSnapshot(ok=False, timestamp=timestamp, error=missing)
 
         try:
-            listed = await self._get_stub().List(
-                api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s
+            listed = _answer_bytes(
+                await self._get_lister().list(
+                    api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s
+                )
             )
-            if not isinstance(listed, api_pb2.ListPodResourcesResponse):
-                # grpc.aio logs "Exception deserializing message!" and hands over None
-                # for an answer that does not decode (grpc/_common.py deserialize, from
-                # UnaryUnaryCall._invoke in grpc/aio/_call.py)
-                raise _Undecodable(listed)
-            containers = self._containers(listed)
-            claims = self._claims(listed)
+            containers, claims = await asyncio.to_thread(
+                list_answer, listed, self._resource_names, self._dra_drivers, self._max_allocations
+            )
+            del listed  # up to 16 MiB: not held while GetAllocatableResources is asked
+        except OverCeiling as err:  # the connection is fine, the answer is not
+            return PodResourcesSnapshot(
+                ok=False, timestamp=timestamp, error=f"PodResources List: {err}"
+            )
         except grpc.aio.AioRpcError as err:
             await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False, timestamp=timestamp, error=_rpc_error_text("List", err)
             )
-        except _Undecodable as err:
+        except Undecodable as err:
             await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False, timestamp=timestamp, error=f"PodResources List: {err}"
@@ -186,19 +209,27 @@ class PodResourcesClient:
         allocatable_ok = False
         error: str | None = None
         try:
-            response = await self._get_stub().GetAllocatableResources(
-                api_pb2.AllocatableResourcesRequest(), timeout=self._timeout_s
+            response = _answer_bytes(
+                await self._get_lister().allocatable(
+                    api_pb2.AllocatableResourcesRequest(), timeout=self._timeout_s
+                )
             )
-            if not isinstance(response, api_pb2.AllocatableResourcesResponse):
-                raise _Undecodable(response)
-            allocatable = self._allocatable(response)
+            allocatable = await asyncio.to_thread(
+                allocatable_answer, response, self._resource_names, self._max_advertised
+            )
             allocatable_ok = True
+        except OverCeiling as err:
+            return PodResourcesSnapshot(
+                ok=False,
+                timestamp=timestamp,
+                error=f"PodResources GetAllocatableResources: {err}",
+            )
         except grpc.aio.AioRpcError as err:
             if not _allocatable_unsupported(err):
                 # Unexpected: the connection may be broken, start afresh next time.
                 await self._drop_channel()
                 error = _rpc_error_text("GetAllocatableResources", err)
-        except _Undecodable as err:
+        except Undecodable as err:
             await self._drop_channel()
             error = f"PodResources GetAllocatableResources: {err}"
         except Exception as err:
@@ -239,92 +270,15 @@ class PodResourcesClient:
             return f"PodResources socket {self._socket_path} is not a unix socket"
         return None
 
-    def _get_stub(self) -> api_pb2_grpc.PodResourcesListerStub:
-        if self._stub is None:
+    def _get_lister(self) -> _Lister:
+        if self._lister is None:
             self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
-            # The generated gRPC module is untyped.
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+            self._lister = _Lister(self._channel)
             self._channels_created += 1
-        return self._stub
+        return self._lister
 
     async def _drop_channel(self) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel, self._lister = self._channel, None, None
         if channel is not None:
             with contextlib.suppress(Exception):
                 await channel.close(grace=None)
-
-    def _containers(
-        self, response: api_pb2.ListPodResourcesResponse
-    ) -> tuple[ContainerDevices, ...]:
-        merged: dict[tuple[str, str, str, str], set[str]] = {}
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for devices in container.devices:
-                    if not resource_name_matches(devices.resource_name, self._resource_names):
-                        continue
-                    key = (pod.namespace, pod.name, container.name, devices.resource_name)
-                    merged.setdefault(key, set()).update(devices.device_ids)
-        return tuple(
-            ContainerDevices(
-                namespace=namespace,
-                pod=pod_name,
-                container=container_name,
-                resource_name=resource_name,
-                device_ids=tuple(sorted(ids)),
-            )
-            for (namespace, pod_name, container_name, resource_name), ids in sorted(merged.items())
-        )
-
-    def _claims(self, response: api_pb2.ListPodResourcesResponse) -> tuple[ClaimDevice, ...]:
-        """Claim devices of the wanted DRA drivers; other drivers' devices (NICs,
-        other vendors' GPUs) are not ours to attribute."""
-        found: set[ClaimDevice] = set()
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for dynamic in container.dynamic_resources:
-                    for resource in dynamic.claim_resources:
-                        if resource.driver_name not in self._dra_drivers:
-                            continue
-                        found.add(
-                            ClaimDevice(
-                                namespace=pod.namespace,
-                                pod=pod.name,
-                                container=container.name,
-                                claim_namespace=dynamic.claim_namespace,
-                                claim_name=dynamic.claim_name,
-                                driver=resource.driver_name,
-                                pool=resource.pool_name,
-                                device=resource.device_name,
-                                cdi_devices=tuple(sorted({c.name for c in resource.cdi_devices})),
-                                # an empty share_id is what a pre-1.35 kubelet sends: unshared
-                                share_id=resource.share_id or None,
-                            )
-                        )
-        return tuple(sorted(found, key=_claim_order))
-
-    def _allocatable(
-        self, response: api_pb2.AllocatableResourcesResponse
-    ) -> tuple[AllocatableDevices, ...]:
-        merged: dict[str, set[str]] = {}
-        for devices in response.devices:
-            if resource_name_matches(devices.resource_name, self._resource_names):
-                merged.setdefault(devices.resource_name, set()).update(devices.device_ids)
-        return tuple(
-            AllocatableDevices(resource_name=name, device_ids=tuple(sorted(ids)))
-            for name, ids in sorted(merged.items())
-        )
-
-
-def _claim_order(claim: ClaimDevice) -> tuple[str, ...]:
-    return (
-        claim.namespace,
-        claim.pod,
-        claim.container,
-        claim.claim_namespace,
-        claim.claim_name,
-        claim.driver,
-        claim.pool,
-        claim.device,
-        claim.share_id or "",
-        *claim.cdi_devices,
-    )
