@@ -37,6 +37,7 @@ from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
 from exporter.registry import build_sources
 from exporter.sources.base import Cycle, Source
+from exporter.text import one_line
 
 log = logging.getLogger(__name__)
 disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: needless series
@@ -49,6 +50,11 @@ CYCLE_GRACE_S = 2.0
 CLOSE_TIMEOUT_S = 3.0
 # Cycles between giving glibc's free pages back to the kernel (exporter/allocator.py).
 TRIM_EVERY_CYCLES = 60
+# Shapes of unresolvable device ids logged (one line each) before the rest go unlogged:
+# a kubelet inventing new shapes in every answer must not flood the log or grow the set.
+UNRESOLVED_SHAPES_LOGGED = 256
+# Characters of kubelet-provided text (device ids, names) that reach one log line.
+LOGGED_TEXT_CHARS = 200
 
 
 @dataclass
@@ -139,7 +145,8 @@ class Agent:
         self.state = initial_state(self.policy, config.xid_severity)
         self._errors_seen: dict[str, int] = {}
         self._last_success: dict[str, float] = {}  # sampled sources: last cycle they were up
-        self._unresolved_forms_logged: set[str] = set()
+        self._unresolved_forms_logged: set[str] = set()  # at most UNRESOLVED_SHAPES_LOGGED
+        self._unresolved_forms_full = False  # the "no more are logged" line is written
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._frozen = False
@@ -303,22 +310,39 @@ class Agent:
         return kube is None or (status is not None and status.up)
 
     def _log_unresolved(self, analysis: Analysis) -> None:
-        """One log line per new shape of device id no form resolves."""
+        """One log line per new shape of device id no form resolves, for the first
+        ``UNRESOLVED_SHAPES_LOGGED`` shapes, then one line saying that no more are logged
+        (gpu_exporter_unresolved_allocations still counts every one). The kubelet's text
+        goes through ``one_line``: a newline in an id must not forge a log line."""
         for a in analysis.attribution.allocations:
             if a.resolved:
                 continue
-            form = f"{a.resource_name} {id_shape(a.device_id)}"
-            if form not in self._unresolved_forms_logged:
-                self._unresolved_forms_logged.add(form)
-                log.warning(
-                    "allocation %s of %s/%s (%s) names no GPU this exporter can resolve; "
-                    "it is counted in gpu_exporter_unresolved_allocations and never "
-                    "reported as an isolation leak (see docs/attribution.md)",
-                    a.device_id,
-                    a.container.namespace,
-                    a.container.pod,
-                    a.resource_name,
-                )
+            form = one_line(
+                f"{a.resource_name} {id_shape(a.device_id[:LOGGED_TEXT_CHARS])}",
+                2 * LOGGED_TEXT_CHARS,
+            )
+            if form in self._unresolved_forms_logged:
+                continue
+            if len(self._unresolved_forms_logged) >= UNRESOLVED_SHAPES_LOGGED:
+                if not self._unresolved_forms_full:
+                    self._unresolved_forms_full = True
+                    log.warning(
+                        "%d shapes of unresolvable device ids logged; further shapes are "
+                        "not logged, gpu_exporter_unresolved_allocations still counts "
+                        "every unresolved allocation",
+                        UNRESOLVED_SHAPES_LOGGED,
+                    )
+                return
+            self._unresolved_forms_logged.add(form)
+            log.warning(
+                "allocation %s of %s/%s (%s) names no GPU this exporter can resolve; "
+                "it is counted in gpu_exporter_unresolved_allocations and never "
+                "reported as an isolation leak (see docs/attribution.md)",
+                one_line(a.device_id, LOGGED_TEXT_CHARS),
+                one_line(a.container.namespace, LOGGED_TEXT_CHARS),
+                one_line(a.container.pod, LOGGED_TEXT_CHARS),
+                one_line(a.resource_name, LOGGED_TEXT_CHARS),
+            )
 
 
 def id_shape(device_id: str) -> str:
