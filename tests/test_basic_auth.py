@@ -4,7 +4,11 @@ the bounded worker and its closing, the made-up hash for unknown users."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import socket
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import bcrypt
@@ -15,12 +19,14 @@ from exporter.exposition.basic_auth import (
     CLIENT_BURST,
     CLIENT_PER_S,
     GLOBAL_BURST,
+    GLOBAL_PER_S,
     QUEUE_SIZE,
     BasicAuth,
     TokenBucket,
     Verdict,
 )
 from exporter.exposition.web_config import WebConfigError, bcrypt_cost, parse_web_config
+from tests.exporter_process import free_port, ready, start, terminate, wait_for
 
 PASSWORD = "s3cret-scrape"
 
@@ -101,13 +107,70 @@ async def test_failed_logins_over_a_clients_budget_are_limited_without_a_check()
     assert await auth.check(users, "prometheus", PASSWORD, "10.0.0.9") is Verdict.ALLOWED
 
 
-async def test_failed_logins_have_a_budget_in_all() -> None:
+async def test_failed_checks_in_all_are_paced_not_refused() -> None:
+    """Beyond the burst, failed checks wait for the pace (GLOBAL_PER_S) instead of being
+    refused: a flood from many addresses slows checks down, it cannot answer 429 to an
+    address that has failed nothing."""
     auth = BasicAuth(clock=Clock())
     users = {"prometheus": hashed(PASSWORD)}
     for n in range(GLOBAL_BURST):
         assert await auth.check(users, "prometheus", "x", f"10.1.0.{n}") is Verdict.DENIED
-    assert await auth.check(users, "prometheus", "x", "10.2.0.1") is Verdict.LIMITED
-    assert auth.checks_total == GLOBAL_BURST
+    began = time.perf_counter()
+    assert await auth.check(users, "prometheus", "x", "10.2.0.1") is Verdict.DENIED
+    assert await auth.check(users, "prometheus", "x", "10.2.0.2") is Verdict.DENIED
+    assert time.perf_counter() - began >= 1.5 / GLOBAL_PER_S  # two tokens, less the refill
+    assert auth.checks_total == GLOBAL_BURST + 2
+
+
+async def test_a_second_request_from_an_address_whose_check_waits_is_limited_at_once() -> None:
+    auth = BasicAuth(clock=Clock())
+    users = {"prometheus": hashed(PASSWORD, 12)}  # ~0.25 s a check
+    first = asyncio.create_task(auth.check(users, "prometheus", "x", "10.4.0.1"))
+    await asyncio.sleep(0)
+    assert await auth.check(users, "prometheus", "y", "10.4.0.1") is Verdict.LIMITED
+    assert await first is Verdict.DENIED
+    assert auth.checks_total == 1
+    auth.close()
+
+
+async def test_a_busy_answer_spends_the_addresses_budget() -> None:
+    """A full queue is no free retry: each 503 takes a token, so a client hammering a
+    full queue reaches its 429 as one sending wrong passwords would."""
+    auth = BasicAuth(clock=Clock())
+    users = {"prometheus": hashed(PASSWORD, 12)}
+    queued = [
+        asyncio.create_task(auth.check(users, "prometheus", "x", f"10.5.0.{n}"))
+        for n in range(QUEUE_SIZE + 1)
+    ]
+    await asyncio.sleep(0.05)
+    answers = [await auth.check(users, "prometheus", "x", "10.5.1.1") for _ in range(15)]
+    assert answers[:CLIENT_BURST] == [Verdict.BUSY] * CLIENT_BURST
+    assert set(answers[CLIENT_BURST:]) == {Verdict.LIMITED}, answers
+    auth.close()
+    await asyncio.gather(*queued)
+
+
+async def test_an_address_not_checked_since_the_flood_goes_ahead_of_the_flooders() -> None:
+    """The state after a restart or a new hash: Prometheus's password is not cached yet,
+    while more addresses than the queue holds, each checked once already, keep it full
+    of slow wrong passwords. Prometheus's address, never checked, takes the place of the
+    most recently checked flooder and goes next, instead of getting 503 for ever."""
+    auth = BasicAuth(clock=Clock())
+    users = {"prometheus": hashed(PASSWORD, 4), "slow": hashed(PASSWORD, 12)}
+    flooders = [f"10.6.0.{n}" for n in range(QUEUE_SIZE + 2)]
+    for address in flooders:  # each flooder checked once (cheaply)
+        assert await auth.check(users, "prometheus", "x", address) is Verdict.DENIED
+    flood = [asyncio.create_task(auth.check(users, "slow", "x", address)) for address in flooders]
+    await asyncio.sleep(0.05)  # the queue is full: the last flooders got 503
+    assert sum(t.done() for t in flood) >= 1
+    checks_before = auth.checks_total
+    assert await auth.check(users, "prometheus", PASSWORD, "10.6.9.9") is Verdict.ALLOWED
+    # checked right after the slow check in progress (two at most, on a slow CPU),
+    # not behind the QUEUE_SIZE flooders waiting
+    assert auth.checks_total - checks_before <= 3, auth.checks_total - checks_before
+    verdicts = await asyncio.gather(*flood)
+    assert Verdict.BUSY in verdicts  # the flooder it displaced, or those refused
+    auth.close()
 
 
 async def test_a_full_queue_is_answered_busy_at_once_and_close_answers_the_queued() -> None:
@@ -157,3 +220,78 @@ def test_bcrypt_cost_reads_well_formed_hashes_only() -> None:
     assert bcrypt_cost(hashed(PASSWORD, 5)) == 5
     assert bcrypt_cost("$2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG") == 10
     assert bcrypt_cost("plain") is None
+
+
+def _get_metrics(port: int, source: str, user: str, password: str) -> int:
+    """One GET /metrics from the loopback address ``source`` (all of 127/8 is loopback
+    on Linux): the status, or 0 when the connection failed."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = (
+        f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {token}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    try:
+        with socket.create_connection(
+            ("127.0.0.1", port), timeout=10, source_address=(source, 0)
+        ) as conn:
+            conn.sendall(request)
+            head = conn.recv(64)
+            while conn.recv(65536):
+                pass
+    except OSError:
+        return 0
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+
+
+@pytest.mark.slow  # a real exporter process and a 4-to-12 s flood
+def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
+    tmp_path: Path,
+) -> None:
+    """adversary-b's auth_flood.py 8 0: eight addresses send wrong passwords (cost 12) as
+    fast as they are answered; Prometheus, whose password is not cached yet (the state
+    after a restart), tries once a second. It used to get 503 every time (the attackers'
+    503s cost them nothing and refilled a queue of 4 first); now its address, checked
+    less recently than any flooder, goes to the front and gets in within the stated
+    bound (QUEUE_SIZE checks at the pace: 8 s)."""
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prom: '{hashed(PASSWORD, 12)}'\n")
+    port = free_port()
+    url, process = start(
+        ["--simulate", "single-gpu", "--kube-api", "off", "--web-config-file", str(config)],
+        port=port,
+    )
+    stop = threading.Event()
+    answers: Counter[int] = Counter()
+
+    def flood(source: str, user: str) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            answers[_get_metrics(port, source, user, f"wrong-{n}")] += 1
+
+    flooders = [
+        threading.Thread(target=flood, args=(f"127.0.0.{k + 2}", "prom" if k % 2 else f"u{k}"))
+        for k in range(8)
+    ]
+    try:
+        wait_for(lambda: ready(url), process)
+        for thread in flooders:
+            thread.start()
+        time.sleep(1.0)  # the flood is on: the queue is full
+        began = time.monotonic()
+        tries: list[int] = []
+        while time.monotonic() - began < 12 and 200 not in tries:
+            tries.append(_get_metrics(port, "127.0.0.1", "prom", PASSWORD))
+            if tries[-1] != 200:
+                time.sleep(1.0)
+        waited_s = time.monotonic() - began
+    finally:
+        stop.set()
+        for thread in flooders:
+            thread.join(timeout=15)
+        terminate(process)
+    assert sum(answers.values()) >= len(flooders), answers  # each flooder was answered
+    assert 200 in tries, f"Prometheus got {tries} during the flood; the flood got {answers}"
+    assert waited_s < 10, (waited_s, tries)
+    assert set(answers) <= {401, 429, 503}, answers
+    print(f"Prometheus got in after {waited_s:.2f} s ({tries}); the flood got {answers}")

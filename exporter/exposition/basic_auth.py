@@ -1,30 +1,43 @@
-"""Checking basic-auth passwords so that no client can stall anything else.
+"""Checking basic-auth passwords so that no client can stall anything else, or keep
+anyone else out.
 
 bcrypt is slow on purpose (~0.24 s of a core at cost 12), so a client that sends wrong
-passwords as fast as it can is a denial of service unless its cost is bounded. Here:
+passwords as fast as it can is a denial of service unless its cost is bounded, and a
+queue that goes to whoever asks first is one too: a flood from a few addresses keeps it
+full, and a login that is not cached yet (after a restart or a new hash) never gets in.
+Here:
 
 - every check runs on one worker thread of its own (never the default executor, which
-  runs the sample cycle), behind a queue of ``QUEUE_SIZE``; when that is full the answer
-  is 503 at once, without hashing. The thread is a daemon: a check in progress never
-  holds up the exit, and ``close()`` answers the queued ones at once;
+  runs the sample cycle), at a pace: failed checks in all may come ``GLOBAL_BURST`` in a
+  burst, then ``GLOBAL_PER_S`` a second; beyond that the next check waits its turn
+  (nobody is refused for it). The thread is a daemon: a check in progress never holds up
+  the exit, and ``close()`` answers the waiting ones at once;
+- the queue is fair across client addresses: one check per address, waiting or running
+  (a second request from it gets 429 at once), at most ``QUEUE_SIZE`` addresses waiting, and the
+  address whose latest check is oldest (never checked: oldest of all) goes first. When
+  the queue is full, a newcomer whose address was checked less recently than a waiting
+  one takes that one's place (the one displaced gets 503); else the newcomer gets 503.
+  So any number of flooding addresses, each checked once, cannot keep an address that
+  was not checked since out of the queue, nor out of its front;
 - a password verified once is cached (``CACHE_SIZE`` entries, least recently used
   first out; the idea of exporter-toolkit's web/cache.go), keyed by a keyed hash of the
   password, never the password: a scraper pays bcrypt once per password, not per scrape;
-- failed logins have a budget, per client address and in all (token buckets); a client
-  over it gets 429 without hashing. Verified passwords are served from the cache and do
-  not touch the budget, so a flood locks out new logins at worst, never a scraper that
-  already got in;
-- an unknown user is checked against a made-up hash of the highest cost configured,
-  so an answer's timing does not tell whether a user exists (exporter-toolkit does the
-  same with a fixed cost-10 hash, web/handler.go).
+- failed logins have a budget per client address (a token bucket); a 503 spends a token
+  like a failed check, so a full queue is not a free retry. A client over it gets 429
+  without hashing. Verified passwords are served from the cache and do not touch it;
+- an unknown user is checked against a made-up hash of the highest cost configured
+  (exporter-toolkit uses a fixed cost-10 hash, web/handler.go). When users' costs
+  differ, a wrong password for a cheaper user answers faster than one for an unknown
+  user, so timing then tells that the cheaper user exists: ``web_config`` warns at load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import math
 import os
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -35,20 +48,22 @@ from functools import lru_cache
 
 from exporter.exposition.web_config import bcrypt_cost
 
-QUEUE_SIZE = 4  # checks waiting behind the one in progress
+QUEUE_SIZE = 8  # client addresses with a check waiting (one each)
+HISTORY_SIZE = 4096  # addresses whose latest check is remembered, for the queue's order
 CACHE_SIZE = 100  # verified (user, password) pairs, as exporter-toolkit's cache
 CLIENTS_TRACKED = 1024  # client addresses with a failed-login budget of their own
-# Failed logins: a burst, then a sustained rate. A scraper with a wrong password every
-# 15 s stays within its own budget and keeps seeing an honest 401.
+# Failed logins per address: a burst, then a sustained rate. A scraper with a wrong
+# password every 15 s stays within its own budget and keeps seeing an honest 401.
 CLIENT_BURST, CLIENT_PER_S = 10, 0.2
+# The worker's pace for failed checks in all: at cost 12 at most ~0.5 of a core.
 GLOBAL_BURST, GLOBAL_PER_S = 30, 2.0
 
 
 class Verdict(Enum):
     ALLOWED = "allowed"
     DENIED = "denied"  # 401: wrong or missing credentials
-    LIMITED = "limited"  # 429: too many failed logins, not hashed
-    BUSY = "busy"  # 503: the password worker's queue is full (or it is closing)
+    LIMITED = "limited"  # 429: over the address's budget, or its check already waits
+    BUSY = "busy"  # 503: the queue is full of addresses ahead of this one (or closing)
 
 
 class TokenBucket:
@@ -78,27 +93,41 @@ class TokenBucket:
 
 @dataclass
 class _Job:
+    client: str
     password: bytes
     hashed: bytes
+    rank: tuple[float, int]  # (the address's latest check, arrival): lowest goes first
     done: Callable[[bool | None], object]  # thread-safe: hands the result to the loop
     abandoned: threading.Event = field(default_factory=threading.Event)
 
 
 class PasswordWorker:
-    """One daemon thread that runs bcrypt, fed by a bounded queue."""
+    """One daemon thread that runs bcrypt at a pace, fed by a queue that is fair across
+    client addresses (see the module's docstring)."""
 
-    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+    def __init__(
+        self, queue_size: int = QUEUE_SIZE, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._queue_size = queue_size
+        self._clock = clock  # the thread's pace and the addresses' latest checks
+        self._lock = threading.Condition()
+        self._pending: dict[str, _Job] = {}  # client address -> its one waiting check
+        self._latest: OrderedDict[str, float] = OrderedDict()  # address -> latest check
+        self._current: str | None = None  # the address whose check runs now
+        self._arrivals = itertools.count()
+        self._pace = TokenBucket(GLOBAL_BURST, GLOBAL_PER_S)
         self._thread: threading.Thread | None = None
         self._waiting: set[asyncio.Future[bool | None]] = set()
         self._closed = False
         self.checks_total = 0
 
-    def check(self, password: bytes, hashed: bytes) -> asyncio.Future[bool | None] | None:
-        """A future of the match (None: not checked, the worker closed); None when the
-        queue is full. Call from the event loop."""
-        if self._closed:
-            return None
+    def check(
+        self, client: str, password: bytes, hashed: bytes
+    ) -> asyncio.Future[bool | None] | Verdict:
+        """A future of the match (None: not checked: displaced, or the worker closed);
+        or at once LIMITED (this address already has a check waiting or running) or BUSY (the
+        queue is full of addresses ahead of it, or the worker closed). Call from the
+        event loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool | None] = loop.create_future()
 
@@ -106,16 +135,32 @@ class PasswordWorker:
             if not future.done():
                 future.set_result(result)
 
-        job = _Job(password, hashed, lambda r: loop.call_soon_threadsafe(resolve, r))
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            return None
+        with self._lock:
+            if self._closed:
+                return Verdict.BUSY
+            if client in self._pending or client == self._current:
+                return Verdict.LIMITED
+            rank = (self._latest.get(client, -math.inf), next(self._arrivals))
+            if len(self._pending) >= self._queue_size:
+                last = max(self._pending.values(), key=lambda j: j.rank)
+                if rank >= last.rank:
+                    return Verdict.BUSY
+                del self._pending[last.client]  # checked more recently: gives way
+                last.abandoned.set()
+                last.done(None)
+            job = _Job(
+                client, password, hashed, rank, lambda r: loop.call_soon_threadsafe(resolve, r)
+            )
+            self._pending[client] = job
+            self._lock.notify()
         self._waiting.add(future)
 
         def forget(done: asyncio.Future[bool | None]) -> None:
             job.abandoned.set()  # answered, cancelled or closed: the thread skips it
             self._waiting.discard(done)
+            with self._lock:
+                if self._pending.get(client) is job:
+                    del self._pending[client]
 
         future.add_done_callback(forget)
         if self._thread is None:
@@ -126,28 +171,55 @@ class PasswordWorker:
     def close(self) -> None:
         """Answer every waiting check with None now; the thread ends after its current
         one (a daemon: the process does not wait for it)."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._pending.clear()
+            self._lock.notify_all()
         for future in list(self._waiting):
             if not future.done():
                 future.set_result(None)
-        while True:
-            try:
-                self._jobs.get_nowait()
-            except queue.Empty:
-                break
-        self._jobs.put_nowait(None)
+
+    def _next(self) -> _Job | None:
+        """The waiting check whose address was checked least recently, once the pace
+        allows; None when closed."""
+        with self._lock:
+            while True:
+                if self._closed:
+                    return None
+                if not self._pending:
+                    self._lock.wait()
+                    continue
+                now = self._clock()
+                if not self._pace.take(now):
+                    self._lock.wait(timeout=self._pace.wait_s())
+                    continue
+                job = min(self._pending.values(), key=lambda j: j.rank)
+                del self._pending[job.client]
+                self._current = job.client
+                self._latest[job.client] = now
+                self._latest.move_to_end(job.client)
+                if len(self._latest) > HISTORY_SIZE:
+                    self._latest.popitem(last=False)
+                return job
 
     def _run(self) -> None:
         import bcrypt  # only where basic auth is configured
 
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next()) is not None:
             if job.abandoned.is_set():
+                with self._lock:
+                    self._current = None
+                    self._pace.give_back()  # nothing was checked
                 continue
             self.checks_total += 1
             try:
                 matched = bool(bcrypt.checkpw(job.password, job.hashed))
             except ValueError:  # a malformed hash (refused at load; belt and braces)
                 matched = False
+            with self._lock:
+                self._current = None
+                if matched:
+                    self._pace.give_back()  # the pace is for failed checks
             if not job.abandoned.is_set():
                 try:
                     job.done(matched)
@@ -159,12 +231,11 @@ class BasicAuth:
     """Decides a request's credentials against ``users`` (user -> bcrypt hash)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+        self._clock = clock  # the per-address budgets
         self._worker = PasswordWorker()
         self._key = os.urandom(32)  # the cache's keys mean nothing outside this process
         self._verified: OrderedDict[tuple[str, bytes], str] = OrderedDict()
         self._clients: OrderedDict[str, TokenBucket] = OrderedDict()
-        self._global = TokenBucket(GLOBAL_BURST, GLOBAL_PER_S)
         self.retry_after_s = 1.0  # for the latest LIMITED verdict: until a budget refills
 
     @property
@@ -182,20 +253,23 @@ class BasicAuth:
         if hashed is not None and self._verified.get(key) == hashed:
             self._verified.move_to_end(key)
             return Verdict.ALLOWED
-        budgets = (self._client_budget(client), self._global)
-        if not self._take(budgets):
-            self.retry_after_s = max(b.wait_s() for b in budgets)
+        budget = self._client_budget(client)
+        if not budget.take(self._clock()):
+            self.retry_after_s = budget.wait_s()
             return Verdict.LIMITED
         target = hashed if hashed is not None else _fake_hash(_highest_cost(users))
-        pending = self._worker.check(password.encode(), target.encode())
-        matched = await pending if pending is not None else None
+        pending = self._worker.check(client, password.encode(), target.encode())
+        if pending is Verdict.LIMITED:  # its own check waits: this one is no attempt
+            budget.give_back()
+            self.retry_after_s = 1.0
+            return Verdict.LIMITED
+        if isinstance(pending, Verdict):
+            return pending  # BUSY: the token stays spent, a full queue is no free retry
+        matched = await pending
         if matched is None:
-            for budget in budgets:
-                budget.give_back()  # not checked: not a failed login
-            return Verdict.BUSY
+            return Verdict.BUSY  # displaced by an address checked less recently, or closed
         if matched and hashed is not None:
-            for budget in budgets:
-                budget.give_back()
+            budget.give_back()
             self._verified[key] = hashed
             if len(self._verified) > CACHE_SIZE:
                 self._verified.popitem(last=False)
@@ -204,15 +278,6 @@ class BasicAuth:
 
     def close(self) -> None:
         self._worker.close()
-
-    def _take(self, budgets: tuple[TokenBucket, ...]) -> bool:
-        now = self._clock()
-        taken = [b for b in budgets if b.take(now)]
-        if len(taken) == len(budgets):
-            return True
-        for budget in taken:
-            budget.give_back()
-        return False
 
     def _client_budget(self, client: str) -> TokenBucket:
         budget = self._clients.get(client)
