@@ -9,7 +9,7 @@ cost grows with the node, and the sample cycle from inside.
    instances and a 48-replica time-sliced GPU: CPU per second, RSS and scrape p99 each;
 3. sample cycle (benchmarks/cycle.py): CPU and wall time of one cycle, in-process.
 
-Memory over months of uptime is benchmarks/soak.py (it takes tens of minutes).
+Memory under churn is benchmarks/soak.py (it takes tens of minutes).
 
 Usage: ``python benchmarks/run.py [--quick] [--profile]``. Results are printed and
 written to ``benchmarks/results/`` (see benchmarks/README.md).

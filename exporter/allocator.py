@@ -1,6 +1,7 @@
-"""Keep glibc's malloc from holding memory Python has freed, over months of uptime.
+"""Keep glibc's malloc from holding memory Python has freed, so RSS follows what Python holds.
 
-The exporter's Python objects stay flat under churn (benchmarks/soak.py), but glibc keeps
+Under churn the exporter's Python objects barely grow (benchmarks/soak.py measures it:
+docs/reliability.md, "Memory under churn: the soak"), but glibc keeps
 what Python frees in per-thread arenas (up to 8 per core by default, one per worker thread
 that allocates) and returns it to the kernel only from the top of each heap, so resident
 memory crept upwards in steps as the arenas fragmented. Two standard glibc controls stop

@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A scrape waiting for the GIL while a cycle runs in its worker thread would wait
     # up to the default 5 ms switch interval; 1 ms keeps scrape latency tails short.
     sys.setswitchinterval(0.001)
-    allocator.limit_arenas()  # before any thread starts: flat memory over months
+    allocator.limit_arenas()  # before any thread starts (exporter/allocator.py says why)
     setup_logging(
         "warning" if config.snapshot and config.log_level == "info" else config.log_level,
         config.log_format,
