@@ -90,6 +90,15 @@ async def serving(
         await runner.cleanup()
 
 
+async def look_twice(security: WebSecurity, clock: Clock) -> None:
+    """Two looks more than a second apart, each applied: a change is applied once it
+    has stayed the same across two looks."""
+    for _ in range(2):
+        clock.now += 2
+        security.refresh()
+        await security.settled()
+
+
 def client_context(ca: Authority, cert: Pair | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(ca.path))
     if cert is not None:
@@ -229,7 +238,7 @@ async def test_a_rotated_certificate_is_served_on_the_next_handshake(
         renewed = ca.issue(tmp_path / "..", "renewed", server=True, sans=("localhost",))
         shutil.copy(renewed.cert, server.cert)  # cert-manager rewrites the Secret's files
         shutil.copy(renewed.key, server.key)
-        clock.now += 2
+        await look_twice(security, clock)
         assert (await get(port, context=context))[3] == renewed.serial
         assert security.reloads_total == 1
 
@@ -243,7 +252,7 @@ async def test_a_half_written_rotation_keeps_the_last_good_certificate(
     clock = Clock()
     async with serving(config, clock) as (port, security):
         server.key.write_text("-----BEGIN PRIVATE KEY-----\ntrunc", encoding="utf-8")
-        clock.now += 2
+        await look_twice(security, clock)
         status, _, _, serial = await get(port, context=client_context(ca))
         assert (status, serial) == (200, server.serial)
         assert security.reload_errors_total == 1
@@ -280,10 +289,10 @@ async def test_basic_auth_wrong_or_missing_password_is_401_and_probes_stay_open(
 async def test_changed_users_apply_without_a_restart(tmp_path: Path) -> None:
     config = write_config(tmp_path / "web.yml", {"basic_auth_users": {"a": hashed(PASSWORD)}})
     clock = Clock()
-    async with serving(config, clock) as (port, _):
+    async with serving(config, clock) as (port, security):
         assert (await get(port, auth=("a", PASSWORD)))[0] == 200
         write_config(config, {"basic_auth_users": {"b": hashed("new-one")}})
-        clock.now += 2
+        await look_twice(security, clock)
         assert (await get(port, auth=("a", PASSWORD)))[0] == 401
         assert (await get(port, auth=("b", "new-one")))[0] == 200
 

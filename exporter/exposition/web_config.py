@@ -15,8 +15,11 @@ and has no effect (the server speaks HTTP/1.1, which Prometheus uses anyway).
 
 The file comes from outside, so reading it is bounded: a regular file of at most
 ``MAX_FILE_BYTES``, UTF-8, nested at most ``MAX_DEPTH`` levels, bcrypt costs at most
-``BCRYPT_MAX_COST``. Anything else is one ``WebConfigError`` line, never a traceback:
-at start the exporter exits 2, at a reload it keeps the last good settings.
+``BCRYPT_MAX_COST``, header values of visible ASCII, spaces and tabs only. So are the
+certificate, key and CA files it names: regular files of at most ``MAX_TLS_FILE_BYTES``,
+read here (never opened by ``ssl`` itself, which would block on a FIFO). Anything else
+is one ``WebConfigError`` line, never a traceback: at start the exporter exits 2, at a
+reload it keeps the last good settings.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ _TLS_KEYS = {
 # included) and three levels deep (tls_server_config.cipher_suites).
 MiB = 1024 * 1024
 MAX_FILE_BYTES = 1 * MiB
+# A certificate chain or key is a few KiB; Mozilla's whole CA bundle is ~220 KiB.
+MAX_TLS_FILE_BYTES = 1 * MiB
 MAX_DEPTH = 16
 # bcrypt's cost is log2 of its rounds: a check at cost 12 takes ~0.24 s of one core
 # (bcrypt 5.0, 2-core AMD EPYC), at 14 a second, at 31 days. Every check runs on the
@@ -104,6 +109,10 @@ MAX_DEPTH = 16
 BCRYPT_MAX_COST = 12
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 _HASH_HINT = "htpasswd -nBC 10 '' | tr -d ':\\n'"
+# RFC 9110 section 5.5 field-value, without obs-text: visible ASCII, spaces and tabs. A
+# control character would pass the file and then fail every answer (aiohttp refuses
+# to write it: http_writer.py _safe_header, _http_writer.pyx _write_str_raise_on_nlcr).
+HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _UNSUPPORTED = {
     "tls_server_config.curve_preferences": "Python's ssl cannot set a curve list",
     "rate_limit": "rate limiting is not implemented here",
@@ -155,6 +164,12 @@ def load_web_config(path: Path) -> WebConfig:
         problem = getattr(exc, "problem", None)
         why = f": {' '.join(str(problem).split())}" if problem else ""
         raise WebConfigError(f"{path}:{where} not valid YAML{why}") from None
+    except WebConfigError:
+        raise  # a ValueError too, already one line
+    except ValueError as exc:  # a value YAML parses but Python cannot build (an integer
+        # over 4,300 digits, a date like 2024-13-45): the first clause of its reason
+        why = " ".join(str(exc).split(";")[0].split())
+        raise WebConfigError(f"{path}: a value that cannot be read: {why}") from None
     return parse_web_config(raw if raw is not None else {}, path)
 
 
@@ -171,31 +186,74 @@ _NESTING_STARTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _NESTING_ENDS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
-def _read_text(path: Path) -> str:
-    """The file's text: a regular file (a FIFO or device could block or never end) of at
-    most MAX_FILE_BYTES, read no further than that, decoded as UTF-8."""
+def read_bounded(path: Path, limit: int, kind: str, too_big: str) -> bytes:
+    """A regular file's bytes (a FIFO or device could block or never end; opened
+    non-blocking, checked on the open descriptor), at most ``limit`` of them, read no
+    further than that. ``kind`` names what the file should be, ``too_big`` says what
+    to do about a larger one."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WebConfigError(f"{path}: not a regular file; give the path of a YAML file")
+            raise WebConfigError(f"{path}: not a regular file; give the path of {kind}")
         try:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(limit + 1)
         except OSError as exc:
             raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise WebConfigError(
-            f"{path}: larger than {MAX_FILE_BYTES / MiB:g} MiB; a web config is a few KiB "
-            "(name certificate files with cert_file rather than inlining large bundles)"
-        )
+    if len(data) > limit:
+        raise WebConfigError(f"{path}: larger than {limit / MiB:g} MiB; {too_big}")
+    return data
+
+
+def _read_text(path: Path) -> str:
+    """The web config's text: bounded as ``read_bounded``, decoded as UTF-8."""
+    data = read_bounded(
+        path,
+        MAX_FILE_BYTES,
+        "a YAML file",
+        "a web config is a few KiB (name certificate files with cert_file rather than "
+        "inlining large bundles)",
+    )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WebConfigError(
             f"{path}: not UTF-8 text (byte {exc.start}); is this the right file?"
         ) from None
+
+
+def _read_pem(path: Path) -> str:
+    """A certificate, key or CA file named by the web config, bounded as ``read_bounded``."""
+    data = read_bounded(
+        path, MAX_TLS_FILE_BYTES, "a PEM file", "a certificate, key or CA bundle is a few KiB"
+    )
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(
+            f"{path}: not PEM text (byte {exc.start} is not ASCII); give a PEM file"
+        ) from None
+
+
+def mixed_cost_warning(users: Mapping[str, str]) -> str | None:
+    """A warning when users' bcrypt costs differ. An unknown user is checked against a
+    made-up hash of the highest cost (exposition/basic_auth.py), so a wrong password
+    for a cheaper user answers measurably faster than one for a name that does not
+    exist: timing then tells that the cheaper users exist. One cost for all hides it."""
+    costs = {user: bcrypt_cost(hashed) or 0 for user, hashed in users.items()}
+    if len(set(costs.values())) < 2:
+        return None
+    top = max(costs.values())
+    cheaper = sorted(user for user, cost in costs.items() if cost < top)
+    named = ", ".join(f"{u} ({costs[u]})" for u in cheaper[:5]) + (" ..." if cheaper[5:] else "")
+    return (
+        f"basic_auth_users: bcrypt costs differ (highest {top}; lower: {named}): a wrong "
+        "password for a lower-cost user is answered faster than one for a user that does "
+        f"not exist, so answer times tell that these users exist; hash every user at one "
+        f"cost: {_HASH_HINT}"
+    )
 
 
 def _check_depth(text: str, path: Path) -> None:
@@ -237,11 +295,12 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
         context.set_ciphers(":".join(tls12))
     if tls.prefer_server_cipher_suites:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    if tls.cert_file and tls.key_file:  # read here, bounded: ssl would open a FIFO and wait
+        cert_pem, key_pem = _read_pem(tls.cert_file), _read_pem(tls.key_file)
+    else:
+        cert_pem, key_pem = tls.cert_pem or "", tls.key_pem or ""
     try:
-        if tls.cert_file and tls.key_file:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        else:
-            _load_inline_chain(context, tls.cert_pem or "", tls.key_pem or "")
+        _load_inline_chain(context, cert_pem, key_pem)
     except (OSError, ssl.SSLError) as exc:
         raise WebConfigError(
             f"tls_server_config: cannot load the certificate and key: {_reason(exc)}"
@@ -250,12 +309,10 @@ def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
     assert mode is not None  # refused at parse time
     context.verify_mode = mode[0]
     if mode[1]:
+        ca_pem = _read_pem(tls.client_ca_file) if tls.client_ca_file else tls.client_ca_pem
         try:
-            if tls.client_ca_file:
-                context.load_verify_locations(cafile=tls.client_ca_file)
-            else:
-                context.load_verify_locations(cadata=tls.client_ca_pem)
-        except (OSError, ssl.SSLError) as exc:
+            context.load_verify_locations(cadata=ca_pem)
+        except (OSError, ssl.SSLError, ValueError) as exc:  # ValueError: empty cadata
             raise WebConfigError(
                 f"tls_server_config: cannot load the client CA: {_reason(exc)}"
             ) from None
@@ -378,8 +435,11 @@ def _headers(raw: Any, fail: Any) -> dict[str, str]:
             raise fail(f"http_server_config.headers.{name}", f"not one of {', '.join(HEADERS)}")
         if value is None or value == "":
             continue  # "unset if blank"
-        if not isinstance(value, str) or "\n" in value or "\r" in value:
-            raise fail(f"http_server_config.headers.{name}", "must be a one-line string")
+        if not isinstance(value, str) or not HEADER_VALUE.fullmatch(value):
+            raise fail(
+                f"http_server_config.headers.{name}",
+                "must be one line of visible ASCII, spaces and tabs (no control characters)",
+            )
         out[name] = value
     return out
 

@@ -1,12 +1,19 @@
 """Serving ``--web-config-file``: TLS whose certificates rotate without a restart, basic
 auth, allowed client-certificate SANs and extra response headers.
 
-The file and the certificate files it names are checked for changes at most once a
-second, on a TLS handshake or a request (exporter-toolkit re-reads on every request;
-the same effect, without reading files per scrape). A change that does not load (a
-half-written file during rotation) keeps the last good settings and logs one error;
-the next change is tried again. Whether the listener speaks TLS at all is fixed at
-start: turning TLS on or off needs a restart.
+The file and the certificate files it names are looked at no more than once a second,
+on a TLS handshake or a request (exporter-toolkit re-reads on every request; the same
+effect, without reading files per scrape). Looking, reading and building run on a
+thread of their own, one look at a time (a daemon: never on the executor that runs the
+sample cycle, never holding up the exit): parsing a 1 MiB file takes seconds, and
+requests and handshakes never wait on it; they are served with the current settings
+meanwhile. A change is applied only once it has stayed the same (each
+file's size, mtime and content digest) across two looks at least ``CHECK_EVERY_S``
+apart, so a file caught half-written that happens to parse (the users not written yet)
+is not applied. A change that does not load keeps the last good settings and logs one
+error; the next change is tried again. One that loads but takes basic auth or client
+certificates away is applied with a warning naming what went. Whether the listener
+speaks TLS at all is fixed at start: turning TLS on or off needs a restart.
 
 ``/healthz`` and ``/readyz`` stay open without credentials, so kubelet probes need no
 password (they say nothing about the node); everything else needs them when
@@ -16,21 +23,29 @@ worker of its own, cached once verified, with a budget for failed logins.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
+import hashlib
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from exporter.exposition.basic_auth import BasicAuth, Verdict
 from exporter.exposition.web_config import (
+    MAX_FILE_BYTES,
     WebConfig,
     WebConfigError,
     load_web_config,
+    mixed_cost_warning,
+    read_bounded,
     ssl_context,
 )
 
@@ -39,6 +54,15 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 CHECK_EVERY_S = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Per file: (path, mtime_ns, size, content digest or the reason it could not be read)
+Stamp = tuple[tuple[str, int, int, str], ...]
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    stamp: Stamp
+    config: WebConfig
+    context: ssl.SSLContext | None
 
 
 class WebSecurity:
@@ -49,12 +73,15 @@ class WebSecurity:
         self._clock = clock
         self.config = load_web_config(path)  # WebConfigError: the caller exits 2
         self._context = ssl_context(self.config.tls) if self.config.tls else None
-        self._stamp = self._stamps()
+        self._stamp = self._stamps(self.config, ())
+        self._candidate: Stamp | None = None  # a change seen once, not yet applied
         self._checked_at = clock()
+        self._looking: asyncio.Task[None] | None = None
         self._last_error: str | None = None
         self.reloads_total = 0
         self.reload_errors_total = 0
         self.auth = BasicAuth(clock=clock)
+        _warn_costs(self.config)
 
     @property
     def tls(self) -> bool:
@@ -69,14 +96,60 @@ class WebSecurity:
         return self._context
 
     def refresh(self) -> None:
-        """Re-read the file and its certificates if any changed (at most once a second)."""
+        """Look for a change (at most once a second, one look at a time) on a worker
+        thread; what it finds is applied when it is done. Never blocks."""
         now = self._clock()
-        if now - self._checked_at < CHECK_EVERY_S:
+        if now - self._checked_at < CHECK_EVERY_S or self._looking is not None:
             return
         self._checked_at = now
-        stamp = self._stamps()
-        if stamp == self._stamp:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a tool, a test): look here and now
+            self._apply(self._look())
             return
+        self._looking = loop.create_task(self._look_off_loop())
+
+    async def settled(self) -> None:
+        """Wait for a look in progress to be applied (tests; shutdown needs nothing)."""
+        if self._looking is not None:
+            await asyncio.shield(self._looking)
+
+    def close(self) -> None:
+        """Answer queued password checks now (503), so that shutdown does not wait on them."""
+        self.auth.close()
+
+    async def _look_off_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        found: asyncio.Future[_Loaded | WebConfigError | None] = loop.create_future()
+
+        def hand_over(result: _Loaded | WebConfigError | None) -> None:
+            if not found.done():
+                found.set_result(result)
+
+        def look() -> None:
+            try:
+                result = self._look()
+            except Exception as exc:  # a bug here must not end the looking for good
+                result = WebConfigError(f"{self.path}: {exc!r}")
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(hand_over, result)
+
+        try:
+            threading.Thread(target=look, name="web-config-look", daemon=True).start()
+            self._apply(await found)
+        finally:
+            self._looking = None
+
+    def _look(self) -> _Loaded | WebConfigError | None:
+        """On the worker: None when nothing changed or a change is not yet stable; else
+        the loaded settings, or why they did not load."""
+        stamp = self._stamps(self.config, (*self._stamp, *(self._candidate or ())))
+        if stamp == self._stamp:
+            self._candidate = None  # changed and changed back: nothing to do
+            return None
+        if stamp != self._candidate:
+            self._candidate = stamp  # first seen: apply it if it is the same next look
+            return None
         try:
             config = load_web_config(self.path)
             if (config.tls is None) != (self._context is None):
@@ -84,23 +157,38 @@ class WebSecurity:
                     f"{self.path}: turning TLS on or off needs a restart of the exporter"
                 )
             context = ssl_context(config.tls) if config.tls else None
+            # the stamp of what was loaded: the files it names may differ from before
+            return _Loaded(self._stamps(config, stamp), config, context)
         except Exception as exc:  # whatever the file holds, the last good settings stay
+            if isinstance(exc, WebConfigError):
+                return exc
+            return WebConfigError(f"{self.path}: {exc!r}")
+
+    def _apply(self, found: _Loaded | WebConfigError | None) -> None:
+        if found is None:
+            return
+        if isinstance(found, WebConfigError):
             self.reload_errors_total += 1
-            error = str(exc) if isinstance(exc, WebConfigError) else f"{self.path}: {exc!r}"
-            if error != self._last_error:
-                log.error("web config not reloaded, keeping the previous one: %s", error)
-                self._last_error = error
+            if str(found) != self._last_error:
+                log.error("web config not reloaded, keeping the previous one: %s", found)
+                self._last_error = str(found)
             return  # stamp not taken: the next change is tried again
-        self._stamp, self.config, self._last_error = stamp, config, None
-        if context is not None:
-            context.sni_callback = self._on_handshake
-            self._context = context
+        dropped = _dropped(self.config, found.config)
+        self._stamp, self._candidate, self._last_error = found.stamp, None, None
+        self.config = found.config
+        if found.context is not None:
+            found.context.sni_callback = self._on_handshake
+            self._context = found.context
         self.reloads_total += 1
         log.info("web config reloaded from %s", self.path)
-
-    def close(self) -> None:
-        """Answer queued password checks now (503), so that shutdown does not wait on them."""
-        self.auth.close()
+        if dropped:
+            log.warning(
+                "web config reloaded from %s WITHOUT %s, which the previous one had: "
+                "if that was not meant, put it back",
+                self.path,
+                " and ".join(dropped),
+            )
+        _warn_costs(self.config)
 
     # -- TLS ---------------------------------------------------------------------------
 
@@ -111,15 +199,26 @@ class WebSecurity:
         if self._context is not None and conn.context is not self._context:
             conn.context = self._context
 
-    def _stamps(self) -> tuple[tuple[str, float, int], ...]:
-        files = [self.path, *(self.config.tls.files if self.config.tls else ())]
+    def _stamps(self, config: WebConfig, known: Stamp) -> Stamp:
+        """Size, mtime and content digest of the file and the files ``config`` names,
+        each read bounded (a FIFO or a huge file is a stamp saying so, not a wait); a
+        file whose size and mtime are as in ``known`` is not read again."""
+        digests = {(path, mtime, size): digest for path, mtime, size, digest in known}
+        files = [self.path, *(config.tls.files if config.tls else ())]
         out = []
         for path in files:
             try:
                 st = path.stat()
-                out.append((str(path), st.st_mtime, st.st_size))
-            except OSError:
-                out.append((str(path), -1.0, -1))
+                key = (str(path), st.st_mtime_ns, st.st_size)
+                digest = (
+                    digests.get(key)
+                    or hashlib.blake2b(
+                        read_bounded(path, MAX_FILE_BYTES, "a file", "too big")
+                    ).hexdigest()
+                )
+                out.append((*key, digest))
+            except (OSError, WebConfigError) as exc:
+                out.append((str(path), -1, -1, str(exc)))
         return tuple(out)
 
     # -- HTTP --------------------------------------------------------------------------
@@ -181,3 +280,27 @@ def _basic_credentials(header: str) -> tuple[str | None, str | None]:
         return None, None
     user, sep, password = decoded.partition(":")
     return (user, password) if sep else (None, None)
+
+
+# client_auth_type, weakest first (the others are refused at load)
+_CLIENT_CERTS = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+
+
+def _dropped(old: WebConfig, new: WebConfig) -> list[str]:
+    """What ``old`` protected /metrics with that ``new`` does not."""
+    dropped = []
+    if old.basic_auth_users and not new.basic_auth_users:
+        dropped.append("basic_auth_users (/metrics needs no password now)")
+    old_auth = old.tls.client_auth_type if old.tls else "NoClientCert"
+    new_auth = new.tls.client_auth_type if new.tls else "NoClientCert"
+    if _CLIENT_CERTS.index(new_auth) < _CLIENT_CERTS.index(old_auth):
+        dropped.append(f"client_auth_type {old_auth} (now {new_auth})")
+    if old.tls and old.tls.client_allowed_sans and not (new.tls and new.tls.client_allowed_sans):
+        dropped.append("client_allowed_sans")
+    return dropped
+
+
+def _warn_costs(config: WebConfig) -> None:
+    warning = mixed_cost_warning(config.basic_auth_users)
+    if warning is not None:
+        log.warning("web config: %s", warning)
