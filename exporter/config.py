@@ -13,10 +13,10 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from exporter import __version__
 from exporter.analysis.xid import parse_overrides
@@ -88,10 +88,36 @@ class Config:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line instead of usage + message."""
+    """argparse that reports errors in one line instead of usage + message, and knows
+    how to parse each flag's environment variable (``from_env``: dest -> parser), which
+    ``resolve_env`` does only for flags not given: the flag wins."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.from_env: dict[str, Callable[[_FromEnv], object]] = {}
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see --help)")
+
+    def resolve_env(self, args: argparse.Namespace) -> None:
+        """Parse the variables of the flags that were not given (a variable overridden
+        by its flag is never parsed, so a bad one there is no error)."""
+        for dest, parse in self.from_env.items():
+            value = getattr(args, dest, None)
+            if isinstance(value, _FromEnv):
+                setattr(args, dest, parse(value))
+
+
+@dataclass(frozen=True)
+class _FromEnv:
+    """A flag's default from its environment variable, still text: not a ``str``, so
+    argparse leaves it alone; parsed by ``_Parser.resolve_env`` if the flag is absent."""
+
+    text: str
+    variable: str
+
+    def __str__(self) -> str:  # as --help shows the default
+        return self.text
 
 
 def _env_name(flag: str) -> str:
@@ -115,7 +141,7 @@ SERVER_ONLY_FLAGS = frozenset(
 )
 
 
-def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.ArgumentParser:
+def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     parser = _Parser(
         prog="gpu-occupancy-exporter snapshot" if snapshot else "gpu-occupancy-exporter",
         usage=(
@@ -142,12 +168,18 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     def add(flag: str, help_text: str, *, bounds: Bounds | None = None, **kwargs: object) -> None:
         """One flag and its variable; a numeric flag names its ``bounds``."""
         name = _env_name(flag)
-        if kwargs.get("action") == "store_true":
-            kwargs["default"] = parse_boolean(env.get(name, ""), name)
-        elif name in env:
-            kwargs["default"] = env[name]
-            if bounds is not None:  # argparse would name the flag, not the variable
-                _check_variable(bounds, env[name], name)
+        dest = flag.lstrip("-").replace("-", "_")
+        boolean = kwargs.get("action") == "store_true"
+        if name in env:  # parsed after argparse, only if the flag is not given
+            kwargs["default"] = _FromEnv(env[name], name)
+            if boolean:
+                parser.from_env[dest] = lambda v: parse_boolean(v.text, v.variable)
+            elif bounds is not None:  # named by the variable, not the flag
+                parser.from_env[dest] = _variable_in(bounds)
+            else:
+                parser.from_env[dest] = lambda v: v.text
+        elif boolean:
+            kwargs["default"] = False
         if bounds is not None:
             kwargs["type"] = bounds.check  # argparse applies it to string defaults too
         if snapshot and flag in SERVER_ONLY_FLAGS:  # not offered, but parsed as default
@@ -311,7 +343,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> argparse.
     add(
         "--xid-severity",
         "Override the XID severity table (docs/xid.md): comma-separated "
-        "CODE=CLASS with CLASS application, warning or fatal, e.g. '13=fatal,94=warning'.",
+        "CODE=CLASS with CODE 1..65535 and CLASS application, warning or fatal, e.g. "
+        "'13=fatal,94=warning'.",
         default="",
         metavar="LIST",
     )
@@ -460,9 +493,13 @@ def parse_boolean(text: str, name: str) -> bool:
     )
 
 
-def _check_variable(bounds: Bounds, text: str, name: str) -> None:
+def _variable_in(bounds: Bounds) -> Callable[[_FromEnv], float]:
+    return lambda value: _check_variable(bounds, value.text, value.variable)
+
+
+def _check_variable(bounds: Bounds, text: str, name: str) -> float:
     try:
-        bounds.check(text)
+        return bounds.check(text)
     except argparse.ArgumentTypeError as exc:
         raise ConfigError(f"{name}: {exc}") from None
 
@@ -546,6 +583,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
     snapshot = bool(argv) and argv[0] == "snapshot"
     parser = build_parser(env, snapshot=snapshot)
     args = parser.parse_args(argv[1:] if snapshot else argv)
+    parser.resolve_env(args)
     for flag, choices in (
         ("kube_api", ("auto", "off")),
         ("log_level", LOG_LEVELS),

@@ -104,6 +104,33 @@ def test_environment_variable_sets_a_flag_and_the_flag_wins() -> None:
     assert parse_config([], env={"GPU_EXPORTER_PER_PROCESS_METRICS": "true"}).per_process_metrics
 
 
+def test_a_variable_overridden_by_its_flag_is_not_parsed() -> None:
+    """--help says the flag wins: a bad variable under a given flag is no error (it was:
+    --interval 2 with GPU_EXPORTER_INTERVAL=inf stopped the exporter)."""
+    env = {"GPU_EXPORTER_INTERVAL": "inf", "GPU_EXPORTER_KMSG": "yes-please"}
+    config = parse_config(["--interval", "2", "--kmsg"], env=env)
+    assert (config.interval_s, config.kmsg) == (2.0, True)
+    window = {"GPU_EXPORTER_HEALTH_XID_WINDOW": "x"}
+    snapshot = parse_config(["snapshot", "--health-xid-window", "60"], env=window)
+    assert snapshot.health_xid_window_s == 60.0
+    # without the flag the variable is parsed, and named when bad
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_INTERVAL: inf is not in the range"):
+        parse_config(["--kmsg"], env=env)
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_KMSG: 'yes-please' is not a boolean"):
+        parse_config(["--interval", "2"], env=env)
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_INTERVAL: 'x' is not a number"):
+        parse_config(["snapshot"], env={"GPU_EXPORTER_INTERVAL": "x"})
+    assert parse_config([], env={"GPU_EXPORTER_KMSG": "off"}).kmsg is False
+
+
+@pytest.mark.parametrize("code", ["0", "65536", "99999999999999999999"])
+def test_an_xid_code_out_of_range_is_refused(code: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(["--xid-severity", f"13=fatal,{code}=fatal"], env={})
+    assert f"XID {code} is not in the range 1..65535" in str(raised.value)
+    assert parse_config(["--xid-severity", "65535=fatal"], env={}).xid_severity == {65535: "fatal"}
+
+
 def test_bad_environment_value_is_reported_under_its_variable_name() -> None:
     with pytest.raises(ConfigError, match="GPU_EXPORTER_KUBE_API: 'sometimes' is not one of"):
         parse_config([], env={"GPU_EXPORTER_KUBE_API": "sometimes"})

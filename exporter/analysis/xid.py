@@ -127,6 +127,12 @@ def classify(xid: int, overrides: Mapping[int, str] | None = None) -> str:
     return XID_SEVERITY.get(xid, UNKNOWN)
 
 
+# The codes --xid-severity accepts. NVIDIA's Xid catalog numbers them from 1 and lists
+# fewer than 200 today (https://docs.nvidia.com/deploy/xid-errors/); the ceiling leaves
+# room for new ones and keeps a 20-digit typo out.
+XID_MIN, XID_MAX = 1, 65535
+
+
 def parse_overrides(text: str) -> dict[int, str]:
     """``"13=fatal,94=warning"`` -> ``{13: "fatal", 94: "warning"}`` for ``--xid-severity``.
 
@@ -148,6 +154,11 @@ def parse_overrides(text: str) -> dict[int, str]:
                 f"--xid-severity: {item!r}: class must be one of {', '.join(OVERRIDABLE)}"
             )
         code = int(code_text)
+        if not XID_MIN <= code <= XID_MAX:
+            raise ValueError(
+                f"--xid-severity: {item!r}: XID {code_text} is not in the range "
+                f"{XID_MIN}..{XID_MAX} (NVIDIA's catalog numbers them from 1, below 200 today)"
+            )
         if code in out and out[code] != severity:
             raise ValueError(f"--xid-severity: XID {code} is given two classes")
         out[code] = severity
