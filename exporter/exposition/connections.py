@@ -1,27 +1,39 @@
-"""Slow, idle and non-reading clients cannot exhaust the exporter: a header-read deadline,
-a write deadline and a cap on open connections, in front of aiohttp's request handler.
+"""Slow, idle and non-reading clients cannot exhaust the exporter, nor keep a scraper
+out: a header-read deadline, a write deadline and a fair cap on open connections, in
+front of aiohttp's request handler.
 
 aiohttp has none of these: a client that opens a connection and sends half a request
 line keeps a file descriptor (and a handler) until the keep-alive timer, which only
 starts after a response; one that sends a request and never reads the answer keeps its
-handler waiting to write for ever. Here each connection is in one of four states:
+handler waiting to write for ever. Here each connection is held to two deadlines:
 
-- *sending a header* (or silent since connecting): it must finish within
-  ``header_timeout_s`` of its first byte (or of connecting), else it is closed;
-- *answering*: a request arrived less than ``ANSWER_GRACE_S`` ago (the exporter answers
-  from a cached render in milliseconds) and nothing of its answer is waiting;
-- *waiting for the client to read*: bytes of its answers are still in aiohttp's buffer
-  or the kernel's send queue. The client must take them within ``write_timeout_s`` of
-  the request that started the wait, else the connection is reset and its bytes dropped;
-- *idle*: nothing owed, between requests.
+- while *sending a header* (or in its TLS handshake, or silent since connecting) it must
+  finish within ``header_timeout_s`` of its first byte (or of connecting), else it is
+  closed;
+- bytes of its answers still in aiohttp's buffer or the kernel's send queue must be
+  taken within ``write_timeout_s`` of the request that started the wait, else the
+  connection is reset and its bytes dropped.
 
-At most ``max_connections`` are open at once. When the cap is reached, a new connection
-evicts the oldest one that is sending a header or has waited ``ANSWER_GRACE_S`` for its
-client to read; failing that, the one idle the longest (RFC 9112 section 9.3.1 lets a
-client retry a request on a kept-alive connection the server closed; aiohttp's and Go's
-clients do). Only if every open connection is answering is the new one refused: to keep
-a fresh scraper out, every one of them must send a request at least every
-``ANSWER_GRACE_S`` and take every answer it is sent.
+At most ``max_connections`` are open at once, TLS ones from before their handshake (the
+TLS layer is added here, after the cap admits the TCP connection, not by asyncio's
+server before it). At the cap a newcomer takes the place of one open connection, the
+first in this order:
+
+1. from the client address holding the most connections (a scraper has an address of
+   its own: a flood from another cannot take its place);
+2. not in the middle of an answer, before one that is (a request aiohttp handed to the
+   handler less than ``ANSWER_GRACE_S`` ago, its answer not yet made or not yet taken);
+3. at least ``MIN_AGE_S`` old, before a younger one (a fresh scraper's connection is the
+   last of its address to go, whatever newcomers follow it);
+4. sending a header or not reading its answers, before an idle one;
+5. the oldest first.
+
+A connection in the middle of an answer is never taken by a newcomer from an address
+holding as many connections, less one: when every candidate is, the newcomer is refused.
+Nothing a client sends marks its connection busy: only requests the server took up do,
+for ``ANSWER_GRACE_S`` at most. An idle kept-alive connection closed this way costs a
+scraper nothing: RFC 9112 section 9.3.1 lets a client retry a request on a kept-alive
+connection the server closed; aiohttp's and Go's clients do.
 """
 
 from __future__ import annotations
@@ -35,9 +47,9 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from ssl import SSLContext
+from ssl import SSLContext, SSLError
 
 from aiohttp import web
 
@@ -49,9 +61,13 @@ DEFAULT_MAX_CONNECTIONS = 128
 # Prometheus's default scrape_timeout: an answer not taken by then has no scraper
 # waiting for it (https://prometheus.io/docs/prometheus/latest/configuration/configuration/).
 WRITE_TIMEOUT_S = 10.0
-# How long a request counts as being answered while nothing of its answer is waiting:
-# a cached render is written in milliseconds (p99 77 ms under 200 scrapers on 2 cores).
+# How long after aiohttp hands a request to the handler its answer counts as being made
+# or written: a cached render is written in milliseconds (p99 77 ms under 200 scrapers
+# on 2 cores).
 ANSWER_GRACE_S = 0.25
+# A connection younger than this goes after older ones of its address: a scraper's new
+# connection sends its request at once and is answered within this time.
+MIN_AGE_S = 0.5
 # Linux's SIOCOUTQ (tcp(7)): bytes in a socket's send queue the peer has not acknowledged,
 # i.e. not yet in its receive buffer. Same number as TIOCOUTQ.
 _SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
@@ -64,6 +80,8 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 FD_RESERVE = 64
 
 SLOW, IDLE = 0, 1  # eviction ranks: lower goes first
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def fd_headroom_problem(max_connections: int, fd_limit: int) -> str | None:
@@ -87,7 +105,7 @@ class ConnectionStats:
     open: int = 0
     accepted_total: int = 0
     refused_total: int = 0  # at the cap with nothing to evict
-    evicted_total: int = 0  # slow, stalled or idle, closed to make room
+    evicted_total: int = 0  # closed to make room for a newcomer
     timed_out_total: int = 0  # header not finished in time
     write_timed_out_total: int = 0  # answers not taken in time
     _last_warning: float = field(default=0.0, repr=False)
@@ -101,29 +119,66 @@ class ConnectionStats:
 
 
 class _Guarded(asyncio.Protocol):
-    """One connection: aiohttp's handler, with the deadlines and the cap around it."""
+    """One connection: aiohttp's handler, with the deadlines, the cap and (with a TLS
+    context) the TLS layer around it."""
 
     def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard) -> None:
         self._inner = inner
         self._guard = guard
-        self._transport: asyncio.Transport | None = None
+        self._raw: asyncio.Transport | None = None  # the TCP connection
+        self._transport: asyncio.Transport | None = None  # what aiohttp writes to
+        self._handshake: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None  # the header deadline
         self._write_timer: asyncio.TimerHandle | None = None  # the write deadline
         self._tail = b""  # the last bytes seen, to find a header end split across reads
-        self._in_header = True  # sending a request header (or not yet sent one)
-        self._active_at = time.monotonic()  # connected, or the last whole request header
+        self._in_header = True  # in its TLS handshake or sending a request header
+        self.address = ""  # the client's, for fairness between addresses
+        self.opened_at = time.monotonic()
+        self._dispatched_at = -1e9  # aiohttp last handed one of its requests to the handler
+        self._in_handler = 0  # requests of it in the handler now
         self._waiting_since = 0.0  # the request that started the wait for the client
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._raw = self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self._guard.admit(self):
             self.close()
             return
-        self._arm()
-        self._inner.connection_made(transport)
+        self._arm()  # the header deadline bounds a TLS handshake too
+        context = self._guard.ssl_context
+        if context is None:
+            self._inner.connection_made(transport)
+        else:
+            self._handshake = asyncio.get_running_loop().create_task(self._start_tls(context))
+
+    async def _start_tls(self, context: SSLContext) -> None:
+        """The TLS handshake, under the cap and the header deadline; aiohttp sees the
+        connection only once it is done."""
+        raw = self._raw
+        assert raw is not None
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=self._guard.header_timeout_s,
+            )
+        except (OSError, SSLError, ConnectionError, TimeoutError, RuntimeError):
+            tls = None  # start_tls closed the connection
+        if tls is None or tls.is_closing():
+            # asyncio's TLS layer does not pass on the loss of a connection whose
+            # handshake failed (sslproto.py, SSLProtocol.connection_lost).
+            self._disarm()
+            self._guard.release(self)
+            return
+        self._transport = tls
+        self._arm()  # the first request's header: its own deadline, as before TLS
+        self._inner.connection_made(tls)
 
     def data_received(self, data: bytes) -> None:
         if not self._in_header:  # a new request on a kept-alive connection
@@ -131,14 +186,11 @@ class _Guarded(asyncio.Protocol):
             self._arm()
         seen = self._tail + data  # the tail is at most 3 bytes: a split "\r\n\r\n"
         if HEADER_END in seen:
-            # The header is complete (GET requests have no body): the server answers
-            # now; a next request, if any, starts the clock again.
+            # The header is complete (GET requests have no body). This only stops the
+            # header clock: bytes a client sends never count as a request being
+            # answered (a body may hold "\r\n\r\n" too); see dispatched().
             self._in_header = False
-            self._active_at = time.monotonic()
             self._disarm()
-            if self.unsent() == 0:  # earlier answers all taken: a new wait begins
-                self._waiting_since = self._active_at
-                self._arm_write()
         self._tail = seen[-3:]
         self._inner.data_received(data)
 
@@ -150,6 +202,8 @@ class _Guarded(asyncio.Protocol):
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
+        if self._handshake is not None and not self._handshake.done():
+            return  # its TCP connection, lost mid-handshake: _start_tls releases it
         if self._guard.release(self):  # refused ones never reached the handler
             self._inner.connection_lost(exc)
 
@@ -159,29 +213,46 @@ class _Guarded(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._inner.resume_writing()
 
+    # -- aiohttp's request handler, through ConnectionGuard.track ------------------------
+
+    def dispatched(self) -> None:
+        """aiohttp handed a request of this connection to the handler: its answer is
+        being made, and a wait for the client to take it begins unless one is on."""
+        now = time.monotonic()
+        self._dispatched_at = now
+        self._in_handler += 1
+        if self.unsent() == 0:  # earlier answers all taken
+            self._waiting_since = now
+            self._arm_write()
+
+    def handled(self) -> None:
+        self._in_handler -= 1
+
     # -- the guard's side ----------------------------------------------------------------
 
-    def rank(self, now: float) -> int | None:
-        """``SLOW`` (sending a header, or its client not reading), ``IDLE``, or None
-        while it is being answered."""
-        if self._in_header:
-            return SLOW
-        if self.unsent() > 0:
-            return SLOW if now - self._waiting_since >= self._guard.answer_grace_s else None
-        return IDLE if now - self._active_at >= self._guard.answer_grace_s else None
+    def answering(self, now: float) -> bool:
+        """In the middle of an answer to a request taken up less than the grace ago:
+        the handler is still making it, or it is not all taken yet."""
+        if now - self._dispatched_at >= self._guard.answer_grace_s:
+            return False
+        return self._in_handler > 0 or self.unsent() > 0
 
-    @property
-    def active_at(self) -> float:
-        return self._active_at
+    def rank(self) -> int:
+        """``SLOW`` (in its handshake, sending a header, or its client not reading) or
+        ``IDLE``: an order between victims, never a protection."""
+        return SLOW if self._in_header or self.unsent() > 0 else IDLE
 
     def unsent(self) -> int:
-        """Bytes written for this client that it has not taken yet: aiohttp's buffer
-        and the kernel's send queue (0 where the kernel cannot say)."""
-        transport = self._transport
-        if transport is None or transport.is_closing():
+        """Bytes written for this client that it has not taken yet: aiohttp's buffer,
+        the TLS layer's, the TCP transport's and the kernel's send queue (0 where the
+        kernel cannot say)."""
+        transport, raw = self._transport, self._raw
+        if transport is None or raw is None or transport.is_closing():
             return 0
         queued = transport.get_write_buffer_size()
-        sock = transport.get_extra_info("socket")
+        if raw is not transport:
+            queued += raw.get_write_buffer_size()
+        sock = raw.get_extra_info("socket")
         if sock is not None and _SIOCOUTQ is not None:
             try:
                 answer = fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0")
@@ -192,14 +263,14 @@ class _Guarded(asyncio.Protocol):
 
     def close(self) -> None:
         """Reset: a client that is evicted or too slow gets no more bytes."""
-        transport = self._transport
-        if transport is None or transport.is_closing():
+        raw = self._raw
+        if raw is None or raw.is_closing():
             return
-        sock = transport.get_extra_info("socket")
+        sock = raw.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-        transport.abort()
+        raw.abort()
 
     def _arm(self) -> None:
         self._disarm()
@@ -245,6 +316,7 @@ class ConnectionGuard:
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         write_timeout_s: float = WRITE_TIMEOUT_S,
+        ssl_context: SSLContext | None = None,
     ) -> None:
         if header_timeout_s <= 0:
             raise ValueError(f"header_timeout_s must be > 0, got {header_timeout_s}")
@@ -256,57 +328,104 @@ class ConnectionGuard:
         self.header_timeout_s = header_timeout_s
         self.max_connections = max_connections
         self.write_timeout_s = write_timeout_s
+        self.ssl_context = ssl_context
         self.answer_grace_s = ANSWER_GRACE_S
+        self.min_age_s = MIN_AGE_S
         self.stats = ConnectionStats()
         self._open: dict[_Guarded, None] = {}  # insertion order: oldest first
         self._evicted: dict[_Guarded, None] = {}  # closed, connection_lost still to come
+        self._by_handler: dict[object, _Guarded] = {}  # aiohttp's protocol: its connection
+        self._per_address: dict[str, int] = {}  # open connections of each client address
 
     def __call__(self) -> asyncio.Protocol:
         return _Guarded(self._inner_factory(), self)
 
+    def track(self, handler: Handler) -> Handler:
+        """``handler`` (aiohttp's request handler), telling each connection when one of
+        its requests is being answered: the server's word, not the client's bytes."""
+
+        async def tracked(request: web.BaseRequest) -> web.StreamResponse:
+            conn = self._by_handler.get(request.protocol)
+            if conn is None:
+                return await handler(request)
+            conn.dispatched()
+            try:
+                return await handler(request)
+            finally:
+                conn.handled()
+
+        return tracked
+
     def admit(self, conn: _Guarded) -> bool:
         if len(self._open) >= self.max_connections:
-            victim = self._victim(time.monotonic())
+            victim = self._victim(conn.address, time.monotonic())
             if victim is None:
                 self.stats.refused_total += 1
                 self.stats.warn(
-                    "HTTP: %d connections open, all being answered: refusing new ones "
-                    "(--http-max-connections)",
+                    "HTTP: %d connections open, all in the middle of an answer: refusing "
+                    "new ones (--http-max-connections)",
                     len(self._open),
                 )
                 return False
             self.stats.evicted_total += 1
             self.stats.warn(
-                "HTTP: %d connections open: closing slow, non-reading or idle ones to "
-                "admit new ones (--http-max-connections)",
+                "HTTP: %d connections open: closing some (from the addresses holding the "
+                "most) to admit new ones (--http-max-connections)",
                 len(self._open),
             )
-            del self._open[victim]
+            self._forget(victim)
             self._evicted[victim] = None
             victim.close()
         self._open[conn] = None
+        self._by_handler[conn._inner] = conn
+        self._per_address[conn.address] = self._per_address.get(conn.address, 0) + 1
         self.stats.accepted_total += 1
         self.stats.open = len(self._open)
         return True
 
-    def _victim(self, now: float) -> _Guarded | None:
-        """The oldest slow connection, else the one idle the longest, else None."""
-        idlest: _Guarded | None = None
-        for conn in self._open:  # oldest first
-            rank = conn.rank(now)
-            if rank == SLOW:
-                return conn
-            if rank == IDLE and (idlest is None or conn.active_at < idlest.active_at):
-                idlest = conn
-        return idlest
+    def _victim(self, address: str, now: float) -> _Guarded | None:
+        """The connection a newcomer from ``address`` takes the place of, or None: the
+        order in this module's docstring."""
+        newcomer_holds = self._per_address.get(address, 0)
+        best: _Guarded | None = None
+        best_key: tuple[int, bool, bool, int] | None = None
+        for conn in self._open:  # oldest first: the first of equal keys wins
+            holds = self._per_address[conn.address]
+            answering = conn.answering(now)
+            if answering and holds <= newcomer_holds + 1:
+                continue  # would leave its address holding fewer than the newcomer's
+            young = now - conn.opened_at < self.min_age_s
+            if best_key is not None and (-holds, answering, young) > best_key[:3]:
+                continue  # decided without rank()'s system call
+            key = (-holds, answering, young, conn.rank())
+            if best_key is None or key < best_key:
+                best, best_key = conn, key
+        return best
+
+    def _forget(self, conn: _Guarded) -> None:
+        del self._open[conn]
+        self._by_handler.pop(conn._inner, None)
+        left = self._per_address[conn.address] - 1
+        if left:
+            self._per_address[conn.address] = left
+        else:
+            del self._per_address[conn.address]
 
     def release(self, conn: _Guarded) -> bool:
-        """Forget ``conn``; True when its handler saw it open (not a refused one)."""
+        """Forget ``conn``; True when it was admitted (not a refused one)."""
         admitted = conn in self._open or conn in self._evicted
-        self._open.pop(conn, None)
+        if conn in self._open:
+            self._forget(conn)
         self._evicted.pop(conn, None)
         self.stats.open = len(self._open)
         return admitted
+
+    def close_handshakes(self) -> None:
+        """Close the connections still in their TLS handshake: aiohttp, which closes the
+        others at shutdown, does not know them yet."""
+        for conn in [*self._open, *self._evicted]:
+            if conn._handshake is not None and not conn._handshake.done():
+                conn.close()
 
 
 class GuardedTCPSite(web.BaseSite):
@@ -333,7 +452,11 @@ class GuardedTCPSite(web.BaseSite):
             header_timeout_s=header_timeout_s,
             max_connections=max_connections,
             write_timeout_s=write_timeout_s,
+            ssl_context=ssl_context,
         )
+        # Each handler aiohttp makes for a connection takes this attribute when it is
+        # made (web_protocol.py, RequestHandler.__init__): every request is tracked.
+        server.request_handler = self.guard.track(server.request_handler)
         self._host = host
         self._port = port
         self._bound_port: int | None = None
@@ -355,13 +478,15 @@ class GuardedTCPSite(web.BaseSite):
             self.guard,
             self._host,
             self._port,
-            ssl=self._ssl_context,
+            # No ssl= here: asyncio would build each connection's TLS state (sslproto.py,
+            # a 256 KiB buffer and more) before the guard saw it, outside the cap. The
+            # guard adds TLS itself to the connections it admits (_Guarded._start_tls).
             backlog=self._backlog,
             reuse_address=True,
-            # asyncio hands a TLS connection to the guard only once its handshake is
-            # done (sslproto.py, _on_handshake_complete): until then the header deadline
-            # bounds it, instead of asyncio's 60 s.
-            ssl_handshake_timeout=self.guard.header_timeout_s if self._ssl_context else None,
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.guard.close_handshakes()
