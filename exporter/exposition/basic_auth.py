@@ -28,7 +28,8 @@ Here:
 - an unknown user is checked against a made-up hash of the highest cost configured
   (exporter-toolkit uses a fixed cost-10 hash, web/handler.go). When users' costs
   differ, a wrong password for a cheaper user answers faster than one for an unknown
-  user, so timing then tells that the cheaper user exists: ``web_config`` warns at load.
+  user, so timing then tells that the cheaper user exists: ``web_security`` warns of
+  it at start and at each reload (``web_config.mixed_cost_warning``).
 """
 
 from __future__ import annotations
