@@ -11,9 +11,10 @@ spans both collections, and compaction (``expire_history``) expires watches of b
 Mutators (``set_pod``, ``delete_pod``, ``set_resource_slice``, ``delete_resource_slice``,
 ``expire_history``, ``disconnect_watchers``, ``send_raw``, ``send_huge_line``,
 ``set_error``, ``set_resource_slices_served``, ``set_watch_garbage``,
-``set_watch_bookmark_then_gone``) are thread-safe and may be called from any thread, so a
-test can drive the fake while its event loop runs in a background thread
-(``start_in_thread``) — needed because the watchers under test do blocking HTTP.
+``set_watch_bookmark_then_gone``, ``set_field_selector_ignored``) are thread-safe and
+may be called from any thread, so a test can drive the fake while its event loop runs in
+a background thread (``start_in_thread``) — needed because the watchers under test do
+blocking HTTP.
 """
 
 from __future__ import annotations
@@ -332,8 +333,10 @@ class FakeKubeApi:
         self._max_history = max_history
         self._watchers: set[_Watcher] = set()
         self._requests: list[LoggedRequest] = []
-        # resource (None: every request) -> (code, reason, message)
-        self._errors: dict[Resource | None, tuple[int, str, str]] = {}
+        # resource (None: every request) -> (code, reason, message, Retry-After or None)
+        self._errors: dict[Resource | None, tuple[int, str, str, int | None]] = {}
+        self._error_times: dict[Resource | None, int | None] = {}  # answers left (None: all)
+        self._selector_ignored = False
         self._slices_served = True
         self._garbage: tuple[bytes, ...] = ()  # written over and over into each new watch
         self._bookmark_then_gone = False
@@ -464,19 +467,53 @@ class FakeKubeApi:
             self._bookmark_then_gone = on
 
     def set_error(
-        self, code: int | None, message: str = "", *, resource: Resource | None = None
+        self,
+        code: int | None,
+        message: str = "",
+        *,
+        resource: Resource | None = None,
+        retry_after: int | None = None,
+        times: int | None = None,
     ) -> None:
         """Answer every request (or, with ``resource``, those for ``"pods"`` or
         ``"resourceslices"``) with this HTTP error (e.g. 403, 500) until cleared with
-        ``set_error(None)`` (for the same ``resource``)."""
+        ``set_error(None)`` (for the same ``resource``), or for the next ``times``
+        requests only. ``retry_after`` adds a ``Retry-After`` header (seconds), as an
+        API server under load answers 429 (API Priority and Fairness)."""
         with self._lock:
             if code is None:
                 self._errors.pop(resource, None)
+                self._error_times.pop(resource, None)
             else:
                 reason = {401: "Unauthorized", 403: "Forbidden", 429: "TooManyRequests"}.get(
                     code, "InternalError"
                 )
-                self._errors[resource] = (code, reason, message or f"fake API server error {code}")
+                text = message or f"fake API server error {code}"
+                self._errors[resource] = (code, reason, text, retry_after)
+                self._error_times[resource] = times
+
+    def set_field_selector_ignored(self, ignored: bool) -> None:
+        """True: list and watch every object of a collection whatever ``fieldSelector``
+        asks (still validated), as a broken server or proxy might; False (the default)
+        selects again."""
+        with self._lock:
+            self._selector_ignored = ignored
+
+    def _take_error_locked(self, what: Resource) -> tuple[int, str, str, int | None] | None:
+        """The error to answer a request for ``what`` with, if any (one use spent)."""
+        for key in (what, None):
+            error = self._errors.get(key)
+            if error is None:
+                continue
+            left = self._error_times.get(key)
+            if left is not None:
+                if left <= 1:
+                    self._errors.pop(key, None)
+                    self._error_times.pop(key, None)
+                else:
+                    self._error_times[key] = left - 1
+            return error
+        return None
 
     def set_resource_slices_served(self, served: bool) -> None:
         """False: answer resource.k8s.io/v1 with 404, as an API server before Kubernetes
@@ -522,18 +559,23 @@ class FakeKubeApi:
     async def _handle(self, what: _Collection, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch", "").lower() in ("true", "1")
         with self._lock:
-            error = self._errors.get(what.resource) or self._errors.get(None)
+            error = self._take_error_locked(what.resource)
             if what is RESOURCE_SLICES and not self._slices_served:
                 # What kube-apiserver answers for a group/version it does not serve
-                error = (404, "NotFound", "the server could not find the requested resource")
+                error = (404, "NotFound", "the server could not find the requested resource", None)
+            ignore_selector = self._selector_ignored
         if error is not None:
-            self._log(request, watch, error[0])
-            return web.json_response(_status(*error), status=error[0])
+            code, reason, message, retry_after = error
+            self._log(request, watch, code)
+            headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+            return web.json_response(_status(code, reason, message), status=code, headers=headers)
         try:
             selector = parse_field_selector(request.query.get("fieldSelector", ""), what.fields)
         except SelectorError as exc:
             self._log(request, watch, 400)
             return web.json_response(_status(400, "BadRequest", str(exc)), status=400)
+        if ignore_selector:
+            selector = ()
         if watch:
             return await self._watch(request, what.resource, selector)
         with self._lock:

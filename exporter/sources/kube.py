@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 from exporter.model import PodMeta, PodMetaSnapshot, SourceName, WatchCounts
 from exporter.sources.kube_watch import KubeWatchSource
 
+MAX_PODS = 5000
+
 
 def _parse_time(value: Any) -> float | None:
     """RFC 3339 (``2024-05-01T12:00:00Z``, optional fraction) -> epoch seconds."""
@@ -108,6 +110,10 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
     singular: ClassVar[str] = "pod"
     thread_name: ClassVar[str] = "pod-watcher"
     description: ClassVar[str] = "pod metadata"
+    # The kubelet runs at most maxPods pods, 110 by default (KubeletConfiguration,
+    # https://kubernetes.io/docs/reference/config-api/kubelet-config.v1beta1/); large
+    # nodes raise it to a few hundred. Far more "pods of this node" is a broken server.
+    max_objects: ClassVar[int] = MAX_PODS
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
         uid = (obj.get("metadata") or {}).get("uid")

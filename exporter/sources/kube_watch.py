@@ -35,16 +35,21 @@ import json
 import logging
 import math
 import os
-import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from exporter.model import SourceStatus, WatchCounts
 from exporter.sources.backoff import Backoff, RateBudget
 from exporter.sources.base import Cycle, Source, Supervisor
+from exporter.sources.kube_http import (
+    DeadlineExceeded,
+    InFlight,
+    no_retries,
+    track_connections,
+)
 from exporter.sources.watch_stream import (
     LineTooLong,
     StreamBroken,
@@ -52,6 +57,7 @@ from exporter.sources.watch_stream import (
     bounded_lines,
     parse_event,
     response_chunks,
+    valid_resource_version,
 )
 from exporter.text import one_line
 
@@ -59,6 +65,16 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 LIST_READ_TIMEOUT_S = 60.0
+# A LIST's whole answer must have come within this (urllib3's read timeout bounds one
+# read, not the answer): kube-apiserver itself ends a request after --request-timeout,
+# 1 minute by default (https://kubernetes.io/docs/reference/command-line-tools-reference/
+# kube-apiserver/). Over it, the request is cut and counts as a failed LIST.
+LIST_DEADLINE_S = 60.0
+# How long stop() waits for the thread: every request it may be in is cut at once, so it
+# ends within moments, well inside the agent's close timeout (exporter/agent.py,
+# CLOSE_TIMEOUT_S = 3 s). Only a TCP connect (CONNECT_TIMEOUT_S) cannot be cut; a thread
+# still in one is left to end by itself (a daemon, it sees the stop when it returns).
+STOP_WAIT_S = 2.0
 # Client keyword (as the generated API functions name them) -> query parameter, for
 # the list and watch requests; ``watch.stream`` passes the same keywords.
 _QUERY_NAMES = {
@@ -69,7 +85,8 @@ _QUERY_NAMES = {
     "watch": "watch",
 }
 # A watch with no events is silent; the read timeout only has to outlast the window the
-# server was asked to keep open, so a half-open connection is still noticed.
+# server was asked to keep open, so a half-open connection is still noticed. A window is
+# also cut this long after it should have ended, whatever trickles in.
 WATCH_READ_GRACE_S = 10.0
 # A LIST answer is one node's objects: ~110 pods of a few KiB, a few ResourceSlices.
 MAX_LIST_BYTES = 64 * 1024 * 1024
@@ -102,6 +119,21 @@ def http_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and status > 0 else None
 
 
+def retry_after_s(exc: BaseException) -> float | None:
+    """Seconds a 429 or 503 answer asks the client to wait (``Retry-After`` in seconds,
+    RFC 9110 section 10.2.3); None for other answers and for a value that is not a
+    number of seconds (an HTTP date is not honoured: the backoff applies)."""
+    if http_status(exc) not in (429, 503):
+        return None
+    headers = getattr(exc, "headers", None)
+    value = headers.get("Retry-After") if isinstance(headers, Mapping) else None
+    try:
+        seconds = float(value) if isinstance(value, str) and len(value) <= 16 else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None
+
+
 def describe_error(exc: BaseException) -> str:
     """A one-line message for the kinds of failure the client raises.
 
@@ -109,6 +141,8 @@ def describe_error(exc: BaseException) -> str:
     object-repr noise; an operator wants "HTTP 403 Forbidden: <server message>" or
     "ConnectionRefusedError: Connection refused".
     """
+    if isinstance(exc, DeadlineExceeded):  # whatever the cut made the reading raise
+        return one_line(f"request cut: {exc}")
     status = http_status(exc)
     if status is not None:  # kubernetes.client.ApiException
         reason = str(getattr(exc, "reason", "") or "")
@@ -128,11 +162,19 @@ def describe_error(exc: BaseException) -> str:
     seen: set[int] = set()
     cur: BaseException | None = exc
     root: OSError | None = None
+    wrapped = exc  # the innermost error urllib3's wrappers (``reason``) lead to
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, OSError) and cur.strerror:
             root = cur
         reason_exc = getattr(cur, "reason", None)
+        if isinstance(reason_exc, BaseException):
+            wrapped = reason_exc
+            # ProtocolError("Connection aborted.", RemoteDisconnected(...)) keeps its
+            # cause among its arguments.
+            args = reason_exc.args
+            if len(args) == 2 and isinstance(args[1], BaseException):
+                wrapped = args[1]
         cur = (
             reason_exc
             if isinstance(reason_exc, BaseException)
@@ -140,7 +182,9 @@ def describe_error(exc: BaseException) -> str:
         )
     if root is not None:
         return one_line(f"{type(root).__name__}: {root.strerror}")
-    return one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    # "MaxRetryError: ... Max retries exceeded" says nothing true (no request is retried)
+    shown = wrapped if wrapped is not exc and str(wrapped) else exc
+    return one_line(f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__)
 
 
 def _in_cluster() -> bool:
@@ -188,18 +232,9 @@ class WatchEndedEarly(Exception):
     """The server ended a watch window cleanly, but long before the time asked for."""
 
 
-class _OpenWatch:
-    """The watch response being read, so ``stop()`` can end a blocked read at once: it
-    shuts the socket down, as ``kubernetes.watch.Watch.stop`` does (a close() from
-    another thread could wait on the lock that the blocked read holds)."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = response
-
-    def stop(self) -> None:
-        sock = getattr(getattr(self._response, "connection", None), "sock", None)
-        if sock is not None:
-            sock.shutdown(socket.SHUT_RDWR)
+class TooManyObjects(Exception):
+    """More objects for this node than the ceiling (``max_objects``): the set is not
+    handed over at all, rather than cut short."""
 
 
 V = TypeVar("V")  # the model value one API object turns into (a PodMeta, a slice's devices)
@@ -231,6 +266,8 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     singular: ClassVar[str]  # "pod": "waiting for the first pod list"
     thread_name: ClassVar[str]
     description: ClassVar[str]  # "pod metadata": what is missing while it is down
+    # The most objects of this node kept; more make the source down with nothing in it.
+    max_objects: ClassVar[int]
 
     def __init__(
         self,
@@ -239,6 +276,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         kubeconfig: str | None = None,
         resync_s: float = 300.0,
         watch_timeout_s: int = 60,
+        list_deadline_s: float = LIST_DEADLINE_S,
     ) -> None:
         if not node_name:
             raise ValueError("node_name must not be empty")
@@ -246,19 +284,28 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             raise ValueError(f"resync_s must be > 0, got {resync_s}")
         if watch_timeout_s < 1:
             raise ValueError(f"watch_timeout_s must be >= 1, got {watch_timeout_s}")
+        if not list_deadline_s > 0:
+            raise ValueError(f"list_deadline_s must be > 0, got {list_deadline_s}")
         self._node = node_name
         self._kubeconfig = kubeconfig
         self._resync_s = resync_s
         self._watch_timeout_s = watch_timeout_s
+        self._list_deadline_s = list_deadline_s
+        # Asked of the server, and checked here too: a server (or proxy) that ignores
+        # the selector must not fill the cache with the whole cluster's objects.
         self._selector = f"spec.nodeName={node_name}"
         self._lock = threading.Lock()
         self._values: dict[str, V] = {}
+        # The snapshot is built when read, at most once per change: an event costs a
+        # dict update, not a sort of every object (a watch may bring thousands a second).
         self._items_tuple: tuple[I, ...] = ()
+        self._items_dirty = False
+        self._stamp = time.time()  # when the status or the objects last changed
         self._ok = False
         self._error: str | None = "not started"
         self._relists: dict[str, int] = {}  # by reason (RELIST_REASONS)
         self._dropped_lines: dict[str, int] = {}  # by reason (DROPPED_LINE_REASONS)
-        self._snapshot_now = self._snapshot(False, time.time(), self._error, (), WatchCounts())
+        self._snapshot_now: S | None = None  # None: to be built at the next read
         self._errors_total = 0
         # The watch thread's own state, kept across restarts of its loop so that a
         # restart never refills the LIST budget or forgets the backoff.
@@ -278,7 +325,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._watch_trouble: str | None = None  # why the watch keeps the source down
         self._absent: str | None = None  # why the collection is empty by design, if it is
         self._first_result = threading.Event()  # a first LIST succeeded or failed
-        self._active_watch: _OpenWatch | None = None  # while a watch response is read
+        self._in_flight: InFlight | None = None  # the request being made, to cut at stop()
+        self._retry_after_capped = False  # said once that a Retry-After was cut short
+        self._foreign_logged = False  # said once that the server sent other nodes' objects
         self._watch_accepted = False  # the last watch request was answered 2xx (thread's)
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -320,6 +369,11 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         """Seconds to wait before the next attempt after ``exc`` marked the source down."""
         return backoff.next_delay()
 
+    def _for_this_node(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is one the field selector asked for (``spec.nodeName``)."""
+        spec = obj.get("spec")
+        return isinstance(spec, Mapping) and spec.get("nodeName") == self._node
+
     def _not_served(self, exc: BaseException) -> bool:
         """True when ``exc`` says this cluster has no such collection at all (an API
         that is optional, like DRA): then the source is up with nothing in it."""
@@ -339,9 +393,19 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             return self._errors_total + self._supervisor.crashes
 
     def snapshot(self) -> S:
-        """The current snapshot: the same object until something changes."""
+        """The current snapshot: the same object until something changes, built here
+        (sorting the objects only when they changed since the last one)."""
         with self._lock:
-            return self._snapshot_now
+            snap = self._snapshot_now
+            if snap is None:
+                if self._items_dirty:
+                    self._items_tuple = self._items(self._values.values())
+                    self._items_dirty = False
+                snap = self._snapshot(
+                    self._ok, self._stamp, self._error, self._items_tuple, self._counts_locked()
+                )
+                self._snapshot_now = snap
+            return snap
 
     def read(self, cycle: Cycle) -> S:
         """A background source: the cycle only takes what the thread keeps current."""
@@ -377,20 +441,20 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         )
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """End the thread, closing an open watch stream so it need not time out."""
+    def stop(self, timeout: float = STOP_WAIT_S) -> None:
+        """End the thread, cutting the request it is in (a LIST, a watch stream, one
+        not answered yet) so it need not time out."""
         self._stopping.set()
         thread, self._thread = self._thread, None
         if thread is None:
             return
         deadline = time.monotonic() + timeout
         while thread.is_alive() and time.monotonic() < deadline:
-            # Repeated: a stream opened just after the first stop() call would miss it.
+            # Repeated: a request made just after the first stop() call would miss it.
             with self._lock:
-                watch = self._active_watch
-            if watch is not None:
-                with contextlib.suppress(Exception):
-                    watch.stop()
+                flight = self._in_flight
+            if flight is not None:
+                flight.cut()
             thread.join(0.05)
         if thread.is_alive():
             log.warning("%s thread did not stop within %.1f s", self.thread_name, timeout)
@@ -404,13 +468,19 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         if ok:  # listed, or the watch made progress: current data
             self._supervisor.success()
         self._ok, self._error = ok, error
-        self._snapshot_now = self._snapshot(
-            ok, time.time(), error, self._items_tuple, self._counts_locked()
-        )
+        self._stamp = time.time()
+        self._snapshot_now = None
 
     def _values_changed_locked(self) -> None:
-        self._items_tuple = self._items(self._values.values())
+        """O(1): the sorted items are rebuilt by the next ``snapshot()``."""
+        self._items_dirty = True
         self._set_status_locked(self._ok, self._error)
+
+    def _overfull(self) -> None:
+        """Over the ceiling: hand over nothing (unknown), never a set cut short."""
+        with self._lock:
+            self._values = {}
+            self._values_changed_locked()
 
     def _fail(self, message: str, *, mark_down: bool, counted: bool) -> None:
         with self._lock:
@@ -432,7 +502,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             first = self._absent is None
             self._absent = message
             self._values = {}
-            self._items_tuple = self._items(())
+            self._values_changed_locked()
             self._set_status_locked(True, None)
         self._first_result.set()
         if first:
@@ -488,11 +558,14 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             if stopping.is_set():
                 return Step(Phase.LIST)
             message = f"{self._where(stage)}: {self._explain(exc)}"
+            if isinstance(exc, TooManyObjects):
+                self._overfull()
             if self._not_served(exc):
                 self._empty(message)
             else:
                 self._fail(message, mark_down=True, counted=True)
-            return Step(Phase.BACKOFF, "list_failed", self._retry_delay(exc, self._backoff))
+            delay = self._retry_delay(exc, self._backoff)
+            return Step(Phase.BACKOFF, "list_failed", self._asked_delay(exc, delay))
         self._resync_at = time.monotonic() + self._resync_s
         return Step(Phase.WATCH)
 
@@ -525,9 +598,11 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         gone = http_status(exc) == 410
         if isinstance(exc, LineTooLong):
             self._count(self._dropped_lines, "oversize")
+        if isinstance(exc, TooManyObjects):
+            self._overfull()
         reason = (
             "bad_stream"
-            if isinstance(exc, (LineTooLong, MalformedStream))
+            if isinstance(exc, (LineTooLong, MalformedStream, TooManyObjects))
             else "expired"
             if gone
             else "watch_failed"
@@ -535,7 +610,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._watch_failures += 1
         where = self._where(f"watch {self.resource}")
         message = f"{where}: {self._explain(exc)}"
-        if isinstance(exc, MalformedStream):
+        if isinstance(exc, (MalformedStream, TooManyObjects)):
             trouble: str | None = message
         elif self._watch_failures >= FAILURES_DOWN:
             trouble = (
@@ -554,7 +629,26 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                 self._watch_trouble = trouble
             # A 410 loop costs one counted error when it takes the source down.
             self._fail(trouble, mark_down=True, counted=not gone or newly)
-        return Step(Phase.BACKOFF, reason, self._backoff.next_delay())
+        return Step(Phase.BACKOFF, reason, self._asked_delay(exc, self._backoff.next_delay()))
+
+    def _asked_delay(self, exc: BaseException, delay: float) -> float:
+        """``delay``, or longer when a 429/503 answer asked for it (``Retry-After``),
+        but never over the backoff's ceiling: a server that asks for a day must not
+        switch the watch off for a day (said once, when it first happens)."""
+        asked = retry_after_s(exc)
+        if asked is None:
+            return delay
+        if asked > BACKOFF_MAX_S and not self._retry_after_capped:
+            self._retry_after_capped = True
+            log.warning(
+                "%s: the API server asked to wait %.0f s before the next request "
+                "(HTTP %s, Retry-After); waiting at most %.0f s",
+                self.description,
+                asked,
+                http_status(exc),
+                BACKOFF_MAX_S,
+            )
+        return max(delay, min(asked, BACKOFF_MAX_S))
 
     def _watch_healthy(self) -> None:
         """A window ran its course: the data is current as of now, and failures and
@@ -577,10 +671,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         """One more relist or dropped line; the snapshot carries the new totals."""
         with self._lock:
             counts[reason] = counts.get(reason, 0) + 1
-            snap = self._snapshot_now
-            self._snapshot_now = self._snapshot(
-                self._ok, snap.timestamp, self._error, self._items_tuple, self._counts_locked()
-            )
+            self._snapshot_now = None  # the next one carries the new totals
 
     def _counts_locked(self) -> WatchCounts:
         return WatchCounts(
@@ -589,7 +680,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         )
 
     def _connect(self) -> Any:
-        """An ApiClient on a private Configuration, so nothing global is touched."""
+        """An ApiClient on a private Configuration, so nothing global is touched, that
+        makes one request per call (``kube_http``: no hidden retries, each request
+        reachable by ``InFlight.cut``)."""
         from kubernetes import client, config
 
         cfg = client.Configuration()
@@ -599,7 +692,24 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=self._kubeconfig, client_configuration=cfg, persist_config=False
             )
-        return client.ApiClient(configuration=cfg)
+        cfg.retries = no_retries()  # read by the ApiClient's pool manager when made
+        cfg.client_go_retries = False  # no Retry-After retries inside a call either
+        api = client.ApiClient(configuration=cfg)
+        track_connections(api.rest_client.pool_manager)
+        return api
+
+    @contextlib.contextmanager
+    def _bounded(self, deadline_s: float, what: str) -> Iterator[InFlight]:
+        """A request and the reading of its answer, cut at ``deadline_s`` or stop()."""
+        flight = InFlight(deadline_s, what)
+        with self._lock:
+            self._in_flight = flight
+        try:
+            with flight:
+                yield flight
+        finally:
+            with self._lock:
+                self._in_flight = None
 
     def _get(self, api: Any, **kwargs: Any) -> Any:
         """GET ``path`` exactly as the generated ``list_*`` functions build it, without
@@ -624,32 +734,44 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     def _list(self, api: Any) -> str:
         """LIST this node's objects, replace the whole set; returns the resourceVersion.
         The source is up after it unless the watch keeps it down (``_watch_trouble``)."""
-        resp = self._get(
-            api,
-            field_selector=self._selector,
-            _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S),
-        )
-        try:
-            if not 200 <= resp.status <= 299:
-                raise _api_exception(resp)
-            body = json.loads(_read_bounded(resp, MAX_LIST_BYTES))
-        except BaseException:
-            resp.close()  # perhaps not read to its end: never reuse the connection
-            raise
-        finally:
-            resp.release_conn()
+        with self._bounded(self._list_deadline_s, f"list {self.resource}") as flight:
+            resp = self._get(
+                api,
+                field_selector=self._selector,
+                _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S),
+            )
+            flight.attach_response(resp)
+            try:
+                if not 200 <= resp.status <= 299:
+                    raise _api_exception(resp)
+                body = json.loads(_read_bounded(resp, MAX_LIST_BYTES))
+            except BaseException:
+                resp.close()  # perhaps not read to its end: never reuse the connection
+                raise
+            finally:
+                resp.release_conn()
         if not isinstance(body, Mapping):
             raise ValueError(f"{self.resource} list that is not a JSON object")
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        if not rv:
-            raise ValueError(f"{self.resource} list without metadata.resourceVersion")
+        metadata = body.get("metadata")
+        rv = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
+        if not valid_resource_version(rv):
+            raise ValueError(f"{self.resource} list without a valid metadata.resourceVersion")
+        assert isinstance(rv, str)
         values: dict[str, V] = {}
+        foreign = 0
         for item in body.get("items") or ():
             if not isinstance(item, Mapping):
+                continue
+            if not self._for_this_node(item):
+                foreign += 1
                 continue
             key, value = self._key(item), self._convert(item)
             if key is not None and value is not None:
                 values[key] = value
+                if len(values) > self.max_objects:
+                    raise self._too_many()
+        if foreign:
+            self._other_nodes()
         with self._lock:
             was_ok = self._ok and self._absent is None
             self._absent = None
@@ -671,30 +793,29 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     def _watch_window(self, window: int, stopping: threading.Event) -> None:
         """Read one watch window from ``_rv``, applying events; returns when the server
         ends it (or on stop) and raises when it fails."""
-        response = self._open_watch(
-            self._api,
-            watch=True,
-            field_selector=self._selector,
-            resource_version=self._rv,
-            timeout_seconds=window,
-            allow_watch_bookmarks=True,
-            _request_timeout=(CONNECT_TIMEOUT_S, window + WATCH_READ_GRACE_S),
-        )
-        with self._lock:
-            self._active_watch = _OpenWatch(response)
-        try:
-            if not 200 <= response.status <= 299:
-                raise _api_exception(response)
-            for line in bounded_lines(response_chunks(response)):
-                if stopping.is_set():
-                    return
-                self._take_line(line)
-        finally:
-            with self._lock:
-                self._active_watch = None
-            # Closed, not drained: after a line over the limit the rest is never read.
-            response.close()
-            response.release_conn()
+        deadline_s = window + WATCH_READ_GRACE_S
+        with self._bounded(deadline_s, f"watch {self.resource}") as flight:
+            response = self._open_watch(
+                self._api,
+                watch=True,
+                field_selector=self._selector,
+                resource_version=self._rv,
+                timeout_seconds=window,
+                allow_watch_bookmarks=True,
+                _request_timeout=(CONNECT_TIMEOUT_S, deadline_s),
+            )
+            flight.attach_response(response)
+            try:
+                if not 200 <= response.status <= 299:
+                    raise _api_exception(response)
+                for line in bounded_lines(response_chunks(response)):
+                    if stopping.is_set():
+                        return
+                    self._take_line(line)
+            finally:
+                # Closed, not drained: after a line over the limit the rest is never read.
+                response.close()
+                response.release_conn()
 
     def _take_line(self, line: bytes) -> None:
         """Apply one watch line, or count it as malformed (raising ``MalformedStream``
@@ -735,17 +856,47 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         carries. An object without a key we can track is skipped."""
         obj = event.obj
         key = self._key(obj)
-        if key is not None:
-            value = None if event.kind == "DELETED" else self._convert(obj)
-            with self._lock:
-                if value is None:
-                    changed = self._values.pop(key, None) is not None
-                else:
-                    changed = self._values.get(key) != value
-                    self._values[key] = value
-                if changed:
-                    self._values_changed_locked()
+        if key is None:
+            return event.resource_version
+        if event.kind == "DELETED":
+            value = None
+        elif self._for_this_node(obj):
+            value = self._convert(obj)
+        else:  # another node's (the selector ignored), or moved off this one: gone here
+            self._other_nodes()
+            value = None
+        with self._lock:
+            if value is None:
+                changed = self._values.pop(key, None) is not None
+            elif key not in self._values and len(self._values) >= self.max_objects:
+                raise self._too_many()
+            else:
+                changed = self._values.get(key) != value
+                self._values[key] = value
+            if changed:
+                self._values_changed_locked()
         return event.resource_version
+
+    def _too_many(self) -> TooManyObjects:
+        return TooManyObjects(
+            f"more than {self.max_objects} {self.resource} for node {self._node}: "
+            f"nothing is handed over rather than a part"
+        )
+
+    def _other_nodes(self) -> None:
+        """The server sent objects of other nodes, despite the field selector: dropped
+        here; said once, for it is the server (or a proxy) that needs fixing."""
+        if self._foreign_logged:
+            return
+        self._foreign_logged = True
+        log.warning(
+            "%s: the API server sent %s of other nodes despite fieldSelector=%s; they "
+            "are dropped, but each still costs a parse here: check the API server or "
+            "a proxy in between",
+            self.description,
+            self.resource,
+            self._selector,
+        )
 
 
 def _read_bounded(response: Any, limit: int) -> bytes:
@@ -764,8 +915,10 @@ def _api_exception(response: Any) -> Exception:
     from kubernetes.client.exceptions import ApiException
 
     body = response.read(64 * 1024)
-    return ApiException(
+    exc = ApiException(
         status=response.status,
         reason=response.reason,
         body=body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body,
     )
+    exc.headers = response.headers  # Retry-After, for retry_after_s
+    return exc

@@ -40,6 +40,7 @@ API_VERSION = "v1"
 # An API server without resource.k8s.io/v1 will not grow it until it is upgraded (or
 # DRA enabled and the server restarted): ask again every few minutes, not every minute.
 NOT_SERVED_RETRY_S = 300.0
+MAX_SLICES = 1000
 NOT_SERVED = (
     f"{API_GROUP}/{API_VERSION} ResourceSlices are not served by this API server "
     "(Kubernetes before 1.34, or DRA disabled)"
@@ -123,6 +124,9 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
     singular: ClassVar[str] = "ResourceSlice"
     thread_name: ClassVar[str] = "resourceslice-watcher"
     description: ClassVar[str] = "DRA ResourceSlice"
+    # A node's GPU driver publishes a pool of a few slices (at most 128 devices each,
+    # resource.k8s.io/v1 ResourceSliceSpec.devices); far more is a broken server.
+    max_objects: ClassVar[int] = MAX_SLICES
 
     def __init__(
         self,

@@ -11,14 +11,16 @@ most ``READ_BYTES`` (urllib3's ``HTTPResponse.stream(amt)`` reads a chunked body
 ``MAX_LINE_BYTES`` raises ``LineTooLong`` as soon as that many bytes are buffered: the
 caller drops the connection rather than reading the rest.
 
-``parse_event`` turns one line into a ``WatchEvent``, ``None`` for a line that is
-malformed but leaves the stream in step (the caller skips and counts it), or raises
+``parse_event`` turns one line into a ``WatchEvent`` (its resourceVersion, which the
+next watch request carries back, at most 128 bytes of ``[0-9A-Za-z._-]``), ``None`` for
+a line that is malformed but leaves the stream in step (the caller skips and counts it), or raises
 ``StreamBroken`` for a line after which nothing in the stream can be trusted.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,12 @@ from typing import Any
 MAX_LINE_BYTES = 16 * 1024 * 1024
 READ_BYTES = 64 * 1024
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+# A resourceVersion is opaque to clients, but it goes back to the server in the next
+# watch URL, so it is held to what servers send: etcd's revision in decimal (a 64-bit
+# integer, at most 20 digits) with room to spare. Anything else (15 MiB of digits, a
+# character a URL must escape) makes the event malformed, never the next request.
+MAX_RESOURCE_VERSION_BYTES = 128
+_RESOURCE_VERSION = re.compile(rf"[0-9A-Za-z._-]{{1,{MAX_RESOURCE_VERSION_BYTES}}}")
 
 
 class LineTooLong(Exception):
@@ -62,9 +70,15 @@ class WatchEvent:
 
     @property
     def resource_version(self) -> str | None:
+        """``metadata.resourceVersion`` (checked by ``parse_event``); None without one."""
         metadata = self.obj.get("metadata")
         rv = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
-        return str(rv) if rv else None
+        return rv if isinstance(rv, str) and rv else None
+
+
+def valid_resource_version(value: Any) -> bool:
+    """A non-empty string of at most ``MAX_RESOURCE_VERSION_BYTES`` of [0-9A-Za-z._-]."""
+    return isinstance(value, str) and _RESOURCE_VERSION.fullmatch(value) is not None
 
 
 def response_chunks(resp: Any, size: int = READ_BYTES) -> Iterator[bytes]:
@@ -120,6 +134,10 @@ def parse_event(line: bytes) -> WatchEvent | None:
         raise _error_event(obj)
     if kind not in EVENT_TYPES or not isinstance(obj, Mapping):
         return None
+    metadata = obj.get("metadata")
+    rv = metadata.get("resourceVersion") if isinstance(metadata, Mapping) else None
+    if rv not in (None, "") and not valid_resource_version(rv):
+        return None  # it would go back to the server in the next watch URL
     return WatchEvent(kind, obj)
 
 
