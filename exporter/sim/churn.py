@@ -58,13 +58,16 @@ class ChurnTimeline(Sequence[SimEvent]):
         self._churn = churn
         self._hosts = list(hosts)
         last = max([churn.seconds + churn.job_period_s + 1, *(s + 1 for s in self._base)])
-        self._first = array("l")  # index of each second's first event
+        # The scenario's own events before time 0 (XIDs raised before the exporter
+        # started: the kernel log's backlog) are kept; churn itself starts at second 1.
+        self._start = min([0, *self._base])
+        self._first = array("l")  # index of each second's first event, from _start on
         total = 0
-        for second in range(last + 1):
+        for second in range(self._start, last + 1):
             self._first.append(total)
             total += len(self._events_at(second))
         self._len = total
-        self._cached: tuple[int, list[SimEvent]] = (-1, [])
+        self._cached: tuple[int | None, list[SimEvent]] = (None, [])
 
     def _events_at(self, second: int) -> list[SimEvent]:
         churn = self._churn
@@ -119,7 +122,8 @@ class ChurnTimeline(Sequence[SimEvent]):
             return [self[i] for i in range(*index.indices(self._len))]
         if not 0 <= index < self._len:
             raise IndexError(index)
-        second = bisect.bisect_right(self._first, index) - 1
+        slot = bisect.bisect_right(self._first, index) - 1
+        second = self._start + slot
         if self._cached[0] != second:
             self._cached = (second, self._events_at(second))
-        return self._cached[1][index - self._first[second]]
+        return self._cached[1][index - self._first[slot]]

@@ -893,6 +893,10 @@ class SimNvmlLibrary:
     def nvmlEventSetCreate(self, out: Any) -> int:
         set_id = next(self._ids)
         with self.node.lock:
+            # XIDs raised before the set exists are never delivered: bring the node up to
+            # now first, or one process's library that has not yet been asked anything
+            # (sim/external.py) would deliver the XIDs raised before time 0 as new.
+            self.node.advance()
             self._event_sets[set_id] = {"devices": {}, "seen": len(self.node.xids)}
         _set_pointer(_out(out), set_id)
         return SUCCESS

@@ -224,7 +224,10 @@ class XidListener(ThreadedSource):
         """Which registered GPU raised the event: by UUID, else by handle.
 
         The handle fallback matters for XID 79, where the fallen GPU may no longer
-        answer a UUID query.
+        answer a UUID query. The handle it was registered with may be gone too: a GPU
+        back from being lost can be handed a new handle while the event set still
+        delivers its events, so an unknown handle is looked up among the registered
+        GPUs' current handles (``_rehandle``).
         """
         try:
             uuid = pynvml.nvmlDeviceGetUUID(device)
@@ -233,9 +236,34 @@ class XidListener(ThreadedSource):
         if uuid is not None and uuid in registration.by_uuid:
             return registration.by_uuid[uuid], uuid
         address = _address(device)
-        if address is not None and address in registration.by_address:
-            return registration.by_address[address]
-        return None, uuid
+        if address is None:
+            return None, uuid
+        known = registration.by_address.get(address) or self._rehandle(registration, address)
+        return known if known is not None else (None, uuid)
+
+    def _rehandle(self, registration: _Registration, address: int) -> tuple[int, str] | None:
+        """The registered GPU whose handle is now ``address``, remembered in place of its
+        old handle; None when no registered GPU has it.
+
+        Without this, the second XID 79 of a GPU that fell off the bus, came back and
+        fell again came without a GPU: the ledger could not pair it with the kernel
+        log's copy, which names the GPU by its PCI bus, and counted it twice. One handle
+        query per registered GPU, and only for an event whose handle is unknown.
+        """
+        for uuid, index in registration.by_uuid.items():
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError:
+                continue
+            if _address(handle) != address:
+                continue
+            stale = [a for a, (i, _) in registration.by_address.items() if i == index]
+            for old in stale:  # one handle per GPU, however often it comes back
+                del registration.by_address[old]
+            registration.by_address[address] = (index, uuid)
+            log.info("GPU %d has a new NVML handle (back from being lost?)", index)
+            return index, uuid
+        return None
 
     def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
         """A failing consumer (a closed event loop) must not kill the listener."""
