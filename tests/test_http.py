@@ -7,15 +7,20 @@ import asyncio
 import gzip
 import platform
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 from multidict import CIMultiDictProxy
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
+from exporter.exposition.server import MetricsCache
 from exporter.sim.scenario import SimEvent, load_scenario
 from tests.harness import Harness, Scrape, parse_exposition, simulated_exporter
 
@@ -365,3 +370,35 @@ async def test_a_first_request_for_a_format_renders_off_the_sampling_executor() 
             await asyncio.gather(*held)
     assert response.status == 200 and response.headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(response.body).endswith(b"# EOF\n")
+
+
+def test_the_cache_is_never_locked_while_a_request_renders() -> None:
+    """cached() runs on the event loop; render_now() renders a format on the request
+    worker. A render that takes long (a big node) must not hold the lock cached() waits
+    on, or every request on the loop would wait with it."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Collector):
+        def collect(self) -> Iterator[Metric]:
+            entered.set()
+            release.wait(10.0)
+            yield GaugeMetricFamily("slow_render", "held until released", value=1)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Slow())
+    cache = MetricsCache()
+    release.set()
+    cache.render(registry)  # the cycle's own render (text)
+    release.clear()
+    entered.clear()
+    worker = threading.Thread(target=cache.render_now, args=("openmetrics",))
+    worker.start()
+    try:
+        assert entered.wait(5.0)
+        began = time.monotonic()
+        assert cache.cached("openmetrics") is None and cache.cached("text") is not None
+        assert time.monotonic() - began < 0.5
+    finally:
+        release.set()
+        worker.join(5.0)
+    assert cache.cached("openmetrics") is not None

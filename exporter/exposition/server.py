@@ -120,11 +120,18 @@ class MetricsCache:
         """Render ``fmt`` for the current cycle once (blocking: run it in a thread)."""
         with self._lock:
             done = self._rendered.get(fmt)
-            if done is None:
-                if self._registry is None:
-                    raise RuntimeError("no cycle has been rendered yet")
-                done = self._rendered[fmt] = _Rendered(self._renderers[fmt](self._registry))
+            registry, cycle = self._registry, self.cycles
+        if done is not None:
             return done
+        if registry is None:
+            raise RuntimeError("no cycle has been rendered yet")
+        # Rendered outside the lock: the event loop takes it in cached(), and must never
+        # wait for a render. Kept only if no new cycle was swapped in meanwhile.
+        done = _Rendered(self._renderers[fmt](registry))
+        with self._lock:
+            if self.cycles == cycle:
+                done = self._rendered.setdefault(fmt, done)
+        return done
 
 
 def _quality(params: list[str]) -> float:
