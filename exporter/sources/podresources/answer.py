@@ -37,7 +37,7 @@ from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 
 # GPU allocations one List answer may carry: device ids of the GPU resource names plus
 # claim devices of the GPU DRA drivers, counted per container as sent.
-MAX_GPU_ALLOCATIONS = 20_000
+MAX_GPU_ALLOCATIONS = 10_000
 # GPU device ids one GetAllocatableResources answer may advertise, counted as sent.
 MAX_ADVERTISED_IDS = 50_000
 
