@@ -172,6 +172,18 @@ def one_gauge_cache() -> MetricsCache:
     return cache
 
 
+def big_answer_cache(series: int = 20_000) -> MetricsCache:
+    """A cache whose exposition is ~1 MB: an answer a client that does not read stays
+    in the middle of taking, in one request (tests of the connection cap)."""
+    registry = CollectorRegistry()
+    gauge = Gauge("gpu_example", "an example", ["series"], registry=registry)
+    for i in range(series):
+        gauge.labels(str(i)).set(i)
+    cache = MetricsCache()
+    cache.render(registry)
+    return cache
+
+
 def scenario_from(source: str | dict[str, object] | Scenario) -> Scenario:
     if isinstance(source, Scenario):
         return source

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from exporter.exposition.connections import ConnectionGuard, GuardedTCPSite
-from exporter.exposition.server import build_app, start_server
-from tests.harness import one_gauge_cache
+from exporter.exposition.server import MetricsCache, build_app, start_server
+from tests.harness import big_answer_cache, one_gauge_cache
 from tests.tls_certs import authority
 
 SCRAPER, ATTACKER, OTHER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
@@ -36,10 +36,12 @@ ANSWER_WITHIN_S = 5.0
 
 @asynccontextmanager
 async def serving(
-    ssl_context: ssl.SSLContext | None = None, **limits: float
+    ssl_context: ssl.SSLContext | None = None,
+    cache: MetricsCache | None = None,
+    **limits: float,
 ) -> AsyncIterator[tuple[int, ConnectionGuard]]:
     runner = await start_server(
-        build_app(one_gauge_cache(), "node-a"),
+        build_app(cache or one_gauge_cache(), "node-a"),
         "127.0.0.1",
         0,
         ssl_context=ssl_context,
@@ -202,16 +204,17 @@ async def test_an_address_holding_the_most_connections_loses_one_first() -> None
 
 
 async def unread(port: int, source: str) -> socket.socket:
-    """A client that pipelines requests for the whole exposition and reads none of the
-    answers, through a 4 KiB receive buffer: an answer stays in the middle of being
-    written."""
+    """A client that asks for one ~1 MB exposition (big_answer_cache) and reads none
+    of it, through a 4 KiB receive buffer: the answer stays in the middle of being
+    written. (Pipelining more requests past it would end that: see
+    test_a_fresh_scraper_gets_in_within_a_second_past_pipelining_non_readers.)"""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.bind((source, 0))
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(sock, SCRAPE * 200)
+    await loop.sock_sendall(sock, SCRAPE)
     return sock
 
 
@@ -219,7 +222,7 @@ async def test_an_answer_being_written_is_safe_from_its_own_address_not_from_a_f
     # A long grace, so that every answer here counts as being written: the cap is full
     # of them, all from one address. A newcomer from that address is refused; one from
     # elsewhere still gets in: one address may not hold the whole cap against another.
-    async with serving(max_connections=4) as (port, guard):
+    async with serving(cache=big_answer_cache(), max_connections=4) as (port, guard):
         guard.answer_grace_s = 30.0
         hog = [await unread(port, ATTACKER) for _ in range(4)]
         try:
@@ -298,3 +301,62 @@ async def test_a_stalled_tls_handshake_counts_against_the_cap(tmp_path: Path) ->
         finally:
             for sock in stalled:
                 sock.close()
+
+
+async def pipelining_non_reader(port: int, source: str, hold_s: float) -> None:
+    """From ``source``, again and again: one connection that pipelines 50 scrapes
+    through a 4 KiB receive buffer, reads none of the answers, and closes after
+    ``hold_s`` (adversary-c, conn_flood.py noread)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        sock = socket.socket()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.bind((source, 0))
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            await loop.sock_sendall(sock, SCRAPE * 50)
+            await asyncio.sleep(hold_s)
+        except OSError:
+            await asyncio.sleep(0.05)
+        finally:
+            sock.close()
+
+
+async def timed_status(port: int, source: str, request: bytes) -> tuple[str, float]:
+    started = time.monotonic()
+    status = await status_of(port, source, request)
+    return status, time.monotonic() - started
+
+
+async def test_a_fresh_scraper_gets_in_within_a_second_past_pipelining_non_readers() -> None:
+    # 64 attackers, each from an address of its own holding one connection, as many as
+    # the scraper's: the cap (16) is full of connections that keep having requests
+    # taken up while their answers pile up unread. Before: such a connection counted
+    # as "in the middle of an answer" for as long as aiohttp kept taking its pipelined
+    # requests, so it was never evicted, and the scraper's fresh connection was taken
+    # instead: at cap 32 with 96 attackers, 7 scrapes of 44 reset (adversary-c).
+    async with serving(max_connections=16) as (port, guard):
+        tasks = [
+            asyncio.create_task(pipelining_non_reader(port, f"127.4.0.{i + 1}", 1.5))
+            for i in range(64)
+        ]
+        try:
+            await asyncio.sleep(1.0)  # the cap is full, newcomers taking places
+            assert guard.stats.open == 16
+            results = []
+            for i in range(20):
+                request = SCRAPE if i % 2 == 0 else HEALTHZ
+                results.append(await timed_status(port, f"127.5.0.{i + 1}", request))
+                await asyncio.sleep(0.2)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [
+            (status, round(took, 2))
+            for status, took in results
+            if status != "HTTP/1.1 200 OK" or took > 1.0
+        ]
+        assert not failed, f"{len(failed)} of {len(results)} kept out: {failed}"
+        assert guard.stats.evicted_total > 0

@@ -21,17 +21,21 @@ from exporter.exposition.connections import (
     GuardedTCPSite,
     fd_headroom_problem,
 )
-from exporter.exposition.server import build_app, start_server
-from tests.harness import one_gauge_cache
+from exporter.exposition.server import MetricsCache, build_app, start_server
+from tests.harness import big_answer_cache, one_gauge_cache
 from tests.tls_certs import authority
 
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\nUser-Agent: slo"
 WHOLE_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: exporter\r\n\r\n"
+SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n\r\n"
 
 
 @asynccontextmanager
-async def serving(**limits: object) -> AsyncIterator[tuple[int, ConnectionGuard]]:
-    runner = await start_server(build_app(one_gauge_cache(), "node-a"), "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
+async def serving(
+    cache: MetricsCache | None = None, **limits: object
+) -> AsyncIterator[tuple[int, ConnectionGuard]]:
+    app = build_app(cache or one_gauge_cache(), "node-a")
+    runner = await start_server(app, "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
     try:
         (site,) = runner.sites
         assert isinstance(site, GuardedTCPSite)
@@ -128,10 +132,12 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> N
     # Connections in the middle of an answer the server took up just now are not
     # evicted for a newcomer from their own address. (A long grace, so that a loaded
     # test machine does not make them idle; an answer that is taken at once is not
-    # "in the middle": tests/test_connection_fairness.py.)
-    async with serving(header_timeout_s=5.0, max_connections=3) as (port, guard):
+    # "in the middle", nor are answers piled up by pipelining past them:
+    # tests/test_connection_fairness.py.) Each asked for one ~1 MB answer.
+    limits = {"header_timeout_s": 5.0, "max_connections": 3}
+    async with serving(big_answer_cache(), **limits) as (port, guard):
         guard.answer_grace_s = 30.0
-        busy = [await unread(port) for _ in range(3)]
+        busy = [await unread(port, requests=1, request=SCRAPE) for _ in range(3)]
         try:
             await asyncio.sleep(0.3)  # their answers are being written
             extra = await connect(port)
@@ -146,14 +152,14 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused() -> N
                 sock.close()
 
 
-async def unread(port: int, requests: int = 500) -> socket.socket:
+async def unread(port: int, requests: int = 500, request: bytes = WHOLE_REQUEST) -> socket.socket:
     """A client that pipelines ``requests`` requests and reads none of the answers,
     through a 4 KiB receive buffer: most of the answers wait in the server's queues."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    await asyncio.get_running_loop().sock_sendall(sock, WHOLE_REQUEST * requests)
+    await asyncio.get_running_loop().sock_sendall(sock, request * requests)
     return sock
 
 

@@ -23,17 +23,21 @@ first in this order:
    its own: a flood from another cannot take its place);
 2. not in the middle of an answer, before one that is (a request aiohttp handed to the
    handler less than ``ANSWER_GRACE_S`` ago, its answer not yet made or not yet taken);
-3. at least ``MIN_AGE_S`` old, before a younger one (a fresh scraper's connection is the
-   last of its address to go, whatever newcomers follow it);
+3. not fresh (younger than ``FRESH_S``, none of its requests taken up yet), before a
+   fresh one, then at least ``MIN_AGE_S`` old, before a younger one (a fresh scraper's
+   connection is the last of its address to go, whatever newcomers follow it);
 4. sending a header or not reading its answers, before an idle one;
 5. the oldest first.
 
 A connection in the middle of an answer is never taken by a newcomer from an address
 holding as many connections, less one: when every candidate is, the newcomer is refused.
 Nothing a client sends marks its connection busy: only requests the server took up do,
-for ``ANSWER_GRACE_S`` at most. An idle kept-alive connection closed this way costs a
-scraper nothing: RFC 9112 section 9.3.1 lets a client retry a request on a kept-alive
-connection the server closed; aiohttp's and Go's clients do.
+for ``ANSWER_GRACE_S`` at most, and not once the client is not taking its answers (one
+left untaken that long, or a request taken up while earlier answers were untaken: a
+client pipelining requests it never reads keeps having them taken up). An idle
+kept-alive connection closed this way costs a scraper nothing: RFC 9112 section 9.3.1
+lets a client retry a request on a kept-alive connection the server closed; aiohttp's
+and Go's clients do.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ ANSWER_GRACE_S = 0.25
 # A connection younger than this goes after older ones of its address: a scraper's new
 # connection sends its request at once and is answered within this time.
 MIN_AGE_S = 0.5
+# A connection younger than this with none of its requests taken up yet goes after every
+# other one of its address that is not (a scraper's request arrives in its first packet
+# and is taken up within milliseconds): a flood of newcomers, each taken up at once, is
+# not "fresh" for long, nor is a header sent slowly.
+FRESH_S = 0.25
 # Linux's SIOCOUTQ (tcp(7)): bytes in a socket's send queue the peer has not acknowledged,
 # i.e. not yet in its receive buffer. Same number as TIOCOUTQ.
 _SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
@@ -108,13 +117,15 @@ class ConnectionStats:
     evicted_total: int = 0  # closed to make room for a newcomer
     timed_out_total: int = 0  # header not finished in time
     write_timed_out_total: int = 0  # answers not taken in time
-    _last_warning: float = field(default=0.0, repr=False)
+    _last_warning: dict[str, float] = field(default_factory=dict, repr=False)
 
     def warn(self, message: str, *args: object) -> None:
-        """At most one warning a minute: a flood must not flood the log too."""
+        """At most one warning a minute of each kind: a flood must not flood the log
+        too, nor one kind (closing some) hide another (refusing new ones)."""
         now = time.monotonic()
-        if now - self._last_warning >= 60.0:
-            self._last_warning = now
+        last = self._last_warning.get(message)
+        if last is None or now - last >= 60.0:
+            self._last_warning[message] = now
             log.warning(message, *args)
 
 
@@ -137,6 +148,7 @@ class _Guarded(asyncio.Protocol):
         self._dispatched_at = -1e9  # aiohttp last handed one of its requests to the handler
         self._in_handler = 0  # requests of it in the handler now
         self._waiting_since = 0.0  # the request that started the wait for the client
+        self._piled = False  # a request was taken up while earlier answers were untaken
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -224,6 +236,8 @@ class _Guarded(asyncio.Protocol):
         if self.unsent() == 0:  # earlier answers all taken
             self._waiting_since = now
             self._arm_write()
+        else:  # pipelined past answers it has not taken: no longer "answering"
+            self._piled = True
 
     def handled(self) -> None:
         self._in_handler -= 1
@@ -232,10 +246,26 @@ class _Guarded(asyncio.Protocol):
 
     def answering(self, now: float) -> bool:
         """In the middle of an answer to a request taken up less than the grace ago:
-        the handler is still making it, or it is not all taken yet."""
-        if now - self._dispatched_at >= self._guard.answer_grace_s:
+        the handler is still making it, or it is not all taken yet. Never while it is
+        not taking its answers: one left untaken for the grace, or a request taken up
+        while earlier answers were still untaken. A client that pipelines requests and
+        reads none keeps having them taken up (aiohttp answers them while the buffers
+        have room), which renews the dispatches, not the wait for it; a client that
+        waits for each answer before the next request (Prometheus) never piles."""
+        grace = self._guard.answer_grace_s
+        if now - self._dispatched_at >= grace:
             return False
-        return self._in_handler > 0 or self.unsent() > 0
+        unsent = self.unsent()
+        if unsent == 0:
+            self._piled = False  # all taken: caught up
+        elif self._piled or now - self._waiting_since >= grace:
+            return False  # not taking its answers
+        return self._in_handler > 0 or unsent > 0
+
+    def fresh(self, now: float) -> bool:
+        """Younger than ``FRESH_S`` and none of its requests taken up yet: a scraper's
+        new connection, its request on the way."""
+        return now - self.opened_at < self._guard.fresh_s and self._dispatched_at < self.opened_at
 
     def rank(self) -> int:
         """``SLOW`` (in its handshake, sending a header, or its client not reading) or
@@ -331,6 +361,7 @@ class ConnectionGuard:
         self.ssl_context = ssl_context
         self.answer_grace_s = ANSWER_GRACE_S
         self.min_age_s = MIN_AGE_S
+        self.fresh_s = FRESH_S
         self.stats = ConnectionStats()
         self._open: dict[_Guarded, None] = {}  # insertion order: oldest first
         self._evicted: dict[_Guarded, None] = {}  # closed, connection_lost still to come
@@ -388,16 +419,17 @@ class ConnectionGuard:
         order in this module's docstring."""
         newcomer_holds = self._per_address.get(address, 0)
         best: _Guarded | None = None
-        best_key: tuple[int, bool, bool, int] | None = None
+        best_key: tuple[int, bool, bool, bool, int] | None = None
         for conn in self._open:  # oldest first: the first of equal keys wins
             holds = self._per_address[conn.address]
             answering = conn.answering(now)
             if answering and holds <= newcomer_holds + 1:
                 continue  # would leave its address holding fewer than the newcomer's
+            fresh = conn.fresh(now)
             young = now - conn.opened_at < self.min_age_s
-            if best_key is not None and (-holds, answering, young) > best_key[:3]:
+            if best_key is not None and (-holds, answering, fresh, young) > best_key[:4]:
                 continue  # decided without rank()'s system call
-            key = (-holds, answering, young, conn.rank())
+            key = (-holds, answering, fresh, young, conn.rank())
             if best_key is None or key < best_key:
                 best, best_key = conn, key
         return best
