@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
@@ -22,6 +23,7 @@ from exporter.exposition.basic_auth import (
     GLOBAL_PER_S,
     QUEUE_SIZE,
     BasicAuth,
+    PasswordWorker,
     TokenBucket,
     Verdict,
 )
@@ -133,9 +135,9 @@ async def test_a_second_request_from_an_address_whose_check_waits_is_limited_at_
     auth.close()
 
 
-async def test_a_busy_answer_spends_the_addresses_budget() -> None:
-    """A full queue is no free retry: each 503 takes a token, so a client hammering a
-    full queue reaches its 429 as one sending wrong passwords would."""
+async def test_a_busy_answer_gives_the_addresses_token_back() -> None:
+    """A 503 hashed nothing and a retry gains no rank (the rank is the address's), so it
+    spends no budget: an address waiting its turn is never turned into a 429."""
     auth = BasicAuth(clock=Clock())
     users = {"prometheus": hashed(PASSWORD, 12)}
     queued = [
@@ -144,10 +146,58 @@ async def test_a_busy_answer_spends_the_addresses_budget() -> None:
     ]
     await asyncio.sleep(0.05)
     answers = [await auth.check(users, "prometheus", "x", "10.5.1.1") for _ in range(15)]
-    assert answers[:CLIENT_BURST] == [Verdict.BUSY] * CLIENT_BURST
-    assert set(answers[CLIENT_BURST:]) == {Verdict.LIMITED}, answers
+    assert answers == [Verdict.BUSY] * 15, answers
     auth.close()
     await asyncio.gather(*queued)
+
+
+async def test_fresh_addresses_flooding_cannot_keep_out_an_address_seen_before_them() -> None:
+    """adversary-c's auth_fresh.py at the worker, on a frozen clock: the pace allows one
+    failed check per step, a NEW address floods in each step (one request each, as 30 a
+    second did), and Prometheus's address, never checked, retries every 4 steps. Ranked
+    by each request's arrival it got 503 every time (an earlier newcomer always ranked
+    ahead); ranked by when its address was first seen it displaces the later newcomers
+    and is checked behind at most the QUEUE_SIZE that were waiting at its first try."""
+    clock = Clock()
+    worker = PasswordWorker(clock=clock)
+    wrong, right = hashed("other").encode(), hashed(PASSWORD).encode()
+    for n in range(GLOBAL_BURST):  # spend the burst: from here on, one check per step
+        assert await _check(worker, f"10.7.0.{n}", b"x", wrong) is False
+    flood = [worker.check(f"10.8.0.{n}", b"x", wrong) for n in range(QUEUE_SIZE)]
+    tries: list[object] = []
+    scraper: asyncio.Future[bool | None] | None = None
+    for step in range(24):
+        clock.now += 1 / GLOBAL_PER_S
+        flood.append(worker.check(f"10.8.1.{step}", b"x", wrong))  # a new address each step
+        if scraper is None and step % 4 == 0:
+            answer = worker.check("127.0.0.2", PASSWORD.encode(), right)
+            tries.append(answer)
+            if not isinstance(answer, Verdict):
+                scraper = answer
+        if scraper is not None and scraper.done():
+            break
+        checks, waiting = worker.checks_total, scraper
+        await _until(
+            lambda c=checks, w=waiting: worker.checks_total > c or bool(w and w.done())  # type: ignore[misc]
+        )
+    worker.close()
+    assert scraper is not None and scraper.result() is True, tries
+    assert tries[0] is Verdict.BUSY and len(tries) == 2, tries  # in at its first retry
+    assert step <= 4 + QUEUE_SIZE + 1, step  # behind the QUEUE_SIZE seen before it at most
+    for answer in flood:
+        if not isinstance(answer, Verdict):
+            await answer
+
+
+async def _check(worker: PasswordWorker, client: str, password: bytes, hashed_: bytes) -> object:
+    answer = worker.check(client, password, hashed_)
+    return answer if isinstance(answer, Verdict) else await answer
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
 
 
 async def test_an_address_not_checked_since_the_flood_goes_ahead_of_the_flooders() -> None:

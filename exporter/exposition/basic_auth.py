@@ -14,16 +14,21 @@ Here:
   the exit, and ``close()`` answers the waiting ones at once;
 - the queue is fair across client addresses: one check per address, waiting or running
   (a second request from it gets 429 at once), at most ``QUEUE_SIZE`` addresses waiting, and the
-  address whose latest check is oldest (never checked: oldest of all) goes first. When
-  the queue is full, a newcomer whose address was checked less recently than a waiting
-  one takes that one's place (the one displaced gets 503); else the newcomer gets 503.
-  So any number of flooding addresses, each checked once, cannot keep an address that
-  was not checked since out of the queue, nor out of its front;
+  address whose latest check is oldest goes first; among addresses never checked, the
+  one first seen earliest (an address is remembered from its first request, answered
+  503 or not, in a history of ``HISTORY_SIZE`` addresses). When the queue is full, a
+  newcomer ranked ahead of a waiting one takes the place of the last (which gets 503);
+  else the newcomer gets 503. A rank is the address's, not the request's: retrying
+  cannot improve it, so an address that waits longest displaces any later newcomer on
+  its next try, and any number of flooding addresses first seen after it, or checked
+  once, cannot keep it out. Only never-checked addresses first seen before it go
+  first, each once;
 - a password verified once is cached (``CACHE_SIZE`` entries, least recently used
   first out; the idea of exporter-toolkit's web/cache.go), keyed by a keyed hash of the
   password, never the password: a scraper pays bcrypt once per password, not per scrape;
-- failed logins have a budget per client address (a token bucket); a 503 spends a token
-  like a failed check, so a full queue is not a free retry. A client over it gets 429
+- failed logins have a budget per client address (a token bucket). A 503 gives its token
+  back: it hashed nothing, and a retry gains no rank, so spending would only lock out,
+  with 429, the address that waits its turn. A client over it gets 429
   without hashing. Verified passwords are served from the cache and do not touch it;
 - an unknown user is checked against a made-up hash of the highest cost configured
   (exporter-toolkit uses a fixed cost-10 hash, web/handler.go). When users' costs
@@ -97,7 +102,7 @@ class _Job:
     client: str
     password: bytes
     hashed: bytes
-    rank: tuple[float, int]  # (the address's latest check, arrival): lowest goes first
+    rank: tuple[float, int]  # (the address's latest check, first seen): lowest goes first
     done: Callable[[bool | None], object]  # thread-safe: hands the result to the loop
     abandoned: threading.Event = field(default_factory=threading.Event)
 
@@ -113,9 +118,10 @@ class PasswordWorker:
         self._clock = clock  # the thread's pace and the addresses' latest checks
         self._lock = threading.Condition()
         self._pending: dict[str, _Job] = {}  # client address -> its one waiting check
-        self._latest: OrderedDict[str, float] = OrderedDict()  # address -> latest check
+        # address -> [first seen (an order), latest check (-inf: never)], latest seen last
+        self._history: OrderedDict[str, list[float]] = OrderedDict()
         self._current: str | None = None  # the address whose check runs now
-        self._arrivals = itertools.count()
+        self._first_seen = itertools.count()
         self._pace = TokenBucket(GLOBAL_BURST, GLOBAL_PER_S)
         self._thread: threading.Thread | None = None
         self._waiting: set[asyncio.Future[bool | None]] = set()
@@ -137,11 +143,12 @@ class PasswordWorker:
                 future.set_result(result)
 
         with self._lock:
+            seen = self._seen(client)
             if self._closed:
                 return Verdict.BUSY
             if client in self._pending or client == self._current:
                 return Verdict.LIMITED
-            rank = (self._latest.get(client, -math.inf), next(self._arrivals))
+            rank = (seen[1], int(seen[0]))
             if len(self._pending) >= self._queue_size:
                 last = max(self._pending.values(), key=lambda j: j.rank)
                 if rank >= last.rank:
@@ -168,6 +175,23 @@ class PasswordWorker:
             self._thread = threading.Thread(target=self._run, name="password-check", daemon=True)
             self._thread.start()
         return future
+
+    def seen(self, client: str) -> None:
+        """Note a request from ``client`` that did not reach the queue (429): it keeps
+        its place in the history."""
+        with self._lock:
+            self._seen(client)
+
+    def _seen(self, client: str) -> list[float]:
+        """The address's history entry, made at its first request; the least recently
+        seen address is forgotten beyond ``HISTORY_SIZE``. Call with the lock held."""
+        entry = self._history.get(client)
+        if entry is None:
+            entry = self._history[client] = [next(self._first_seen), -math.inf]
+            if len(self._history) > HISTORY_SIZE:
+                self._history.popitem(last=False)
+        self._history.move_to_end(client)
+        return entry
 
     def close(self) -> None:
         """Answer every waiting check with None now; the thread ends after its current
@@ -197,10 +221,7 @@ class PasswordWorker:
                 job = min(self._pending.values(), key=lambda j: j.rank)
                 del self._pending[job.client]
                 self._current = job.client
-                self._latest[job.client] = now
-                self._latest.move_to_end(job.client)
-                if len(self._latest) > HISTORY_SIZE:
-                    self._latest.popitem(last=False)
+                self._seen(job.client)[1] = now
                 return job
 
     def _run(self) -> None:
@@ -256,6 +277,7 @@ class BasicAuth:
             return Verdict.ALLOWED
         budget = self._client_budget(client)
         if not budget.take(self._clock()):
+            self._worker.seen(client)
             self.retry_after_s = budget.wait_s()
             return Verdict.LIMITED
         target = hashed if hashed is not None else _fake_hash(_highest_cost(users))
@@ -264,11 +286,13 @@ class BasicAuth:
             budget.give_back()
             self.retry_after_s = 1.0
             return Verdict.LIMITED
-        if isinstance(pending, Verdict):
-            return pending  # BUSY: the token stays spent, a full queue is no free retry
+        if isinstance(pending, Verdict):  # BUSY: nothing hashed, and a retry gains no rank
+            budget.give_back()
+            return pending
         matched = await pending
-        if matched is None:
-            return Verdict.BUSY  # displaced by an address checked less recently, or closed
+        if matched is None:  # displaced by an address ranked ahead, or closed
+            budget.give_back()
+            return Verdict.BUSY
         if matched and hashed is not None:
             budget.give_back()
             self._verified[key] = hashed
