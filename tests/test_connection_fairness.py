@@ -360,3 +360,80 @@ async def test_a_fresh_scraper_gets_in_within_a_second_past_pipelining_non_reade
         ]
         assert not failed, f"{len(failed)} of {len(results)} kept out: {failed}"
         assert guard.stats.evicted_total > 0
+
+
+SLOW_READER = "127.0.0.2"
+# A slow honest reader's pace: a 4 KiB receive buffer emptied 20 times a second.
+SLOW_READ_BYTES, SLOW_READ_EVERY_S = 4096, 0.05
+
+
+async def idle_keepalive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One request, its answer read, then the connection kept alive and idle until the
+    server closes it (the attacker then reconnects: each eviction brings a newcomer)."""
+    writer.write(HEALTHZ)
+    head = await reader.readuntil(b"\r\n\r\n")
+    await reader.readexactly(content_length(head))
+    with contextlib.suppress(OSError):
+        await reader.read()
+    await asyncio.sleep(0.02)
+
+
+def content_length(head: bytes) -> int:
+    return next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+
+
+async def slow_read(port: int, source: str) -> tuple[int, int]:
+    """One scrape through a 4 KiB receive buffer, read at a bounded pace on a kept-alive
+    connection: (body bytes read, body bytes expected; -1 when the head never came)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    data = b""
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
+        await loop.sock_sendall(sock, SCRAPE)
+        while True:
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, SLOW_READ_BYTES), 5)
+            if not chunk:
+                break
+            data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if _ and len(body) >= content_length(head):
+                break
+            await asyncio.sleep(SLOW_READ_EVERY_S)
+    except OSError:
+        pass  # reset: evicted
+    finally:
+        sock.close()
+    head, found, body = data.partition(b"\r\n\r\n")
+    return len(body), content_length(head) if found else -1
+
+
+async def test_a_slow_reader_taking_its_answer_outlives_a_flood_of_idle_connections() -> None:
+    # ~100 KB read at ~80 KiB/s: over a second in the middle of being taken. Idle
+    # kept-alive connections from 127.5.0.x fill the cap, and each one evicted comes
+    # back at once. Before: past ANSWER_GRACE_S the reader, bytes still unsent, ranked
+    # "not reading" and went before every idle one: reset within a second.
+    async with serving(cache=big_answer_cache(3_000), max_connections=8) as (port, guard):
+        tasks = [
+            asyncio.create_task(attacker(port, f"127.5.0.{i + 1}", idle_keepalive))
+            for i in range(16)
+        ]
+        try:
+            await asyncio.sleep(guard.min_age_s + 0.3)
+            assert guard.stats.open == 8
+            before = guard.stats.evicted_total
+            got, expected = await slow_read(port, SLOW_READER)
+            assert guard.stats.evicted_total > before + 16  # the flood kept coming
+            assert expected > 90_000
+            assert got == expected
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

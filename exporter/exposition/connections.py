@@ -23,6 +23,9 @@ first in this order:
    its own: a flood from another cannot take its place);
 2. not in the middle of an answer, before one that is (a request aiohttp handed to the
    handler less than ``ANSWER_GRACE_S`` ago, its answer not yet made or not yet taken);
+   then not taking an answer, before one that is (bytes of its answer still unsent, fewer
+   than when seen at least ``ANSWER_GRACE_S`` before, less than ``PROGRESS_S`` ago: a slow
+   reader making progress, not a stalled one);
 3. not fresh (younger than ``FRESH_S``, none of its requests taken up yet), before a
    fresh one, then at least ``MIN_AGE_S`` old, before a younger one (a fresh scraper's
    connection is the last of its address to go, whatever newcomers follow it);
@@ -69,6 +72,11 @@ WRITE_TIMEOUT_S = 10.0
 # or written: a cached render is written in milliseconds (p99 77 ms under 200 scrapers
 # on 2 cores).
 ANSWER_GRACE_S = 0.25
+# How long a connection whose unsent bytes went down when last seen counts as taking its
+# answer: a slow honest reader (a 4 KiB receive buffer, 50 KiB/s) takes a 124 KB answer in
+# 2.4 s and is seen going down many times a second under a flood; one that stops reading
+# has its unsent bytes seen unchanged across ANSWER_GRACE_S and counts as not reading.
+PROGRESS_S = 1.0
 # A connection younger than this goes after older ones of its address: a scraper's new
 # connection sends its request at once and is answered within this time.
 MIN_AGE_S = 0.5
@@ -149,6 +157,9 @@ class _Guarded(asyncio.Protocol):
         self._in_handler = 0  # requests of it in the handler now
         self._waiting_since = 0.0  # the request that started the wait for the client
         self._piled = False  # a request was taken up while earlier answers were untaken
+        self._last_unsent = 0  # unsent bytes when last seen going down (or up)
+        self._observed_at = -1e9  # when _last_unsent was seen
+        self._progressed_at = -1e9  # when its unsent bytes were last seen going down
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -233,7 +244,7 @@ class _Guarded(asyncio.Protocol):
         now = time.monotonic()
         self._dispatched_at = now
         self._in_handler += 1
-        if self.unsent() == 0:  # earlier answers all taken
+        if self.observe(now) == 0:  # earlier answers all taken
             self._waiting_since = now
             self._arm_write()
         else:  # pipelined past answers it has not taken: no longer "answering"
@@ -261,6 +272,36 @@ class _Guarded(asyncio.Protocol):
         elif self._piled or now - self._waiting_since >= grace:
             return False  # not taking its answers
         return self._in_handler > 0 or unsent > 0
+
+    def observe(self, now: float) -> int:
+        """Its unsent bytes now, noting whether they went down since last seen: a
+        decrease is progress; more bytes (a new answer) start a new baseline; the same
+        count is compared with the baseline, which stays put, so that a stall is told
+        apart from a read only across at least ``ANSWER_GRACE_S``."""
+        unsent = self.unsent()
+        if unsent < self._last_unsent:
+            self._progressed_at = now
+        if unsent != self._last_unsent:
+            self._last_unsent, self._observed_at = unsent, now
+        return unsent
+
+    def taking(self, now: float) -> bool:
+        """Taking its answer, slowly: bytes still unsent, seen going down less than
+        ``PROGRESS_S`` ago, or seen first less than ``ANSWER_GRACE_S`` ago (not yet
+        judged), and no request taken up while earlier answers were untaken. Never
+        past the write deadline (which closes it), and never a protection from
+        eviction: only an order (after the connections that are not), so that clients
+        that read slowly on every connection cannot keep a newcomer out."""
+        unsent = self.observe(now)
+        if unsent == 0:
+            self._piled = False
+            return False
+        if self._piled:
+            return False
+        return (
+            now - self._progressed_at < self._guard.progress_s
+            or now - self._observed_at < self._guard.answer_grace_s
+        )
 
     def fresh(self, now: float) -> bool:
         """Younger than ``FRESH_S`` and none of its requests taken up yet: a scraper's
@@ -362,6 +403,7 @@ class ConnectionGuard:
         self.answer_grace_s = ANSWER_GRACE_S
         self.min_age_s = MIN_AGE_S
         self.fresh_s = FRESH_S
+        self.progress_s = PROGRESS_S
         self.stats = ConnectionStats()
         self._open: dict[_Guarded, None] = {}  # insertion order: oldest first
         self._evicted: dict[_Guarded, None] = {}  # closed, connection_lost still to come
@@ -419,17 +461,19 @@ class ConnectionGuard:
         order in this module's docstring."""
         newcomer_holds = self._per_address.get(address, 0)
         best: _Guarded | None = None
-        best_key: tuple[int, bool, bool, bool, int] | None = None
+        best_key: tuple[int, bool, bool, bool, bool, int] | None = None
         for conn in self._open:  # oldest first: the first of equal keys wins
             holds = self._per_address[conn.address]
             answering = conn.answering(now)
             if answering and holds <= newcomer_holds + 1:
                 continue  # would leave its address holding fewer than the newcomer's
+            taking = conn.taking(now)  # also observes it: progress is seen at each choice
             fresh = conn.fresh(now)
             young = now - conn.opened_at < self.min_age_s
-            if best_key is not None and (-holds, answering, fresh, young) > best_key[:4]:
+            head = (-holds, answering, taking, fresh, young)
+            if best_key is not None and head > best_key[:5]:
                 continue  # decided without rank()'s system call
-            key = (-holds, answering, fresh, young, conn.rank())
+            key = (*head, conn.rank())
             if best_key is None or key < best_key:
                 best, best_key = conn, key
         return best
