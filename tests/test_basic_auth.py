@@ -28,17 +28,10 @@ from exporter.exposition.basic_auth import (
     Verdict,
 )
 from exporter.exposition.web_config import WebConfigError, bcrypt_cost, parse_web_config
+from tests.clock import Clock
 from tests.exporter_process import free_port, ready, start, terminate, wait_for
 
 PASSWORD = "s3cret-scrape"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def hashed(password: str, cost: int = 4) -> str:

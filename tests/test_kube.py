@@ -111,6 +111,15 @@ def synced(watcher: PodWatcher, n_pods: int) -> PodMetaSnapshot:
     )
 
 
+def watching_one_pod(fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]) -> PodWatcher:
+    """A pod watch that has listed this node's one pod and holds its watch open."""
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE))
+    watcher = make_watcher(fake.start_in_thread())
+    synced(watcher, 1)
+    wait_for(lambda: fake.watcher_count == 1, what="watch open")
+    return watcher
+
+
 # -- conversion ------------------------------------------------------------------------
 
 

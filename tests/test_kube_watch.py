@@ -32,24 +32,17 @@ from exporter.sources.watch_stream import (
     bounded_lines,
     parse_event,
 )
-from tests.test_kube import NODE, fake, synced, wait_for, watcher_factory
+from tests.clock import Clock
+from tests.test_kube import NODE, fake, wait_for, watcher_factory, watching_one_pod
 
 __all__ = ["fake"]  # a fixture
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- pacing ------------------------------------------------------------------------------
 
 
 def test_backoff_with_quiet_reset_starts_over_only_after_that_long_without_a_failure() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     backoff = Backoff(initial_s=0.8, max_s=30.0, rng=lambda: 0.0, quiet_reset_s=120, clock=clock)
     assert [backoff.next_delay() for _ in range(7)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0]
     clock.now += 30.0 + 119.0  # the last wait, then 119 s of health: not enough
@@ -60,7 +53,7 @@ def test_backoff_with_quiet_reset_starts_over_only_after_that_long_without_a_fai
 
 
 def test_rate_budget_allows_a_burst_then_one_per_period() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     budget = RateBudget(burst=4, period_s=30.0, clock=clock)
     for _ in range(4):
         assert budget.wait_s() == 0
@@ -78,7 +71,7 @@ def test_rate_budget_allows_a_burst_then_one_per_period() -> None:
 
 
 def test_over_any_window_the_budget_allows_at_most_burst_plus_window_over_period() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     budget = RateBudget(burst=LIST_BURST, period_s=30.0, clock=clock)
     made = 0
     while clock.now < 1000.0 + 300:  # a caller that asks as often as it may
@@ -227,10 +220,7 @@ def test_list_step_waits_for_the_budget_and_counts_each_relist_by_reason(
 def test_an_endless_stream_of_skippable_garbage_marks_down_and_restarts_the_watch(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
-    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE))
-    watcher = make_watcher(fake.start_in_thread())
-    synced(watcher, 1)
-    wait_for(lambda: fake.watcher_count == 1, what="watch open")
+    watcher = watching_one_pod(fake, make_watcher)
     fake.set_watch_garbage([b"not JSON", b'{"type": "ADDED", "object": 3}'])
     fake.disconnect_watchers()
     wait_for(lambda: not watcher.status().up, what="down on malformed lines")

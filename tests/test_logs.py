@@ -9,15 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from exporter.logs import REPEAT_PERIOD_S, RepeatFilter, setup_logging
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.clock import Clock
 
 Captured = tuple[logging.Logger, io.StringIO, Clock, RepeatFilter]
 
@@ -25,7 +17,7 @@ Captured = tuple[logging.Logger, io.StringIO, Clock, RepeatFilter]
 @pytest.fixture
 def captured() -> Iterator[Captured]:
     """A logger writing through a RepeatFilter on a manual clock into a buffer."""
-    clock = Clock()
+    clock = Clock(1000.0)
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))

@@ -19,18 +19,11 @@ from exporter.sim.scenario import parse_scenario
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import STALE_PERIODS, Supervisor
 from exporter.sources.xid import XidListener
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def supervisor(period_s: float = 10.0) -> tuple[Supervisor, Clock]:
-    clock = Clock()
+    clock = Clock(1000.0)
     return Supervisor("podresources", period_s, monotonic=clock, wall_clock=lambda: 5e8), clock
 
 
@@ -140,7 +133,7 @@ def test_liveness_fails_after_k_intervals_without_a_cycle_and_logs_each_change_o
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter.exposition.liveness")
-    cache, clock = Cache(), Clock()
+    cache, clock = Cache(), Clock(1000.0)
     live = Liveness(cache, interval_s=5.0, cycles=10, clock=clock)
     cache.rendered_at = clock.now
     clock.now += 50
@@ -158,7 +151,7 @@ def test_liveness_fails_after_k_intervals_without_a_cycle_and_logs_each_change_o
 
 
 def test_liveness_allows_a_slow_start_at_least_the_startup_grace() -> None:
-    cache, clock = Cache(), Clock()
+    cache, clock = Cache(), Clock(1000.0)
     live = Liveness(cache, interval_s=1.0, cycles=2, clock=clock)
     clock.now += STARTUP_GRACE_S
     assert live.problem() is None

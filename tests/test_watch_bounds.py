@@ -30,7 +30,7 @@ from exporter.sources.kube import MAX_PODS, PodWatcher
 from exporter.sources.kube_watch import BACKOFF_MAX_S, LIST_BURST
 from exporter.sources.resourceslices import ResourceSliceWatcher
 from exporter.sources.watch_stream import MAX_RESOURCE_VERSION_BYTES, parse_event
-from tests.test_kube import NODE, fake, synced, wait_for, watcher_factory
+from tests.test_kube import NODE, fake, synced, wait_for, watcher_factory, watching_one_pod
 from tests.test_resourceslices import UUID_0, UUID_1, gpu, nvidia_slice
 
 __all__ = ["fake"]  # a fixture
@@ -279,10 +279,7 @@ def added(uid: str, node: str = NODE, rv: int = 10) -> bytes:
 def test_a_flood_of_pods_over_the_ceiling_hands_over_nothing(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
-    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE))
-    watcher = make_watcher(fake.start_in_thread())
-    synced(watcher, 1)
-    wait_for(lambda: fake.watcher_count == 1, what="watch open")
+    watcher = watching_one_pod(fake, make_watcher)
     fake.send_raw(b"\n".join(added(f"flood-{i}") for i in range(MAX_PODS)))
     wait_for(lambda: not watcher.status().up, 10.0, "down over the ceiling")
     snap = watcher.snapshot()
@@ -429,10 +426,7 @@ def test_a_resource_version_out_of_bounds_makes_the_event_malformed() -> None:
 def test_a_huge_bookmark_resource_version_never_reaches_the_next_watch_url(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
-    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE))
-    watcher = make_watcher(fake.start_in_thread())
-    synced(watcher, 1)
-    wait_for(lambda: fake.watcher_count == 1, what="watch open")
+    watcher = watching_one_pod(fake, make_watcher)
     huge = "9" * (1024 * 1024)
     fake.send_raw(
         json.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": huge}}}).encode()

@@ -19,9 +19,10 @@ from aiohttp import web
 from exporter.exposition.server import build_app, start_server
 from exporter.exposition.web_config import WebConfigError, load_web_config, ssl_context
 from exporter.exposition.web_security import WebSecurity
+from tests.clock import Clock
 from tests.harness import one_gauge_cache
 from tests.test_cli import run
-from tests.test_web_security import Clock, get, look_twice
+from tests.test_web_security import get, look_twice
 from tests.tls_certs import authority
 
 PASSWORD = "s3cret-scrape"

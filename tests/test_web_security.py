@@ -25,19 +25,12 @@ from exporter.exposition.web_config import (
     load_web_config,
 )
 from exporter.exposition.web_security import WebSecurity
+from tests.clock import Clock
 from tests.harness import one_gauge_cache
 from tests.test_cli import run
 from tests.tls_certs import Authority, Pair, authority
 
 PASSWORD = "s3cret-scrape"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
