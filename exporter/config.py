@@ -246,8 +246,9 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     )
     add(
         "--http-max-connections",
-        "Open HTTP connections at most; beyond it the oldest slow or idle one is "
-        "closed (or the new one refused when all are busy).",
+        "Open HTTP connections at most; beyond it a new connection replaces one of the "
+        "client address holding the most (stalled or idle first, oldest first), or is "
+        "refused when every other one is being answered.",
         default="128",
         metavar="N",
         bounds=Bounds(1, 10_000, whole=True),
