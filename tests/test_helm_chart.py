@@ -303,6 +303,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "tolerate-all": {"tolerateAll": True},
     "gke-priority-quota": {"priorityClassQuota": {"enabled": True, "pods": 500}},
+    # -- what the exporter writes to Kubernetes (issue 22)
+    "no-kube-events": {"kubeEvents": {"enabled": False}},
+    "node-condition": {"nodeCondition": {"enabled": True}},
+    "dra-device-taints": {"draDeviceTaints": {"enabled": True}},
+    "dra-device-taints-no-schedule": {
+        "draDeviceTaints": {"enabled": True, "effect": "NoSchedule"},
+        "nodeCondition": {"enabled": True},
+    },
+    "kube-writes-own-rbac": {
+        "nodeCondition": {"enabled": True},
+        "serviceAccount": {"create": False, "name": "gpu-writer"},
+        "rbac": {"create": False},
+    },
 }
 
 # -- minimal Prometheus Operator schemas (monitoring.coreos.com/v1, the fields we use) ---
@@ -1029,12 +1042,27 @@ RESOURCE_SLICE_RULE = {
     "resources": ["resourceslices"],
     "verbs": ["get", "list", "watch"],
 }
+# What the exporter writes (docs/kubernetes-events.md): each rule only while its value is on.
+EVENTS_RULE = {
+    "apiGroups": ["events.k8s.io"],
+    "resources": ["events"],
+    "verbs": ["create", "patch"],
+}
+NODE_STATUS_RULE = {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}
+NODE_GET_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
+DEVICE_TAINT_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["devicetaintrules"],
+    "verbs": ["get", "list", "create", "delete"],
+}
+WRITE_FLAGS = ("--kube-events", "--node-condition", "--dra-device-taint")
 
 
-def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices_only() -> None:
+def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices() -> None:
+    """Read access to pods and slices; the one default write is Events (kubeEvents)."""
     account = one({}, "ServiceAccount")
     role, binding = one({}, "ClusterRole"), one({}, "ClusterRoleBinding")
-    assert role["rules"] == [POD_RULE, RESOURCE_SLICE_RULE]
+    assert role["rules"] == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -1049,7 +1077,7 @@ def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices_o
 
 def test_rbac_dra_false_drops_only_the_resource_slice_rule() -> None:
     values = VALUE_SETS["no-dra-rbac"]
-    assert one(values, "ClusterRole")["rules"] == [POD_RULE]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE, EVENTS_RULE]
     assert one(values, "ClusterRoleBinding")["roleRef"] == one({}, "ClusterRoleBinding")["roleRef"]
     assert container(values)["args"] == container({})["args"]  # RBAC only, same flags
 
@@ -1071,6 +1099,93 @@ def test_existing_service_account_is_used_without_creating_rbac() -> None:
     annotated = one(VALUE_SETS["annotated-service-account"], "ServiceAccount")
     assert annotated["metadata"]["name"] == "gpu-exporter"
     assert annotated["metadata"]["annotations"] == {"example.com/role": "r"}
+
+
+# -- what the exporter writes to Kubernetes: Events, Node condition, DeviceTaintRules ------
+
+
+def write_flags(values: dict[str, Any]) -> list[str]:
+    return [a for a in container(values)["args"] if a.startswith(WRITE_FLAGS)]
+
+
+def notes_of(values: dict[str, Any]) -> str:
+    return render(values)["gpu-occupancy-exporter/templates/NOTES.txt"]
+
+
+def test_events_are_on_by_default_with_create_and_patch_on_events_only() -> None:
+    """kubeEvents.enabled leaves the exporter's own default (auto: on with credentials)."""
+    rules = one({}, "ClusterRole")["rules"]
+    assert EVENTS_RULE in rules
+    assert not [
+        r for r in rules if {"nodes", "nodes/status", "devicetaintrules"} & {*r["resources"]}
+    ]
+    assert write_flags({}) == []
+    notes = notes_of({})
+    assert "Writes Warning Events" in notes and "reportingComponent=gpu-occupancy-exporter" in notes
+    assert "GPUUnhealthy condition" not in notes and "DeviceTaintRule" not in notes
+
+
+def test_kube_events_off_drops_the_events_rule_and_passes_the_flag() -> None:
+    values = VALUE_SETS["no-kube-events"]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE, RESOURCE_SLICE_RULE]
+    assert write_flags(values) == ["--kube-events=off"]
+    assert "Writes" not in notes_of(values)
+
+
+def test_node_condition_adds_node_status_patch_and_node_get() -> None:
+    values = VALUE_SETS["node-condition"]
+    rules = one(values, "ClusterRole")["rules"]
+    assert rules == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, NODE_STATUS_RULE, NODE_GET_RULE]
+    assert write_flags(values) == ["--node-condition"]
+    assert "Writes the GPUUnhealthy condition" in notes_of(values)
+
+
+def test_dra_device_taints_add_the_device_taint_rule_rule_and_both_flags() -> None:
+    values = VALUE_SETS["dra-device-taints"]
+    rules = one(values, "ClusterRole")["rules"]
+    assert rules == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, DEVICE_TAINT_RULE]
+    assert write_flags(values) == ["--dra-device-taints", "--dra-device-taint-effect=None"]
+    assert "Writes a DeviceTaintRule (effect None)" in notes_of(values)
+
+
+def test_dra_device_taint_effect_no_schedule_is_rendered() -> None:
+    values = VALUE_SETS["dra-device-taints-no-schedule"]
+    assert write_flags(values) == [
+        "--node-condition",
+        "--dra-device-taints",
+        "--dra-device-taint-effect=NoSchedule",
+    ]
+    rules = one(values, "ClusterRole")["rules"]
+    assert rules[-3:] == [NODE_STATUS_RULE, NODE_GET_RULE, DEVICE_TAINT_RULE]
+    assert "effect NoSchedule" in notes_of(values)
+
+
+def test_the_taint_effect_alone_changes_nothing() -> None:
+    """Without draDeviceTaints.enabled the effect passes no flag and grants nothing."""
+    values = {"draDeviceTaints": {"effect": "NoSchedule"}}
+    assert write_flags(values) == [] and one(values, "ClusterRole") == one({}, "ClusterRole")
+
+
+@pytest.mark.parametrize("key", ["nodeCondition", "draDeviceTaints"])
+def test_writes_without_kube_api_are_refused_with_what_to_change(key: str) -> None:
+    """kubeApi off mounts no API token and renders no RBAC: the write could never happen."""
+    with pytest.raises(helm.HelmRenderError, match=rf"{key}\.enabled needs kubeApi: auto"):
+        render({"kubeApi": "off", key: {"enabled": True}})
+
+
+def test_kube_api_off_renders_no_write_rule_or_note() -> None:
+    """Events follow kubeApi (--kube-api off also means no events): no RBAC, no flag."""
+    values = VALUE_SETS["kube-api-off"]
+    assert not by_kind(values, "ClusterRole")
+    assert write_flags(values) == [] and "Writes" not in notes_of(values)
+
+
+def test_writes_with_rbac_create_false_name_the_rules_to_grant() -> None:
+    values = VALUE_SETS["kube-writes-own-rbac"]
+    assert not by_kind(values, "ClusterRole")
+    assert write_flags(values) == ["--node-condition"]
+    notes = notes_of(values)
+    assert "rbac.create is false" in notes and "ServiceAccount gpu-writer" in notes
 
 
 # -- Service, Prometheus Operator, alerts, dashboards -------------------------------------
@@ -1335,6 +1450,16 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "operator-namespace": (
         {"dcgm": {"operatorNamespace": "GPU_Operator"}},
         "/dcgm/operatorNamespace",
+    ),
+    "kube-events-not-a-bool": ({"kubeEvents": {"enabled": "off"}}, "/kubeEvents/enabled"),
+    "node-condition-unknown-key": ({"nodeCondition": {"type": "GPUUnhealthy"}}, "type"),
+    "dra-taint-effect-no-execute": (
+        {"draDeviceTaints": {"enabled": True, "effect": "NoExecute"}},
+        "/draDeviceTaints/effect",
+    ),
+    "dra-taint-effect-lowercase": (
+        {"draDeviceTaints": {"effect": "noschedule"}},
+        "/draDeviceTaints/effect",
     ),
 }
 

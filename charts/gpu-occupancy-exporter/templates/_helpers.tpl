@@ -122,6 +122,16 @@ TokenReviews and SubjectAccessReviews. */}}
 - "--kmsg"
 - "--kmsg-path=/dev/kmsg"
 {{- end }}
+{{- if not .Values.kubeEvents.enabled }}
+- "--kube-events=off"
+{{- end }}
+{{- if .Values.nodeCondition.enabled }}
+- "--node-condition"
+{{- end }}
+{{- if .Values.draDeviceTaints.enabled }}
+- "--dra-device-taints"
+- {{ printf "--dra-device-taint-effect=%s" .Values.draDeviceTaints.effect | quote }}
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}

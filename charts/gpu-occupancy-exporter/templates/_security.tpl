@@ -174,6 +174,13 @@ podMetricsEndpoint, matching the pod. Called with (dict "monitor" VALUES "kind" 
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if not (include "gpu-occupancy-exporter.podWatch" $) }}
+{{- range $key, $on := dict "nodeCondition" $v.nodeCondition.enabled "draDeviceTaints" $v.draDeviceTaints.enabled }}
+{{- if $on }}
+{{- fail (printf "%s.enabled needs kubeApi: auto: the exporter writes it through the Kubernetes API, and kubeApi off gives the pod no API credentials" $key) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and $v.priorityClassQuota.enabled (not $v.priorityClassName) }}
 {{- fail "priorityClassQuota.enabled needs priorityClassName: the quota admits pods of that priority class" }}
 {{- end }}
