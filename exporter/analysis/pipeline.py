@@ -2,7 +2,7 @@
 
 The agent owns the schedule and the state object; this module owns the order:
 DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle ->
-shared GPUs and promised limits.
+shared GPUs and promised limits -> health transitions (what changed since last cycle).
 Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
 one I/O step analysis asks for, the holder scan for orphaned memory, is a finding
 (``Analysis.holder_request``) that the holder scan source answers in the next cycle's
@@ -26,11 +26,13 @@ from exporter.analysis.orphans import (
     orphan_holders,
 )
 from exporter.analysis.sharing import MemoryHistory, SharingPolicy, analyse_sharing
+from exporter.analysis.transitions import with_transitions
 from exporter.analysis.xid import XidLedger, bus_id_map
 from exporter.model import (
     Analysis,
     DcgmSnapshot,
     GpuSample,
+    HealthFacts,
     IdleAllocation,
     NodeSnapshot,
     OrphanState,
@@ -54,6 +56,7 @@ class CarriedState:
     idle: tuple[IdleAllocation, ...] = ()
     orphans: OrphanState = field(default_factory=OrphanState)
     memory: MemoryHistory = field(default_factory=MemoryHistory)
+    health: HealthFacts = field(default_factory=HealthFacts)
     last_timestamp: float | None = None
 
 
@@ -126,8 +129,15 @@ def analyse(
         container_shares=shares,
         container_limits=limits,
     )
+    analysis, health_facts = with_transitions(analysis, state.health)
     state = replace(
-        state, xids=xids, idle=idle, orphans=orphan_state, memory=memory, last_timestamp=now
+        state,
+        xids=xids,
+        idle=idle,
+        orphans=orphan_state,
+        memory=memory,
+        health=health_facts,
+        last_timestamp=now,
     )
     return analysis, state
 

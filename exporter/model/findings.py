@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.model.readings import NodeSnapshot
-from exporter.model.vocabulary import HolderRole, OrphanKind, Owner, ProcessKind
+from exporter.model.vocabulary import HolderRole, OrphanKind, Owner, ProcessKind, TransitionKind
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -285,6 +285,43 @@ class ContainerLimit:
     sm_limit_ratio: float | None
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class PodRef:
+    """A pod as an Event's ``regarding`` names it; ``uid`` None when no source knows it."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthTransition:
+    """One change of a health fact; the fields a kind does not use stay empty.
+
+    ``pods`` are the pods the fact concerns: those holding an allocation on the GPU
+    (or, for an XID that names a MIG instance, on that instance) for GPU facts, the
+    leaking pod for a leak. ``count`` is how many XIDs of this code were raised since
+    the last cycle (an XID storm is one transition with a count).
+    """
+
+    kind: TransitionKind
+    gpu: int | None = None
+    uuid: str | None = None
+    mig_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    xid: int | None = None
+    xid_class: str | None = None
+    count: int = 1
+    reasons: tuple[HealthReason, ...] = ()
+    pods: tuple[PodRef, ...] = ()
+    container: ContainerRef | None = None
+    memory_bytes: int | None = None
+    orphan_kind: OrphanKind | None = None
+    holders: tuple[OrphanHolder, ...] = ()
+    source: str | None = None
+    detail: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Analysis:
     """One cycle's snapshot together with everything analysis derived from it."""
@@ -304,3 +341,4 @@ class Analysis:
     shared_gpus: tuple[SharedGpu, ...] = ()
     container_shares: tuple[ContainerShare, ...] = ()
     container_limits: tuple[ContainerLimit, ...] = ()
+    transitions: tuple[HealthTransition, ...] = ()  # health facts that changed this cycle

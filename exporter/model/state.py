@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporter.model.findings import ContainerRef
 from exporter.model.vocabulary import OrphanKind
 
 
@@ -41,3 +42,21 @@ class OrphanState:
     """pod uid -> when its pod was first seen gone."""
     pod_names: Mapping[str, PodName] = field(default_factory=dict)
     """pod uid -> its name, learned while it could be named."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFacts:
+    """What the last cycle knew, for the next cycle's transitions.
+
+    A fact whose evidence is missing this cycle (NVML down, a GPU not listed) is carried
+    over unchanged: absence of evidence neither raises nor clears it.
+    """
+
+    xid_counts: Mapping[tuple[object, ...], int] = field(default_factory=dict)
+    unhealthy: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """GPU uuid -> names of the reasons that make it unhealthy (gpu_lost among them)."""
+    leaks: frozenset[tuple[ContainerRef, str | None, str | None]] = frozenset()
+    """(container, GPU uuid, MIG uuid) using a device it was not allocated."""
+    orphans: frozenset[tuple[str, OrphanKind]] = frozenset()
+    """(GPU uuid, kind) with orphaned memory."""
+    sources_up: Mapping[str, bool] = field(default_factory=dict)

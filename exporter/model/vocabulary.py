@@ -103,3 +103,28 @@ ROLE_MANAGEMENT: Final = "management"  # opens every GPU, allocates nothing (a d
 SourceName = Literal[
     "nvml", "dcgm", "procfs", "holders", "xid", "kmsg", "podresources", "kube", "resourceslices"
 ]
+
+TransitionKind = Literal[
+    "gpu_lost",  # NVML answers GPU_IS_LOST (or another whole-GPU error) for a GPU
+    "gpu_back",  # a lost GPU answers again
+    "fatal_xid",  # fatal-class XIDs were raised since the last cycle
+    "gpu_unhealthy",  # the verdict gained a reason that makes the GPU unhealthy
+    "gpu_healthy",  # an unhealthy GPU's verdict is healthy again
+    "isolation_leak",  # a container uses a GPU it was not allocated
+    "orphaned_memory",  # GPU memory no running pod can free appeared
+    "orphaned_memory_cleared",  # ... and is gone
+    "source_down",  # a source stopped giving evidence
+    "source_up",  # ... and gives it again
+]
+TRANSITION_KINDS: tuple[TransitionKind, ...] = (
+    "gpu_lost",
+    "gpu_back",
+    "fatal_xid",
+    "gpu_unhealthy",
+    "gpu_healthy",
+    "isolation_leak",
+    "orphaned_memory",
+    "orphaned_memory_cleared",
+    "source_down",
+    "source_up",
+)

@@ -1,0 +1,289 @@
+"""Health transitions (pure): which health facts changed since the last cycle.
+
+The log, the Kubernetes Events and the node condition tell people about changes, not
+states: a GPU that *became* lost, XIDs raised *since* the last cycle, zombie memory that
+*appeared*. This module compares this cycle's findings with the facts the last cycle
+carried and names each change once.
+
+Absence of evidence changes nothing: while NVML is down no GPU becomes healthy, lost or
+back; while PodResources is down no leak ends; while /proc is down no orphaned memory
+clears. A fact without evidence this cycle is carried over as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from exporter.model import (
+    KIND_DEAD_PROCESS,
+    KIND_DELETED_POD,
+    KIND_STUCK_PROCESS,
+    KIND_UNATTRIBUTED,
+    ROLE_HOLDER,
+    Analysis,
+    ContainerRef,
+    HealthFacts,
+    HealthTransition,
+    OrphanHolder,
+    OrphanKind,
+    PodRef,
+    SourceStatus,
+)
+
+FATAL = "fatal"
+LOST = "gpu_lost"
+UNHEALTHY = "unhealthy"
+# Processes named behind one orphaned-memory transition (an Event note has 1 KiB).
+MAX_HOLDERS_NAMED = 8
+
+
+def health_transitions(
+    analysis: Analysis, previous: HealthFacts
+) -> tuple[tuple[HealthTransition, ...], HealthFacts]:
+    """The changes between ``previous`` and ``analysis``, and the facts to carry on."""
+    pods = _PodIndex(analysis)
+    up = _sources_up(analysis.node.sources)
+    nvml_ok = analysis.node.nvml.ok
+    out: list[HealthTransition] = []
+    xid_out, xid_counts = _fatal_xids(analysis, previous, pods)
+    gpu_out, unhealthy = _verdicts(analysis, previous, pods)
+    leak_out, leaks = _leaks(analysis, previous, pods, judged=nvml_ok and up.get("podresources"))
+    orphan_out, orphans = _orphans(analysis, previous, judged=nvml_ok and up.get("procfs"))
+    source_out, sources_up = _sources(analysis.node.sources, previous.sources_up)
+    out.extend((*source_out, *gpu_out, *xid_out, *leak_out, *orphan_out))
+    facts = HealthFacts(
+        xid_counts=xid_counts,
+        unhealthy=unhealthy,
+        leaks=leaks,
+        orphans=orphans,
+        sources_up=sources_up,
+    )
+    return tuple(out), facts
+
+
+class _PodIndex:
+    """Which pods hold an allocation on a GPU or MIG instance, with their UIDs."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        uids: dict[tuple[str, str], str] = {}
+        meta = analysis.node.pod_meta
+        for process in analysis.attribution.processes:
+            if process.namespace and process.pod and process.pod_uid:
+                uids[(process.namespace, process.pod)] = process.pod_uid
+        if meta is not None:
+            for pod in meta.pods:
+                uids[(pod.namespace, pod.name)] = pod.uid
+        self._uids = uids
+        self._allocations = analysis.attribution.allocations
+        self._mig_by_gi = {
+            (gpu.uuid, mig.gpu_instance_id): mig.uuid
+            for gpu in analysis.node.nvml.gpus
+            for mig in gpu.mig_instances
+        }
+
+    def ref(self, container: ContainerRef) -> PodRef:
+        key = (container.namespace, container.pod)
+        return PodRef(container.namespace, container.pod, self._uids.get(key))
+
+    def mig_uuid(self, uuid: str | None, gpu_instance_id: int | None) -> str | None:
+        if uuid is None or gpu_instance_id is None:
+            return None
+        return self._mig_by_gi.get((uuid, gpu_instance_id))
+
+    def holding(self, uuid: str | None, mig_uuid: str | None = None) -> tuple[PodRef, ...]:
+        """Pods allocated the GPU ``uuid`` (any of its MIG instances), or only the MIG
+        instance ``mig_uuid`` when one is named."""
+        if uuid is None:
+            return ()
+        return tuple(
+            sorted(
+                {
+                    self.ref(a.container)
+                    for a in self._allocations
+                    if a.device.uuid == uuid
+                    and (mig_uuid is None or a.device.mig_uuid in (None, mig_uuid))
+                }
+            )
+        )
+
+
+def _sources_up(statuses: Iterable[SourceStatus]) -> dict[str, bool]:
+    return {s.name: s.up for s in statuses}
+
+
+def _fatal_xids(
+    analysis: Analysis, previous: HealthFacts, pods: _PodIndex
+) -> tuple[list[HealthTransition], dict[tuple[object, ...], int]]:
+    """Fatal-class XIDs counted since the last cycle, one transition per GPU (or MIG
+    instance) and code with how many there were."""
+    out: list[HealthTransition] = []
+    counts: dict[tuple[object, ...], int] = {}
+    for c in analysis.xid_counts:
+        key = (c.gpu, c.uuid, c.xid, c.severity, c.gpu_instance_id, c.compute_instance_id)
+        counts[key] = c.count
+        new = c.count - previous.xid_counts.get(key, 0)
+        if c.severity != FATAL or new <= 0:
+            continue
+        mig_uuid = pods.mig_uuid(c.uuid, c.gpu_instance_id)
+        out.append(
+            HealthTransition(
+                "fatal_xid",
+                gpu=c.gpu,
+                uuid=c.uuid,
+                mig_uuid=mig_uuid,
+                gpu_instance_id=c.gpu_instance_id,
+                xid=c.xid,
+                xid_class=c.severity,
+                count=new,
+                # an XID on a MIG instance we cannot map concerns every pod on the GPU
+                pods=pods.holding(c.uuid, mig_uuid),
+            )
+        )
+    return out, counts
+
+
+def _verdicts(
+    analysis: Analysis, previous: HealthFacts, pods: _PodIndex
+) -> tuple[list[HealthTransition], dict[str, frozenset[str]]]:
+    """Lost, back, unhealthy and healthy again, from the verdicts NVML gave evidence for.
+    A GPU without a verdict this cycle (NVML down, not listed) keeps its last facts."""
+    out: list[HealthTransition] = []
+    facts = dict(previous.unhealthy)
+    for health in analysis.health:
+        bad = tuple(r for r in health.reasons if r.severity == UNHEALTHY)
+        names = frozenset(r.reason for r in bad)
+        before = previous.unhealthy.get(health.uuid, frozenset())
+        gpu, uuid = health.gpu, health.uuid
+        if LOST in names and LOST not in before:
+            detail = next(r.detail for r in bad if r.reason == LOST)
+            holding = pods.holding(uuid)
+            out.append(
+                HealthTransition("gpu_lost", gpu, uuid, reasons=bad, pods=holding, detail=detail)
+            )
+        if LOST in before and LOST not in names:
+            out.append(HealthTransition("gpu_back", gpu, uuid, reasons=bad))
+        if names - before - {LOST}:
+            holding = pods.holding(uuid)
+            out.append(HealthTransition("gpu_unhealthy", gpu, uuid, reasons=bad, pods=holding))
+        if before and not names:
+            out.append(HealthTransition("gpu_healthy", gpu, uuid))
+        if names:
+            facts[health.uuid] = names
+        else:
+            facts.pop(health.uuid, None)
+    return out, facts
+
+
+def _leaks(
+    analysis: Analysis, previous: HealthFacts, pods: _PodIndex, *, judged: bool | None
+) -> tuple[list[HealthTransition], frozenset[tuple[ContainerRef, str | None, str | None]]]:
+    """New isolation leaks. One ends only when NVML and PodResources both say so."""
+    out: list[HealthTransition] = []
+    now = {
+        (u.container, u.device.uuid, u.device.mig_uuid): u
+        for u in analysis.attribution.unallocated_use
+    }
+    for key, use in sorted(now.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2] or "")):
+        if key in previous.leaks:
+            continue
+        out.append(
+            HealthTransition(
+                "isolation_leak",
+                gpu=use.device.gpu,
+                uuid=use.device.uuid,
+                mig_uuid=use.device.mig_uuid,
+                pods=(pods.ref(use.container),),
+                container=use.container,
+                memory_bytes=use.memory_used_bytes,
+            )
+        )
+    keys = frozenset(now)
+    return out, keys if judged else keys | previous.leaks
+
+
+def _orphans(
+    analysis: Analysis, previous: HealthFacts, *, judged: bool | None
+) -> tuple[list[HealthTransition], frozenset[tuple[str, OrphanKind]]]:
+    """Orphaned memory that appeared, and (with NVML and /proc up) that cleared.
+
+    Memory no listed process accounts for is named a cycle late when need be: its
+    holders come from the holder scan that this cycle's finding asks for, and an Event
+    that says who holds the memory is worth one interval's wait."""
+    out: list[HealthTransition] = []
+    now = {(o.uuid, o.kind): o for o in analysis.orphans}
+    waiting: set[tuple[str, OrphanKind]] = set()
+    for key, orphan in sorted(now.items()):
+        if key in previous.orphans:
+            continue
+        held = _holders(analysis, orphan.uuid, orphan.kind)
+        if (
+            not held
+            and orphan.kind == KIND_UNATTRIBUTED
+            and orphan.first_seen >= analysis.node.timestamp
+        ):
+            waiting.add(key)
+            continue
+        out.append(
+            HealthTransition(
+                "orphaned_memory",
+                gpu=orphan.gpu,
+                uuid=orphan.uuid,
+                memory_bytes=orphan.memory_used_bytes,
+                orphan_kind=orphan.kind,
+                count=orphan.processes,
+                holders=held,
+            )
+        )
+    keys = frozenset(now) - waiting
+    if not judged:
+        return out, keys | previous.orphans
+    gpus = {g.uuid: g.index for g in analysis.node.nvml.gpus}
+    for uuid, kind in sorted(previous.orphans - frozenset(now)):
+        out.append(
+            HealthTransition(
+                "orphaned_memory_cleared", gpu=gpus.get(uuid), uuid=uuid, orphan_kind=kind
+            )
+        )
+    return out, keys
+
+
+def _holders(analysis: Analysis, uuid: str, kind: OrphanKind) -> tuple[OrphanHolder, ...]:
+    """Who holds orphaned memory: the holder scan's finds for memory no listed process
+    accounts for, else the listed processes behind it (a dead pid, a deleted pod's)."""
+    if kind == KIND_UNATTRIBUTED:
+        return tuple(h for h in analysis.orphan_holders if h.uuid == uuid)
+    owners = {
+        KIND_DEAD_PROCESS: ("dead",),
+        KIND_DELETED_POD: ("pod",),
+        KIND_STUCK_PROCESS: ("pod", "host", "unknown"),
+    }
+    return tuple(
+        OrphanHolder(p.gpu, p.uuid, p.pid, p.namespace, p.pod, p.container, None, ROLE_HOLDER)
+        for p in analysis.attribution.processes
+        if p.uuid == uuid and p.owner in owners.get(kind, ())
+    )[:MAX_HOLDERS_NAMED]
+
+
+def _sources(
+    statuses: Iterable[SourceStatus], previous: Mapping[str, bool]
+) -> tuple[list[HealthTransition], dict[str, bool]]:
+    """A source going down (also at start) or coming back; one missing from this
+    cycle's statuses keeps its last state."""
+    out: list[HealthTransition] = []
+    up = dict(previous)
+    for status in statuses:
+        before = previous.get(status.name)
+        if not status.up and before is not False:
+            out.append(
+                HealthTransition("source_down", source=status.name, detail=status.error or "")
+            )
+        elif status.up and before is False:
+            out.append(HealthTransition("source_up", source=status.name))
+        up[status.name] = status.up
+    return out, up
+
+
+def with_transitions(analysis: Analysis, previous: HealthFacts) -> tuple[Analysis, HealthFacts]:
+    transitions, facts = health_transitions(analysis, previous)
+    return replace(analysis, transitions=transitions), facts
