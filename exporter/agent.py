@@ -35,7 +35,11 @@ from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
-from exporter.registry import build_sources
+from exporter.registry import build_reporter, build_sources
+from exporter.reporting.events import EVENT_REASONS
+from exporter.reporting.health_log import log_transitions
+from exporter.reporting.recorder import RESULTS
+from exporter.reporting.writer import WRITE_KINDS, WRITE_RESULTS, KubeReporter
 from exporter.sources.base import Cycle, Source
 from exporter.text import one_line
 
@@ -64,6 +68,8 @@ class SelfMetrics:
     sample_duration: Histogram
     read_seconds: Gauge
     errors: Counter
+    events: Counter
+    kube_writes: Counter
 
     @classmethod
     def register(cls, registry: CollectorRegistry) -> SelfMetrics:
@@ -93,6 +99,20 @@ class SelfMetrics:
                 ["source"],
                 registry=registry,
             ),
+            events=Counter(
+                "gpu_exporter_events",
+                "Kubernetes Events by reason and what became of them: created, updated "
+                "(a series count), rate_limited, dropped (API unreachable or too many "
+                "waiting), failed (the API refused).",
+                ["reason", "result"],
+                registry=registry,
+            ),
+            kube_writes=Counter(
+                "gpu_exporter_kube_writes",
+                "Writes of the node condition and DRA device taints to the Kubernetes API.",
+                ["kind", "result"],
+                registry=registry,
+            ),
         )
 
 
@@ -118,7 +138,13 @@ def build_agent(
     config: Config, cache: MetricsCache, *, wall_clock: Callable[[], float] = time.time
 ) -> Agent:
     """The one wiring of sources, analysis and exposition (server, snapshot, tests)."""
-    return Agent(config, cache, build_sources(config, wall_clock=wall_clock), wall_clock=wall_clock)
+    return Agent(
+        config,
+        cache,
+        build_sources(config, wall_clock=wall_clock),
+        wall_clock=wall_clock,
+        reporter=build_reporter(config, wall_clock=wall_clock),
+    )
 
 
 class Agent:
@@ -129,8 +155,10 @@ class Agent:
         sources: Sequence[Source],
         *,
         wall_clock: Callable[[], float] = time.time,
+        reporter: KubeReporter | None = None,
     ) -> None:
         self.config = config
+        self.reporter = reporter  # writes Events etc. from its own thread
         self.cache = cache
         self.sources = tuple(sources)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -144,6 +172,15 @@ class Agent:
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_severity)
         self._errors_seen: dict[str, int] = {}
+        self._events_seen: dict[tuple[str, str], int] = {}
+        self._writes_seen: dict[tuple[str, str], int] = {}
+        if reporter is not None:  # present from the start, at 0
+            for reason in EVENT_REASONS:
+                for result in RESULTS:
+                    self.self_metrics.events.labels(reason, result)
+            for kind in WRITE_KINDS:
+                for outcome in WRITE_RESULTS:
+                    self.self_metrics.kube_writes.labels(kind, outcome)
         self._last_success: dict[str, float] = {}  # sampled sources: last cycle they were up
         self._unresolved_forms_logged: set[str] = set()  # at most UNRESOLVED_SHAPES_LOGGED
         self._unresolved_forms_full = False  # the "no more are logged" line is written
@@ -162,6 +199,8 @@ class Agent:
         """Start every background source, and give each a first reading."""
         for source in self.sources:
             source.start()
+        if self.reporter is not None:
+            self.reporter.start()
         self._tasks = [asyncio.create_task(s.run(), name=f"source-{s.name}") for s in self.sources]
         await asyncio.gather(*(s.prime(prime_timeout_s) for s in self.sources))
 
@@ -172,6 +211,8 @@ class Agent:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.reporter is not None:  # a request in flight is cut; news not sent is lost
+            await asyncio.to_thread(self.reporter.stop)
         closing = {asyncio.create_task(s.aclose()): s.name for s in self.sources}
         if not closing:
             return True
@@ -285,9 +326,25 @@ class Agent:
             self.self_metrics.errors.labels(source.name).inc(new)
             self._errors_seen[source.name] = total
 
+    def _count_writes(self, reporter: KubeReporter) -> None:
+        """The writer thread's running totals, as increments of our counters."""
+        for seen, totals, counter in (
+            (self._events_seen, reporter.event_counts(), self.self_metrics.events),
+            (self._writes_seen, reporter.write_counts(), self.self_metrics.kube_writes),
+        ):
+            for labels, total in totals.items():
+                new = total - seen.get(labels, 0)
+                if new > 0:
+                    counter.labels(*labels).inc(new)
+                    seen[labels] = total
+
     def _analyse_and_render(self, snapshot: NodeSnapshot, started: float) -> None:
         analysis, self.state = analyse(snapshot, self.state, self.policy)
         self._log_unresolved(analysis)
+        log_transitions(analysis.transitions)
+        if self.reporter is not None:
+            self.reporter.offer(analysis)  # never waits on the API server
+            self._count_writes(self.reporter)
         self.collector.set(build_families(analysis, self.options))
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)

@@ -85,6 +85,10 @@ class Config:
     http_max_connections: int = 128
     web_config_file: Path | None = None
     liveness_cycles: int = DEFAULT_CYCLES
+    kube_events: str = "auto"  # "auto" | "off": Events where API credentials exist
+    node_condition: bool = False
+    dra_device_taints: bool = False
+    dra_device_taint_effect: str = "None"  # "None" | "NoSchedule"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,6 +141,10 @@ SERVER_ONLY_FLAGS = frozenset(
         "--per-process-metrics",
         "--families-disable",
         "--families-enable",
+        "--kube-events",
+        "--node-condition",
+        "--dra-device-taints",
+        "--dra-device-taint-effect",
     }
 )
 
@@ -303,6 +311,36 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "Kubeconfig for the pod watch; default: in-cluster config, else ~/.kube/config.",
         default=None,
         metavar="PATH",
+    )
+    add(
+        "--kube-events",
+        "Record Kubernetes Events (events.k8s.io/v1) on the pods and the Node a GPU fault "
+        "hits: GPUFatalXID, GPULost, GPUUnhealthy, GPUHealthy, GPUIsolationLeak, "
+        "GPUOrphanedMemory; aggregated and rate-limited (docs/kubernetes-events.md). "
+        "'auto': where Kubernetes API credentials exist and --kube-api is not off.",
+        default="auto",
+        choices=("auto", "off"),
+    )
+    add(
+        "--node-condition",
+        "Keep a GPUUnhealthy condition on this Node's status: True while a GPU is "
+        "unhealthy or lost, False when all are healthy, left alone when NVML cannot "
+        "tell. Needs patch on nodes/status.",
+        action="store_true",
+    )
+    add(
+        "--dra-device-taints",
+        "Create a DRA DeviceTaintRule (resource.k8s.io, KEP-5055) for each unhealthy GPU "
+        "a DRA driver publishes on this node, and delete it when the GPU is healthy "
+        "again. Needs get, list, create, delete on devicetaintrules.",
+        action="store_true",
+    )
+    add(
+        "--dra-device-taint-effect",
+        "The taints' effect: None shows the taint and changes nothing (Kubernetes "
+        "1.35+); NoSchedule keeps new claims off the GPU.",
+        default="None",
+        choices=("None", "NoSchedule"),
     )
     add(
         "--simulate",
@@ -587,6 +625,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
     parser.resolve_env(args)
     for flag, choices in (
         ("kube_api", ("auto", "off")),
+        ("kube_events", ("auto", "off")),
+        ("dra_device_taint_effect", ("None", "NoSchedule")),
         ("log_level", LOG_LEVELS),
         ("log_format", ("text", "json")),
     ):
@@ -630,6 +670,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         http_header_timeout_s=args.http_header_timeout,
         http_max_connections=args.http_max_connections,
         liveness_cycles=args.liveness_cycles,
+        kube_events=args.kube_events,
+        node_condition=bool(args.node_condition),
+        dra_device_taints=bool(args.dra_device_taints),
+        dra_device_taint_effect=args.dra_device_taint_effect,
         web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
         pod_resources_socket=Path(args.pod_resources_socket),

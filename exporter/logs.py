@@ -91,6 +91,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        extra = getattr(record, "fields", None)  # a health transition's facts (health_log)
+        if isinstance(extra, dict):
+            entry.update({k: v for k, v in extra.items() if k not in entry})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from exporter.config import Config
+from exporter.config import Config, ConfigError
+from exporter.reporting.kube_client import KubeWriteClient, KubeWriteError
+from exporter.reporting.writer import REQUEST_DEADLINE_S, KubeReporter, ReportingOptions
 from exporter.sources.base import Source
 from exporter.sources.dcgm import DcgmSource
 from exporter.sources.holder_scan import HolderScanSource
@@ -83,3 +85,53 @@ def kube_api_configured(config: Config) -> bool:
         return True
     default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     return Path(default.split(os.pathsep)[0]).is_file()
+
+
+def build_reporter(
+    config: Config, *, wall_clock: Callable[[], float] = time.time
+) -> KubeReporter | None:
+    """What the exporter writes to Kubernetes (exporter/reporting/), or None.
+
+    Events follow ``--kube-events auto``: on where API credentials exist, quietly off
+    where none do. The node condition and the taints were asked for by name, so without
+    credentials they are a configuration error, not a silent no-op.
+    """
+    if config.snapshot:  # one look at the node: it tells nobody
+        return None
+    events = config.kube_events == "auto"
+    if not (events or config.node_condition or config.dra_device_taints):
+        return None
+    asked = [
+        flag
+        for flag, on in (
+            ("--node-condition", config.node_condition),
+            ("--dra-device-taints", config.dra_device_taints),
+        )
+        if on
+    ]
+    if not kube_api_configured(config):
+        if asked:
+            raise ConfigError(
+                f"{' and '.join(asked)} need the Kubernetes API, and none is configured: "
+                "give --kubeconfig or run in-cluster (and leave --kube-api at auto)"
+            )
+        return None
+    if config.dra_device_taints and not config.dra_drivers:
+        raise ConfigError(
+            "--dra-device-taints needs the DRA drivers whose devices are GPUs: "
+            "set --dra-drivers (default gpu.nvidia.com)"
+        )
+    options = ReportingOptions(
+        node_name=config.node_name,
+        events=events,
+        node_condition=config.node_condition,
+        device_taints=config.dra_device_taints,
+        taint_effect=config.dra_device_taint_effect,
+        dra_drivers=config.dra_drivers,
+    )
+    kubeconfig = config.kubeconfig
+
+    def client() -> KubeWriteClient:
+        return KubeWriteClient(kubeconfig, deadline_s=REQUEST_DEADLINE_S)
+
+    return KubeReporter(options, client, wall=wall_clock, error_type=KubeWriteError)

@@ -237,6 +237,8 @@ async def simulated_exporter(
             # PodResources is refreshed (Harness.refresh_pod_resources).
             for source in agent.sources:
                 source.start()
+            if agent.reporter is not None:  # Events etc.: the writer thread, as start() does
+                agent.reporter.start()
             await asyncio.gather(*(s.prime(10.0) for s in agent.sources))
             for name in ("kube", "resourceslices"):
                 watch = agent.source(name)

@@ -1,0 +1,87 @@
+"""The ``GPUUnhealthy`` node condition (pure): what it should say, and when to write it.
+
+In node-problem-detector's style (pkg/exporters/k8sexporter/condition/manager.go): one
+condition type this exporter owns, True while any GPU of the node is unhealthy or lost,
+False once every GPU NVML lists is healthy, written with a strategic-merge PATCH of
+``nodes/<name>/status`` (merged by ``type``, so other owners' conditions stay), and
+re-sent as a heartbeat every ``HEARTBEAT_S`` (NPD's default is 5 minutes) when nothing
+changed. ``lastTransitionTime`` moves only when the status changes.
+
+When the exporter cannot tell (NVML down, no GPU listed) there is no desired condition:
+the one on the Node is left as it is, never flipped to False for want of evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.model import Analysis
+from exporter.reporting.recorder import rfc3339_micro
+from exporter.text import one_line
+
+CONDITION_TYPE = "GPUUnhealthy"
+HEARTBEAT_S = 300.0
+MESSAGE_CHARS = 1024
+GPUS_NAMED = 16
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+
+def desired_condition(analysis: Analysis) -> NodeCondition | None:
+    """The condition this cycle's verdicts call for; None when they cannot tell."""
+    if not analysis.node.nvml.ok or not analysis.health:
+        return None
+    bad = [h for h in analysis.health if not h.healthy]
+    if not bad:
+        count = len(analysis.health)
+        return NodeCondition("False", "GPUsHealthy", f"all {count} GPUs are healthy")
+    lost = any(r.reason == "gpu_lost" for h in bad for r in h.reasons)
+    parts = [
+        f"GPU {h.gpu} ({h.uuid}): "
+        + ", ".join(r.reason for r in h.reasons if r.severity == "unhealthy")
+        for h in bad[:GPUS_NAMED]
+    ]
+    if len(bad) > GPUS_NAMED:
+        parts.append(f"and {len(bad) - GPUS_NAMED} more")
+    message = one_line(
+        f"{len(bad)} of {len(analysis.health)} GPUs unhealthy: " + "; ".join(parts), MESSAGE_CHARS
+    )
+    return NodeCondition("True", "GPULost" if lost else "GPUUnhealthy", message)
+
+
+@dataclass(frozen=True, slots=True)
+class SentCondition:
+    condition: NodeCondition
+    sent_at: float  # monotonic
+    transition_wall: float  # epoch: lastTransitionTime
+
+
+def condition_due(desired: NodeCondition | None, sent: SentCondition | None, now: float) -> bool:
+    """A write is due on a change, or for the heartbeat."""
+    if desired is None:
+        return False
+    return sent is None or sent.condition != desired or now - sent.sent_at >= HEARTBEAT_S
+
+
+def condition_body(
+    desired: NodeCondition, transition_wall: float, heartbeat_wall: float
+) -> dict[str, Any]:
+    return {
+        "type": CONDITION_TYPE,
+        "status": desired.status,
+        "reason": desired.reason,
+        "message": desired.message,
+        "lastHeartbeatTime": rfc3339_seconds(heartbeat_wall),
+        "lastTransitionTime": rfc3339_seconds(transition_wall),
+    }
+
+
+def rfc3339_seconds(epoch: float) -> str:
+    """metav1.Time: whole seconds."""
+    return rfc3339_micro(epoch)[:19] + "Z"

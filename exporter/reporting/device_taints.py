@@ -1,0 +1,79 @@
+"""DRA DeviceTaintRules for unhealthy GPUs (pure): which rules should exist.
+
+KEP-5055 (DRA device taints and tolerations) lets anyone with RBAC on
+``resource.k8s.io`` ``devicetaintrules`` taint a device that a DRA driver publishes,
+selected by driver, pool and device name (kubernetes/api resource/v1alpha3/types.go,
+``DeviceTaintSelector``, v0.35.0). The effect ``None`` (added in Kubernetes 1.35) only
+shows the taint: nothing is evicted or kept off, which is the default here.
+``NoSchedule`` keeps new claims off the device and needs ``--dra-device-taint-effect``.
+
+A GPU gets a rule while its verdict is unhealthy and a ResourceSlice of this node
+publishes it (matched by the driver's ``uuid`` attribute). When NVML or the slice
+watch cannot tell, there is no desired set: the rules that exist are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.model import Analysis
+from exporter.reporting.events import CONTROLLER
+
+TAINT_KEY = f"{CONTROLLER}/unhealthy"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+NODE_LABEL = f"{CONTROLLER}/node"
+EFFECTS = ("None", "NoSchedule")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TaintRule:
+    name: str
+    driver: str
+    pool: str
+    device: str
+    uuid: str
+    reason: str  # the taint's value: the first unhealthy reason
+
+
+def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[TaintRule] | None:
+    """One rule per unhealthy GPU that a DRA driver of ``drivers`` publishes here;
+    None when the verdicts or the slices are not known this cycle."""
+    slices = analysis.node.resource_slices
+    if not analysis.node.nvml.ok or slices is None or not slices.ok:
+        return None
+    unhealthy = {
+        h.uuid: next(r.reason for r in h.reasons if r.severity == "unhealthy")
+        for h in analysis.health
+        if not h.healthy
+    }
+    rules = set()
+    for device in slices.devices:
+        if device.driver not in drivers:
+            continue
+        uuid = device.attribute("uuid")
+        if isinstance(uuid, str) and uuid in unhealthy:
+            name = f"{CONTROLLER}-{uuid.lower()}"[:253]
+            rules.add(
+                TaintRule(name, device.driver, device.pool, device.name, uuid, unhealthy[uuid])
+            )
+    return frozenset(rules)
+
+
+def rule_body(rule: TaintRule, version: str, node: str, effect: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": rule.name,
+            "labels": {MANAGED_BY: CONTROLLER, NODE_LABEL: node[:63]},
+        },
+        "spec": {
+            "deviceSelector": {"driver": rule.driver, "pool": rule.pool, "device": rule.device},
+            "taint": {"key": TAINT_KEY, "value": rule.reason[:63], "effect": effect},
+        },
+    }
+
+
+def label_selector(node: str) -> str:
+    return f"{MANAGED_BY}={CONTROLLER},{NODE_LABEL}={node[:63]}"

@@ -1,0 +1,249 @@
+"""Event aggregation and rate limits, like the kubelet's recorders (pure, clock injected).
+
+The rules, and where they come from (client-go, tools/events and tools/record):
+
+- **One Event per (object, reason, GPU) per ``NEW_EVENT_EVERY_S``.** A repeat within it
+  adds to the Event's ``series`` (count, last observed time) instead of creating a new
+  object, as tools/events does for isomorphic events within its 6-minute window. Our key
+  names the GPU, so two GPUs failing on one pod are two Events.
+- **A series is sent at most every ``SERIES_FLUSH_S`` per Event**, with the count so
+  far: an XID storm of 250 is one Event and a few PATCHes, never 250 writes.
+- **A node-wide token bucket**: ``NODE_BURST`` writes at once, then one per
+  ``60 / NODE_WRITES_PER_MINUTE`` seconds, for creates and PATCHes together (the older
+  recorder's spam filter is a burst of 25 refilled at 1 per 300 s per object). A new
+  Event that finds the bucket empty is not sent (``rate_limited``); a series update
+  waits for a token, its count only grows.
+- **Bounded memory**: at most ``MAX_SERIES`` keys (client-go's cache holds 4096); the
+  oldest settled key is forgotten first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from exporter.reporting.events import ACTION, CONTROLLER, EventIntent, ObjectRef
+
+NEW_EVENT_EVERY_S = 600.0
+SERIES_FLUSH_S = 30.0
+NODE_BURST = 25
+NODE_WRITES_PER_MINUTE = 12
+MAX_SERIES = 4096
+# The namespace of Events about the Node (cluster-scoped), as client-go's recorder uses.
+NODE_EVENT_NAMESPACE = "default"
+
+Result = Literal["created", "updated", "rate_limited", "dropped", "failed"]
+RESULTS: tuple[Result, ...] = ("created", "updated", "rate_limited", "dropped", "failed")
+
+
+def rfc3339_micro(epoch: float) -> str:
+    """MicroTime as the API spells it: 2026-11-25T16:32:17.123456Z."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _Series:
+    intent: EventIntent
+    first_wall: float  # when first seen (eventTime)
+    created_at: float  # monotonic: when this Event's window began
+    name: str | None = None  # set once the Event exists in the API
+    sent_count: int = 0  # occurrences the API knows
+    pending: int = 0  # occurrences not yet sent
+    last_wall: float = 0.0  # last occurrence (series.lastObservedTime)
+    last_sent: float = float("-inf")  # monotonic: the last write
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One request for the writer: create an Event or patch its series."""
+
+    verb: Literal["create", "patch"]
+    namespace: str
+    name: str
+    body: dict[str, Any]
+    reason: str
+    key: tuple[ObjectRef, str, str]
+    count: int  # the series count this write makes known
+
+
+class Recorder:
+    """Aggregates intents into Events; ``next_write`` hands out the writes due now.
+
+    Single-threaded (the writer's thread). ``clock`` is monotonic seconds, ``wall`` the
+    epoch seconds that eventTime and lastObservedTime are written in.
+    """
+
+    def __init__(
+        self,
+        reporting_instance: str,
+        *,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+        new_event_every_s: float = NEW_EVENT_EVERY_S,
+        series_flush_s: float = SERIES_FLUSH_S,
+        burst: int = NODE_BURST,
+        writes_per_minute: float = NODE_WRITES_PER_MINUTE,
+        max_series: int = MAX_SERIES,
+    ) -> None:
+        self.instance = reporting_instance
+        self._clock = clock
+        self._wall = wall
+        self._new_every = new_event_every_s
+        self._flush = series_flush_s
+        self._burst = float(burst)
+        self._rate = writes_per_minute / 60.0
+        self._max = max_series
+        self._tokens = float(burst)
+        self._refilled = clock()
+        self._series: dict[tuple[ObjectRef, str, str], _Series] = {}
+        self._last_ns = 0
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    # -- intents in ------------------------------------------------------------------
+
+    def observe(self, intents: tuple[EventIntent, ...]) -> list[tuple[str, Result]]:
+        """Record occurrences; returns (reason, result) for intents settled at once
+        (dropped because the key table is full of unsent Events)."""
+        now, wall = self._clock(), self._wall()
+        settled: list[tuple[str, Result]] = []
+        for intent in intents:
+            series = self._series.get(intent.key)
+            if series is not None and now - series.created_at < self._new_every:
+                series.pending += intent.count
+                series.last_wall = wall
+                continue
+            if series is None and len(self._series) >= self._max and not self._evict():
+                settled.append((intent.reason, "dropped"))
+                continue
+            self._series.pop(intent.key, None)  # an old window: a new Event, a new name
+            self._series[intent.key] = _Series(
+                intent, wall, now, pending=intent.count, last_wall=wall
+            )
+        return settled
+
+    def _evict(self) -> bool:
+        """Forget the oldest key with nothing left to send."""
+        for key, series in self._series.items():
+            if series.pending == 0:
+                del self._series[key]
+                return True
+        return False
+
+    # -- writes out ------------------------------------------------------------------
+
+    def _take_token(self, now: float) -> bool:
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    def next_write(self) -> tuple[Write | None, list[tuple[str, Result]]]:
+        """The next write due now, if any, and the intents settled on the way (new
+        Events refused by the node budget: ``rate_limited``)."""
+        now = self._clock()
+        settled: list[tuple[str, Result]] = []
+        for key, series in list(self._series.items()):
+            if series.pending == 0:
+                if series.name is None or now - series.created_at >= self._new_every:
+                    del self._series[key]  # settled, and its window is over
+                continue
+            if series.name is None:
+                if not self._take_token(now):
+                    settled.append((series.intent.reason, "rate_limited"))
+                    del self._series[key]
+                    continue
+                return self._create(series, now), settled
+            if now - series.last_sent >= self._flush and self._take_token(now):
+                return self._patch(series, now), settled
+        return None, settled
+
+    def _create(self, series: _Series, now: float) -> Write:
+        intent = series.intent
+        count = series.sent_count + series.pending
+        namespace = intent.regarding.namespace or NODE_EVENT_NAMESPACE
+        # client-go's name: regarding's name and the time in ns, hex. Several Events in
+        # one cycle share a time, so each takes the next nanosecond: names stay unique.
+        self._last_ns = max(int(series.first_wall * 1e9), self._last_ns + 1)
+        name = f"{intent.regarding.name}.{self._last_ns:x}"
+        body: dict[str, Any] = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "eventTime": rfc3339_micro(series.first_wall),
+            "reportingController": CONTROLLER,
+            "reportingInstance": self.instance,
+            "action": ACTION,
+            "reason": intent.reason,
+            "type": intent.type,
+            "note": intent.note,
+            "regarding": _reference(intent.regarding),
+        }
+        if intent.related is not None:
+            body["related"] = _reference(intent.related)
+        if count >= 2:  # the API wants a series to count at least 2
+            body["series"] = {"count": count, "lastObservedTime": rfc3339_micro(series.last_wall)}
+        series.last_sent = now
+        return Write("create", namespace, name, body, intent.reason, intent.key, count)
+
+    def _patch(self, series: _Series, now: float) -> Write:
+        assert series.name is not None
+        count = series.sent_count + series.pending
+        body = {"series": {"count": count, "lastObservedTime": rfc3339_micro(series.last_wall)}}
+        series.last_sent = now
+        namespace = series.intent.regarding.namespace or NODE_EVENT_NAMESPACE
+        return Write(
+            "patch", namespace, series.name, body, series.intent.reason, series.intent.key, count
+        )
+
+    # -- what became of a write --------------------------------------------------------
+
+    def sent(self, write: Write) -> Result:
+        """The API took ``write``: its occurrences are known there."""
+        series = self._series.get(write.key)
+        if series is not None:
+            if write.verb == "create":
+                series.name = write.name
+            series.pending = max(0, series.sent_count + series.pending - write.count)
+            series.sent_count = write.count
+        return "created" if write.verb == "create" else "updated"
+
+    def lost(self, write: Write) -> None:
+        """A series PATCH found no Event (expired or deleted): create it again, with the
+        whole count, as client-go does on NotFound."""
+        series = self._series.get(write.key)
+        if series is not None:
+            series.name = None
+            series.pending += series.sent_count
+            series.sent_count = 0
+
+    def abandon(self, write: Write) -> None:
+        """``write`` will not be retried: a new Event is forgotten; a series keeps its
+        unsent occurrences for the next PATCH."""
+        series = self._series.get(write.key)
+        if series is not None and series.name is None:
+            del self._series[write.key]
+
+    def drop_unsent(self) -> list[tuple[str, Result]]:
+        """The API server is unreachable: new Events waiting are dropped (counted), not
+        queued; series keep their counts (one integer each) for when it is back."""
+        settled: list[tuple[str, Result]] = []
+        for key, series in list(self._series.items()):
+            if series.name is None and series.pending:
+                settled.append((series.intent.reason, "dropped"))
+                del self._series[key]
+        return settled
+
+
+def _reference(ref: ObjectRef) -> dict[str, str]:
+    out = {"apiVersion": "v1", "kind": ref.kind, "name": ref.name}
+    if ref.namespace:
+        out["namespace"] = ref.namespace
+    if ref.uid:
+        out["uid"] = ref.uid
+    return out

@@ -1,0 +1,419 @@
+"""The one thread that writes to the API server: Events, the node condition, taints.
+
+The sample cycle calls ``offer(analysis)`` and goes on: it computes what to tell (pure,
+microseconds) and hands it over under a lock, never waiting on the network. Everything
+else happens here, one request at a time, each with a deadline:
+
+- **Bounded**: at most ``MAX_WAITING_INTENTS`` Event intents wait between two turns of
+  the thread (the rest are dropped and counted); the condition and the taints are one
+  desired state each, the latest replacing the one before.
+- **Retried with backoff**: a request with no answer (refused, reset, past its
+  deadline) or a 429/5xx is tried again after 1, 2, 4 ... ``MAX_BACKOFF_S`` seconds,
+  at most ``MAX_TRIES`` times. While backing off, new Events are dropped and counted,
+  never queued: the API server that is down gets one request per backoff step from
+  this node, not a burst of everything that happened meanwhile.
+- **Counted**: ``gpu_exporter_events_total{reason,result}`` and
+  ``gpu_exporter_kube_writes_total{kind,result}``; each kind of failure logged once
+  per minute (exporter/logs.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from exporter.model import Analysis
+from exporter.reporting.condition import (
+    CONDITION_TYPE,
+    NodeCondition,
+    SentCondition,
+    condition_body,
+    condition_due,
+    desired_condition,
+)
+from exporter.reporting.device_taints import TaintRule, desired_rules, label_selector, rule_body
+from exporter.reporting.events import EventIntent, event_intents
+from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
+
+log = logging.getLogger(__name__)
+
+MAX_WAITING_INTENTS = 1024
+MAX_TRIES = 3
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 60.0
+REQUEST_DEADLINE_S = 5.0
+IDLE_WAKE_S = 1.0  # a turn at least this often: series flushes and heartbeats come due
+TAINT_RESYNC_S = 600.0  # re-list our DeviceTaintRules (someone may have deleted one)
+STOP_TIMEOUT_S = 2.0
+WRITE_KINDS = ("node_condition", "device_taint_rule")
+WRITE_RESULTS = ("ok", "failed")
+
+
+class WriteError(Protocol):
+    status: int | None
+    reason: str
+
+
+class Client(Protocol):
+    """What ``kube_client.KubeWriteClient`` offers (a Protocol, so tests and the
+    writer agree on it without importing the kubernetes client)."""
+
+    def create_event(self, body: dict[str, Any]) -> None: ...
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None: ...
+    def node_conditions(self, node: str) -> list[dict[str, Any]]: ...
+    def patch_node_conditions(self, node: str, conditions: list[dict[str, Any]]) -> None: ...
+    def device_taint_rule_version(self) -> str | None: ...
+    def list_device_taint_rules(
+        self, version: str, label_selector: str
+    ) -> list[dict[str, Any]]: ...
+    def create_device_taint_rule(self, version: str, body: dict[str, Any]) -> None: ...
+    def delete_device_taint_rule(self, version: str, name: str) -> None: ...
+    def cut(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReportingOptions:
+    node_name: str
+    events: bool = True
+    node_condition: bool = False
+    device_taints: bool = False
+    taint_effect: str = "None"
+    dra_drivers: tuple[str, ...] = ()
+
+
+def _retryable(exc: BaseException) -> bool:
+    status = getattr(exc, "status", None)
+    return status is None or status == 429 or status >= 500
+
+
+class KubeReporter:
+    def __init__(
+        self,
+        options: ReportingOptions,
+        client_factory: Callable[[], Client],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        error_type: type[BaseException] = Exception,
+    ) -> None:
+        self.options = options
+        self._client_factory = client_factory
+        self._clock = clock
+        self._wall = wall
+        self._error = error_type  # what the client raises for a failed request
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: Client | None = None
+        # handed over by offer()
+        self._intents: list[EventIntent] = []
+        self._overflow: dict[str, int] = {}
+        self._condition: NodeCondition | None = None
+        self._rules: frozenset[TaintRule] | None = None
+        # counts, read by the agent every cycle
+        self._events: dict[tuple[str, str], int] = {}
+        self._writes: dict[tuple[str, str], int] = {}
+        # the writer thread's own
+        self.recorder = Recorder(options.node_name, clock=clock, wall=wall)
+        self._retry: Write | None = None
+        self._tries = 0
+        self._backoff_s = 0.0
+        self._backoff_until = float("-inf")
+        self._sent_condition: SentCondition | None = None
+        self._taint_version: str | bool | None = False  # False: not asked yet
+        self._existing_rules: set[str] | None = None
+        self._rules_listed_at = float("-inf")
+        self._version_asked_at = float("-inf")
+
+    # -- the sample cycle's side --------------------------------------------------------
+
+    def offer(self, analysis: Analysis) -> None:
+        """Hand this cycle's news over; never blocks on the network."""
+        opts = self.options
+        intents = event_intents(analysis.transitions, opts.node_name) if opts.events else ()
+        condition = desired_condition(analysis) if opts.node_condition else None
+        rules = desired_rules(analysis, opts.dra_drivers) if opts.device_taints else None
+        with self._lock:
+            room = MAX_WAITING_INTENTS - len(self._intents)
+            self._intents.extend(intents[: max(room, 0)])
+            for intent in intents[max(room, 0) :]:
+                self._overflow[intent.reason] = self._overflow.get(intent.reason, 0) + 1
+            if condition is not None:
+                self._condition = condition
+            if rules is not None:
+                self._rules = rules
+        if intents or condition is not None or rules is not None:
+            self._wake.set()
+
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._events)
+
+    def write_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._writes)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kube-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stop the thread; a request in flight is cut. False if it did not end."""
+        self._stopping.set()
+        self._wake.set()
+        client = self._client
+        if client is not None:
+            client.cut()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    # -- the writer thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(IDLE_WAKE_S)
+            self._wake.clear()
+            try:
+                self._turn()
+            except Exception:  # a bug here must not end the reporting for good
+                log.exception("writing to the Kubernetes API failed")
+                self._back_off()
+        client = self._client
+        if client is not None:
+            client.close()
+
+    def _turn(self) -> None:
+        with self._lock:
+            intents, self._intents = self._intents, []
+            overflow, self._overflow = self._overflow, {}
+            condition, rules = self._condition, self._rules
+        for reason, n in overflow.items():
+            self._count_event(reason, "dropped", n)
+        self._settle(self.recorder.observe(tuple(intents)))
+        if self._clock() < self._backoff_until:
+            self._settle(self.recorder.drop_unsent())
+            return
+        if self._client is None:
+            self._client = self._client_factory()
+        if not self._send_events():
+            return
+        if condition is not None and not self._send_condition(condition):
+            return
+        if rules is not None:
+            self._reconcile_taints(rules)
+
+    def _settle(self, settled: list[tuple[str, Result]]) -> None:
+        for reason, result in settled:
+            self._count_event(reason, result)
+
+    def _count_event(self, reason: str, result: str, n: int = 1) -> None:
+        with self._lock:
+            self._events[(reason, result)] = self._events.get((reason, result), 0) + n
+
+    def _count_write(self, kind: str, result: str) -> None:
+        with self._lock:
+            self._writes[(kind, result)] = self._writes.get((kind, result), 0) + 1
+
+    def _back_off(self) -> None:
+        self._backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._backoff_s))
+        self._backoff_until = self._clock() + self._backoff_s
+
+    def _recovered(self) -> None:
+        self._backoff_s = 0.0
+        self._backoff_until = float("-inf")
+
+    def _send_events(self) -> bool:
+        """Send what is due; False when the API server stopped answering."""
+        assert self._client is not None
+        while not self._stopping.is_set():
+            write = self._retry
+            if write is None:
+                write, settled = self.recorder.next_write()
+                self._settle(settled)
+                if write is None:
+                    return True
+                self._tries = 0
+            try:
+                if write.verb == "create":
+                    self._client.create_event(write.body)
+                else:
+                    self._client.patch_event(write.namespace, write.name, write.body)
+            except self._error as exc:
+                if not self._event_failed(write, exc):
+                    return False
+                continue
+            self._retry = None
+            self._recovered()
+            self._count_event(write.reason, self.recorder.sent(write))
+        return True
+
+    def _event_failed(self, write: Write, exc: BaseException) -> bool:
+        """Decide a failed write's fate; False: back off now."""
+        status = getattr(exc, "status", None)
+        if write.verb == "patch" and status == 404:
+            self._retry = None
+            self.recorder.lost(write)  # expired or deleted: created again, whole count
+            return True
+        if _retryable(exc):
+            self._tries += 1
+            if self._tries < MAX_TRIES:
+                self._retry = write
+            else:
+                self._retry = None
+                self.recorder.abandon(write)
+                self._count_event(write.reason, "failed")
+            log.warning(
+                "sending event %s to the Kubernetes API failed (%s); try %d of %d",
+                write.reason,
+                getattr(exc, "reason", exc),
+                self._tries,
+                MAX_TRIES,
+            )
+            self._back_off()
+            self._settle(self.recorder.drop_unsent())
+            return False
+        self._retry = None
+        self.recorder.abandon(write)
+        self._count_event(write.reason, "failed")
+        log.warning(
+            "the Kubernetes API refused event %s (HTTP %s: %s); check the exporter's RBAC "
+            "(create and patch on events.k8s.io events)",
+            write.reason,
+            status,
+            getattr(exc, "reason", exc),
+        )
+        return True
+
+    def _send_condition(self, desired: NodeCondition) -> bool:
+        assert self._client is not None
+        now, wall = self._clock(), self._wall()
+        sent = self._sent_condition
+        if not condition_due(desired, sent, now):
+            return True
+        node = self.options.node_name
+        try:
+            if sent is None:
+                transition = self._current_transition(desired) or wall
+            elif sent.condition.status != desired.status:
+                transition = wall
+            else:
+                transition = sent.transition_wall
+            body = condition_body(desired, transition, wall)
+            self._client.patch_node_conditions(node, [body])
+        except self._error as exc:
+            self._count_write("node_condition", "failed")
+            log.warning(
+                "patching condition %s on node %s failed (HTTP %s: %s); needs patch on "
+                "nodes/status (chart: nodeCondition.enabled)",
+                CONDITION_TYPE,
+                node,
+                getattr(exc, "status", None),
+                getattr(exc, "reason", exc),
+            )
+            self._back_off()
+            return False
+        self._sent_condition = SentCondition(desired, now, transition)
+        self._count_write("node_condition", "ok")
+        self._recovered()
+        return True
+
+    def _current_transition(self, desired: NodeCondition) -> float | None:
+        """At the first write, keep the Node's lastTransitionTime if its status is the
+        one we are about to write (a restart is not a transition)."""
+        assert self._client is not None
+        for condition in self._client.node_conditions(self.options.node_name):
+            if (
+                condition.get("type") == CONDITION_TYPE
+                and condition.get("status") == desired.status
+            ):
+                return _parse_time(condition.get("lastTransitionTime"))
+        return None
+
+    def _reconcile_taints(self, desired: frozenset[TaintRule]) -> None:
+        assert self._client is not None
+        now = self._clock()
+        try:
+            version = self._taint_api_version(now)
+            if version is None:
+                return
+            if self._existing_rules is None or now - self._rules_listed_at >= TAINT_RESYNC_S:
+                listed = self._client.list_device_taint_rules(
+                    version, label_selector(self.options.node_name)
+                )
+                self._existing_rules = {str(r.get("metadata", {}).get("name")) for r in listed}
+                self._rules_listed_at = now
+            wanted = {r.name: r for r in desired}
+            for name in sorted(set(wanted) - self._existing_rules):
+                body = rule_body(
+                    wanted[name], version, self.options.node_name, self.options.taint_effect
+                )
+                self._client.create_device_taint_rule(version, body)
+                self._existing_rules.add(name)
+                self._count_write("device_taint_rule", "ok")
+                log.warning(
+                    "tainted GPU %s (DRA device %s/%s/%s) with %s=%s:%s",
+                    wanted[name].uuid,
+                    wanted[name].driver,
+                    wanted[name].pool,
+                    wanted[name].device,
+                    body["spec"]["taint"]["key"],
+                    wanted[name].reason,
+                    self.options.taint_effect,
+                )
+            for name in sorted(self._existing_rules - set(wanted)):
+                self._client.delete_device_taint_rule(version, name)
+                self._existing_rules.discard(name)
+                self._count_write("device_taint_rule", "ok")
+                log.info("removed DeviceTaintRule %s: its GPU is healthy again", name)
+        except self._error as exc:
+            self._count_write("device_taint_rule", "failed")
+            self._existing_rules = None  # re-list before the next change
+            log.warning(
+                "writing DeviceTaintRules failed (HTTP %s: %s); needs get, list, create and "
+                "delete on resource.k8s.io devicetaintrules (chart: draDeviceTaints.enabled)",
+                getattr(exc, "status", None),
+                getattr(exc, "reason", exc),
+            )
+            self._back_off()
+
+    def _taint_api_version(self, now: float) -> str | None:
+        """The resource.k8s.io version serving devicetaintrules, asked once (again
+        after TAINT_RESYNC_S while none is served)."""
+        assert self._client is not None
+        if self._taint_version is False or (
+            self._taint_version is None and now - self._version_asked_at >= TAINT_RESYNC_S
+        ):
+            self._version_asked_at = now
+            self._taint_version = self._client.device_taint_rule_version()
+            if self._taint_version is None:
+                self._count_write("device_taint_rule", "failed")
+                log.warning(
+                    "this cluster serves no DeviceTaintRule API (resource.k8s.io v1alpha3 "
+                    "with the DRADeviceTaintRules feature gate, Kubernetes 1.35+); no "
+                    "device taints are written"
+                )
+        return self._taint_version if isinstance(self._taint_version, str) else None
+
+
+def _parse_time(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+__all__ = ["RESULTS", "WRITE_KINDS", "WRITE_RESULTS", "KubeReporter", "ReportingOptions"]
