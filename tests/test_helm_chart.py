@@ -731,6 +731,11 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     )
     assert config.log_format == merged["logFormat"] and config.log_level == merged["logLevel"]
     assert config.kmsg is merged["kmsg"]["enabled"]
+    assert config.kube_events == ("auto" if merged["kubeEvents"]["enabled"] else "off")
+    assert config.node_condition is merged["nodeCondition"]["enabled"]
+    assert config.dra_device_taints is merged["draDeviceTaints"]["enabled"]
+    if config.dra_device_taints:
+        assert config.dra_device_taint_effect == merged["draDeviceTaints"]["effect"]
     mounts = {m["mountPath"] for m in container(values)["volumeMounts"]}
     assert str(config.pod_resources_socket.parent) in mounts
     if merged["resourceNames"]:
