@@ -19,6 +19,7 @@ from typing import Any
 
 from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
+from exporter.sim.kube_writes import node_dict
 from exporter.sim.node import SimNode
 from exporter.sim.nvml_library import SimNvmlLibrary, install
 from exporter.sim.paths import SimPaths
@@ -92,6 +93,7 @@ class SimEnvironment:
         )
         if self._with_kube_api and self.paths.kubeconfig is not None:
             self.kube_api = FakeKubeApi()
+            self.kube_api.writes.set_node(node_dict(self.node.scenario.node_name))
             url = self.kube_api.start_in_thread()
             write_kubeconfig(self.paths.kubeconfig, url)
             self._sync_kube()

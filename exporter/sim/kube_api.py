@@ -343,6 +343,11 @@ class FakeKubeApi:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
+        # Events, Node status and DeviceTaintRules (kube_writes.py, which imports this
+        # module's selector parser: hence imported here, not at the top).
+        from exporter.sim.kube_writes import KubeWrites
+
+        self.writes: KubeWrites = KubeWrites(resource_slices_served=lambda: self._slices_served)
 
     # -- state, thread-safe ------------------------------------------------------------
 
@@ -554,6 +559,7 @@ class FakeKubeApi:
         app = web.Application()
         for what in (PODS, RESOURCE_SLICES):
             app.router.add_get(what.path, functools.partial(self._handle, what))
+        self.writes.mount(app)
         return app
 
     async def _handle(self, what: _Collection, request: web.Request) -> web.StreamResponse:
