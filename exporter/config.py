@@ -337,8 +337,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     )
     add(
         "--dra-device-taint-effect",
-        "The taints' effect: None shows the taint and changes nothing (Kubernetes "
-        "1.35+); NoSchedule keeps new claims off the GPU.",
+        "The taints' effect; default: None, which shows the taint and changes nothing "
+        "(Kubernetes 1.35+); NoSchedule keeps new claims off the GPU.",
         default="None",
         choices=("None", "NoSchedule"),
     )

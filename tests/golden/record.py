@@ -54,13 +54,16 @@ CYCLES = 32
 STEP_S = 5.0
 
 # Families whose values depend on how fast this machine ran the cycle, or on when a
-# background thread last woke (a source's last success): their series (names and labels)
-# are kept, their values are stored as null and not compared.
+# background thread last woke (a source's last success; the Kubernetes writer's counts):
+# their series (names and labels) are kept, their values are stored as null and not
+# compared. The Events themselves are compared by tests/test_kube_events.py.
 TIMING_FAMILIES = frozenset(
     {
         "gpu_exporter_sample_duration_seconds",
         "gpu_exporter_source_read_seconds",
         "gpu_exporter_source_last_success_timestamp_seconds",
+        "gpu_exporter_events",
+        "gpu_exporter_kube_writes",
     }
 )
 # Labels that name the machine rather than the node being simulated.
