@@ -26,6 +26,7 @@ CONTROLLER = "gpu-occupancy-exporter"
 # events.k8s.io/v1 limits the note to 1 KiB (NoteLengthLimit in kubernetes
 # pkg/apis/core/validation/events.go); text from outside is cut well before that.
 NOTE_CHARS = 1000
+NOTE_BYTES = 1024
 NAME_CHARS = 120  # of a pod, container, comm or detail inside a note
 WARNING: Final = "Warning"
 NORMAL: Final = "Normal"
@@ -60,6 +61,15 @@ class EventIntent:
     @property
     def key(self) -> tuple[ObjectRef, str, str]:
         return (self.regarding, self.reason, self.device)
+
+
+def fit_note(note: str) -> str:
+    """One line, within the API's limit of 1,024 bytes (Go counts bytes, not
+    characters: a pod name in Chinese costs three each)."""
+    text = one_line(note, NOTE_CHARS)
+    while len(text.encode()) > NOTE_BYTES:
+        text = text[: len(text) - (len(text.encode()) - NOTE_BYTES) // 4 - 1]
+    return text
 
 
 def node_ref(node_name: str) -> ObjectRef:
@@ -189,7 +199,7 @@ def event_intents(
         if not targets:
             continue
         reason, kind, note = describe(t)
-        note = one_line(note, NOTE_CHARS)
+        note = fit_note(note)
         device = t.mig_uuid or t.uuid or ""
         if "pods" in targets:
             for pod in t.pods:
