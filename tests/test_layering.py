@@ -10,6 +10,9 @@ Every ``import`` in exporter/ is read with ``ast`` (also those inside functions 
 - ``exporter.config`` imports neither ``exporter.sim`` nor ``exporter.sources``;
 - ``exporter.sim`` is the node outside the exporter: it imports only ``exporter.model``,
   ``exporter.kubelet_api`` (the protocol its kubelet serves) and itself;
+- ``exporter.reporting.*`` (Events, the node condition, device taints) imports only
+  ``exporter.model``, ``exporter.analysis`` (pure), ``exporter.text``, itself and the
+  bounded HTTP of ``exporter.sources.kube_http``;
 - nothing in exporter/ but ``exporter.cli`` (and the simulator itself) imports
   ``exporter.sim``.
 
@@ -128,6 +131,18 @@ RULES = [
         "sim imports only model, sim and the kubelet API",
         lambda m: _within(m, "exporter.sim"),
         _only("exporter.model", "exporter.sim", "exporter.kubelet_api"),
+    ),
+    Rule(
+        "reporting (writes to Kubernetes) imports only model, analysis, text, itself and "
+        "the watches' bounded HTTP",
+        lambda m: _within(m, "exporter.reporting"),
+        _only(
+            "exporter.model",
+            "exporter.analysis",
+            "exporter.text",
+            "exporter.reporting",
+            "exporter.sources.kube_http",
+        ),
     ),
     Rule(
         "only cli imports sim",
