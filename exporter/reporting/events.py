@@ -114,7 +114,7 @@ def _holders(t: HealthTransition) -> str:
         if h.role != "holder":
             who += f" [{h.role}]"
         named.append(who)
-    return ", ".join(named) if named else "no holder found yet"
+    return ", ".join(named)
 
 
 def describe(t: HealthTransition) -> tuple[str, EventType, str]:
@@ -149,10 +149,10 @@ def describe(t: HealthTransition) -> tuple[str, EventType, str]:
         )
         return "GPUIsolationLeak", WARNING, note
     if t.kind == "orphaned_memory":
-        note = (
-            f"{_bytes(t.memory_bytes)} of GPU memory on {gpu} is orphaned "
-            f"({t.orphan_kind}): held by {_holders(t)}."
-        )
+        holders = _holders(t)
+        held = f"held by {holders}" if holders else "no process holding it was found"
+        size = _bytes(t.memory_bytes)
+        note = f"{size} of GPU memory on {gpu} is orphaned ({t.orphan_kind}): {held}."
         return "GPUOrphanedMemory", WARNING, note
     if t.kind == "orphaned_memory_cleared":
         return (
@@ -201,9 +201,10 @@ def event_intents(
         reason, kind, note = describe(t)
         note = fit_note(note)
         device = t.mig_uuid or t.uuid or ""
+        occurrences = t.count if t.kind == "fatal_xid" else 1  # else count is processes
         if "pods" in targets:
             for pod in t.pods:
-                out.append(EventIntent(pod_ref(pod), node, reason, kind, note, device, t.count))
+                out.append(EventIntent(pod_ref(pod), node, reason, kind, note, device, occurrences))
         if "node" in targets:
-            out.append(EventIntent(node, None, reason, kind, note, device, t.count))
+            out.append(EventIntent(node, None, reason, kind, note, device, occurrences))
     return tuple(out)

@@ -103,6 +103,10 @@ class Recorder:
     def __len__(self) -> int:
         return len(self._series)
 
+    def pending(self) -> int:
+        """Occurrences recorded and not yet sent."""
+        return sum(s.pending for s in list(self._series.values()))
+
     # -- intents in ------------------------------------------------------------------
 
     def observe(self, intents: tuple[EventIntent, ...]) -> list[tuple[str, Result]]:

@@ -151,6 +151,13 @@ class KubeReporter:
         if intents or condition is not None or rules is not None:
             self._wake.set()
 
+    def settled(self) -> bool:
+        """Nothing handed over is waiting to be sent (a series count waiting for its
+        flush time counts as waiting). For tests and demos; racy by one turn."""
+        with self._lock:
+            waiting = bool(self._intents)
+        return not waiting and self._retry is None and self.recorder.pending() == 0
+
     def event_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._events)
