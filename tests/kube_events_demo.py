@@ -67,7 +67,7 @@ def get_events(events: Sequence[dict[str, Any]], now: float) -> str:
         series = e.get("series") or {}
         seen = _age(series.get("lastObservedTime") or e["eventTime"], now)
         obj = f"{e['regarding']['kind'].lower()}/{e['regarding']['name']}"
-        lines.append(f"{seen:<11} {e['type']:<9} {e["reason"]:<17} {obj:<22} {e['note']}")
+        lines.append(f"{seen:<11} {e['type']:<9} {e['reason']:<17} {obj:<22} {e['note']}")
     return "\n".join(lines)
 
 
