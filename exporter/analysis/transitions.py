@@ -76,8 +76,8 @@ class _PodIndex:
                 uids[(pod.namespace, pod.name)] = pod.uid
         self._uids = uids
         self._allocations = analysis.attribution.allocations
-        self._mig_by_gi = {
-            (gpu.uuid, mig.gpu_instance_id): mig.uuid
+        self._migs = {
+            (gpu.uuid, mig.gpu_instance_id, mig.compute_instance_id): mig.uuid
             for gpu in analysis.node.nvml.gpus
             for mig in gpu.mig_instances
         }
@@ -86,10 +86,19 @@ class _PodIndex:
         key = (container.namespace, container.pod)
         return PodRef(container.namespace, container.pod, self._uids.get(key))
 
-    def mig_uuid(self, uuid: str | None, gpu_instance_id: int | None) -> str | None:
+    def mig_uuid(
+        self, uuid: str | None, gpu_instance_id: int | None, compute_instance_id: int | None
+    ) -> str | None:
+        """The MIG device an XID names; None when no single one matches (a GPU instance
+        split into several compute instances, and the XID names none of them)."""
         if uuid is None or gpu_instance_id is None:
             return None
-        return self._mig_by_gi.get((uuid, gpu_instance_id))
+        found = {
+            mig
+            for (gpu, gi, ci), mig in self._migs.items()
+            if gpu == uuid and gi == gpu_instance_id and compute_instance_id in (None, ci)
+        }
+        return found.pop() if len(found) == 1 else None
 
     def holding(self, uuid: str | None, mig_uuid: str | None = None) -> tuple[PodRef, ...]:
         """Pods allocated the GPU ``uuid`` (any of its MIG instances), or only the MIG
@@ -125,7 +134,7 @@ def _fatal_xids(
         new = c.count - previous.xid_counts.get(key, 0)
         if c.severity != FATAL or new <= 0:
             continue
-        mig_uuid = pods.mig_uuid(c.uuid, c.gpu_instance_id)
+        mig_uuid = pods.mig_uuid(c.uuid, c.gpu_instance_id, c.compute_instance_id)
         out.append(
             HealthTransition(
                 "fatal_xid",
