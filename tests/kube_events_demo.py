@@ -8,6 +8,10 @@ lay them out. docs/kubernetes-events.md quotes this output; tests/test_kube_even
 checks that the quoted lines are still produced.
 
     .venv/bin/python tests/kube_events_demo.py [--scenario node-8gpu] [--until 175]
+    .venv/bin/python tests/kube_events_demo.py --dra-taints
+
+``--dra-taints`` plays the shipped ``dra`` scenario with one fault added (a fatal XID 79
+on GPU 0 at 10 s) and ``--dra-device-taints``, and prints the DeviceTaintRule written.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def _when(event: dict[str, Any], now: float) -> str:
     return age
 
 
-def describe_pod_events(events: Sequence[dict[str, Any]], now: float) -> str:
+def describe_events(events: Sequence[dict[str, Any]], now: float) -> str:
     lines = [
         "Events:",
         "  Type     Reason            Age    From                    Message",
@@ -76,7 +80,17 @@ def node_conditions(node: dict[str, Any]) -> str:
     return yaml.safe_dump({"status": {"conditions": ours}}, sort_keys=False, width=200)
 
 
-async def play(scenario: str, until_s: float, argv: Sequence[str]) -> dict[str, str]:
+def dra_with_a_fatal_xid() -> dict[str, Any]:
+    """The shipped dra scenario, and GPU 0 throwing XID 79 at 10 s."""
+    path = Path(__file__).resolve().parents[1] / "exporter" / "sim" / "scenarios" / "dra.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data.setdefault("timeline", []).append({"at": 10, "xid": {"gpu": 0, "code": 79}})
+    return dict(data)
+
+
+async def play(
+    scenario: str | dict[str, Any], until_s: float, argv: Sequence[str]
+) -> dict[str, str]:
     async with simulated_exporter(scenario, argv=argv) as h:
         while h.clock() < until_s:
             await h.advance(STEP_S)
@@ -110,16 +124,25 @@ def report(h: Harness) -> dict[str, str]:
         }
     )
     for namespace, name in regarded:
-        out[f"kubectl describe pod -n {namespace} {name}"] = describe_pod_events(
+        out[f"kubectl describe pod -n {namespace} {name}"] = describe_events(
             writes.events_regarding("Pod", namespace, name), now
         )
     for reason in ("GPUFatalXID", "GPUOrphanedMemory"):
-        out[f"kubectl get events -A --field-selector reason={reason}"] = get_events(
-            writes.events(field_selector=f"reason={reason}"), now
-        )
+        found = writes.events(field_selector=f"reason={reason}")
+        if found:
+            out[f"kubectl get events -A --field-selector reason={reason}"] = get_events(found, now)
+    node_events = writes.events_regarding("Node", "", node_name)
+    if node_events:
+        out[f"kubectl describe node {node_name}"] = describe_events(node_events, now)
     node = writes.node(node_name)
-    if node is not None:
+    if node is not None and any(c["type"] == "GPUUnhealthy" for c in node["status"]["conditions"]):
         out[f"kubectl get node {node_name} -o yaml"] = node_conditions(node)
+    rules = writes.device_taint_rules()
+    if rules:
+        shown = [{k: r[k] for k in ("apiVersion", "kind", "metadata", "spec")} for r in rules]
+        for rule in shown:
+            rule["metadata"] = {k: rule["metadata"][k] for k in ("name", "labels")}
+        out["kubectl get devicetaintrules -o yaml"] = yaml.safe_dump_all(shown, sort_keys=False)
     return out
 
 
@@ -127,8 +150,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="node-8gpu")
     parser.add_argument("--until", type=float, default=175.0, help="simulated seconds to play")
+    parser.add_argument(
+        "--dra-taints", action="store_true", help="the dra scenario with a fatal XID on GPU 0"
+    )
     args = parser.parse_args(argv)
-    results = asyncio.run(play(args.scenario, args.until, ["--node-condition"]))
+    if args.dra_taints:
+        run = play(dra_with_a_fatal_xid(), 20.0, ["--dra-device-taints"])
+    else:
+        run = play(args.scenario, args.until, ["--node-condition"])
+    results = asyncio.run(run)
     for command, text in results.items():
         print(f"$ {command}\n{text}\n")
     return 0

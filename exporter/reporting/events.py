@@ -57,6 +57,7 @@ class EventIntent:
     note: str
     device: str  # GPU or MIG UUID ("" when none is known)
     count: int = 1  # occurrences this intent stands for (an XID storm in one cycle)
+    at: float | None = None  # epoch seconds of the sample that saw it (eventTime)
 
     @property
     def key(self) -> tuple[ObjectRef, str, str]:
@@ -189,9 +190,10 @@ EVENT_REASONS = (
 
 
 def event_intents(
-    transitions: tuple[HealthTransition, ...], node_name: str
+    transitions: tuple[HealthTransition, ...], node_name: str, at: float | None = None
 ) -> tuple[EventIntent, ...]:
-    """The Events one cycle's transitions call for; pod events name the Node as related."""
+    """The Events one cycle's transitions call for; pod events name the Node as related.
+    ``at``: when the cycle sampled them (the Events' eventTime)."""
     node = node_ref(node_name)
     out: list[EventIntent] = []
     for t in transitions:
@@ -204,7 +206,9 @@ def event_intents(
         occurrences = t.count if t.kind == "fatal_xid" else 1  # else count is processes
         if "pods" in targets:
             for pod in t.pods:
-                out.append(EventIntent(pod_ref(pod), node, reason, kind, note, device, occurrences))
+                out.append(
+                    EventIntent(pod_ref(pod), node, reason, kind, note, device, occurrences, at)
+                )
         if "node" in targets:
-            out.append(EventIntent(node, None, reason, kind, note, device, occurrences))
+            out.append(EventIntent(node, None, reason, kind, note, device, occurrences, at))
     return tuple(out)

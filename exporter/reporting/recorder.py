@@ -31,6 +31,10 @@ SERIES_FLUSH_S = 30.0
 NODE_BURST = 25
 NODE_WRITES_PER_MINUTE = 12
 MAX_SERIES = 4096
+# pkg/apis/core/validation/events.go: ReportingInstanceLengthLimit; metadata.name is a
+# DNS subdomain (253).
+REPORTING_INSTANCE_BYTES = 128
+NAME_LIMIT = 253
 # The namespace of Events about the Node (cluster-scoped), as client-go's recorder uses.
 NODE_EVENT_NAMESPACE = "default"
 
@@ -87,7 +91,8 @@ class Recorder:
         writes_per_minute: float = NODE_WRITES_PER_MINUTE,
         max_series: int = MAX_SERIES,
     ) -> None:
-        self.instance = reporting_instance
+        # the API allows 128 bytes (ReportingInstanceLengthLimit, events.go); a node name 253
+        self.instance = reporting_instance[:REPORTING_INSTANCE_BYTES]
         self._clock = clock
         self._wall = wall
         self._new_every = new_event_every_s
@@ -112,17 +117,21 @@ class Recorder:
     def observe(self, intents: tuple[EventIntent, ...]) -> list[tuple[str, Result]]:
         """Record occurrences; returns (reason, result) for intents settled at once
         (dropped because the key table is full of unsent Events)."""
-        now, wall = self._clock(), self._wall()
+        now, clock_wall = self._clock(), self._wall()
         settled: list[tuple[str, Result]] = []
+        full = False  # nothing is evictable (observing settles nothing): no more scans
         for intent in intents:
+            wall = clock_wall if intent.at is None else intent.at
             series = self._series.get(intent.key)
             if series is not None and now - series.created_at < self._new_every:
                 series.pending += intent.count
                 series.last_wall = wall
                 continue
-            if series is None and len(self._series) >= self._max and not self._evict():
-                settled.append((intent.reason, "dropped"))
-                continue
+            if series is None and len(self._series) >= self._max:
+                if full or not self._evict():
+                    full = True
+                    settled.append((intent.reason, "dropped"))
+                    continue
             self._series.pop(intent.key, None)  # an old window: a new Event, a new name
             self._series[intent.key] = _Series(
                 intent, wall, now, pending=intent.count, last_wall=wall
@@ -174,7 +183,9 @@ class Recorder:
         # client-go's name: regarding's name and the time in ns, hex. Several Events in
         # one cycle share a time, so each takes the next nanosecond: names stay unique.
         self._last_ns = max(int(series.first_wall * 1e9), self._last_ns + 1)
-        name = f"{intent.regarding.name}.{self._last_ns:x}"
+        suffix = f".{self._last_ns:x}"
+        # a pod's name may take all 253 characters a name has; the cut ends alphanumeric
+        name = intent.regarding.name[: NAME_LIMIT - len(suffix)].rstrip(".-") + suffix
         body: dict[str, Any] = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",

@@ -136,7 +136,8 @@ class KubeReporter:
     def offer(self, analysis: Analysis) -> None:
         """Hand this cycle's news over; never blocks on the network."""
         opts = self.options
-        intents = event_intents(analysis.transitions, opts.node_name) if opts.events else ()
+        at = analysis.node.timestamp
+        intents = event_intents(analysis.transitions, opts.node_name, at) if opts.events else ()
         condition = desired_condition(analysis) if opts.node_condition else None
         rules = desired_rules(analysis, opts.dra_drivers) if opts.device_taints else None
         with self._lock:
