@@ -127,11 +127,10 @@ class Recorder:
                 series.pending += intent.count
                 series.last_wall = wall
                 continue
-            if series is None and len(self._series) >= self._max:
-                if full or not self._evict():
-                    full = True
-                    settled.append((intent.reason, "dropped"))
-                    continue
+            if series is None and len(self._series) >= self._max and (full or not self._evict()):
+                full = True
+                settled.append((intent.reason, "dropped"))
+                continue
             self._series.pop(intent.key, None)  # an old window: a new Event, a new name
             self._series[intent.key] = _Series(
                 intent, wall, now, pending=intent.count, last_wall=wall

@@ -1,0 +1,414 @@
+"""Event aggregation and rate limits (exporter/reporting/recorder.py), on a hand-moved
+clock: a storm is one Event and a few PATCHes, the node's budget holds, memory stays
+bounded, and every body passes the API server's validation (the stand-in's rules,
+exporter/sim/kube_rules.py, are kube-apiserver 1.35's)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from exporter.model import HealthTransition, PodRef
+from exporter.reporting.events import (
+    NOTE_BYTES,
+    EventIntent,
+    ObjectRef,
+    event_intents,
+    fit_note,
+    node_ref,
+)
+from exporter.reporting.recorder import (
+    MAX_SERIES,
+    NEW_EVENT_EVERY_S,
+    NODE_BURST,
+    NODE_WRITES_PER_MINUTE,
+    SERIES_FLUSH_S,
+    Recorder,
+    Result,
+    Write,
+)
+from exporter.sim.kube_rules import event_create_errors, micro_time_error
+from tests.clock import Clock
+
+NODE = "node-a"
+WALL0 = 1_790_000_000.25
+MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
+
+
+class Walls:
+    """Wall time that moves with the monotonic clock (epoch = WALL0 + clock)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def __call__(self) -> float:
+        return WALL0 + self.clock.now
+
+
+def recorder(clock: Clock, **kwargs: Any) -> Recorder:
+    return Recorder(NODE, clock=clock, wall=Walls(clock), **kwargs)
+
+
+def intent(
+    pod: str = "train", reason: str = "GPUFatalXID", device: str = "GPU-a", count: int = 1
+) -> EventIntent:
+    regarding = ObjectRef("Pod", pod, "ml", f"uid-{pod}")
+    return EventIntent(regarding, node_ref(NODE), reason, "Warning", "note", device, count)
+
+
+def drain(r: Recorder) -> tuple[list[Write], list[tuple[str, Result]]]:
+    """Every write due now, each answered by the API at once."""
+    writes: list[Write] = []
+    settled: list[tuple[str, Result]] = []
+    while True:
+        write, done = r.next_write()
+        settled += done
+        if write is None:
+            return writes, settled
+        r.sent(write)
+        writes.append(write)
+
+
+# -- aggregation ---------------------------------------------------------------------------
+
+
+def test_250_occurrences_of_one_key_are_one_create_with_series_count_250() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent() for _ in range(250)))
+    writes, settled = drain(r)
+    (create,) = writes
+    assert create.verb == "create" and settled == []
+    assert create.body["series"]["count"] == 250
+    assert create.count == 250
+
+
+def test_an_xid_storm_intent_with_a_count_is_one_create() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(count=250),))
+    (create,), _ = drain(r)
+    assert create.body["series"]["count"] == 250
+
+
+def test_a_single_occurrence_is_created_without_a_series() -> None:
+    r = recorder(Clock())
+    r.observe((intent(),))
+    (create,), _ = drain(r)
+    assert "series" not in create.body  # the API refuses a series counting under 2
+
+
+def test_later_repeats_become_patches_at_most_every_series_flush_s() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(),))
+    writes, _ = drain(r)
+    for second in range(1, 301):  # one occurrence a second for 5 minutes
+        clock.now = float(second)
+        r.observe((intent(),))
+        writes += drain(r)[0]
+    create, *patches = writes
+    assert create.verb == "create"
+    assert {w.verb for w in patches} == {"patch"}
+    assert {w.name for w in patches} == {create.name}
+    sent_at = [w.body["series"]["lastObservedTime"] for w in patches]
+    assert len(sent_at) == 300 // SERIES_FLUSH_S
+    counts = [w.count for w in patches]
+    assert counts == sorted(counts) and counts[-1] == 301
+    clock.now = 400.0
+    assert drain(r) == ([], [])  # nothing new, nothing sent
+
+
+def test_patch_series_counts_all_occurrences_and_their_last_time() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(),))
+    drain(r)
+    clock.now = 5.0
+    r.observe((intent(count=7),))
+    clock.now = 31.0
+    (patch,), _ = drain(r)
+    assert patch.body == {"series": {"count": 8, "lastObservedTime": "2026-09-21T14:13:25.250000Z"}}
+    assert patch.namespace == "ml"
+
+
+def test_a_quiet_key_after_new_event_every_s_is_a_new_event_with_a_new_name() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(),))
+    (first,), _ = drain(r)
+    clock.now = NEW_EVENT_EVERY_S - 1
+    r.observe((intent(),))
+    (within,), _ = drain(r)
+    assert within.verb == "patch"
+    clock.now = NEW_EVENT_EVERY_S + 1
+    r.observe((intent(),))
+    (second,), _ = drain(r)
+    assert second.verb == "create"
+    assert second.name != first.name
+    assert "series" not in second.body  # the new Event counts from one
+
+
+def test_keys_differ_by_object_reason_and_gpu() -> None:
+    r = recorder(Clock())
+    r.observe(
+        (
+            intent(),
+            intent(pod="other"),
+            intent(reason="GPULost"),
+            intent(device="GPU-b"),
+            intent(),
+        )
+    )
+    writes, _ = drain(r)
+    assert [w.verb for w in writes] == ["create"] * 4
+
+
+def test_names_are_unique_for_events_created_in_the_same_instant() -> None:
+    r = recorder(Clock())
+    node = node_ref(NODE)
+    gpus = [f"GPU-{i}" for i in range(8)]  # eight GPUs lost in one cycle
+    r.observe(tuple(EventIntent(node, None, "GPULost", "Warning", "n", g) for g in gpus))
+    writes, _ = drain(r)
+    names = [w.name for w in writes]
+    assert len(names) == 8 == len(set(names))
+    assert all(n.startswith(f"{NODE}.") for n in names)
+    assert {w.body["eventTime"] for w in writes} == {"2026-09-21T14:13:20.250000Z"}
+
+
+# -- the node's budget -------------------------------------------------------------------
+
+
+def test_node_burst_creates_b_events_and_rate_limits_the_rest() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST + 10)))
+    writes, settled = drain(r)
+    assert len(writes) == NODE_BURST
+    assert settled == [("GPUFatalXID", "rate_limited")] * 10
+    assert len(r) == NODE_BURST  # the refused ones are forgotten, not queued
+
+
+def test_the_node_budget_refills_at_the_stated_rate() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST)))
+    drain(r)
+    every = 60.0 / NODE_WRITES_PER_MINUTE
+    clock.now = every * 0.9
+    r.observe((intent(pod="early"),))
+    assert drain(r) == ([], [("GPUFatalXID", "rate_limited")])
+    clock.now = every * 1.9  # 1.9 tokens since the empty bucket, one spent on nothing
+    r.observe((intent(pod="on-time"), intent(pod="too-many")))
+    writes, settled = drain(r)
+    assert [w.body["regarding"]["name"] for w in writes] == ["on-time"]
+    assert settled == [("GPUFatalXID", "rate_limited")]
+    clock.now = 1_000.0  # a long quiet: the bucket holds at most the burst
+    r.observe(tuple(intent(pod=f"q{i}") for i in range(NODE_BURST + 1)))
+    writes, settled = drain(r)
+    assert len(writes) == NODE_BURST and len(settled) == 1
+
+
+def test_a_patch_waiting_for_a_token_keeps_its_count() -> None:
+    clock = Clock()
+    r = recorder(clock, burst=2, writes_per_minute=1)
+    r.observe((intent(),))
+    drain(r)
+    r.observe((intent(pod="spends-the-last-token"),))
+    drain(r)
+    clock.now = SERIES_FLUSH_S  # due, but half a token only
+    r.observe((intent(count=4),))
+    assert drain(r) == ([], [])  # waiting, not refused
+    clock.now = 50.0
+    r.observe((intent(count=5),))
+    assert drain(r) == ([], [])
+    clock.now = 61.0
+    (patch,), settled = drain(r)
+    assert patch.verb == "patch" and patch.count == 10 and settled == []
+
+
+def test_memory_stays_bounded_under_100k_distinct_keys() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    dropped = rate_limited = 0
+    for batch in range(100):  # 100 cycles of 1,000 new keys each
+        clock.now = float(batch)
+        settled = r.observe(tuple(intent(pod=f"p{batch}-{i}") for i in range(1_000)))
+        assert len(r) <= MAX_SERIES
+        _, more = drain(r)
+        settled += more
+        dropped += sum(1 for _, result in settled if result == "dropped")
+        rate_limited += sum(1 for _, result in settled if result == "rate_limited")
+        assert len(r) <= MAX_SERIES
+    assert dropped + rate_limited >= 100_000 - NODE_BURST - 100 * NODE_WRITES_PER_MINUTE / 60
+
+
+def test_a_full_table_drops_a_burst_of_new_keys_without_scanning_it_for_each() -> None:
+    r = recorder(Clock())
+    burst = tuple(intent(pod=f"p{i}") for i in range(100_000))
+    started = time.perf_counter()
+    settled = r.observe(burst)
+    elapsed = time.perf_counter() - started  # 7 s when each refusal scanned the table
+    assert len(r) == MAX_SERIES
+    assert len(settled) == 100_000 - MAX_SERIES
+    assert {result for _, result in settled} == {"dropped"}
+    assert elapsed < 3.0, f"{elapsed:.1f} s to drop 100k intents"
+
+
+def test_a_settled_key_is_forgotten_to_make_room_for_a_new_one() -> None:
+    clock = Clock()
+    r = recorder(clock, max_series=3)
+    r.observe((intent(pod="a"), intent(pod="b"), intent(pod="c")))
+    drain(r)
+    assert r.observe((intent(pod="d"),)) == []
+    assert len(r) == 3
+    (create,), _ = drain(r)
+    assert create.body["regarding"]["name"] == "d"
+
+
+# -- what became of a write ------------------------------------------------------------
+
+
+def test_lost_after_a_404_recreates_the_event_with_the_whole_count() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(),))
+    (create,), _ = drain(r)
+    clock.now = SERIES_FLUSH_S
+    r.observe((intent(count=4),))
+    patch, _ = r.next_write()
+    assert patch is not None and patch.verb == "patch"
+    r.lost(patch)  # the API answered 404: expired or deleted
+    clock.now = SERIES_FLUSH_S + 1
+    again, _ = r.next_write()
+    assert again is not None and again.verb == "create"
+    assert again.body["series"]["count"] == 5
+    assert again.name != create.name
+
+
+def test_drop_unsent_drops_new_events_and_keeps_series() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(pod="known"),))
+    drain(r)
+    r.observe((intent(pod="known", count=3), intent(pod="new", reason="GPULost")))
+    assert r.drop_unsent() == [("GPULost", "dropped")]
+    clock.now = SERIES_FLUSH_S
+    (patch,), _ = drain(r)
+    assert patch.verb == "patch" and patch.count == 4
+
+
+def test_abandon_forgets_a_new_event_and_keeps_a_series_count() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe((intent(pod="new"),))
+    create, _ = r.next_write()
+    assert create is not None
+    r.abandon(create)
+    assert len(r) == 0
+    r.observe((intent(),))
+    drain(r)
+    clock.now = SERIES_FLUSH_S
+    r.observe((intent(count=2),))
+    patch, _ = r.next_write()
+    assert patch is not None
+    r.abandon(patch)
+    clock.now = 2 * SERIES_FLUSH_S
+    (again,), _ = drain(r)
+    assert again.count == 3
+
+
+# -- the body the API validates ------------------------------------------------------
+
+
+def first_create(transitions: tuple[HealthTransition, ...], node: str = NODE) -> list[Write]:
+    r = Recorder(node, clock=Clock(), wall=lambda: WALL0)
+    r.observe(event_intents(transitions, node))
+    writes, _ = drain(r)
+    return writes
+
+
+def assert_valid(body: dict[str, Any]) -> None:
+    assert event_create_errors(body) == [], body
+    assert micro_time_error(body) is None
+
+
+LOST = HealthTransition(
+    "gpu_lost", 3, "GPU-d", pods=(PodRef("ml", "train", "uid-1"),), detail="GpuIsLost"
+)
+
+
+def test_a_pod_event_has_every_field_the_api_validates() -> None:
+    pod_event, _node_event = first_create((LOST,))
+    body = pod_event.body
+    assert_valid(body)
+    assert MICRO_TIME.fullmatch(body["eventTime"])
+    assert body["reportingController"] == "gpu-occupancy-exporter"
+    assert body["reportingInstance"] == NODE
+    assert body["action"] and body["reason"] == "GPULost" and body["type"] == "Warning"
+    assert body["metadata"]["namespace"] == "ml"
+    assert body["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "train",
+        "namespace": "ml",
+        "uid": "uid-1",
+    }
+    assert body["related"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
+
+
+def test_a_node_event_lives_in_default_and_names_the_node_by_uid() -> None:
+    _pod_event, node_event = first_create((LOST,))
+    body = node_event.body
+    assert_valid(body)
+    assert body["metadata"]["namespace"] == "default" == node_event.namespace
+    assert body["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
+    assert "related" not in body
+
+
+def test_a_series_at_create_time_is_valid() -> None:
+    storm = HealthTransition(
+        "fatal_xid", 0, "GPU-a", xid=79, xid_class="fatal", count=250, pods=LOST.pods
+    )
+    (create,) = first_create((storm,))
+    assert_valid(create.body)
+    assert MICRO_TIME.fullmatch(create.body["series"]["lastObservedTime"])
+
+
+def test_notes_fit_1024_bytes_with_multi_byte_names() -> None:
+    pods = (PodRef("ml", "训练" * 40, "uid-1"),)
+    wide = HealthTransition("gpu_lost", 0, "GPU-a", pods=pods, detail="错误" * 300)
+    leak = HealthTransition(
+        "isolation_leak",
+        0,
+        "GPU-a",
+        pods=pods,
+        container=None,
+        memory_bytes=1,
+        detail="🙂" * 300,
+    )
+    for write in first_create((wide, leak)):
+        assert len(write.body["note"].encode()) <= NOTE_BYTES
+    for text in ("é" * 2000, "🙂" * 2000, "训" * 1023 + "a", "a" * 5000):
+        note = fit_note(text)
+        assert len(note.encode()) <= NOTE_BYTES
+        assert len(note) > 200  # cut to fit, not emptied
+
+
+def test_reason_action_and_instance_fit_128_bytes_even_for_a_long_node_name() -> None:
+    node = "n" * 63 + "." + "x" * 63 + "." + "y" * 63 + "." + "z" * 61  # 253: the longest name
+    for write in first_create((LOST,), node=node):
+        body = write.body
+        assert_valid(body)
+        for key in ("reason", "action", "reportingInstance"):
+            assert 0 < len(body[key].encode()) <= 128
+
+
+def test_an_event_about_a_pod_with_the_longest_name_has_a_valid_name() -> None:
+    name = "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61
+    (write, _) = first_create(
+        (HealthTransition("gpu_lost", 0, "GPU-a", pods=(PodRef("ml", name, "uid-1"),)),)
+    )
+    assert_valid(write.body)
+    assert write.body["regarding"]["name"] == name
