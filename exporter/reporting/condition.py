@@ -42,16 +42,19 @@ def desired_condition(analysis: Analysis) -> NodeCondition | None:
         count = len(analysis.health)
         return NodeCondition("False", "GPUsHealthy", f"all {count} GPUs are healthy")
     lost = any(r.reason == "gpu_lost" for h in bad for r in h.reasons)
-    parts = [
-        f"GPU {h.gpu} ({h.uuid}): "
-        + ", ".join(r.reason for r in h.reasons if r.severity == "unhealthy")
-        for h in bad[:GPUS_NAMED]
-    ]
-    if len(bad) > GPUS_NAMED:
-        parts.append(f"and {len(bad) - GPUS_NAMED} more")
-    message = one_line(
-        f"{len(bad)} of {len(analysis.health)} GPUs unhealthy: " + "; ".join(parts), MESSAGE_CHARS
-    )
+    head = f"{len(bad)} of {len(analysis.health)} GPUs unhealthy: "
+    # GPUs are named while they fit whole, so the count of the rest is never cut off
+    room = MESSAGE_CHARS - len(head) - len("; and 99999 more")
+    parts: list[str] = []
+    for h in bad[:GPUS_NAMED]:
+        reasons = ", ".join(r.reason for r in h.reasons if r.severity == "unhealthy")
+        part = f"GPU {h.gpu} ({h.uuid}): {reasons}"
+        if sum(len(p) + 2 for p in parts) + len(part) > room:
+            break
+        parts.append(part)
+    if len(bad) > len(parts):
+        parts.append(f"and {len(bad) - len(parts)} more")
+    message = one_line(head + "; ".join(parts), MESSAGE_CHARS)
     return NodeCondition("True", "GPULost" if lost else "GPUUnhealthy", message)
 
 

@@ -14,6 +14,7 @@ watch cannot tell, there is no desired set: the rules that exist are left alone.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ def rule_body(rule: TaintRule, version: str, node: str, effect: str) -> dict[str
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule.name,
-            "labels": {MANAGED_BY: CONTROLLER, NODE_LABEL: node[:63]},
+            "labels": {MANAGED_BY: CONTROLLER, NODE_LABEL: node_label(node)},
         },
         "spec": {
             "deviceSelector": {"driver": rule.driver, "pool": rule.pool, "device": rule.device},
@@ -76,4 +77,15 @@ def rule_body(rule: TaintRule, version: str, node: str, effect: str) -> dict[str
 
 
 def label_selector(node: str) -> str:
-    return f"{MANAGED_BY}={CONTROLLER},{NODE_LABEL}={node[:63]}"
+    return f"{MANAGED_BY}={CONTROLLER},{NODE_LABEL}={node_label(node)}"
+
+
+def node_label(node: str) -> str:
+    """The node's name as a label value (at most 63 characters, alphanumeric at both
+    ends). A longer name (a node's may have 253) keeps a prefix and a hash of the whole:
+    cut alone, two nodes could share the label, and each would list and delete the
+    other's rules."""
+    if len(node) <= 63:
+        return node
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    return f"{node[:52].rstrip('-._')}-{digest}"
