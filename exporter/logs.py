@@ -51,8 +51,8 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()  # handlers call filters outside their own lock
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
+        if record.levelno < logging.WARNING or getattr(record, "once_per_change", False):
+            return True  # a health transition is a change, logged once already
         kind = _kind(record)
         with self._lock:
             return self._let_through(record, kind, self._clock())

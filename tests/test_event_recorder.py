@@ -412,3 +412,17 @@ def test_an_event_about_a_pod_with_the_longest_name_has_a_valid_name() -> None:
     )
     assert_valid(write.body)
     assert write.body["regarding"]["name"] == name
+
+
+def test_a_series_update_still_waiting_for_a_token_when_its_window_ends_is_counted() -> None:
+    clock = Clock()
+    r = recorder(clock, burst=1, writes_per_minute=0.001)
+    r.observe((intent(),))
+    writes, _ = drain(r)
+    assert [w.verb for w in writes] == ["create"]
+    clock.now += SERIES_FLUSH_S
+    r.observe((intent(),))  # a repeat: its PATCH waits for a token that does not come
+    assert drain(r) == ([], [])
+    clock.now += NEW_EVENT_EVERY_S
+    settled = r.observe((intent(),))  # a new window: the old update is given up, counted
+    assert settled == [("GPUFatalXID", "rate_limited")]

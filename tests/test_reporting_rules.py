@@ -453,3 +453,32 @@ def test_a_gpu_shared_by_many_pods_names_ten_and_counts_the_rest(
     assert f"and {48 - PODS_NAMED} more" in message and "replica-47" not in message
     assert "\n" not in message
     assert len(record.fields["pods"]) == PODS_NAMED  # type: ignore[attr-defined]
+
+
+def test_a_flapping_gpu_is_logged_at_every_change_past_the_repeat_filter() -> None:
+    """The log's RepeatFilter holds back a repeated warning for 60 s; a transition is a
+    change, so lost, back and lost again within a minute are three lines."""
+    from exporter.logs import RepeatFilter
+
+    lost = HealthTransition("gpu_lost", 0, "GPU-a", pods=PODS, detail="GpuIsLost")
+    back = HealthTransition("gpu_back", 0, "GPU-a")
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    handler.addFilter(RepeatFilter(clock=lambda: 0.0))  # no time passes at all
+    logger = logging.getLogger("exporter.health")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        log_transitions([lost])
+        log_transitions([back])
+        log_transitions([lost])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [r.getMessage().split(":")[0] for r in seen] == ["GPULost", "GPUBack", "GPULost"]

@@ -33,7 +33,9 @@ def log_transitions(transitions: Iterable[HealthTransition]) -> None:
             reason,
             one_line(note, NOTE_CHARS),
             f" Pods: {named}." if named else "",
-            extra={"fields": fields(t, reason)},
+            # never held back by the log's repeat filter: a GPU lost, back and lost
+            # again within a minute is three lines, each a change
+            extra={"fields": fields(t, reason), "once_per_change": True},
         )
 
 

@@ -131,7 +131,10 @@ class Recorder:
                 full = True
                 settled.append((intent.reason, "dropped"))
                 continue
-            self._series.pop(intent.key, None)  # an old window: a new Event, a new name
+            old = self._series.pop(intent.key, None)  # an old window: a new Event, a new name
+            if old is not None and old.name is not None and old.pending:
+                # its last series update never found a token: counted, not lost silently
+                settled.append((intent.reason, "rate_limited"))
             self._series[intent.key] = _Series(
                 intent, wall, now, pending=intent.count, last_wall=wall
             )
