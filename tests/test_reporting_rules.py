@@ -482,3 +482,25 @@ def test_a_flapping_gpu_is_logged_at_every_change_past_the_repeat_filter() -> No
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert [r.getMessage().split(":")[0] for r in seen] == ["GPULost", "GPUBack", "GPULost"]
+
+
+def test_the_mig_devices_a_driver_publishes_on_an_unhealthy_gpu_are_tainted_too() -> None:
+    from dataclasses import replace
+
+    from exporter.model import MigInstance
+
+    mig = MigInstance(0, "MIG-a0", 1, 0, "3g.40gb", None, None)
+    slices = ResourceSliceSnapshot(
+        ok=True,
+        timestamp=0.0,
+        devices=(device("gpu-0", "GPU-a"), device("gpu-0-mig-9-1-0", "MIG-a0")),
+    )
+    a = analysis([(0, "GPU-a", (ECC,))], slices=slices)
+    gpus = (GpuSample(index=0, uuid="GPU-a", mig_instances=(mig,)),)
+    a = replace(a, node=replace(a.node, nvml=replace(a.node.nvml, gpus=gpus)))
+    rules = desired_rules(a, (DRIVER,))
+    assert rules is not None
+    assert sorted((r.device, r.uuid, r.reason) for r in rules) == [
+        ("gpu-0", "GPU-a", "uncorrectable_ecc"),
+        ("gpu-0-mig-9-1-0", "MIG-a0", "uncorrectable_ecc"),
+    ]

@@ -8,7 +8,8 @@ shows the taint: nothing is evicted or kept off, which is the default here.
 ``NoSchedule`` keeps new claims off the device and needs ``--dra-device-taint-effect``.
 
 A GPU gets a rule while its verdict is unhealthy and a ResourceSlice of this node
-publishes it (matched by the driver's ``uuid`` attribute). When NVML or the slice
+publishes it (matched by the driver's ``uuid`` attribute); so does each MIG device the
+driver publishes on it. When NVML or the slice
 watch cannot tell, there is no desired set: the rules that exist are left alone.
 """
 
@@ -48,15 +49,21 @@ def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[Tai
         for h in analysis.health
         if not h.healthy
     }
+    # a MIG device the driver publishes (its uuid is the MIG UUID) is as unhealthy as
+    # the GPU it is carved from
+    parent = {m.uuid: g.uuid for g in analysis.node.nvml.gpus for m in g.mig_instances}
     rules = set()
     for device in slices.devices:
         if device.driver not in drivers:
             continue
         uuid = device.attribute("uuid")
-        if isinstance(uuid, str) and uuid in unhealthy:
+        if not isinstance(uuid, str):
+            continue
+        gpu = parent.get(uuid, uuid)
+        if gpu in unhealthy:
             name = f"{CONTROLLER}-{uuid.lower()}"[:253]
             rules.add(
-                TaintRule(name, device.driver, device.pool, device.name, uuid, unhealthy[uuid])
+                TaintRule(name, device.driver, device.pool, device.name, uuid, unhealthy[gpu])
             )
     return frozenset(rules)
 
