@@ -246,12 +246,16 @@ class Recorder:
         if series is not None and series.name is None:
             del self._series[write.key]
 
-    def drop_unsent(self) -> list[tuple[str, Result]]:
+    def drop_unsent(
+        self, keep: tuple[ObjectRef, str, str] | None = None
+    ) -> list[tuple[str, Result]]:
         """The API server is unreachable: new Events waiting are dropped (counted), not
-        queued; series keep their counts (one integer each) for when it is back."""
+        queued; series keep their counts (one integer each) for when it is back. ``keep``
+        is the Event whose write is being retried: it is settled by that retry (created
+        or failed), not dropped as well."""
         settled: list[tuple[str, Result]] = []
         for key, series in list(self._series.items()):
-            if series.name is None and series.pending:
+            if series.name is None and series.pending and key != keep:
                 settled.append((series.intent.reason, "dropped"))
                 del self._series[key]
         return settled

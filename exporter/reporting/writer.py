@@ -36,7 +36,7 @@ from exporter.reporting.condition import (
     desired_condition,
 )
 from exporter.reporting.device_taints import TaintRule, desired_rules, label_selector, rule_body
-from exporter.reporting.events import EventIntent, event_intents
+from exporter.reporting.events import EventIntent, ObjectRef, event_intents
 from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class KubeReporter:
             self._count_event(reason, "dropped", n)
         self._settle(self.recorder.observe(tuple(intents)))
         if self._clock() < self._backoff_until:
-            self._settle(self.recorder.drop_unsent())
+            self._settle(self.recorder.drop_unsent(keep=self._retrying()))
             return
         if self._client is None:
             self._client = self._client_factory()
@@ -231,6 +231,10 @@ class KubeReporter:
     def _count_write(self, kind: str, result: str) -> None:
         with self._lock:
             self._writes[(kind, result)] = self._writes.get((kind, result), 0) + 1
+
+    def _retrying(self) -> tuple[ObjectRef, str, str] | None:
+        """The key of the Event whose write waits for its next try, if any."""
+        return self._retry.key if self._retry is not None else None
 
     def _back_off(self) -> None:
         self._backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._backoff_s))
@@ -288,7 +292,7 @@ class KubeReporter:
                 MAX_TRIES,
             )
             self._back_off()
-            self._settle(self.recorder.drop_unsent())
+            self._settle(self.recorder.drop_unsent(keep=self._retrying()))
             return False
         self._retry = None
         self.recorder.abandon(write)

@@ -108,6 +108,21 @@ CASES: tuple[Case, ...] = (
         "each source outage vs. the orphan and leak alerts",
     ),
     Case("data-capacity-kubelet-down", "Data", "kubelet down: nothing counted allocatable"),
+    # -- what the exporter writes to Kubernetes (Events, node condition, DeviceTaintRules)
+    Case("kube-writes-api-down", "Kubernetes writes", "the API server down while Events are due"),
+    Case("kube-writes-403", "Kubernetes writes", "403 Forbidden on every write (RBAC missing)"),
+    Case("kube-writes-slow", "Kubernetes writes", "writes answered 1 s late"),
+    Case("kube-writes-hang", "Kubernetes writes", "a write the API server never answers"),
+    Case(
+        "kube-writes-condition-nvml-down",
+        "Kubernetes writes",
+        "NVML down under a GPUUnhealthy node condition left True",
+    ),
+    Case(
+        "kube-writes-no-device-taint-api",
+        "Kubernetes writes",
+        "--dra-device-taints on a cluster without the DeviceTaintRule API",
+    ),
 )
 
 BY_ID = {case.id: case for case in CASES}
