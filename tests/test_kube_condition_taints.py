@@ -1,0 +1,235 @@
+"""The ``GPUUnhealthy`` node condition and DRA DeviceTaintRules, through the real client.
+
+Both are opt-in (``--node-condition``, ``--dra-device-taints``); the real exporter runs
+on a simulated node (tests/harness.py) and writes to the API stand-in
+(exporter/sim/kube_writes.py), which merges node status patches by condition type and
+keeps DeviceTaintRules as kube-apiserver 1.35 serves them (resource.k8s.io/v1alpha3).
+What is read back is what ``kubectl get node -o yaml`` and ``kubectl get
+devicetaintrules`` would show. The faults (NVML down under the condition, a cluster
+without the DeviceTaintRule API) are in tests/faults/test_kube_write_faults.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from exporter.reporting.condition import HEARTBEAT_S
+from exporter.reporting.device_taints import TAINT_KEY
+from tests.harness import Harness, simulated_exporter
+from tests.test_kube_events import api, exclusive, quiet, step, until, until_equal
+
+CONDITION = "GPUUnhealthy"
+
+
+def condition(h: Harness) -> dict[str, Any] | None:
+    """Our condition on the Node, as ``kubectl get node -o yaml`` shows it."""
+    node = api(h).node(h.env.node.scenario.node_name)
+    assert node is not None
+    found = [c for c in node["status"]["conditions"] if c["type"] == CONDITION]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def status_of(h: Harness) -> tuple[str, str] | None:
+    c = condition(h)
+    return None if c is None else (c["status"], c["reason"])
+
+
+def status_patches(h: Harness) -> int:
+    path = f"/api/v1/nodes/{h.env.node.scenario.node_name}/status"
+    return sum(1 for w in api(h).write_log if w.method == "PATCH" and w.path == path)
+
+
+def recovering_gpu(node: str, unhealthy_at: float, healthy_at: float) -> dict[str, object]:
+    """Two GPUs; GPU 0's driver asks for a reset at ``unhealthy_at`` (recovery action),
+    done at ``healthy_at``."""
+    return {
+        "node_name": node,
+        "gpus": [{}, {}],
+        "pods": [exclusive("a", 0), exclusive("b", 1)],
+        "timeline": [
+            {"at": unhealthy_at, "set": {"gpu": 0, "recovery_action": 1}},
+            {"at": healthy_at, "set": {"gpu": 0, "recovery_action": 0}},
+        ],
+    }
+
+
+def dra_with_a_reset(unhealthy_at: float = 15, healthy_at: float = 35) -> dict[str, object]:
+    """The shipped ``dra`` scenario, GPU 0 (DRA device gpu-2) asking for a reset a while."""
+    text = resources.files("exporter.sim").joinpath("scenarios/dra.yaml").read_text()
+    data: dict[str, object] = yaml.safe_load(text)
+    data["timeline"] = [
+        {"at": unhealthy_at, "set": {"gpu": 0, "recovery_action": 1}},
+        {"at": healthy_at, "set": {"gpu": 0, "recovery_action": 0}},
+    ]
+    return data
+
+
+# -- the node condition -------------------------------------------------------------
+
+
+async def test_node_8gpu_condition_turns_true_naming_the_gpus_and_keeps_its_transition() -> None:
+    async with simulated_exporter("node-8gpu", argv=["--node-condition"]) as h:
+        await until_equal(lambda: status_of(h), ("False", "GPUsHealthy"), "False at start")
+        first = condition(h)
+        assert first is not None and first["message"] == "all 8 GPUs are healthy"
+        while h.clock() < 140:  # GPU 0's driver asks for a reset at 140 s
+            latest = await step(h)
+        uuid = {g.gpu: g.uuid for g in latest.health}
+        await until_equal(lambda: status_of(h), ("True", "GPUUnhealthy"), "True at 140 s")
+        at_140 = condition(h)
+        assert at_140 is not None
+        assert f"GPU 0 ({uuid[0]}): recovery_action" in at_140["message"]
+        while h.clock() < 160:  # GPU 7: XID 79 at 150 s, lost at 151 s
+            await step(h)
+        await until_equal(lambda: status_of(h), ("True", "GPULost"), "GPULost at 160 s")
+        lost = condition(h)
+        assert lost is not None
+        assert lost["message"].startswith("2 of 8 GPUs unhealthy: ")
+        assert f"GPU 0 ({uuid[0]})" in lost["message"]
+        assert f"GPU 7 ({uuid[7]}): gpu_lost" in lost["message"]
+        # True since 140 s: the transition time stays, the heartbeat moves
+        assert lost["lastTransitionTime"] == at_140["lastTransitionTime"]
+        assert lost["lastTransitionTime"] > first["lastTransitionTime"]
+        # the kubelet's conditions are untouched (a strategic merge by type)
+        node = api(h).node(h.env.node.scenario.node_name)
+        assert node is not None
+        kinds = [c["type"] for c in node["status"]["conditions"]]
+        assert kinds == ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready", CONDITION]
+
+
+async def test_a_healthy_node_gets_the_condition_false() -> None:
+    async with simulated_exporter("single-gpu", argv=["--node-condition"]) as h:
+        await step(h)
+        await until_equal(lambda: status_of(h), ("False", "GPUsHealthy"), "False")
+        c = condition(h)
+        assert c is not None and c["message"] == "all 1 GPUs are healthy"
+
+
+async def test_no_condition_without_the_flag() -> None:
+    async with simulated_exporter(recovering_gpu("sim-plain", 5, 100)) as h:
+        latest = await step(h)
+        assert not all(g.healthy for g in latest.health)  # something to tell
+        await until(lambda: len(api(h).events()) >= 2, "the Events, which are on")
+        await quiet(h)
+        assert condition(h) is None
+        assert status_patches(h) == 0
+
+
+async def test_the_heartbeat_is_no_more_often_than_heartbeat_s_and_a_change_goes_at_once() -> None:
+    """Thirty cycles with nothing new: one PATCH (the first), as the next heartbeat is
+    ``HEARTBEAT_S`` (300 s) of the writer's clock away; then a change is patched at
+    once, not held for the heartbeat."""
+    async with simulated_exporter(
+        recovering_gpu("sim-beat", 305, 900), argv=["--node-condition"]
+    ) as h:
+        await until_equal(lambda: status_patches(h), 1, "the first PATCH")
+        for _ in range(30):
+            await step(h)
+        await quiet(h)
+        assert status_patches(h) == 1  # 300 s of simulated time, a few of the writer's
+        assert status_of(h) == ("False", "GPUsHealthy")
+        await step(h)  # 310 s: GPU 0 wants a reset
+        await until_equal(lambda: status_of(h), ("True", "GPUUnhealthy"), "the change")
+        assert status_patches(h) == 2
+        assert HEARTBEAT_S >= 60  # "every few minutes" (issue 22)
+
+
+async def test_the_condition_without_events() -> None:
+    argv = ["--node-condition", "--kube-events", "off"]
+    async with simulated_exporter(recovering_gpu("sim-cond", 5, 100), argv=argv) as h:
+        await step(h)
+        await until_equal(lambda: status_of(h), ("True", "GPUUnhealthy"), "True")
+        await quiet(h)
+        assert api(h).events() == []
+        assert all("/events" not in w.path for w in api(h).write_log)
+
+
+# -- DRA DeviceTaintRules -------------------------------------------------------------
+
+
+async def test_an_unhealthy_dra_gpu_gets_a_device_taint_rule_removed_when_healthy() -> None:
+    async with simulated_exporter(dra_with_a_reset(), argv=["--dra-device-taints"]) as h:
+        await step(h)
+        assert api(h).device_taint_rules() == []  # all healthy
+        latest = await step(h)  # 20 s: GPU 0 asks for a reset
+        gpu0 = next(g for g in latest.health if g.gpu == 0)
+        assert not gpu0.healthy
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the DeviceTaintRule")
+        (rule,) = api(h).device_taint_rules()
+        assert rule["apiVersion"] == "resource.k8s.io/v1alpha3"  # what Kubernetes 1.35 serves
+        assert rule["spec"]["deviceSelector"] == {
+            "driver": "gpu.nvidia.com",
+            "pool": "sim-dra-node",
+            "device": "gpu-2",  # GPU 0 is minor 2: the driver's name for it
+        }
+        taint = rule["spec"]["taint"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            TAINT_KEY,
+            "recovery_action",
+            "None",  # seen, nothing evicted or kept off: the default
+        )
+        assert gpu0.uuid.lower() in rule["metadata"]["name"]
+        assert rule["metadata"]["labels"]["gpu-occupancy-exporter/node"] == "sim-dra-node"
+        # the slice publishing that device carries the UUID the rule was made for
+        assert h.env.kube_api is not None
+        devices = [d for s in h.env.kube_api.resource_slices() for d in s["spec"]["devices"]]
+        (gpu2,) = [d for d in devices if d["name"] == "gpu-2"]
+        assert gpu2["attributes"]["uuid"]["string"] == gpu0.uuid
+
+        await step(h)
+        await step(h)  # 40 s: the reset is done
+        await until(lambda: api(h).device_taint_rules() == [], "the rule removed")
+        assert h.agent.reporter is not None
+        assert h.agent.reporter.write_counts() == {("device_taint_rule", "ok"): 2}
+
+
+async def test_the_taint_effect_no_schedule_when_configured() -> None:
+    argv = ["--dra-device-taints", "--dra-device-taint-effect", "NoSchedule"]
+    async with simulated_exporter(dra_with_a_reset(5), argv=argv) as h:
+        await step(h)
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the DeviceTaintRule")
+        (rule,) = api(h).device_taint_rules()
+        assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+
+
+async def test_no_device_taint_rules_without_the_flag() -> None:
+    async with simulated_exporter(dra_with_a_reset(5)) as h:
+        await step(h)
+        await until(lambda: len(api(h).events()) >= 2, "the Events, which are on")
+        await quiet(h)
+        assert api(h).device_taint_rules() == []
+        assert all("devicetaintrules" not in w.path for w in api(h).write_log)
+
+
+# -- asked for without the Kubernetes API -------------------------------------------------
+
+
+def test_condition_or_taints_with_kube_api_off_is_one_line_and_exit_2() -> None:
+    for flags in (["--node-condition"], ["--dra-device-taints"]):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                *flags,
+                "--kube-api",
+                "off",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("gpu-occupancy-exporter: error: ")
+        assert f"{flags[0]} need the Kubernetes API" in lines[0]
+        assert result.stdout == ""
