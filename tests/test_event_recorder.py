@@ -19,6 +19,7 @@ from exporter.reporting.events import (
     node_ref,
 )
 from exporter.reporting.recorder import (
+    CREATE_WAIT_S,
     MAX_SERIES,
     NEW_EVENT_EVERY_S,
     NODE_BURST,
@@ -182,7 +183,7 @@ def test_names_are_unique_for_events_created_in_the_same_instant() -> None:
 
 def test_node_burst_creates_b_events_and_rate_limits_the_rest() -> None:
     clock = Clock()
-    r = recorder(clock)
+    r = recorder(clock, create_wait_s=0.0)
     r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST + 10)))
     writes, settled = drain(r)
     assert len(writes) == NODE_BURST
@@ -192,7 +193,7 @@ def test_node_burst_creates_b_events_and_rate_limits_the_rest() -> None:
 
 def test_the_node_budget_refills_at_the_stated_rate() -> None:
     clock = Clock()
-    r = recorder(clock)
+    r = recorder(clock, create_wait_s=0.0)
     r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST)))
     drain(r)
     every = 60.0 / NODE_WRITES_PER_MINUTE
@@ -208,6 +209,41 @@ def test_the_node_budget_refills_at_the_stated_rate() -> None:
     r.observe(tuple(intent(pod=f"q{i}") for i in range(NODE_BURST + 1)))
     writes, settled = drain(r)
     assert len(writes) == NODE_BURST and len(settled) == 1
+
+
+def test_a_new_event_without_a_token_waits_for_one_then_is_rate_limited() -> None:
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST + 20)))
+    writes, settled = drain(r)
+    assert len(writes) == NODE_BURST and settled == []  # 20 wait for tokens
+    clock.now = CREATE_WAIT_S - 1.0  # 11.8 tokens refilled: 11 of them are created
+    writes, settled = drain(r)
+    assert len(writes) == int((CREATE_WAIT_S - 1.0) * NODE_WRITES_PER_MINUTE / 60)
+    assert settled == []
+    clock.now = CREATE_WAIT_S  # one more token; the wait is over for the rest
+    writes, settled = drain(r)
+    assert len(writes) == 1
+    assert settled == [("GPUFatalXID", "rate_limited")] * (20 - 12)
+
+
+def test_series_updates_never_take_the_token_a_new_event_waits_for() -> None:
+    """An XID storm keeps 30 series due; a GPU lost later still gets its Event."""
+    clock = Clock()
+    r = recorder(clock, burst=30, writes_per_minute=6)
+    r.observe(tuple(intent(pod=f"storm{i}") for i in range(30)))
+    drain(r)  # the burst is spent on the 30 creates
+    for second in range(30, 300, 5):
+        clock.now = float(second)
+        r.observe(tuple(intent(pod=f"storm{i}") for i in range(30)))
+        if second == 150:
+            r.observe((intent(pod="node-lost", reason="GPULost"),))
+        writes, settled = drain(r)
+        assert not settled
+        if any(w.reason == "GPULost" for w in writes):
+            break
+    assert any(w.reason == "GPULost" and w.verb == "create" for w in writes)
+    assert clock.now <= 150.0 + 60.0 / 6 + 5.0  # the next token went to it
 
 
 def test_a_patch_waiting_for_a_token_keeps_its_count() -> None:
@@ -230,7 +266,7 @@ def test_a_patch_waiting_for_a_token_keeps_its_count() -> None:
 
 def test_memory_stays_bounded_under_100k_distinct_keys() -> None:
     clock = Clock()
-    r = recorder(clock)
+    r = recorder(clock, create_wait_s=0.0)
     dropped = rate_limited = 0
     for batch in range(100):  # 100 cycles of 1,000 new keys each
         clock.now = float(batch)

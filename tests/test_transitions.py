@@ -465,3 +465,12 @@ def test_pod_uid_comes_from_a_process_of_the_pod_when_the_api_is_not_watched() -
     lost = health((0, "GPU-a", (LOST,)), (1, "GPU-b", ()), (2, "GPU-m", ()))
     ((t,),), _ = run(cycle(verdicts=lost, pod_meta=None, processes=[process]))
     assert [p.uid for p in t.pods] == ["uid-from-procfs", None]
+
+
+def test_two_gpus_answering_with_one_uuid_give_no_transition_and_keep_the_facts() -> None:
+    """One lost, one healthy, same UUID: facts kept per UUID would flip every cycle and
+    tell Kubernetes that a lost GPU is healthy."""
+    twins = health((0, "GPU-a", ()), (1, "GPU-a", (LOST,)), (2, "GPU-m", ()))
+    outs, facts = run(cycle(), cycle(verdicts=twins), cycle(verdicts=twins))
+    assert [kinds(o) for o in outs] == [[], [], []]
+    assert "GPU-a" not in facts.unhealthy

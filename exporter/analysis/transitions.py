@@ -12,6 +12,7 @@ clears. A fact without evidence this cycle is carried over as it was.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -156,10 +157,15 @@ def _verdicts(
     analysis: Analysis, previous: HealthFacts, pods: _PodIndex
 ) -> tuple[list[HealthTransition], dict[str, frozenset[str]]]:
     """Lost, back, unhealthy and healthy again, from the verdicts NVML gave evidence for.
-    A GPU without a verdict this cycle (NVML down, not listed) keeps its last facts."""
+    A GPU without a verdict this cycle (NVML down, not listed) keeps its last facts, and
+    so do GPUs that share a UUID (a broken driver or a hostile library): facts are kept
+    per UUID, and two verdicts under one would flip them every cycle."""
     out: list[HealthTransition] = []
     facts = dict(previous.unhealthy)
+    seen = Counter(h.uuid for h in analysis.health)
     for health in analysis.health:
+        if seen[health.uuid] > 1:
+            continue  # two GPUs answering with one UUID: no fact about either can hold
         bad = tuple(r for r in health.reasons if r.severity == UNHEALTHY)
         names = frozenset(r.reason for r in bad)
         before = previous.unhealthy.get(health.uuid, frozenset())

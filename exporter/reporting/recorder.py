@@ -10,9 +10,10 @@ The rules, and where they come from (client-go, tools/events and tools/record):
   far: an XID storm of 250 is one Event and a few PATCHes, never 250 writes.
 - **A node-wide token bucket**: ``NODE_BURST`` writes at once, then one per
   ``60 / NODE_WRITES_PER_MINUTE`` seconds, for creates and PATCHes together (the older
-  recorder's spam filter is a burst of 25 refilled at 1 per 300 s per object). A new
-  Event that finds the bucket empty is not sent (``rate_limited``); a series update
-  waits for a token, its count only grows.
+  recorder's spam filter is a burst of 25 refilled at 1 per 300 s per object). New
+  Events go before series updates; one that finds the bucket empty waits up to
+  ``CREATE_WAIT_S`` for a token, then is not sent (``rate_limited``); a series update
+  waits for a token as long as it takes, its count only grows.
 - **Bounded memory**: at most ``MAX_SERIES`` keys (client-go's cache holds 4096); the
   oldest settled key is forgotten first.
 """
@@ -31,6 +32,8 @@ SERIES_FLUSH_S = 30.0
 NODE_BURST = 25
 NODE_WRITES_PER_MINUTE = 12
 MAX_SERIES = 4096
+# How long a new Event may wait for a token of the node budget before it is given up.
+CREATE_WAIT_S = 60.0
 # pkg/apis/core/validation/events.go: ReportingInstanceLengthLimit; metadata.name is a
 # DNS subdomain (253).
 REPORTING_INSTANCE_BYTES = 128
@@ -90,6 +93,7 @@ class Recorder:
         burst: int = NODE_BURST,
         writes_per_minute: float = NODE_WRITES_PER_MINUTE,
         max_series: int = MAX_SERIES,
+        create_wait_s: float = CREATE_WAIT_S,
     ) -> None:
         # the API allows 128 bytes (ReportingInstanceLengthLimit, events.go); a node name 253
         self.instance = reporting_instance[:REPORTING_INSTANCE_BYTES]
@@ -100,6 +104,7 @@ class Recorder:
         self._burst = float(burst)
         self._rate = writes_per_minute / 60.0
         self._max = max_series
+        self._create_wait = create_wait_s
         self._tokens = float(burst)
         self._refilled = clock()
         self._series: dict[tuple[ObjectRef, str, str], _Series] = {}
@@ -159,22 +164,38 @@ class Recorder:
         return False
 
     def next_write(self) -> tuple[Write | None, list[tuple[str, Result]]]:
-        """The next write due now, if any, and the intents settled on the way (new
-        Events refused by the node budget: ``rate_limited``)."""
+        """The next write due now, if any, and the intents settled on the way.
+
+        New Events come first: a series count only grows while it waits, a new Event
+        is news. One that finds no token waits up to ``CREATE_WAIT_S`` for one (then it
+        is ``rate_limited``), and while one waits no series PATCH takes a token, so an
+        XID storm's series updates cannot starve a GPU lost elsewhere."""
         now = self._clock()
         settled: list[tuple[str, Result]] = []
+        creates_waiting = False
         for key, series in list(self._series.items()):
             if series.pending == 0:
                 if series.name is None or now - series.created_at >= self._new_every:
                     del self._series[key]  # settled, and its window is over
                 continue
-            if series.name is None:
-                if not self._take_token(now):
-                    settled.append((series.intent.reason, "rate_limited"))
-                    del self._series[key]
-                    continue
+            if series.name is not None:
+                continue
+            if self._take_token(now):
                 return self._create(series, now), settled
-            if now - series.last_sent >= self._flush and self._take_token(now):
+            if now - series.created_at >= self._create_wait:
+                settled.append((series.intent.reason, "rate_limited"))
+                del self._series[key]
+            else:
+                creates_waiting = True
+        if creates_waiting:
+            return None, settled
+        for series in self._series.values():
+            if (
+                series.name is not None
+                and series.pending
+                and now - series.last_sent >= self._flush
+                and self._take_token(now)
+            ):
                 return self._patch(series, now), settled
         return None, settled
 
