@@ -128,6 +128,7 @@ def build_reporter(
         device_taints=config.dra_device_taints,
         taint_effect=config.dra_device_taint_effect,
         dra_drivers=config.dra_drivers,
+        xid_window_s=config.health_xid_window_s,
     )
     kubeconfig = config.kubeconfig
 

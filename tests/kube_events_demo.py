@@ -39,7 +39,7 @@ def _age(stamp: str | None, now: float) -> str:
     if not stamp:
         return "<unknown>"
     seconds = now - datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    seconds = max(0, int(seconds))
+    seconds = max(0, round(seconds))  # float error must not cost a second
     return f"{seconds // 60}m{seconds % 60}s" if seconds >= 60 else f"{seconds}s"
 
 

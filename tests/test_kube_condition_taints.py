@@ -11,6 +11,7 @@ without the DeviceTaintRule API) are in tests/faults/test_kube_write_faults.py.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from importlib import resources
@@ -233,3 +234,110 @@ def test_condition_or_taints_with_kube_api_off_is_one_line_and_exit_2() -> None:
         assert lines[0].startswith("gpu-occupancy-exporter: error: ")
         assert f"{flags[0]} need the Kubernetes API" in lines[0]
         assert result.stdout == ""
+
+
+# -- what an earlier run left, and evidence that is missing ---------------------------
+
+
+def _rfc3339(epoch: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_window() -> None:
+    """A restarted exporter has no XID history (without --kmsg): its "all healthy" may
+    rest on XIDs it never saw, so the earlier run's True stays for --health-xid-window."""
+    scenario = recovering_gpu("sim-restart", unhealthy_at=10_000, healthy_at=20_000)
+    argv = ["--node-condition", "--health-xid-window", "60"]
+    async with simulated_exporter(scenario, argv=argv, first_cycle=False) as h:
+        name = h.env.node.scenario.node_name
+        node = api(h).node(name)
+        assert node is not None
+        left = {
+            "type": CONDITION,
+            "status": "True",
+            "reason": "GPUUnhealthy",
+            "message": "1 of 2 GPUs unhealthy: GPU 0 (GPU-x): fatal_xid",
+            "lastHeartbeatTime": _rfc3339(h.env.node.wall_time()),
+            "lastTransitionTime": _rfc3339(h.env.node.wall_time() - 100),
+        }
+        node["status"]["conditions"].append(left)
+        api(h).set_node(node)
+        for _ in range(4):  # 40 s: all healthy, but within the window
+            await step(h)
+        await quiet(h)
+        assert status_of(h) == ("True", "GPUUnhealthy")
+        assert status_patches(h) == 0
+        await step(h, 30.0)  # 70 s: the window is over
+        await until(lambda: status_of(h) == ("False", "GPUsHealthy"), "the condition False")
+
+
+async def _left_rule(h: Harness, uuid: str) -> None:
+    """A DeviceTaintRule an earlier run left for ``uuid`` (GPU 0, DRA device gpu-2)."""
+    from exporter.reporting.device_taints import TaintRule, rule_body
+    from exporter.reporting.kube_client import KubeWriteClient
+
+    assert h.env.paths.kubeconfig is not None
+    client = KubeWriteClient(str(h.env.paths.kubeconfig))
+    rule = TaintRule(
+        f"gpu-occupancy-exporter-{uuid.lower()}",
+        "gpu.nvidia.com",
+        "sim-dra-node",
+        "gpu-2",
+        uuid,
+        "fatal_xid",
+    )
+    await asyncio.to_thread(
+        client.create_device_taint_rule,
+        "v1alpha3",
+        rule_body(rule, "v1alpha3", "sim-dra-node", "None"),
+    )
+    client.close()
+
+
+async def test_a_device_taint_rule_left_by_an_earlier_run_is_kept_for_the_xid_window() -> None:
+    scenario = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
+    argv = ["--dra-device-taints", "--health-xid-window", "60"]
+    async with simulated_exporter(scenario, argv=argv, first_cycle=False) as h:
+        uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
+        await _left_rule(h, uuid)
+        for _ in range(4):
+            await step(h)
+        await quiet(h)
+        assert len(api(h).device_taint_rules()) == 1  # healthy now, but within the window
+        await step(h, 30.0)
+        await until(lambda: api(h).device_taint_rules() == [], "the rule removed")
+
+
+async def test_a_rule_stays_while_its_device_is_missing_from_the_resource_slices() -> None:
+    """The DRA driver withdrawing its slice (a restart) is no verdict of healthy."""
+    async with simulated_exporter(
+        dra_with_a_reset(unhealthy_at=15, healthy_at=10_000), argv=["--dra-device-taints"]
+    ) as h:
+        await step(h)
+        await step(h)
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the DeviceTaintRule")
+        assert h.env.kube_api is not None
+        for s in h.env.kube_api.resource_slices():
+            h.env.kube_api.delete_resource_slice(s["metadata"]["name"])
+        for _ in range(3):
+            await step(h)
+        await quiet(h)
+        assert len(api(h).device_taint_rules()) == 1
+
+
+async def test_a_refused_node_condition_does_not_silence_the_events() -> None:
+    scenario = recovering_gpu("sim-refused", unhealthy_at=15, healthy_at=10_000)
+    async with simulated_exporter(scenario, argv=["--node-condition"]) as h:
+        api(h).set_write_fault("forbidden", only="/status")
+        for _ in range(3):
+            await step(h)
+        await until(
+            lambda: any(e["reason"] == "GPUUnhealthy" for e in api(h).events()),
+            "the GPUUnhealthy Event despite the refused condition",
+        )
+        assert h.agent.reporter is not None
+        counts = h.agent.reporter.event_counts()
+        assert not any(result == "dropped" for _, result in counts)
+        assert h.agent.reporter.write_counts().get(("node_condition", "failed"), 0) >= 1

@@ -68,6 +68,26 @@ def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[Tai
     return frozenset(rules)
 
 
+def healthy_devices(analysis: Analysis) -> frozenset[str]:
+    """Lower-case UUIDs of the GPUs NVML judged healthy this cycle, and of their MIG
+    devices: the only devices whose rules may be deleted (never for want of a verdict).
+    GPUs that share a UUID are judged neither way."""
+    if not analysis.node.nvml.ok:
+        return frozenset()
+    counts: dict[str, int] = {}
+    for h in analysis.health:
+        counts[h.uuid] = counts.get(h.uuid, 0) + 1
+    healthy = {h.uuid for h in analysis.health if h.healthy and counts[h.uuid] == 1}
+    migs = {m.uuid for g in analysis.node.nvml.gpus if g.uuid in healthy for m in g.mig_instances}
+    return frozenset(u.lower() for u in healthy | migs)
+
+
+def rule_device(name: str) -> str:
+    """The lower-case device UUID a rule of ours is named for."""
+    prefix = f"{CONTROLLER}-"
+    return name[len(prefix) :] if name.startswith(prefix) else ""
+
+
 def rule_body(rule: TaintRule, version: str, node: str, effect: str) -> dict[str, Any]:
     return {
         "apiVersion": f"resource.k8s.io/{version}",

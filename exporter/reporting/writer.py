@@ -35,7 +35,14 @@ from exporter.reporting.condition import (
     condition_due,
     desired_condition,
 )
-from exporter.reporting.device_taints import TaintRule, desired_rules, label_selector, rule_body
+from exporter.reporting.device_taints import (
+    TaintRule,
+    desired_rules,
+    healthy_devices,
+    label_selector,
+    rule_body,
+    rule_device,
+)
 from exporter.reporting.events import EventIntent, ObjectRef, event_intents
 from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
 
@@ -84,6 +91,31 @@ class ReportingOptions:
     device_taints: bool = False
     taint_effect: str = "None"
     dra_drivers: tuple[str, ...] = ()
+    # How long a fatal XID keeps a GPU unhealthy (--health-xid-window): a condition or
+    # taint left by an earlier run may rest on XIDs this run never saw, so it is kept
+    # that long before this run's "healthy" may undo it.
+    xid_window_s: float = 3600.0
+
+
+class _Backoff:
+    """1, 2, 4 ... MAX_BACKOFF_S seconds between tries, per kind of write: a refused node
+    condition must not silence the Events, nor the other way round."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._step = 0.0
+        self._until = float("-inf")
+
+    def active(self) -> bool:
+        return self._clock() < self._until
+
+    def failed(self) -> None:
+        self._step = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._step))
+        self._until = self._clock() + self._step
+
+    def succeeded(self) -> None:
+        self._step = 0.0
+        self._until = float("-inf")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -116,6 +148,7 @@ class KubeReporter:
         self._overflow: dict[str, int] = {}
         self._condition: NodeCondition | None = None
         self._rules: frozenset[TaintRule] | None = None
+        self._healthy: frozenset[str] = frozenset()  # devices NVML judged healthy
         # counts, read by the agent every cycle
         self._events: dict[tuple[str, str], int] = {}
         self._writes: dict[tuple[str, str], int] = {}
@@ -123,8 +156,13 @@ class KubeReporter:
         self.recorder = Recorder(options.node_name, clock=clock, wall=wall)
         self._retry: Write | None = None
         self._tries = 0
-        self._backoff_s = 0.0
-        self._backoff_until = float("-inf")
+        self._event_backoff = _Backoff(clock)
+        self._condition_backoff = _Backoff(clock)
+        self._taint_backoff = _Backoff(clock)
+        self._started_wall = wall()
+        self._hold_false_until: float | None = None  # None: the Node not read yet
+        self._inherited_transition: float | None = None
+        self._inherited_rules: set[str] = set()  # listed at start, not wanted by this run
         self._sent_condition: SentCondition | None = None
         self._taint_version: str | bool | None = False  # False: not asked yet
         self._existing_rules: set[str] | None = None
@@ -140,6 +178,7 @@ class KubeReporter:
         intents = event_intents(analysis.transitions, opts.node_name, at) if opts.events else ()
         condition = desired_condition(analysis) if opts.node_condition else None
         rules = desired_rules(analysis, opts.dra_drivers) if opts.device_taints else None
+        healthy = healthy_devices(analysis) if opts.device_taints else frozenset()
         with self._lock:
             room = MAX_WAITING_INTENTS - len(self._intents)
             self._intents.extend(intents[: max(room, 0)])
@@ -149,6 +188,7 @@ class KubeReporter:
                 self._condition = condition
             if rules is not None:
                 self._rules = rules
+                self._healthy = healthy
         if intents or condition is not None or rules is not None:
             self._wake.set()
 
@@ -195,7 +235,8 @@ class KubeReporter:
                 self._turn()
             except Exception:  # a bug here must not end the reporting for good
                 log.exception("writing to the Kubernetes API failed")
-                self._back_off()
+                for backoff in (self._event_backoff, self._condition_backoff, self._taint_backoff):
+                    backoff.failed()
         client = self._client
         if client is not None:
             client.close()
@@ -204,21 +245,20 @@ class KubeReporter:
         with self._lock:
             intents, self._intents = self._intents, []
             overflow, self._overflow = self._overflow, {}
-            condition, rules = self._condition, self._rules
+            condition, rules, healthy = self._condition, self._rules, self._healthy
         for reason, n in overflow.items():
             self._count_event(reason, "dropped", n)
         self._settle(self.recorder.observe(tuple(intents)))
-        if self._clock() < self._backoff_until:
+        if self._event_backoff.active():
             self._settle(self.recorder.drop_unsent(keep=self._retrying()))
-            return
         if self._client is None:
             self._client = self._client_factory()
-        if not self._send_events():
-            return
-        if condition is not None and not self._send_condition(condition):
-            return
-        if rules is not None:
-            self._reconcile_taints(rules)
+        if not self._event_backoff.active():
+            self._send_events()
+        if condition is not None and not self._condition_backoff.active():
+            self._send_condition(condition)
+        if rules is not None and not self._taint_backoff.active():
+            self._reconcile_taints(rules, healthy)
 
     def _settle(self, settled: list[tuple[str, Result]]) -> None:
         for reason, result in settled:
@@ -236,16 +276,8 @@ class KubeReporter:
         """The key of the Event whose write waits for its next try, if any."""
         return self._retry.key if self._retry is not None else None
 
-    def _back_off(self) -> None:
-        self._backoff_s = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._backoff_s))
-        self._backoff_until = self._clock() + self._backoff_s
-
-    def _recovered(self) -> None:
-        self._backoff_s = 0.0
-        self._backoff_until = float("-inf")
-
-    def _send_events(self) -> bool:
-        """Send what is due; False when the API server stopped answering."""
+    def _send_events(self) -> None:
+        """Send what is due, until nothing is or the API server stops answering."""
         assert self._client is not None
         while not self._stopping.is_set():
             write = self._retry
@@ -253,7 +285,7 @@ class KubeReporter:
                 write, settled = self.recorder.next_write()
                 self._settle(settled)
                 if write is None:
-                    return True
+                    return
                 self._tries = 0
             try:
                 if write.verb == "create":
@@ -262,16 +294,18 @@ class KubeReporter:
                     self._client.patch_event(write.namespace, write.name, write.body)
             except self._error as exc:
                 if not self._event_failed(write, exc):
-                    return False
+                    return
                 continue
             self._retry = None
-            self._recovered()
+            self._event_backoff.succeeded()
             self._count_event(write.reason, self.recorder.sent(write))
-        return True
 
     def _event_failed(self, write: Write, exc: BaseException) -> bool:
-        """Decide a failed write's fate; False: back off now."""
+        """Decide a failed write's fate; False: back off now. Each log line is one
+        template per kind of failure (the details at debug), so a refusal that lasts
+        costs one line a minute, not one per Event."""
         status = getattr(exc, "status", None)
+        log.debug("event %s %s: %s", write.verb, write.name, getattr(exc, "reason", exc))
         if write.verb == "patch" and status == 404:
             self._retry = None
             self.recorder.lost(write)  # expired or deleted: created again, whole count
@@ -285,37 +319,52 @@ class KubeReporter:
                 self.recorder.abandon(write)
                 self._count_event(write.reason, "failed")
             log.warning(
-                "sending event %s to the Kubernetes API failed (%s); try %d of %d",
-                write.reason,
-                getattr(exc, "reason", exc),
+                "sending an Event to the Kubernetes API got %s; try %d of %d, new Events "
+                "are dropped (counted) while it backs off",
+                "no answer" if status is None else f"HTTP {status}",
                 self._tries,
                 MAX_TRIES,
             )
-            self._back_off()
+            self._event_backoff.failed()
             self._settle(self.recorder.drop_unsent(keep=self._retrying()))
             return False
         self._retry = None
         self.recorder.abandon(write)
         self._count_event(write.reason, "failed")
-        log.warning(
-            "the Kubernetes API refused event %s (HTTP %s: %s); check the exporter's RBAC "
-            "(create and patch on events.k8s.io events)",
-            write.reason,
-            status,
-            getattr(exc, "reason", exc),
-        )
+        if status == 403:
+            log.warning(
+                "the Kubernetes API refused an Event (HTTP 403): the exporter's RBAC needs "
+                "create and patch on events.k8s.io events (chart: kubeEvents.enabled)"
+            )
+        elif status == 404:
+            log.warning(
+                "the Kubernetes API does not serve events.k8s.io/v1 (HTTP 404; Kubernetes "
+                "1.19 and newer do); no Events can be written (--kube-events off stops trying)"
+            )
+        else:
+            log.warning(
+                "the Kubernetes API refused Event %s (HTTP %s); run with --log-level debug "
+                "for its answer",
+                write.reason,
+                status,
+            )
         return True
 
-    def _send_condition(self, desired: NodeCondition) -> bool:
+    def _send_condition(self, desired: NodeCondition) -> None:
         assert self._client is not None
         now, wall = self._clock(), self._wall()
         sent = self._sent_condition
         if not condition_due(desired, sent, now):
-            return True
+            return
         node = self.options.node_name
         try:
+            if self._hold_false_until is None:
+                self._read_inherited_condition(desired)
+            assert self._hold_false_until is not None
+            if desired.status == "False" and wall < self._hold_false_until:
+                return  # an earlier run's True may rest on XIDs this run never saw
             if sent is None:
-                transition = self._current_transition(desired) or wall
+                transition = self._inherited_transition or wall
             elif sent.condition.status != desired.status:
                 transition = wall
             else:
@@ -324,34 +373,53 @@ class KubeReporter:
             self._client.patch_node_conditions(node, [body])
         except self._error as exc:
             self._count_write("node_condition", "failed")
+            log.debug("node condition: %s", getattr(exc, "reason", exc))
             log.warning(
-                "patching condition %s on node %s failed (HTTP %s: %s); needs patch on "
-                "nodes/status (chart: nodeCondition.enabled)",
+                "patching the %s condition on the Node failed (%s); it needs patch on "
+                "nodes/status and get on nodes (chart: nodeCondition.enabled)",
                 CONDITION_TYPE,
-                node,
-                getattr(exc, "status", None),
-                getattr(exc, "reason", exc),
+                "no answer" if getattr(exc, "status", None) is None else f"HTTP {exc.status}",  # type: ignore[attr-defined]
             )
-            self._back_off()
-            return False
+            self._condition_backoff.failed()
+            return
         self._sent_condition = SentCondition(desired, now, transition)
+        if desired.status == "True":
+            self._hold_false_until = float("-inf")  # from now on this run's own verdicts
         self._count_write("node_condition", "ok")
-        self._recovered()
-        return True
+        self._condition_backoff.succeeded()
 
-    def _current_transition(self, desired: NodeCondition) -> float | None:
-        """At the first write, keep the Node's lastTransitionTime if its status is the
-        one we are about to write (a restart is not a transition)."""
+    def _read_inherited_condition(self, desired: NodeCondition) -> None:
+        """Read the Node's condition once, before the first write. Its
+        lastTransitionTime is kept when the status is the same (a restart is not a
+        transition). A True left by an earlier run is not turned False before
+        ``xid_window_s`` after its last heartbeat: its verdict may rest on fatal XIDs
+        this run cannot see (without --kmsg, XIDs from before start are unknown)."""
         assert self._client is not None
+        self._inherited_transition = None
+        hold = float("-inf")
         for condition in self._client.node_conditions(self.options.node_name):
-            if (
-                condition.get("type") == CONDITION_TYPE
-                and condition.get("status") == desired.status
-            ):
-                return _parse_time(condition.get("lastTransitionTime"))
-        return None
+            if condition.get("type") != CONDITION_TYPE:
+                continue
+            if condition.get("status") == desired.status:
+                self._inherited_transition = _parse_time(condition.get("lastTransitionTime"))
+            if condition.get("status") == "True":
+                seen = _parse_time(condition.get("lastHeartbeatTime")) or self._started_wall
+                hold = min(seen, self._started_wall) + self.options.xid_window_s
+                if desired.status == "False" and self._wall() < hold:
+                    log.info(
+                        "the Node's %s condition is True from an earlier run; it is kept "
+                        "until %s unless this run sees the GPUs recover first "
+                        "(--health-xid-window)",
+                        CONDITION_TYPE,
+                        time.strftime("%H:%M:%S", time.gmtime(hold)),
+                    )
+        self._hold_false_until = hold
 
-    def _reconcile_taints(self, desired: frozenset[TaintRule]) -> None:
+    def _reconcile_taints(self, desired: frozenset[TaintRule], healthy: frozenset[str]) -> None:
+        """Create the rules of unhealthy GPUs; delete one only when NVML judged its
+        device healthy this cycle (a device missing from the ResourceSlices, say while
+        the DRA driver restarts, is not healthy), and one an earlier run left only after
+        ``xid_window_s`` (its verdict may rest on XIDs this run never saw)."""
         assert self._client is not None
         now = self._clock()
         try:
@@ -362,9 +430,13 @@ class KubeReporter:
                 listed = self._client.list_device_taint_rules(
                     version, label_selector(self.options.node_name)
                 )
-                self._existing_rules = {str(r.get("metadata", {}).get("name")) for r in listed}
+                names = {str(r.get("metadata", {}).get("name")) for r in listed}
+                if self._existing_rules is None and not self._rules_listed_at > float("-inf"):
+                    self._inherited_rules = set(names)  # the first listing: an earlier run's
+                self._existing_rules = names
                 self._rules_listed_at = now
             wanted = {r.name: r for r in desired}
+            self._inherited_rules -= set(wanted)  # this run judges them now
             for name in sorted(set(wanted) - self._existing_rules):
                 body = rule_body(
                     wanted[name], version, self.options.node_name, self.options.taint_effect
@@ -382,21 +454,28 @@ class KubeReporter:
                     wanted[name].reason,
                     self.options.taint_effect,
                 )
+            settled = self._wall() >= self._started_wall + self.options.xid_window_s
             for name in sorted(self._existing_rules - set(wanted)):
+                if rule_device(name) not in healthy:
+                    continue  # no verdict of healthy for its device: left as it is
+                if name in self._inherited_rules and not settled:
+                    continue
                 self._client.delete_device_taint_rule(version, name)
                 self._existing_rules.discard(name)
+                self._inherited_rules.discard(name)
                 self._count_write("device_taint_rule", "ok")
                 log.info("removed DeviceTaintRule %s: its GPU is healthy again", name)
+            self._taint_backoff.succeeded()
         except self._error as exc:
             self._count_write("device_taint_rule", "failed")
             self._existing_rules = None  # re-list before the next change
+            log.debug("device taints: %s", getattr(exc, "reason", exc))
             log.warning(
-                "writing DeviceTaintRules failed (HTTP %s: %s); needs get, list, create and "
-                "delete on resource.k8s.io devicetaintrules (chart: draDeviceTaints.enabled)",
-                getattr(exc, "status", None),
-                getattr(exc, "reason", exc),
+                "writing DeviceTaintRules failed (%s); it needs get, list, create and delete "
+                "on resource.k8s.io devicetaintrules (chart: draDeviceTaints.enabled)",
+                "no answer" if getattr(exc, "status", None) is None else f"HTTP {exc.status}",  # type: ignore[attr-defined]
             )
-            self._back_off()
+            self._taint_backoff.failed()
 
     def _taint_api_version(self, now: float) -> str | None:
         """The resource.k8s.io version serving devicetaintrules, asked once (again

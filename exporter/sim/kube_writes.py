@@ -198,6 +198,7 @@ class KubeWrites:
         self._slices_served = resource_slices_served
         self._writes: list[WriteRecord] = []
         self._fault: FaultMode | None = None
+        self._fault_only: str | None = None  # a part of the path the fault is limited to
         self._fault_delay_s = 0.0
         self._fault_times: int | None = None
         self._fault_generation = 0  # a hung request waits until this changes
@@ -260,14 +261,21 @@ class KubeWrites:
             self._taint_versions = tuple(versions)
 
     def set_write_fault(
-        self, mode: FaultMode | None, *, delay_s: float = 1.0, times: int | None = None
+        self,
+        mode: FaultMode | None,
+        *,
+        delay_s: float = 1.0,
+        times: int | None = None,
+        only: str | None = None,
     ) -> None:
         """Answer the write requests (and the node GET) badly until cleared with
         ``None``, or for the next ``times`` of them only: ``"forbidden"`` 403 (RBAC
         missing), ``"error"`` 500, ``"slow"`` the right answer after ``delay_s``,
         ``"hang"`` no answer at all (the request is held open until the fault is changed
-        or cleared, then answered)."""
+        or cleared, then answered). ``only``: a part of the path the fault is limited to
+        (``"/status"``: the node condition; ``"devicetaintrules"``; ``"/events"``)."""
         with self._lock:
+            self._fault_only = only
             self._fault = mode
             self._fault_delay_s = delay_s
             self._fault_times = times if mode is not None else None
@@ -277,7 +285,10 @@ class KubeWrites:
         self._rv += 1
         return str(self._rv)
 
-    def _take_fault_locked(self) -> tuple[FaultMode | None, float, int]:
+    def _take_fault_locked(self, path: str = "") -> tuple[FaultMode | None, float, int]:
+        only = self._fault_only
+        if only is not None and only not in path:
+            return None, 0.0, self._fault_generation
         mode, delay, generation = self._fault, self._fault_delay_s, self._fault_generation
         if mode is not None and self._fault_times is not None:
             self._fault_times -= 1
@@ -325,7 +336,7 @@ class KubeWrites:
         with self._lock:
             if recorded:
                 self._writes.append(record)
-            mode, delay, generation = self._take_fault_locked()
+            mode, delay, generation = self._take_fault_locked(request.path)
         if mode == "hang":
             while True:
                 with self._lock:
