@@ -26,12 +26,11 @@ does.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporter.sources.kube_http import DeadlineExceeded, InFlight, no_retries, track_connections
+from exporter.sources.kube_http import DeadlineExceeded, InFlight, bounded_api_client
 from exporter.text import one_line
 
 # An answer larger than this is refused: a list of DeviceTaintRules of one node, a Node
@@ -58,12 +57,6 @@ class KubeWriteError(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
-
-
-def _in_cluster() -> bool:
-    return bool(
-        os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
-    )
 
 
 def _read_bounded(response: Any, limit: int) -> bytes:
@@ -256,23 +249,9 @@ class KubeWriteClient:
     # -- one request ---------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        """An ApiClient exactly as ``KubeWatch._connect`` makes one: a private
-        Configuration (in-cluster, else the kubeconfig), no urllib3 retries, no
-        client-go style retries, connections noted for ``InFlight.cut``."""
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        if self._kubeconfig is None and _in_cluster():
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=self._kubeconfig, client_configuration=cfg, persist_config=False
-            )
-        cfg.retries = no_retries()  # read by the ApiClient's pool manager when made
-        cfg.client_go_retries = False
-        api = client.ApiClient(configuration=cfg)
-        track_connections(api.rest_client.pool_manager)
-        return api
+        """An ApiClient that makes one request per call, each reachable by
+        ``InFlight.cut`` (``kube_http.bounded_api_client``)."""
+        return bounded_api_client(self._kubeconfig)
 
     def _client(self) -> Any:
         with self._lock:

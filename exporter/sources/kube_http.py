@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 import threading
 import time
@@ -180,3 +181,32 @@ class InFlight:
             raise DeadlineExceeded(
                 f"no complete answer within {self.deadline_s:g} s (cut after {lasted:.1f} s)"
             ) from exc
+
+
+def in_cluster() -> bool:
+    """The kubelet gave this pod the API server's address (in-cluster credentials)."""
+    return bool(
+        os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+    )
+
+
+def bounded_api_client(kubeconfig: str | None) -> Any:
+    """An ``ApiClient`` on a private ``Configuration`` (in-cluster, else the kubeconfig),
+    so nothing global is touched, that makes one request per call: no urllib3 retries,
+    no client-go style ``Retry-After`` retries inside a call, and each connection noted
+    for ``InFlight.cut``. Used by the watches and by the writes to Kubernetes;
+    ``kubernetes`` is imported here, in the calling (background) thread."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig is None and in_cluster():
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=cfg, persist_config=False
+        )
+    cfg.retries = no_retries()  # read by the ApiClient's pool manager when made
+    cfg.client_go_retries = False  # no Retry-After retries inside a call either
+    api = client.ApiClient(configuration=cfg)
+    track_connections(api.rest_client.pool_manager)
+    return api

@@ -34,7 +34,6 @@ import functools
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,8 +46,7 @@ from exporter.sources.base import Cycle, Source, Supervisor
 from exporter.sources.kube_http import (
     DeadlineExceeded,
     InFlight,
-    no_retries,
-    track_connections,
+    bounded_api_client,
 )
 from exporter.sources.watch_stream import (
     LineTooLong,
@@ -185,12 +183,6 @@ def describe_error(exc: BaseException) -> str:
     # "MaxRetryError: ... Max retries exceeded" says nothing true (no request is retried)
     shown = wrapped if wrapped is not exc and str(wrapped) else exc
     return one_line(f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__)
-
-
-def _in_cluster() -> bool:
-    return bool(
-        os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
-    )
 
 
 class WatchSnapshot(Protocol):
@@ -680,23 +672,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         )
 
     def _connect(self) -> Any:
-        """An ApiClient on a private Configuration, so nothing global is touched, that
-        makes one request per call (``kube_http``: no hidden retries, each request
-        reachable by ``InFlight.cut``)."""
-        from kubernetes import client, config
-
-        cfg = client.Configuration()
-        if self._kubeconfig is None and _in_cluster():
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=self._kubeconfig, client_configuration=cfg, persist_config=False
-            )
-        cfg.retries = no_retries()  # read by the ApiClient's pool manager when made
-        cfg.client_go_retries = False  # no Retry-After retries inside a call either
-        api = client.ApiClient(configuration=cfg)
-        track_connections(api.rest_client.pool_manager)
-        return api
+        """An ApiClient that makes one request per call, each reachable by
+        ``InFlight.cut`` (``kube_http.bounded_api_client``)."""
+        return bounded_api_client(self._kubeconfig)
 
     @contextlib.contextmanager
     def _bounded(self, deadline_s: float, what: str) -> Iterator[InFlight]:
