@@ -278,3 +278,37 @@ def test_docs_health_table_lists_exactly_the_reasons_the_analysis_knows() -> Non
     assert set(re.findall(r"^\| `([a-z_]+)` \| (?:unhealthy|degraded) \|", doc, re.M)) == set(
         REASONS
     )
+
+
+def test_a_dcgm_failure_stands_while_dcgm_is_down_and_clears_only_when_it_says_so() -> None:
+    """A host engine restarting is no verdict of healthy: the GPU it called failing stays
+    unhealthy until DCGM answers again without the failure."""
+    from exporter.analysis.pipeline import Policy, analyse, initial_state
+    from exporter.model import (
+        DcgmHealthIncident,
+        DcgmSnapshot,
+        GpuSample,
+        NodeSnapshot,
+        NvmlSnapshot,
+    )
+
+    gpu = GpuSample(index=0, uuid="GPU-a")
+    failing = DcgmSnapshot(
+        ok=True, timestamp=0.0, incidents=(DcgmHealthIncident("GPU-a", "pcie", "fail", "x"),)
+    )
+    down = DcgmSnapshot(ok=False, timestamp=0.0, error="host engine restarting")
+    passing = DcgmSnapshot(ok=True, timestamp=0.0)
+    policy = Policy()
+    state = initial_state(policy, {})
+    verdicts = []
+    for t, dcgm in enumerate((failing, down, down, passing)):
+        snapshot = NodeSnapshot(
+            node_name="n",
+            nvml=NvmlSnapshot(ok=True, timestamp=t, gpus=(gpu,)),
+            timestamp=t,
+            dcgm=dcgm,
+        )
+        analysis, state = analyse(snapshot, state, policy)
+        (health,) = analysis.health
+        verdicts.append(health.healthy)
+    assert verdicts == [False, False, False, True]

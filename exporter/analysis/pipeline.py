@@ -11,6 +11,7 @@ snapshot; ``analyse`` is the single entry point.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.analysis.attribution import attribute
@@ -57,6 +58,9 @@ class CarriedState:
     orphans: OrphanState = field(default_factory=OrphanState)
     memory: MemoryHistory = field(default_factory=MemoryHistory)
     health: HealthFacts = field(default_factory=HealthFacts)
+    # GPU uuid -> DCGM health systems failing, as DCGM last said: carried while DCGM is
+    # down (a host engine restarting is no verdict of healthy)
+    dcgm_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     last_timestamp: float | None = None
 
 
@@ -77,10 +81,11 @@ def analyse(
     )
     xid_events = (*snapshot.xid_events, *snapshot.kmsg_events)
     xids = state.xids.record(xid_events, now, bus_id_map(gpus))
+    failing = dcgm_failures(snapshot.dcgm, state.dcgm_failures)
     health = assess(
         gpus,
         recent_fatal_xids=xids.recent_fatal(now - policy.health.xid_window_s),
-        dcgm_failures=dcgm_failures(snapshot.dcgm),
+        dcgm_failures=failing,
         policy=policy.health,
     )
     capacity = node_capacity(
@@ -137,6 +142,7 @@ def analyse(
         orphans=orphan_state,
         memory=memory,
         health=health_facts,
+        dcgm_failures=failing,
         last_timestamp=now,
     )
     return analysis, state
@@ -153,12 +159,18 @@ def prefer_dcgm(gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None) -> tuple
     )
 
 
-def dcgm_failures(dcgm: DcgmSnapshot | None) -> dict[str, list[str]]:
-    """GPU UUID -> DCGM health systems that report failure."""
+def dcgm_failures(
+    dcgm: DcgmSnapshot | None, previous: Mapping[str, tuple[str, ...]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """GPU UUID -> DCGM health systems that report failure. While DCGM is configured
+    but down, what it said last (``previous``) stands: its silence is unknown, and a GPU
+    failing a health system must not turn healthy because the host engine restarted."""
+    if dcgm is None:
+        return {}
+    if not dcgm.ok:
+        return dict(previous or {})
     out: dict[str, list[str]] = {}
-    if dcgm is None or not dcgm.ok:
-        return out
     for incident in dcgm.incidents:
         if incident.health == "fail" and incident.gpu_uuid:
             out.setdefault(incident.gpu_uuid, []).append(incident.system)
-    return out
+    return {uuid: tuple(systems) for uuid, systems in out.items()}
