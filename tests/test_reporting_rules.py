@@ -504,3 +504,14 @@ def test_the_mig_devices_a_driver_publishes_on_an_unhealthy_gpu_are_tainted_too(
         ("gpu-0", "GPU-a", "uncorrectable_ecc"),
         ("gpu-0-mig-9-1-0", "MIG-a0", "uncorrectable_ecc"),
     ]
+
+
+def test_a_gpu_known_unhealthy_that_nvml_stops_listing_keeps_the_condition_true() -> None:
+    from dataclasses import replace
+
+    a = analysis([(0, "GPU-b", ()), (1, "GPU-c", ())])
+    a = replace(a, unlisted_unhealthy=(("GPU-a", ("fatal_xid",)),))
+    desired = desired_condition(a)
+    assert desired is not None
+    assert (desired.status, desired.reason) == ("True", "GPUUnhealthy")
+    assert "1 of 3 GPUs unhealthy: GPU ? (GPU-a): fatal_xid, not listed" in desired.message

@@ -474,3 +474,14 @@ def test_two_gpus_answering_with_one_uuid_give_no_transition_and_keep_the_facts(
     outs, facts = run(cycle(), cycle(verdicts=twins), cycle(verdicts=twins))
     assert [kinds(o) for o in outs] == [[], [], []]
     assert "GPU-a" not in facts.unhealthy
+
+
+def test_a_gpu_known_unhealthy_and_no_longer_listed_is_named_as_unlisted() -> None:
+    from exporter.analysis.transitions import with_transitions
+
+    ecc = health((0, "GPU-a", (LOST,)), (1, "GPU-b", ()), (2, "GPU-m", ()))
+    _, facts = run(cycle(verdicts=ecc))
+    gone = cycle(verdicts=health((1, "GPU-b", ()), (2, "GPU-m", ())))
+    analysis, _ = with_transitions(gone, facts)
+    assert analysis.unlisted_unhealthy == (("GPU-a", ("gpu_lost",)),)
+    assert analysis.transitions == ()

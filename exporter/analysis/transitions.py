@@ -301,4 +301,12 @@ def _sources(
 
 def with_transitions(analysis: Analysis, previous: HealthFacts) -> tuple[Analysis, HealthFacts]:
     transitions, facts = health_transitions(analysis, previous)
-    return replace(analysis, transitions=transitions), facts
+    listed = {h.uuid for h in analysis.health}
+    unlisted = tuple(
+        (uuid, tuple(sorted(reasons)))
+        for uuid, reasons in sorted(facts.unhealthy.items())
+        if uuid not in listed
+    )
+    if not analysis.node.nvml.ok:
+        unlisted = ()  # nothing is listed: the condition is left alone anyway
+    return replace(analysis, transitions=transitions, unlisted_unhealthy=unlisted), facts

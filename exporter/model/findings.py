@@ -342,3 +342,6 @@ class Analysis:
     container_shares: tuple[ContainerShare, ...] = ()
     container_limits: tuple[ContainerLimit, ...] = ()
     transitions: tuple[HealthTransition, ...] = ()  # health facts that changed this cycle
+    # GPUs known unhealthy that NVML did not list this cycle: (uuid, unhealthy reasons as
+    # last seen). Not listed is not healthy (the node condition still counts them).
+    unlisted_unhealthy: tuple[tuple[str, tuple[str, ...]], ...] = ()

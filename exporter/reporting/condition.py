@@ -34,21 +34,28 @@ class NodeCondition:
 
 
 def desired_condition(analysis: Analysis) -> NodeCondition | None:
-    """The condition this cycle's verdicts call for; None when they cannot tell."""
+    """The condition this cycle's verdicts call for; None when they cannot tell.
+
+    A GPU known unhealthy that NVML no longer lists (``Analysis.unlisted_unhealthy``)
+    still counts: a GPU dropping out of the listing is no verdict of healthy."""
     if not analysis.node.nvml.ok or not analysis.health:
         return None
-    bad = [h for h in analysis.health if not h.healthy]
+    bad: list[tuple[str, str, tuple[str, ...]]] = [
+        (str(h.gpu), h.uuid, tuple(r.reason for r in h.reasons if r.severity == "unhealthy"))
+        for h in analysis.health
+        if not h.healthy
+    ]
+    bad += [("?", uuid, (*reasons, "not listed")) for uuid, reasons in analysis.unlisted_unhealthy]
+    total = len(analysis.health) + len(analysis.unlisted_unhealthy)
     if not bad:
-        count = len(analysis.health)
-        return NodeCondition("False", "GPUsHealthy", f"all {count} GPUs are healthy")
-    lost = any(r.reason == "gpu_lost" for h in bad for r in h.reasons)
-    head = f"{len(bad)} of {len(analysis.health)} GPUs unhealthy: "
+        return NodeCondition("False", "GPUsHealthy", f"all {total} GPUs are healthy")
+    lost = any("gpu_lost" in reasons for _, _, reasons in bad)
+    head = f"{len(bad)} of {total} GPUs unhealthy: "
     # GPUs are named while they fit whole, so the count of the rest is never cut off
     room = MESSAGE_CHARS - len(head) - len("; and 99999 more")
     parts: list[str] = []
-    for h in bad[:GPUS_NAMED]:
-        reasons = ", ".join(r.reason for r in h.reasons if r.severity == "unhealthy")
-        part = f"GPU {h.gpu} ({h.uuid}): {reasons}"
+    for index, uuid, reasons in bad[:GPUS_NAMED]:
+        part = f"GPU {index} ({uuid}): {', '.join(reasons)}"
         if sum(len(p) + 2 for p in parts) + len(part) > room:
             break
         parts.append(part)
