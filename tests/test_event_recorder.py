@@ -227,6 +227,35 @@ def test_a_new_event_without_a_token_waits_for_one_then_is_rate_limited() -> Non
     assert settled == [("GPUFatalXID", "rate_limited")] * (20 - 12)
 
 
+def test_the_most_urgent_new_event_takes_the_next_token() -> None:
+    """A storm's 60 new Events and a GPU lost in the same cycle: the GPULost Events (the
+    Node's first) go as soon as a token comes, not after the storm's."""
+    clock = Clock()
+    r = recorder(clock, burst=1, writes_per_minute=6)
+    storm = tuple(intent(pod=f"p{i}", reason="GPUFatalXID") for i in range(60))
+    lost_node = EventIntent(node_ref(NODE), None, "GPULost", "Warning", "lost", "GPU-b")
+    r.observe((*storm, intent(pod="p0", reason="GPULost", device="GPU-b"), lost_node))
+    writes, _ = drain(r)
+    assert [(w.reason, w.body["regarding"]["kind"]) for w in writes] == [("GPULost", "Node")]
+    clock.now = 10.0
+    writes, _ = drain(r)
+    assert [(w.reason, w.body["regarding"]["kind"]) for w in writes] == [("GPULost", "Pod")]
+
+
+def test_while_new_events_wait_a_due_series_update_gets_a_share_of_the_tokens() -> None:
+    clock = Clock()
+    r = recorder(clock, burst=1, writes_per_minute=60)
+    r.observe((intent(pod="storm"),))
+    drain(r)
+    patches = 0
+    for second in range(1, 200):
+        clock.now = float(second)
+        r.observe((intent(pod="storm"), intent(pod=f"new{second}", reason="GPUIsolationLeak")))
+        writes, _ = drain(r)
+        patches += sum(1 for w in writes if w.verb == "patch")
+    assert patches >= 199 // SERIES_FLUSH_S - 1  # every flush that came due was sent
+
+
 def test_series_updates_never_take_the_token_a_new_event_waits_for() -> None:
     """An XID storm keeps 30 series due; a GPU lost later still gets its Event."""
     clock = Clock()
@@ -359,10 +388,12 @@ def test_abandon_forgets_a_new_event_and_keeps_a_series_count() -> None:
 
 
 def first_create(transitions: tuple[HealthTransition, ...], node: str = NODE) -> list[Write]:
+    """The creates of one cycle, the pod's before the Node's (the recorder sends the
+    Node's first: the more urgent)."""
     r = Recorder(node, clock=Clock(), wall=lambda: WALL0)
     r.observe(event_intents(transitions, node))
     writes, _ = drain(r)
-    return writes
+    return sorted(writes, key=lambda w: w.body["regarding"]["kind"] == "Node")
 
 
 def assert_valid(body: dict[str, Any]) -> None:

@@ -34,6 +34,18 @@ NODE_WRITES_PER_MINUTE = 12
 MAX_SERIES = 4096
 # How long a new Event may wait for a token of the node budget before it is given up.
 CREATE_WAIT_S = 60.0
+# While new Events wait for tokens, one token in this many goes to a due series update.
+SERIES_SHARE = 4
+# Which new Event gets the next token: a lost GPU first, then what makes a GPU
+# unhealthy, then the rest; the Node before a pod (it speaks for all of them).
+URGENCY = {
+    "GPULost": 0,
+    "GPUUnhealthy": 1,
+    "GPUFatalXID": 2,
+    "GPUOrphanedMemory": 3,
+    "GPUIsolationLeak": 3,
+    "GPUHealthy": 4,
+}
 # pkg/apis/core/validation/events.go: ReportingInstanceLengthLimit; metadata.name is a
 # DNS subdomain (253).
 REPORTING_INSTANCE_BYTES = 128
@@ -109,6 +121,7 @@ class Recorder:
         self._refilled = clock()
         self._series: dict[tuple[ObjectRef, str, str], _Series] = {}
         self._last_ns = 0
+        self._creates_since_patch = 0
 
     def __len__(self) -> int:
         return len(self._series)
@@ -166,38 +179,44 @@ class Recorder:
     def next_write(self) -> tuple[Write | None, list[tuple[str, Result]]]:
         """The next write due now, if any, and the intents settled on the way.
 
-        New Events come first: a series count only grows while it waits, a new Event
-        is news. One that finds no token waits up to ``CREATE_WAIT_S`` for one (then it
-        is ``rate_limited``), and while one waits no series PATCH takes a token, so an
-        XID storm's series updates cannot starve a GPU lost elsewhere."""
+        New Events come first, most urgent first (``URGENCY``: a GPU lost before a leak,
+        the Node before a pod): a series count only grows while it waits, a new Event is
+        news. One that finds no token waits up to ``CREATE_WAIT_S`` for one (then it is
+        ``rate_limited``). While creates wait, a due series update still gets every
+        ``SERIES_SHARE``-th token, so a storm's count keeps moving too."""
         now = self._clock()
         settled: list[tuple[str, Result]] = []
-        creates_waiting = False
+        waiting: list[_Series] = []
         for key, series in list(self._series.items()):
             if series.pending == 0:
                 if series.name is None or now - series.created_at >= self._new_every:
                     del self._series[key]  # settled, and its window is over
-                continue
-            if series.name is not None:
-                continue
-            if self._take_token(now):
-                return self._create(series, now), settled
-            if now - series.created_at >= self._create_wait:
-                settled.append((series.intent.reason, "rate_limited"))
-                del self._series[key]
-            else:
-                creates_waiting = True
-        if creates_waiting:
-            return None, settled
-        for series in self._series.values():
-            if (
-                series.name is not None
-                and series.pending
-                and now - series.last_sent >= self._flush
-                and self._take_token(now)
-            ):
-                return self._patch(series, now), settled
+            elif series.name is None:
+                if now - series.created_at >= self._create_wait and self._tokens_now(now) < 1:
+                    settled.append((series.intent.reason, "rate_limited"))
+                    del self._series[key]
+                else:
+                    waiting.append(series)
+        patch = None
+        if not waiting or self._creates_since_patch >= SERIES_SHARE:
+            patch = next(
+                (
+                    s
+                    for s in self._series.values()
+                    if s.name is not None and s.pending and now - s.last_sent >= self._flush
+                ),
+                None,
+            )
+        if patch is not None and self._take_token(now):
+            self._creates_since_patch = 0
+            return self._patch(patch, now), settled
+        if waiting and self._take_token(now):
+            self._creates_since_patch += 1
+            return self._create(min(waiting, key=_urgency), now), settled
         return None, settled
+
+    def _tokens_now(self, now: float) -> float:
+        return min(self._burst, self._tokens + (now - self._refilled) * self._rate)
 
     def _create(self, series: _Series, now: float) -> Write:
         intent = series.intent
@@ -280,6 +299,12 @@ class Recorder:
                 settled.append((series.intent.reason, "dropped"))
                 del self._series[key]
         return settled
+
+
+def _urgency(series: _Series) -> tuple[int, int, float]:
+    intent = series.intent
+    node_first = 0 if intent.regarding.kind == "Node" else 1
+    return (URGENCY.get(intent.reason, 5), node_first, series.created_at)
 
 
 def _reference(ref: ObjectRef) -> dict[str, str]:
