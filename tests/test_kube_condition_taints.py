@@ -275,13 +275,13 @@ async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_windo
 
 async def _left_rule(h: Harness, uuid: str) -> None:
     """A DeviceTaintRule an earlier run left for ``uuid`` (GPU 0, DRA device gpu-2)."""
-    from exporter.reporting.device_taints import TaintRule, rule_body
+    from exporter.reporting.device_taints import TaintRule, rule_body, rule_name
     from exporter.reporting.kube_client import KubeWriteClient
 
     assert h.env.paths.kubeconfig is not None
     client = KubeWriteClient(str(h.env.paths.kubeconfig))
     rule = TaintRule(
-        f"gpu-occupancy-exporter-{uuid.lower()}",
+        rule_name("sim-dra-node", uuid),
         "gpu.nvidia.com",
         "sim-dra-node",
         "gpu-2",
@@ -341,3 +341,69 @@ async def test_a_refused_node_condition_does_not_silence_the_events() -> None:
         counts = h.agent.reporter.event_counts()
         assert not any(result == "dropped" for _, result in counts)
         assert h.agent.reporter.write_counts().get(("node_condition", "failed"), 0) >= 1
+
+
+async def test_an_earlier_runs_rule_older_than_the_window_goes_at_once_when_healthy() -> None:
+    """The hold counts from the rule's creation, not from this run's start: an exporter
+    restarted more often than the window still removes a rule once its GPU is healthy."""
+    from exporter.reporting.device_taints import TaintRule, rule_body, rule_name
+
+    scenario = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
+    argv = ["--dra-device-taints", "--health-xid-window", "60"]
+    async with simulated_exporter(scenario, argv=argv, first_cycle=False) as h:
+        uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
+        rule = TaintRule(
+            rule_name("sim-dra-node", uuid), "gpu.nvidia.com", "sim-dra-node", "gpu-2", uuid, "x"
+        )
+        body = rule_body(rule, "v1alpha3", "sim-dra-node", "None")
+        body["metadata"]["creationTimestamp"] = _rfc3339(h.env.node.wall_time() - 3600)
+        api(h).set_device_taint_rule(body)
+        await step(h)
+        await until(lambda: api(h).device_taint_rules() == [], "the old rule removed")
+
+
+async def test_a_taken_rule_name_does_not_hold_up_the_other_gpus_rules() -> None:
+    """A rule with our name already there (a listing missed it) is ours: a 409 on its
+    create is "exists", and the next GPU's rule is still made."""
+    from exporter.reporting.device_taints import TaintRule, rule_body, rule_name
+
+    scenario = dra_with_a_reset(unhealthy_at=15, healthy_at=10_000)
+    scenario["timeline"] = [  # type: ignore[index]
+        {"at": 15, "set": {"gpu": 0, "recovery_action": 1}},
+        {"at": 15, "set": {"gpu": 3, "recovery_action": 1}},
+    ]
+    async with simulated_exporter(scenario, argv=["--dra-device-taints"], first_cycle=False) as h:
+        uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
+        rule = TaintRule(
+            rule_name("sim-dra-node", uuid), "gpu.nvidia.com", "sim-dra-node", "gpu-2", uuid, "x"
+        )
+        body = rule_body(rule, "v1alpha3", "sim-dra-node", "None")
+        body["metadata"]["labels"] = {"someone": "else"}  # not found by our label selector
+        api(h).set_device_taint_rule(body)
+        await step(h)
+        await step(h)
+        await until(lambda: len(api(h).device_taint_rules()) == 2, "both GPUs' rules")
+        assert h.agent.reporter is not None
+        assert h.agent.reporter.write_counts().get(("device_taint_rule", "failed"), 0) == 0
+
+
+async def test_a_node_condition_time_no_server_would_send_is_no_crash() -> None:
+    scenario = recovering_gpu("sim-odd-times", unhealthy_at=10_000, healthy_at=20_000)
+    async with simulated_exporter(scenario, argv=["--node-condition"], first_cycle=False) as h:
+        name = h.env.node.scenario.node_name
+        node = api(h).node(name)
+        assert node is not None
+        node["status"]["conditions"].append(
+            {
+                "type": CONDITION,
+                "status": "False",
+                "reason": "GPUsHealthy",
+                "message": "",
+                "lastHeartbeatTime": "9999-12-31T23:59:59-23:59",
+                "lastTransitionTime": "0001-01-01T00:00:00+23:59",
+            }
+        )
+        api(h).set_node(node)
+        await step(h)
+        await until(lambda: status_patches(h) == 1, "the condition written")
+        assert status_of(h) == ("False", "GPUsHealthy")

@@ -61,7 +61,7 @@ def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[Tai
             continue
         gpu = parent.get(uuid, uuid)
         if gpu in unhealthy:
-            name = f"{CONTROLLER}-{uuid.lower()}"[:253]
+            name = rule_name(analysis.node.node_name, uuid)
             rules.add(
                 TaintRule(name, device.driver, device.pool, device.name, uuid, unhealthy[gpu])
             )
@@ -82,10 +82,20 @@ def healthy_devices(analysis: Analysis) -> frozenset[str]:
     return frozenset(u.lower() for u in healthy | migs)
 
 
+def rule_name(node: str, uuid: str) -> str:
+    """``gpu-occupancy-exporter-<node hash>-<device uuid>``: the node's hash keeps a rule
+    of another node (or of another tool with our prefix) from taking the name."""
+    token = hashlib.sha256(node.encode()).hexdigest()[:8]
+    return f"{CONTROLLER}-{token}-{uuid.lower()}"[:253]
+
+
 def rule_device(name: str) -> str:
-    """The lower-case device UUID a rule of ours is named for."""
+    """The lower-case device UUID a rule of ours is named for ("" if not one of ours)."""
     prefix = f"{CONTROLLER}-"
-    return name[len(prefix) :] if name.startswith(prefix) else ""
+    if not name.startswith(prefix):
+        return ""
+    _token, _, device = name[len(prefix) :].partition("-")
+    return device
 
 
 def rule_body(rule: TaintRule, version: str, node: str, effect: str) -> dict[str, Any]:

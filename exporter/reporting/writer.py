@@ -10,8 +10,10 @@ else happens here, one request at a time, each with a deadline:
 - **Retried with backoff**: a request with no answer (refused, reset, past its
   deadline) or a 429/5xx is tried again after 1, 2, 4 ... ``MAX_BACKOFF_S`` seconds,
   at most ``MAX_TRIES`` times. While backing off, new Events are dropped and counted,
-  never queued: the API server that is down gets one request per backoff step from
-  this node, not a burst of everything that happened meanwhile.
+  never queued: the API server that is down gets one request per backoff step and kind
+  of write (Events, the condition, the taints: at most three a minute once the backoff
+  reaches 60 s) from this node, not a burst of everything that happened meanwhile. The
+  kinds back off separately, so a refused condition does not silence the Events.
 - **Counted**: ``gpu_exporter_events_total{reason,result}`` and
   ``gpu_exporter_kube_writes_total{kind,result}``; each kind of failure logged once
   per minute (exporter/logs.py).
@@ -19,6 +21,7 @@ else happens here, one request at a time, each with a deadline:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -162,7 +165,9 @@ class KubeReporter:
         self._started_wall = wall()
         self._hold_false_until: float | None = None  # None: the Node not read yet
         self._inherited_transition: float | None = None
-        self._inherited_rules: set[str] = set()  # listed at start, not wanted by this run
+        # rules listed at start and not yet wanted by this run -> since when (epoch)
+        self._inherited_rules: dict[str, float] = {}
+        self._listed_once = False
         self._sent_condition: SentCondition | None = None
         self._taint_version: str | bool | None = False  # False: not asked yet
         self._existing_rules: set[str] | None = None
@@ -254,11 +259,22 @@ class KubeReporter:
         if self._client is None:
             self._client = self._client_factory()
         if not self._event_backoff.active():
-            self._send_events()
+            self._guarded("Events", self._send_events, self._event_backoff)
         if condition is not None and not self._condition_backoff.active():
-            self._send_condition(condition)
+            send = functools.partial(self._send_condition, condition)
+            self._guarded("the node condition", send, self._condition_backoff)
         if rules is not None and not self._taint_backoff.active():
-            self._reconcile_taints(rules, healthy)
+            taint = functools.partial(self._reconcile_taints, rules, healthy)
+            self._guarded("DeviceTaintRules", taint, self._taint_backoff)
+
+    def _guarded(self, what: str, write: Callable[[], None], backoff: _Backoff) -> None:
+        """One kind of write; a bug it trips over (or an answer it cannot use) backs off
+        that kind only, never the others."""
+        try:
+            write()
+        except Exception:
+            log.exception("writing %s to the Kubernetes API failed", what)
+            backoff.failed()
 
     def _settle(self, settled: list[tuple[str, Result]]) -> None:
         for reason, result in settled:
@@ -418,64 +434,109 @@ class KubeReporter:
     def _reconcile_taints(self, desired: frozenset[TaintRule], healthy: frozenset[str]) -> None:
         """Create the rules of unhealthy GPUs; delete one only when NVML judged its
         device healthy this cycle (a device missing from the ResourceSlices, say while
-        the DRA driver restarts, is not healthy), and one an earlier run left only after
-        ``xid_window_s`` (its verdict may rest on XIDs this run never saw)."""
+        the DRA driver restarts, is not healthy), and one an earlier run left only
+        ``xid_window_s`` after it was created (its verdict may rest on XIDs this run
+        never saw). One rule's failure does not hold up the others."""
         assert self._client is not None
         now = self._clock()
         try:
             version = self._taint_api_version(now)
             if version is None:
                 return
+            listed = None
             if self._existing_rules is None or now - self._rules_listed_at >= TAINT_RESYNC_S:
                 listed = self._client.list_device_taint_rules(
                     version, label_selector(self.options.node_name)
                 )
-                names = {str(r.get("metadata", {}).get("name")) for r in listed}
-                if self._existing_rules is None and not self._rules_listed_at > float("-inf"):
-                    self._inherited_rules = set(names)  # the first listing: an earlier run's
-                self._existing_rules = names
-                self._rules_listed_at = now
-            wanted = {r.name: r for r in desired}
-            self._inherited_rules -= set(wanted)  # this run judges them now
-            for name in sorted(set(wanted) - self._existing_rules):
-                body = rule_body(
-                    wanted[name], version, self.options.node_name, self.options.taint_effect
-                )
-                self._client.create_device_taint_rule(version, body)
-                self._existing_rules.add(name)
-                self._count_write("device_taint_rule", "ok")
-                log.warning(
-                    "tainted GPU %s (DRA device %s/%s/%s) with %s=%s:%s",
-                    wanted[name].uuid,
-                    wanted[name].driver,
-                    wanted[name].pool,
-                    wanted[name].device,
-                    body["spec"]["taint"]["key"],
-                    wanted[name].reason,
-                    self.options.taint_effect,
-                )
-            settled = self._wall() >= self._started_wall + self.options.xid_window_s
-            for name in sorted(self._existing_rules - set(wanted)):
-                if rule_device(name) not in healthy:
-                    continue  # no verdict of healthy for its device: left as it is
-                if name in self._inherited_rules and not settled:
-                    continue
-                self._client.delete_device_taint_rule(version, name)
-                self._existing_rules.discard(name)
-                self._inherited_rules.discard(name)
-                self._count_write("device_taint_rule", "ok")
-                log.info("removed DeviceTaintRule %s: its GPU is healthy again", name)
-            self._taint_backoff.succeeded()
         except self._error as exc:
-            self._count_write("device_taint_rule", "failed")
-            self._existing_rules = None  # re-list before the next change
-            log.debug("device taints: %s", getattr(exc, "reason", exc))
-            log.warning(
-                "writing DeviceTaintRules failed (%s); it needs get, list, create and delete "
-                "on resource.k8s.io devicetaintrules (chart: draDeviceTaints.enabled)",
-                "no answer" if getattr(exc, "status", None) is None else f"HTTP {exc.status}",  # type: ignore[attr-defined]
-            )
+            self._taint_failed("listing", exc)
             self._taint_backoff.failed()
+            return
+        if listed is not None:
+            created = {_name(r): _created(r) for r in listed if _name(r)}
+            if not self._listed_once:  # what an earlier run left, and since when
+                self._inherited_rules = {
+                    name: (when if when is not None else self._started_wall)
+                    for name, when in created.items()
+                }
+                self._listed_once = True
+            self._existing_rules = set(created)
+            self._rules_listed_at = now
+        if self._existing_rules is None:
+            return
+        wanted = {r.name: r for r in desired}
+        for name in set(wanted) & set(self._inherited_rules):
+            del self._inherited_rules[name]  # this run judges them now
+        failures = 0
+        for name in sorted(set(wanted) - self._existing_rules):
+            failures += not self._create_rule(version, wanted[name])
+        wall = self._wall()
+        for name in sorted(self._existing_rules - set(wanted)):
+            if rule_device(name) not in healthy:
+                continue  # no verdict of healthy for its device: left as it is
+            since = self._inherited_rules.get(name)
+            if since is not None and wall < since + self.options.xid_window_s:
+                continue
+            failures += not self._delete_rule(version, name)
+        if failures:
+            self._taint_backoff.failed()
+        else:
+            self._taint_backoff.succeeded()
+
+    def _create_rule(self, version: str, rule: TaintRule) -> bool:
+        assert self._client is not None and self._existing_rules is not None
+        body = rule_body(rule, version, self.options.node_name, self.options.taint_effect)
+        try:
+            self._client.create_device_taint_rule(version, body)
+        except self._error as exc:
+            if getattr(exc, "status", None) != 409:
+                self._taint_failed("creating", exc)
+                return False
+            # 409: it exists (our name carries this node's hash): a listing missed it
+        self._existing_rules.add(rule.name)
+        self._count_write("device_taint_rule", "ok")
+        log.warning(
+            "tainted GPU %s (DRA device %s/%s/%s) with %s=%s:%s",
+            rule.uuid,
+            rule.driver,
+            rule.pool,
+            rule.device,
+            body["spec"]["taint"]["key"],
+            rule.reason,
+            self.options.taint_effect,
+        )
+        return True
+
+    def _delete_rule(self, version: str, name: str) -> bool:
+        assert self._client is not None and self._existing_rules is not None
+        try:
+            self._client.delete_device_taint_rule(version, name)
+        except self._error as exc:
+            self._taint_failed("deleting", exc)
+            return False
+        self._existing_rules.discard(name)
+        self._inherited_rules.pop(name, None)
+        self._count_write("device_taint_rule", "ok")
+        log.info("removed DeviceTaintRule %s: its GPU is healthy again", name)
+        return True
+
+    def _taint_failed(self, doing: str, exc: BaseException) -> None:
+        status = getattr(exc, "status", None)
+        self._count_write("device_taint_rule", "failed")
+        self._rules_listed_at = float("-inf")  # re-list before the next change
+        log.debug("device taints: %s", getattr(exc, "reason", exc))
+        if status == 403:
+            log.warning(
+                "%s a DeviceTaintRule was refused (HTTP 403): it needs get, list, create and "
+                "delete on resource.k8s.io devicetaintrules (chart: draDeviceTaints.enabled)",
+                doing,
+            )
+        else:
+            log.warning(
+                "%s a DeviceTaintRule failed (%s); run with --log-level debug for the answer",
+                doing,
+                "no answer" if status is None else f"HTTP {status}",
+            )
 
     def _taint_api_version(self, now: float) -> str | None:
         """The resource.k8s.io version serving devicetaintrules, asked once (again
@@ -497,14 +558,28 @@ class KubeReporter:
 
 
 def _parse_time(text: object) -> float | None:
-    if not isinstance(text, str):
+    """An API timestamp as epoch seconds; None for anything else, also one no real
+    server would send (before 1970, beyond 9999, an offset that overflows)."""
+    if not isinstance(text, str) or len(text) > 64:
         return None
     from datetime import datetime
 
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         return None
+    return when if 0 <= when < 253402300800 else None
+
+
+def _name(rule: object) -> str:
+    meta = rule.get("metadata") if isinstance(rule, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _created(rule: dict[str, Any]) -> float | None:
+    meta = rule.get("metadata")
+    return _parse_time(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
 
 
 __all__ = ["RESULTS", "WRITE_KINDS", "WRITE_RESULTS", "KubeReporter", "ReportingOptions"]

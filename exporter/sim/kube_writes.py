@@ -246,6 +246,19 @@ class KubeWrites:
             node["metadata"]["resourceVersion"] = self._next_rv_locked()
             self._nodes[name] = node
 
+    def set_device_taint_rule(self, obj: Mapping[str, Any]) -> None:
+        """Add a DeviceTaintRule as it would stand after an earlier run made it, with the
+        ``metadata.creationTimestamp`` given (the API sets it on create: this is how a
+        test makes one from long ago)."""
+        rule = copy.deepcopy(dict(obj))
+        name = str_at(rule, "metadata", "name")
+        if not name:
+            raise ValueError("a DeviceTaintRule needs metadata.name")
+        with self._lock:
+            rule["metadata"].setdefault("creationTimestamp", now_rfc3339())
+            rule["metadata"]["resourceVersion"] = self._next_rv_locked()
+            self._taint_rules[name] = rule
+
     def device_taint_rules(self) -> list[dict[str, Any]]:
         with self._lock:
             return [copy.deepcopy(r) for _, r in sorted(self._taint_rules.items())]
