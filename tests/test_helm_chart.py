@@ -303,7 +303,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "tolerate-all": {"tolerateAll": True},
     "gke-priority-quota": {"priorityClassQuota": {"enabled": True, "pods": 500}},
-    # -- what the exporter writes to Kubernetes (issue 22)
+    # -- what the exporter writes to Kubernetes
     "no-kube-events": {"kubeEvents": {"enabled": False}},
     "node-condition": {"nodeCondition": {"enabled": True}},
     "dra-device-taints": {"draDeviceTaints": {"enabled": True}},

@@ -138,7 +138,7 @@ async def test_the_heartbeat_is_no_more_often_than_heartbeat_s_and_a_change_goes
         await step(h)  # 310 s: GPU 0 wants a reset
         await until_equal(lambda: status_of(h), ("True", "GPUUnhealthy"), "the change")
         assert status_patches(h) == 2
-        assert HEARTBEAT_S >= 60  # "every few minutes" (issue 22)
+        assert HEARTBEAT_S >= 60  # "every few minutes", as node-problem-detector does
 
 
 async def test_the_condition_without_events() -> None:

@@ -4,7 +4,7 @@ The real exporter runs in-process on a simulated node (tests/harness.py), its wr
 thread sending through the real ``kubernetes`` client to the API stand-in, whose write
 side (exporter/sim/kube_writes.py) validates every Event as kube-apiserver does and keeps
 it. The tests read the Events back the way ``kubectl get events --field-selector`` and
-``kubectl describe`` do, and check who hears what (issue 22): each Event on the object
+``kubectl describe`` do, and check who hears what: each Event on the object
 that was hit, none on a pod whose GPUs stayed healthy, a storm aggregated into one
 Event with a count, the node's budget held, nothing written with ``--kube-events off``.
 
