@@ -13,6 +13,8 @@ ROW = re.compile(r"^\| `(gpu_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", re.M
 SELF_INSTRUMENTS = {
     "gpu_exporter_build_info",
     "gpu_exporter_errors",
+    "gpu_exporter_events",  # while Events are on (exporter/agent.py)
+    "gpu_exporter_kube_writes",
     "gpu_exporter_sample_duration_seconds",
     "gpu_exporter_source_read_seconds",
 }
