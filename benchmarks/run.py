@@ -42,6 +42,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # run from a checkout without installing
 import cycle  # noqa: E402
 import scaling  # noqa: E402
 import whole_process  # noqa: E402
+from machine import cores, cpu_model  # noqa: E402
 
 from exporter import __version__  # noqa: E402
 
@@ -97,11 +98,7 @@ def in_fresh_process(name: str, plan: Any) -> Any:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.partition(":")[2].strip()
-            break
+    """The machine line's parts (benchmarks/machine.py) and what else moves the figures."""
     try:
         commit = subprocess.run(
             ["git", "describe", "--always", "--dirty"],
@@ -120,8 +117,8 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "cores": cores(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "kernel": platform.release(),

@@ -33,8 +33,9 @@ import yaml
 
 from exporter.exposition.server import KEEP_RENDERING_CYCLES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # processes.py, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # processes.py, machine.py
 
+from machine import cores, machine_line
 from processes import (
     OPENMETRICS_ACCEPT,
     ROOT,
@@ -321,7 +322,8 @@ def _machine() -> dict[str, Any]:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     return {
-        "cores": os.cpu_count(),
+        "line": machine_line(),
+        "cores": cores(),
         "python": platform.python_version(),
         "kernel": platform.release(),
         "commit": commit,
@@ -405,7 +407,7 @@ def curve_markdown(results: dict[str, Any]) -> str:
         f"# Scaling curve ({results['mode']} run)",
         "",
         f"Run {results['started']} in {results['duration_s']:.0f} s on "
-        f"{results['machine']['cores']} cores (commit {results['machine']['commit']}); "
+        f"{results['machine']['line']} (commit {results['machine']['commit']}); "
         "regenerate with `python benchmarks/scaling.py`. Our exporter at `--interval 1` "
         "beside a simulated node in its own process; CPU over "
         f"{results['plan']['cpu_s']:g} s with OpenMetrics scraped every 5 s, "

@@ -53,8 +53,11 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]  # run from a checkout without installing
+
+from machine import machine_line  # noqa: E402
 
 from exporter import allocator  # noqa: E402
 from exporter.agent import Agent, build_agent  # noqa: E402
@@ -588,18 +591,6 @@ def markdown(results: dict[str, Any], machine: str) -> str:
         ]
         lines.append("")
     return "\n".join(lines)
-
-
-def machine_line() -> str:
-    cpu = next(
-        (
-            line.partition(":")[2].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown CPU",
-    )
-    return f"{cpu}, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
 
 
 def main() -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.machine import machine_line  # noqa: E402
 from tests.faults.cases import CASES  # noqa: E402
 from tests.faults.conftest import REPORT_ENV  # noqa: E402
 
@@ -29,21 +29,9 @@ DOC = ROOT / "docs" / "reliability.md"
 BEGIN, END = "<!-- fault-matrix:begin -->", "<!-- fault-matrix:end -->"
 
 
-def machine() -> str:
-    cpu = next(
-        (
-            line.partition(":")[2].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown CPU",
-    )
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
-
-
 def table(records: dict[str, dict[str, str]], outcome: str) -> str:
     lines = [
-        f"Run {datetime.now(UTC):%Y-%m-%d} on {machine()} (`python tests/faults/report.py`; "
+        f"Run {datetime.now(UTC):%Y-%m-%d} on {machine_line()} (`python tests/faults/report.py`; "
         f"pytest: {outcome}).",
         "",
         "| area | fault | expected behaviour (asserted) | measured |",
