@@ -292,7 +292,7 @@ class Agent:
         for source in self.sources:
             began = time.perf_counter()
             try:
-                cycle.readings[source.field] = source.read(cycle)
+                source.fill(cycle)
             except Exception:  # a source's bug must not cost the other sources' data
                 self.self_metrics.errors.labels(source.name).inc()
                 log.exception("reading source %s failed", source.name)
@@ -301,12 +301,7 @@ class Agent:
             if status is not None:
                 statuses.append(self._with_last_success(status, timestamp))
             self._count_errors(source)
-        return NodeSnapshot(
-            node_name=self.config.node_name,
-            timestamp=timestamp,
-            sources=tuple(statuses),
-            **cycle.readings,  # type: ignore[arg-type]
-        )
+        return cycle.readings.snapshot(self.config.node_name, timestamp, tuple(statuses))
 
     def _with_last_success(self, status: SourceStatus, timestamp: float) -> SourceStatus:
         """A background source knows its last success; a sampled one succeeded in the

@@ -15,6 +15,7 @@ from exporter.model import (
     HolderScanRequest,
     MigInstance,
     NvmlSnapshot,
+    Readings,
 )
 from exporter.sim.proctree import gpu_fds, host_cgroup, write_process
 from exporter.sources.base import Cycle
@@ -139,7 +140,7 @@ def nvml_listing(*pids: int) -> NvmlSnapshot:
 
 
 def cycle(at: float, holder_request: HolderScanRequest | None, *pids: int) -> Cycle:
-    return Cycle(at, holder_request=holder_request, readings={"nvml": nvml_listing(*pids)})
+    return Cycle(at, holder_request=holder_request, readings=Readings(nvml=nvml_listing(*pids)))
 
 
 def test_the_source_answers_last_cycles_request_and_skips_the_pids_nvml_lists(

@@ -325,7 +325,10 @@ def test_pod_watcher_is_the_kube_source_filling_pod_meta(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
     idle = PodWatcher(NODE)
-    assert (idle.name, idle.field) == ("kube", "pod_meta")
+    assert idle.name == "kube"
+    filled = Cycle(timestamp=time.time())
+    idle.fill(filled)
+    assert filled.readings.pod_meta is idle.snapshot()
     assert idle.status() == SourceStatus("kube", False, "not started")
     assert idle.errors_total == 0
 

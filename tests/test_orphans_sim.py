@@ -122,7 +122,7 @@ async def run_timeline(scenario: Scenario, *, kube_api: bool) -> tuple[dict[int,
             now = env.node.wall_time()
             cycle = base.Cycle(now, holder_request=request)
             sample = await asyncio.to_thread(nvml.read, cycle)
-            cycle.readings["nvml"] = sample
+            cycle.readings.nvml = sample
             scan = await asyncio.to_thread(holders.read, cycle)
             snapshot = NodeSnapshot(
                 node_name=paths.node_name,

@@ -327,7 +327,10 @@ def test_is_the_resourceslices_source_and_close_stops_its_thread(
     fake: FakeKubeApi, make_watcher: Callable[..., ResourceSliceWatcher]
 ) -> None:
     idle = ResourceSliceWatcher(NODE)
-    assert (idle.name, idle.field) == ("resourceslices", "resource_slices")
+    assert idle.name == "resourceslices"
+    filled = Cycle(timestamp=0.0)
+    idle.fill(filled)
+    assert filled.readings.resource_slices is idle.snapshot()
     assert idle.status() == SourceStatus("resourceslices", False, "not started")
     assert idle.read(Cycle(timestamp=0.0)) == ResourceSliceSnapshot(
         ok=False, timestamp=idle.snapshot().timestamp, error="not started"

@@ -308,6 +308,13 @@ class PodMeta:
     # container's limits (its requests where it sets no limit) for resources with a
     # domain ("nvidia.com/gpumem"); HAMi's promised memory and cores are among them.
     resources: tuple[tuple[str, str, str], ...] = ()
+    # The pod's controller as metadata.ownerReferences names it (the entry with
+    # controller: true; the API server allows one): both None when the pod has none (a
+    # bare pod); owner_kind "" when it names one that could not be read (unknown, which is
+    # not "no owner"). exporter/analysis/owners.py resolves it to a workload.
+    owner_kind: str | None = None
+    owner_name: str | None = None
+    pod_template_hash: str | None = None  # the pod's `pod-template-hash` label, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +351,46 @@ class NodeSnapshot:
     kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
     holder_scan: HolderScan | None = None  # the last walk for last cycle's HolderScanRequest
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
+
+
+@dataclass(slots=True)
+class Readings:
+    """What the sources have read so far in one cycle: ``NodeSnapshot``'s fields, typed.
+
+    Each source's ``fill`` assigns its own attribute (``cycle.readings.nvml =
+    self.read(cycle)``), so mypy checks every source's output against the field it
+    fills; ``snapshot`` builds the frozen ``NodeSnapshot`` field by field.
+    """
+
+    nvml: NvmlSnapshot | None = None
+    processes: tuple[ProcessIdentity, ...] = ()
+    pod_resources: PodResourcesSnapshot | None = None
+    pod_meta: PodMetaSnapshot | None = None
+    dcgm: DcgmSnapshot | None = None
+    resource_slices: ResourceSliceSnapshot | None = None
+    xid_events: tuple[XidEvent, ...] = ()
+    kmsg_events: tuple[XidEvent, ...] = ()
+    holder_scan: HolderScan | None = None
+
+    def snapshot(
+        self, node_name: str, timestamp: float, sources: tuple[SourceStatus, ...]
+    ) -> NodeSnapshot:
+        # NVML not read at all (its source failed outright): down, with the reason
+        nvml = self.nvml or NvmlSnapshot(ok=False, timestamp=timestamp, error="NVML not read")
+        return NodeSnapshot(
+            node_name=node_name,
+            nvml=nvml,
+            timestamp=timestamp,
+            processes=self.processes,
+            pod_resources=self.pod_resources,
+            pod_meta=self.pod_meta,
+            dcgm=self.dcgm,
+            resource_slices=self.resource_slices,
+            xid_events=self.xid_events,
+            kmsg_events=self.kmsg_events,
+            holder_scan=self.holder_scan,
+            sources=sources,
+        )
 
 
 @dataclass(frozen=True, slots=True)

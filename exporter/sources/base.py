@@ -14,9 +14,11 @@ A source is one of two kinds, with the same methods:
   ``start()`` starts a thread (or ``run()`` is an asyncio task) that keeps a current
   snapshot; ``read()`` only hands that snapshot over.
 
-``read()`` fills one field of ``NodeSnapshot`` (``field``). Sources never import one
-another; one that needs another's reading (procfs needs the pids NVML listed) reads it
-from ``Cycle.readings``, so the registry's order is the order of reading.
+``read()`` returns the source's reading and ``fill()`` puts it in its field of
+``Cycle.readings`` (a typed ``Readings``: mypy checks each source's output against the
+``NodeSnapshot`` field it fills). Sources never import one another; one that needs
+another's reading (procfs needs the pids NVML listed) reads it from ``Cycle.readings``,
+so the registry's order is the order of reading.
 
 Every background loop runs under a ``Supervisor``: whatever escapes the loop's own error
 handling (a bug, an answer nobody foresaw) is counted, logged once per distinct error and
@@ -37,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from exporter.model import HolderScanRequest, NvmlSnapshot, SourceName, SourceStatus
+from exporter.model import HolderScanRequest, Readings, SourceName, SourceStatus
 from exporter.sources.backoff import Backoff
 from exporter.text import one_line
 
@@ -58,21 +60,20 @@ class Cycle:
 
     timestamp: float
     holder_request: HolderScanRequest | None = None
-    readings: dict[str, object] = field(default_factory=dict)
+    readings: Readings = field(default_factory=Readings)
 
     def gpu_pids(self) -> frozenset[int]:
         """Every pid NVML listed this cycle, on whole GPUs and MIG instances."""
-        nvml = self.readings.get("nvml")
-        if not isinstance(nvml, NvmlSnapshot):
+        nvml = self.readings.nvml
+        if nvml is None:
             return frozenset()
         return frozenset(p.pid for gpu in nvml.gpus for p in gpu.all_processes())
 
 
 class Source:
-    """Base of every source; subclasses set ``name`` and ``field`` and override ``read``."""
+    """Base of every source; subclasses set ``name`` and override ``read`` and ``fill``."""
 
     name: ClassVar[SourceName]  # gpu_exporter_source_up{source=...}
-    field: ClassVar[str]  # the NodeSnapshot field read() fills
 
     def start(self) -> None:
         """Start a background thread, if the source has one."""
@@ -85,6 +86,10 @@ class Source:
         ``timeout_s`` for a watch to list), so the first output is complete."""
 
     def read(self, cycle: Cycle) -> object:
+        raise NotImplementedError
+
+    def fill(self, cycle: Cycle) -> None:
+        """Read, and put the reading in this source's field of ``cycle.readings``."""
         raise NotImplementedError
 
     def status(self) -> SourceStatus | None:

@@ -166,7 +166,6 @@ class DcgmSource(Source):
     """
 
     name: ClassVar[SourceName] = "dcgm"
-    field: ClassVar[str] = "dcgm"
 
     def __init__(
         self,
@@ -279,6 +278,9 @@ class DcgmSource(Source):
         log.log(level, "DCGM unavailable (%s); retrying in %.0f s", error, delay)
 
     # -- one cycle --------------------------------------------------------------------
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.dcgm = self.read(cycle)
 
     def read(self, cycle: Cycle) -> DcgmSnapshot:
         snapshot = self.sample()

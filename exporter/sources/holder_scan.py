@@ -99,7 +99,6 @@ class HolderScanSource(Source):
     """Walks ``<proc-root>/*/fd`` for the requested GPUs' device files, seldom."""
 
     name: ClassVar[SourceName] = "holders"
-    field: ClassVar[str] = "holder_scan"
 
     def __init__(
         self,
@@ -121,6 +120,9 @@ class HolderScanSource(Source):
     @property
     def errors_total(self) -> int:
         return self._errors_total
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.holder_scan = self.read(cycle)
 
     def read(self, cycle: Cycle) -> HolderScan | None:
         request = cycle.holder_request

@@ -46,6 +46,7 @@ from typing import ClassVar
 
 from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle
 from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,11 @@ class KmsgReader(ThreadedSource):
     """
 
     name: ClassVar[SourceName] = "kmsg"
-    field: ClassVar[str] = "kmsg_events"
+
     thread_name = "kmsg-reader"
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.kmsg_events = self.read(cycle)
 
     def __init__(
         self,

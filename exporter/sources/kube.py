@@ -14,9 +14,23 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from exporter.model import PodMeta, PodMetaSnapshot, SourceName, WatchCounts
+from exporter.sources.base import Cycle
 from exporter.sources.kube_watch import KubeWatchSource
 
 MAX_PODS = 5000
+# What a pod says about its owner is read within the API's own limits: a kind is a
+# DNS-1035 label once lowercased, 63 characters (CRD names validation, apiextensions-
+# apiserver pkg/apis/apiextensions/validation/validation.go: IsDNS1035Label(strings.
+# ToLower(names.Kind))); an object name a DNS subdomain, 253; a label value 63
+# (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/ and
+# .../labels/#syntax-and-character-set). The API server lets one entry be the
+# controller; entries past MAX_OWNER_REFERENCES are not looked at.
+MAX_KIND_CHARS = 63
+MAX_NAME_CHARS = 253
+MAX_LABEL_VALUE_CHARS = 63
+MAX_OWNER_REFERENCES = 16
+TEMPLATE_HASH_LABEL = "pod-template-hash"  # apps/v1 DefaultDeploymentUniqueLabelKey
+_UNREADABLE = ("", "")  # names a controller that cannot be read: unknown, not "none"
 
 
 def _parse_time(value: Any) -> float | None:
@@ -73,6 +87,36 @@ def _extended_resources(spec: Any) -> Iterable[tuple[str, str, str]]:
             yield container["name"], resource, value
 
 
+def _bounded(value: Any, limit: int) -> str | None:
+    """``value`` when it is a printable string of 1 to ``limit`` characters."""
+    if isinstance(value, str) and 0 < len(value) <= limit and value.isprintable():
+        return value
+    return None
+
+
+def controller_of(refs: Any) -> tuple[str, str] | None:
+    """(kind, name) of the ownerReferences entry with ``controller: true``; None when
+    there is none (a bare pod); ("", "") when one is named but cannot be read (a kind or
+    name that is not a short printable string, or a list too long to look through)."""
+    if refs is None:
+        return None
+    if not isinstance(refs, list):
+        return _UNREADABLE
+    for ref in refs[:MAX_OWNER_REFERENCES]:
+        if not isinstance(ref, Mapping) or ref.get("controller") is not True:
+            continue
+        kind = _bounded(ref.get("kind"), MAX_KIND_CHARS)
+        name = _bounded(ref.get("name"), MAX_NAME_CHARS)
+        return (kind, name) if kind and name else _UNREADABLE
+    return _UNREADABLE if len(refs) > MAX_OWNER_REFERENCES else None
+
+
+def _template_hash(labels: Any) -> str | None:
+    if not isinstance(labels, Mapping):
+        return None
+    return _bounded(labels.get(TEMPLATE_HASH_LABEL), MAX_LABEL_VALUE_CHARS)
+
+
 def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
     """One pod as the API serialises it -> PodMeta; None without a UID.
 
@@ -88,6 +132,7 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
     for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
         containers.extend(_container_pairs(status.get(key)))
     phase = status.get("phase")
+    owner = controller_of(metadata.get("ownerReferences"))
     return PodMeta(
         uid=uid.lower(),
         namespace=str(metadata.get("namespace") or ""),
@@ -96,6 +141,9 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
         deletion_timestamp=_parse_time(metadata.get("deletionTimestamp")),
         containers=tuple(containers),
         resources=tuple(_extended_resources(pod.get("spec"))),
+        owner_kind=owner[0] if owner else None,
+        owner_name=owner[1] if owner else None,
+        pod_template_hash=_template_hash(metadata.get("labels")),
     )
 
 
@@ -104,7 +152,7 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
     current ``PodMetaSnapshot``, pods sorted by namespace, name and UID."""
 
     name: ClassVar[SourceName] = "kube"
-    field: ClassVar[str] = "pod_meta"
+
     path: ClassVar[str] = "/api/v1/pods"
     resource: ClassVar[str] = "pods"
     singular: ClassVar[str] = "pod"
@@ -114,6 +162,9 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
     # https://kubernetes.io/docs/reference/config-api/kubelet-config.v1beta1/); large
     # nodes raise it to a few hundred. Far more "pods of this node" is a broken server.
     max_objects: ClassVar[int] = MAX_PODS
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.pod_meta = self.read(cycle)
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
         uid = (obj.get("metadata") or {}).get("uid")

@@ -115,7 +115,6 @@ class NvmlSource(Source):
     """The NVML source: every GPU's state, processes and GPM occupancy, each cycle."""
 
     name: ClassVar[SourceName] = "nvml"
-    field: ClassVar[str] = "nvml"
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -182,6 +181,9 @@ class NvmlSource(Source):
         device.gpm.clear()
 
     # -- one cycle --------------------------------------------------------------------
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.nvml = self.read(cycle)
 
     def read(self, cycle: Cycle) -> NvmlSnapshot:
         snapshot = self.sample()

@@ -393,7 +393,6 @@ class ProcessReader(Source):
     """
 
     name: ClassVar[SourceName] = "procfs"
-    field: ClassVar[str] = "processes"
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
@@ -401,6 +400,9 @@ class ProcessReader(Source):
         self._unreadable_total = 0  # pids whose cgroup could not be read, per read
         self._failure: str | None = None  # why the last read failed wholesale
         self._not_host: str | None = None  # why the last cycle's tree was not host /proc
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.processes = self.read(cycle)
 
     def read(self, cycle: Cycle) -> tuple[ProcessIdentity, ...]:
         problem = host_view_problem(self.proc_root)

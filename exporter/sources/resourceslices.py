@@ -32,6 +32,7 @@ from exporter.model import (
     WatchCounts,
 )
 from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle
 from exporter.sources.kube_watch import KubeWatchSource, describe_error, http_status
 from exporter.text import one_line
 
@@ -118,7 +119,7 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
     the current ``ResourceSliceSnapshot``, devices sorted by driver, pool and name."""
 
     name: ClassVar[SourceName] = "resourceslices"
-    field: ClassVar[str] = "resource_slices"
+
     path: ClassVar[str] = f"/apis/{API_GROUP}/{API_VERSION}/resourceslices"
     resource: ClassVar[str] = "resourceslices"
     singular: ClassVar[str] = "ResourceSlice"
@@ -127,6 +128,9 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
     # A node's GPU driver publishes a pool of a few slices (at most 128 devices each,
     # resource.k8s.io/v1 ResourceSliceSpec.devices); far more is a broken server.
     max_objects: ClassVar[int] = MAX_SLICES
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.resource_slices = self.read(cycle)
 
     def __init__(
         self,

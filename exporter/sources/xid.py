@@ -33,6 +33,7 @@ import pynvml
 
 from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
+from exporter.sources.base import Cycle
 from exporter.sources.nvml_codes import CANNOT_REGISTER_EVENTS, error_name, instance_id
 from exporter.sources.threaded import ThreadedSource
 
@@ -64,8 +65,11 @@ class XidListener(ThreadedSource):
     if one is given, else it is kept for the next cycle's ``read()``."""
 
     name: ClassVar[SourceName] = "xid"
-    field: ClassVar[str] = "xid_events"
+
     thread_name = "xid-listener"
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.xid_events = self.read(cycle)
 
     def __init__(
         self,

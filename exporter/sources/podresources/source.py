@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 class PodResourcesSource(Source):
     name: ClassVar[SourceName] = "podresources"
-    field: ClassVar[str] = "pod_resources"
 
     def __init__(
         self,
@@ -91,6 +90,9 @@ class PodResourcesSource(Source):
                 "kubelet PodResources connected (%d container allocations)",
                 len(self._snapshot.containers),
             )
+
+    def fill(self, cycle: Cycle) -> None:
+        cycle.readings.pod_resources = self.read(cycle)
 
     def read(self, cycle: Cycle) -> PodResourcesSnapshot:
         """The last refresh; while the refresh task is crashed or stale, its allocations
