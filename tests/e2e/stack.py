@@ -108,13 +108,20 @@ def wait_until(
 class Child:
     """A child process with its output in a file, bounded in time, stopped by pid."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, cwd: Path = ROOT) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        cwd: Path = ROOT,
+        lifetime_s: float = PROCESS_LIFETIME_S,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = log_path.open("wb")
         bounded = list(argv)
         if timeout := shutil.which("timeout"):
-            bounded = [timeout, "--kill-after=10", str(PROCESS_LIFETIME_S), *bounded]
+            bounded = [timeout, "--kill-after=10", str(int(lifetime_s)), *bounded]
         self.process = subprocess.Popen(
             bounded, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
@@ -226,7 +233,14 @@ def write_prometheus_config(
     path.write_text(yaml.safe_dump(config), "utf-8")
 
 
-def start_prometheus(binary: str, config: Path, data: Path, port: int, log_path: Path) -> Child:
+def start_prometheus(
+    binary: str,
+    config: Path,
+    data: Path,
+    port: int,
+    log_path: Path,
+    lifetime_s: float = PROCESS_LIFETIME_S,
+) -> Child:
     return Child(
         "prometheus",
         [
@@ -238,6 +252,7 @@ def start_prometheus(binary: str, config: Path, data: Path, port: int, log_path:
             "--log.level=warn",
         ],
         log_path,
+        lifetime_s=lifetime_s,
     )
 
 

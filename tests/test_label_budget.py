@@ -1,0 +1,51 @@
+"""The label budget: no series the exporter serves carries more than ``LABEL_BUDGET``
+labels, on any shipped scenario with every family and source on.
+
+Why 20: Grafana Mimir refuses a series with more than 30 label names by default
+(``-validation.max-label-names-per-series``, default 30, counting ``__name__``:
+https://grafana.com/docs/mimir/latest/configure/configuration-parameters/ , the
+``limits`` block; grafana/mimir pkg/util/validation/limits.go), and a whole dcgm-exporter
+deployment went dark there (NVIDIA/dcgm-exporter#585, which asks for fewer than 20 "to
+leave space for users to add their own custom labels"). On the way to such a backend a
+series gains ``__name__``, ``job`` and ``instance``, the chart's ``node`` and often
+``namespace``/``pod``/``container`` of the exporter's own pod (renamed ``exported_*`` where
+they collide), a ``cluster`` or ``replica`` external label and whatever the user relabels:
+20 served labels leave 10 for all of that.
+
+Each scenario runs on the golden schedule (tests/cardinality.py's ``measure``: every
+series served at any cycle counts), with ``EVERYTHING`` on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.sim.scenario import SHIPPED
+from tests.cardinality import EVERYTHING, measure
+
+LABEL_BUDGET = 20
+MIMIR_DEFAULT_LIMIT = 30  # -validation.max-label-names-per-series, __name__ included
+ADDED_ON_THE_WAY = ("__name__", "job", "instance", "node")
+
+
+def test_the_budget_leaves_room_under_mimirs_default():
+    assert LABEL_BUDGET + len(ADDED_ON_THE_WAY) <= MIMIR_DEFAULT_LIMIT - 5
+
+
+@pytest.mark.parametrize("scenario", SHIPPED)
+async def test_no_served_series_exceeds_the_label_budget(scenario):
+    measured = await measure(scenario, EVERYTHING)
+    assert measured.total() > 0, f"{scenario}: nothing was served"
+    widest = max(
+        (
+            (len(labels), family, name, labels)
+            for family, series in measured.series.items()
+            for name, labels in series
+        ),
+        key=lambda row: row[0],
+    )
+    count, family, name, labels = widest
+    assert count <= LABEL_BUDGET, (
+        f"{scenario}: {name} (family {family}) carries {count} labels, over the budget of "
+        f"{LABEL_BUDGET}: {sorted(k for k, _ in labels)}"
+    )
