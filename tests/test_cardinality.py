@@ -18,6 +18,8 @@ def test_series_are_put_in_the_scope_their_labels_name() -> None:
     )
     pod = {"namespace": "ns", "pod": "p", "container": "c"}
     assert unit_of({**gpu, **pod}) == ("container", ("ns", "p", "c"))
+    owner = {"namespace": "ns", "pod": "p", "owner_kind": "Pod", "owner_name": "p"}
+    assert unit_of(owner) == ("pod", ("ns", "p"))
     assert unit_of({**gpu, **pod, "pid": "7"}) == ("process", ("GPU-a", "", "7"))
     assert unit_of({**gpu, "namespace": "", "pod": "", "container": ""}) == ("GPU", ("GPU-a",))
     assert unit_of({"resource": "nvidia.com/gpu", "uuid": ""}) == ("node", ())

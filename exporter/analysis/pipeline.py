@@ -26,6 +26,7 @@ from exporter.analysis.orphans import (
     holder_request,
     orphan_holders,
 )
+from exporter.analysis.owners import pod_owners
 from exporter.analysis.sharing import MemoryHistory, SharingPolicy, analyse_sharing
 from exporter.analysis.transitions import with_transitions
 from exporter.analysis.xid import XidLedger, bus_id_map
@@ -133,6 +134,7 @@ def analyse(
         shared_gpus=shared,
         container_shares=shares,
         container_limits=limits,
+        pod_owners=pod_owners(snapshot.pod_meta, attribution),
     )
     analysis, health_facts = with_transitions(analysis, state.health)
     state = replace(

@@ -181,6 +181,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "gpu_container_processes": (GAUGE, "Processes of a container on the device."),
     "gpu_container_allocated": (GAUGE, "1 for every device the kubelet allocated to a container."),
+    "gpu_pod_owner_info": (
+        GAUGE,
+        "The workload a pod that holds or uses a GPU belongs to: its controller, a "
+        "ReplicaSet resolved to its Deployment and a Job to its CronJob by their naming "
+        'conventions, owner_kind="Pod" without one (docs/metrics.md); always 1.',
+    ),
     "gpu_unallocated_use_memory_bytes": (
         GAUGE,
         "Memory a container uses on a device it was not allocated (isolation leak).",
@@ -414,6 +420,9 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     _add_orphans(out, analysis)
     _add_health(out, analysis, migs)
     _add_sharing(out, analysis)
+    for owner in analysis.pod_owners:
+        labels = {"namespace": owner.namespace, "pod": owner.pod, "owner_kind": owner.kind}
+        out.add("gpu_pod_owner_info", {**labels, "owner_name": owner.name}, 1)
     return out.families()
 
 

@@ -294,6 +294,18 @@ class PodRef:
     uid: str | None = None
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class PodOwner:
+    """The workload a pod that holds or uses a GPU belongs to (analysis/owners.py):
+    ``kind`` "Deployment", "CronJob", "StatefulSet", ... as resolved, "Pod" for a pod
+    that no controller owns (``name`` is then the pod's)."""
+
+    namespace: str
+    pod: str
+    kind: str
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class HealthTransition:
     """One change of a health fact; the fields a kind does not use stay empty.
@@ -342,6 +354,7 @@ class Analysis:
     container_shares: tuple[ContainerShare, ...] = ()
     container_limits: tuple[ContainerLimit, ...] = ()
     transitions: tuple[HealthTransition, ...] = ()  # health facts that changed this cycle
+    pod_owners: tuple[PodOwner, ...] = ()  # for gpu_pod_owner_info
     # GPUs known unhealthy that NVML did not list this cycle: (uuid, unhealthy reasons as
     # last seen). Not listed is not healthy (the node condition still counts them).
     unlisted_unhealthy: tuple[tuple[str, tuple[str, ...]], ...] = ()

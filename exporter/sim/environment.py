@@ -182,6 +182,8 @@ class SimEnvironment:
                     phase=pod.phase,
                     containers=[(c.name, c.container_id) for c in pod.containers],
                     limits={c.name: c.limits for c in pod.containers if c.limits},
+                    owner=pod.owner,
+                    labels=pod.labels,
                     deletion_timestamp=(
                         node.wall_time(pod.deletion_at) if pod.deletion_at is not None else None
                     ),

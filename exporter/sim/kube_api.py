@@ -27,6 +27,7 @@ import json
 import os
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -40,6 +41,13 @@ from aiohttp import web
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
 # Like etcd compaction: older events are forgotten and watches from before them get 410.
 DEFAULT_MAX_HISTORY = 1000
+# The API group/version of the controllers a scenario's pod may name as its owner.
+_OWNER_API_VERSIONS = {
+    "ReplicaSet": "apps/v1",
+    "StatefulSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+}
 
 _FieldPath = tuple[str, ...]
 _POD_FIELDS: dict[str, _FieldPath] = {
@@ -207,14 +215,22 @@ def pod_dict(
     init_containers: Sequence[tuple[str, str]] = (),
     ephemeral_containers: Sequence[tuple[str, str]] = (),
     limits: Mapping[str, Mapping[str, str]] | None = None,
+    owner: tuple[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build a pod as the API server serialises it.
 
     ``containers`` are ``(name, id)``; an id without a ``scheme://`` is given
     ``containerd://``, and an empty id leaves ``containerID`` out (not started yet).
     ``limits``: container name -> its ``resources.limits`` (e.g. HAMi's resources).
+    ``owner``: (kind, name) of the controller, written as the one ownerReferences entry
+    with ``controller: true``, as a workload controller writes it.
     """
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if owner is not None:
+        metadata["ownerReferences"] = [_controller_ref(namespace, *owner)]
     if deletion_timestamp is not None:
         metadata["deletionTimestamp"] = _rfc3339(deletion_timestamp)
         metadata["deletionGracePeriodSeconds"] = 30
@@ -242,6 +258,20 @@ def pod_dict(
             _container_status(n, c) for n, c in ephemeral_containers
         ]
     return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def _controller_ref(namespace: str, kind: str, name: str) -> dict[str, Any]:
+    """An ownerReferences entry as metav1.NewControllerRef makes it (uid derived)."""
+    group = _OWNER_API_VERSIONS.get(kind, "example.com/v1")
+    uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"{namespace}/{kind}/{name}")
+    return {
+        "apiVersion": group,
+        "kind": kind,
+        "name": name,
+        "uid": str(uid),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def slice_device_dict(

@@ -188,6 +188,8 @@ class SimPod:
     phase: str
     containers: list[SimContainer]
     deletion_at: float | None = None  # simulated time the API's deletionTimestamp names
+    owner: tuple[str, str] | None = None  # (kind, name): the controller ownerReference
+    labels: dict[str, str] = field(default_factory=dict)  # metadata.labels
 
 
 @dataclass
@@ -495,7 +497,9 @@ def _pod(
     pids: _Pids,
     processes: list[SimProcess],
 ) -> SimPod:
-    _check_keys(data, {"namespace", "name", "uid", "qos", "phase", "containers"}, where)
+    _check_keys(
+        data, {"namespace", "name", "uid", "qos", "phase", "containers", "owner", "labels"}, where
+    )
     namespace = str(data.get("namespace", "default"))
     name = data.get("name")
     if not name:
@@ -528,7 +532,28 @@ def _pod(
         qos=str(data.get("qos", "burstable")),
         phase=str(data.get("phase", "Running")),
         containers=containers,
+        owner=_owner(data.get("owner"), f"{where}.owner"),
+        labels=_labels(data.get("labels"), f"{where}.labels"),
     )
+
+
+def _owner(value: object, where: str) -> tuple[str, str] | None:
+    """``{kind: ReplicaSet, name: web-5d8f7c9b4f}``: the pod's controller reference."""
+    if value is None:
+        return None
+    data = _expect_mapping(value, where)
+    _check_keys(data, {"kind", "name"}, where)
+    kind, name = data.get("kind"), data.get("name")
+    if not isinstance(kind, str) or not kind or not isinstance(name, str) or not name:
+        raise ScenarioError(f"{where}: an owner needs a kind and a name (e.g. kind: Job, name: x)")
+    return kind, name
+
+
+def _labels(value: object, where: str) -> dict[str, str]:
+    """``{pod-template-hash: 5d8f7c9b4f}``: the pod's metadata.labels."""
+    if value is None:
+        return {}
+    return {str(k): str(v) for k, v in _expect_mapping(value, where).items()}
 
 
 def _limits(value: object, where: str) -> dict[str, str]:
