@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from exporter.model import PodMetaSnapshot
+from exporter.sim.events import SimEvent
 from exporter.sim.proctree import remove_process
 from exporter.sim.scenario import (
     Scenario,
-    SimEvent,
     SimProcess,
     load_scenario,
     parse_scenario,

@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter import __version__
 from exporter.exposition.server import MetricsCache
-from exporter.sim.scenario import SimEvent, load_scenario
+from exporter.sim.events import SimEvent
+from exporter.sim.scenario import load_scenario
 from tests.harness import Harness, Scrape, parse_exposition, simulated_exporter
 
 GiB = 1024**3

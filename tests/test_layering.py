@@ -1,4 +1,4 @@
-"""Data flows one way (docs: /work/shared/DESIGN.md, CONTRIBUTING.md): the imports say so.
+"""Data flows one way (CONTRIBUTING.md, "Layout: data flows one way"): the imports say so.
 
 Every ``import`` in exporter/ is read with ``ast`` (also those inside functions and under
 ``TYPE_CHECKING``), relative imports resolved, and held to these rules:
@@ -14,7 +14,10 @@ Every ``import`` in exporter/ is read with ``ast`` (also those inside functions 
   ``exporter.model``, ``exporter.analysis`` (pure), ``exporter.text``, itself and the
   bounded HTTP of ``exporter.sources.kube_http``;
 - nothing in exporter/ but ``exporter.cli`` (and the simulator itself) imports
-  ``exporter.sim``.
+  ``exporter.sim``;
+- no module of exporter/ imports itself back through others (no import cycle), counting
+  imports inside functions and under ``TYPE_CHECKING`` too: an import moved into a
+  function to get past a cycle still leaves the two modules needing each other.
 
 A violation reads ``file:line imports X``. A violation that cannot be fixed at once
 goes into ``KNOWN`` with the reason; once the import is gone, the test that checks the
@@ -24,7 +27,7 @@ table fails until its entry is deleted too.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +167,81 @@ def violations(rule: Rule) -> list[Import]:
     return list(dict.fromkeys(found))  # one line per (file, line, module)
 
 
+def import_cycles(imports: Iterable[Import]) -> list[list[Import]]:
+    """One cycle per strongly connected group of modules (Tarjan's algorithm over the
+    graph importing module -> imported module), each as the imports that close it,
+    starting at the group's first module by name. A module naming itself is no cycle."""
+    edges: dict[str, dict[str, Import]] = {}
+    for imp in imports:
+        if imp.target != imp.module:
+            edges.setdefault(imp.module, {}).setdefault(imp.target, imp)
+    groups = _strongly_connected(edges)
+    return [_cycle_through(sorted(group), edges) for group in groups if len(group) > 1]
+
+
+def _strongly_connected(edges: dict[str, dict[str, Import]]) -> list[set[str]]:
+    """Tarjan's strongly connected components, without recursion."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(edges.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(edges.get(target, {})))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                group: set[str] = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                groups.append(group)
+    return groups
+
+
+def _cycle_through(group: list[str], edges: dict[str, dict[str, Import]]) -> list[Import]:
+    """The shortest way from the group's first module back to itself, inside the group."""
+    start, members = group[0], set(group)
+    came_by: dict[str, Import] = {}
+    frontier = [start]
+    while frontier:
+        following: list[str] = []
+        for module in frontier:
+            for target, imp in sorted(edges.get(module, {}).items()):
+                if target == start:
+                    path = [imp]
+                    while path[0].module != start:
+                        path.insert(0, came_by[path[0].module])
+                    return path
+                if target in members and target not in came_by:
+                    came_by[target] = imp
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in a strongly connected group but on no cycle")
+
+
 def test_the_scan_sees_relative_imports_and_imports_inside_functions() -> None:
     text = (
         "from . import nvml\n"
@@ -206,3 +284,40 @@ def test_known_violations_are_still_there() -> None:
     present = {(imp.path, imp.target) for rule in RULES for imp in violations(rule)}
     fixed = [f"{path} -> {target}" for path, target in KNOWN if (path, target) not in present]
     assert not fixed, "no longer imported; delete from KNOWN: " + ", ".join(fixed)
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    """Three synthetic modules that need each other (one at the top, one inside a
+    function, one under TYPE_CHECKING) beside two that do not: one cycle, in order."""
+    modules = {
+        "exporter.planted.a": "from exporter.planted.b import B\nimport exporter.planted.leaf\n",
+        "exporter.planted.b": "def f():\n    from exporter.planted.c import C\n",
+        "exporter.planted.c": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from exporter.planted.a import A\n"
+        ),
+        "exporter.planted.leaf": "import exporter.planted.leaf\n",  # itself: no cycle
+        "exporter.planted.alone": "from exporter.planted.a import A\n",
+    }
+    found = [
+        imp
+        for module, text in modules.items()
+        for imp in imports_in(text, module, module.replace(".", "/") + ".py")
+    ]
+    assert [[str(i) for i in cycle] for cycle in import_cycles(found)] == [
+        [
+            "exporter/planted/a.py:1 imports exporter.planted.b",
+            "exporter/planted/b.py:2 imports exporter.planted.c",
+            "exporter/planted/c.py:3 imports exporter.planted.a",
+        ]
+    ]
+    without_the_function_import = [i for i in found if i.module != "exporter.planted.b"]
+    assert import_cycles(without_the_function_import) == []
+
+
+def test_no_import_cycles_in_exporter() -> None:
+    found = import_cycles(i for i in ALL_IMPORTS if i.target in MODULES)
+    assert not found, "import cycles (move what both need into a module of its own):\n  " + (
+        "\n  ".join(" -> ".join(map(str, cycle)) for cycle in found)
+    )

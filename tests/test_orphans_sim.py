@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +163,7 @@ def process(scenario: Scenario, pid: int) -> SimProcess:
     return next(p for p in scenario.processes if p.pid == pid)
 
 
-def event_args(scenario: Scenario, action: str) -> dict[str, object]:
+def event_args(scenario: Scenario, action: str) -> Mapping[str, object]:
     return next(e.args for e in scenario.timeline if e.action == action)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from exporter.sim.scenario import SimEvent
+from exporter.sim.events import SimEvent
 
 WORKER_PID_BASE = 3_000_000  # worker pid = base + second (pid_max is 4,194,304)
 JOB_PID_BASE = 2_000_000  # job process pid = base + job number

@@ -37,6 +37,9 @@ from typing import Any, Literal
 import yaml
 from aiohttp import web
 
+from exporter.sim.kube_selectors import SelectorError, parse_field_selector
+from exporter.sim.kube_writes import KubeWrites
+
 # Real API servers close a watch after 30-60 min unless the client asks for less.
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
 # Like etcd compaction: older events are forgotten and watches from before them get 410.
@@ -127,36 +130,6 @@ class _Watcher:
     resource: Resource
     selector: _Selector
     events: list[dict[str, Any]] = field(default_factory=list)
-
-
-class SelectorError(ValueError):
-    """A field selector the fake (like the real server) refuses with 400."""
-
-
-def parse_field_selector(text: str, fields: Mapping[str, _FieldPath] = _POD_FIELDS) -> _Selector:
-    """Parse ``a=b,c!=d`` the way the API server does for the fields a collection
-    supports (pods by default)."""
-    terms: list[tuple[_FieldPath, str, bool]] = []
-    for raw in text.split(","):
-        term = raw.strip()
-        if not term:
-            continue
-        if "!=" in term:
-            key, value = term.split("!=", 1)
-            equal = False
-        elif "==" in term:
-            key, value = term.split("==", 1)
-            equal = True
-        elif "=" in term:
-            key, value = term.split("=", 1)
-            equal = True
-        else:
-            raise SelectorError(f"invalid field selector term {term!r}")
-        key = key.strip()
-        if key not in fields:
-            raise SelectorError(f'field label not supported: "{key}"')
-        terms.append((fields[key], value.strip(), equal))
-    return tuple(terms)
 
 
 def _field(obj: Mapping[str, Any], path: _FieldPath) -> Any:
@@ -373,10 +346,7 @@ class FakeKubeApi:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
-        # Events, Node status and DeviceTaintRules (kube_writes.py, which imports this
-        # module's selector parser: hence imported here, not at the top).
-        from exporter.sim.kube_writes import KubeWrites
-
+        # Events, Node status and DeviceTaintRules (kube_writes.py)
         self.writes: KubeWrites = KubeWrites(resource_slices_served=lambda: self._slices_served)
 
     # -- state, thread-safe ------------------------------------------------------------

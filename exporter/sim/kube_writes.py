@@ -46,7 +46,6 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from exporter.sim.kube_api import SelectorError, parse_field_selector
 from exporter.sim.kube_rules import (
     NODE_MERGE_KEYS,
     FieldPath,
@@ -64,6 +63,7 @@ from exporter.sim.kube_rules import (
     str_at,
     strategic_merge_patch,
 )
+from exporter.sim.kube_selectors import SelectorError, parse_field_selector
 
 FaultMode = Literal["forbidden", "hang", "slow", "error"]
 

@@ -11,17 +11,17 @@ import copy
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.model import REPLICA_SEPARATOR, AllocatableDevices, ClaimDevice, ContainerDevices
+from exporter.sim.events import SimEvent
 from exporter.sim.scenario import (
     GPM_METRICS,
     Scenario,
     ScenarioError,
     SimContainer,
-    SimEvent,
     SimGpu,
     SimMig,
     SimPod,
@@ -542,15 +542,15 @@ class SimNode:
             self.scenario.processes.remove(proc)
             self.gpus[proc.gpu].unaccounted_memory += proc.memory
         elif event.action == "set":
-            gpu = self.gpus[int(args.pop("gpu"))]
-            for key, val in args.items():
+            gpu = self.gpus[int(args["gpu"])]
+            for key, val in _fields(args, "gpu"):
                 if not hasattr(gpu, key):
                     raise ScenarioError(f"timeline set: GPU has no field {key!r}")
                 sized = key in {"memory_total", "memory_reserved", "unaccounted_memory"}
                 setattr(gpu, key, parse_size(val, f"timeline set {key}") if sized else val)
         elif event.action == "set_process":
-            proc = self._process(args.pop("pid"))
-            for key, val in args.items():
+            proc = self._process(args["pid"])
+            for key, val in _fields(args, "pid"):
                 setattr(proc, key, parse_size(val, key) if key == "memory" else val)
         elif event.action == "start":
             self._start(args, event.at)
@@ -588,7 +588,7 @@ class SimNode:
         self._last_start_time = max(self._last_start_time + 1, BOOT_TICKS + round(at * USER_HZ))
         return self._last_start_time
 
-    def _fork_orphan(self, args: dict[str, object], at: float) -> None:
+    def _fork_orphan(self, args: Mapping[str, object], at: float) -> None:
         """The parent dies after forking: it leaves /proc and NVML, its memory stays
         (no listed process accounts for it) and the child keeps the device files open."""
         parent = self._process(args["pid"])
@@ -615,7 +615,7 @@ class SimNode:
             )
         )
 
-    def _start(self, args: dict[str, object], at: float) -> None:
+    def _start(self, args: Mapping[str, object], at: float) -> None:
         self._pid_seq += 13
         pod = args.get("pod")
         self.scenario.processes.append(
@@ -632,7 +632,7 @@ class SimNode:
             )
         )
 
-    def _add_pod(self, args: dict[str, object]) -> None:
+    def _add_pod(self, args: Mapping[str, object]) -> None:
         """A new pod: its UID and container ids (unless ``uid``/``id`` name them) derive
         from its name and this event's place in the timeline, so a pod deleted and added
         again under the same name is a new incarnation, as a recreated pod is."""
@@ -658,6 +658,12 @@ class SimNode:
                 containers,
             )
         )
+
+
+def _fields(args: Mapping[str, Any], subject: str) -> list[tuple[str, Any]]:
+    """A ``set``/``set_process`` event's fields to change: its arguments but the one that
+    names what they change. The event itself stays as it was (it is read, never consumed)."""
+    return [(key, val) for key, val in args.items() if key != subject]
 
 
 def _replica_count(used: set[int]) -> int:

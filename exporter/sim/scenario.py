@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
 
 from exporter.model import OCCUPANCY_FIELDS
+from exporter.sim.churn import Churn, ChurnTimeline
+from exporter.sim.events import SimEvent
 
 # The shipped scenarios: every YAML file beside this module (config lists the same folder).
 SHIPPED = tuple(sorted(p.stem for p in (Path(__file__).parent / "scenarios").glob("*.yaml")))
@@ -193,13 +196,6 @@ class SimPod:
 
 
 @dataclass
-class SimEvent:
-    at: float
-    action: str
-    args: dict[str, Any]
-
-
-@dataclass
 class SimKernelLog:
     """The simulated /dev/kmsg and /proc/uptime (sim/kernel_log.py).
 
@@ -225,7 +221,7 @@ class Scenario:
     gpus: list[SimGpu]
     pods: list[SimPod]
     processes: list[SimProcess]
-    timeline: list[SimEvent]
+    timeline: Sequence[SimEvent]  # a list, or a churn timeline made on demand (sim/churn.py)
     allocator: str = "nvidia"
     call_errors: list[SimCallError] = field(default_factory=list)
     process_info_layout: str = "v2"  # "r535_early": _v3 listings write 32-byte entries
@@ -644,7 +640,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         gpu = gpus[proc.gpu]
         if proc.mig is not None and not 0 <= proc.mig < len(gpu.mig):
             raise ScenarioError(f"pid {proc.pid}: GPU {proc.gpu} has no MIG instance {proc.mig}")
-    timeline: list[SimEvent] = sorted(
+    timeline: Sequence[SimEvent] = sorted(
         (_event(e, i) for i, e in enumerate(root.get("timeline") or [])), key=lambda e: e.at
     )
     if root.get("churn") is not None:
@@ -677,14 +673,9 @@ PROCESS_INFO_LAYOUTS = ("v2", "r535_early")
 
 
 def _churn_timeline(
-    raw: object, timeline: list[SimEvent], processes: list[SimProcess], gpu_count: int
-) -> list[SimEvent]:
-    """The timeline with churn (sim/churn.py) made on demand; declared a list because the
-    simulated node only indexes it in order."""
-    from dataclasses import fields
-
-    from exporter.sim.churn import Churn, ChurnTimeline  # churn.py imports SimEvent from here
-
+    raw: object, timeline: Sequence[SimEvent], processes: list[SimProcess], gpu_count: int
+) -> ChurnTimeline:
+    """The timeline with churn (sim/churn.py) made on demand, one second at a time."""
     data = _expect_mapping(raw, "churn")
     names = {f.name for f in fields(Churn)}
     _check_keys(data, names, "churn")
@@ -700,7 +691,7 @@ def _churn_timeline(
         {(p.pod, p.container, p.gpu) for p in processes if p.pod and p.container and p.mig is None}
     )
     try:
-        return cast("list[SimEvent]", ChurnTimeline(timeline, churn, hosts))
+        return ChurnTimeline(timeline, churn, hosts)
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
 
@@ -751,7 +742,7 @@ def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCall
     )
 
 
-def _kernel_log(raw: object, timeline: list[SimEvent]) -> SimKernelLog:
+def _kernel_log(raw: object, timeline: Sequence[SimEvent]) -> SimKernelLog:
     data = _expect_mapping(raw, "kernel_log")
     _check_keys(data, {"uptime_s", "clock_lag_s"}, "kernel_log")
     values: dict[str, float] = {}

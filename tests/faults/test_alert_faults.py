@@ -21,7 +21,8 @@ import yaml
 
 import exporter.sim
 from exporter.model import SourceStatus
-from exporter.sim.scenario import Scenario, SimEvent, load_scenario, parse_scenario
+from exporter.sim.events import SimEvent
+from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 from tests.faults.conftest import RecordFault
 from tests.harness import Harness, Scrape, simulated_exporter
 from tests.test_alert_rules import ALERTS, run_promtool
