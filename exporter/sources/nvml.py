@@ -128,7 +128,6 @@ class NvmlSource(Source):
         self._devices: list[_Device | None] = []
         self._errors: list[tuple[str, str]] = []
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
-        self._listing_failed = False  # a listing of the GPU being read gave no answer
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -258,21 +257,25 @@ class NvmlSource(Source):
         )
 
     def _read(self, device: _Device) -> GpuSample:
-        h = device.handle
-        q = self._query
-        total, used, free, reserved = self._memory(h)
-        util = q("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
-        mig_mode = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
+        handle = device.handle
+        total, used, free, reserved = self._memory(handle)
+        util = self._query("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
+        mig_mode = self._query("mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-        remapped = q("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
-        self._listing_failed = False
-        mig_instances = self._mig_instances(device) if mig_enabled else ()
-        processes = () if mig_enabled else self._processes(h)
+        remapped = self._query("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, handle)
+        if mig_enabled:  # processes are listed per MIG instance, none for the whole GPU
+            mig_instances, processes_listed = self._mig_instances(device)
+            processes: tuple[GpuProcess, ...] = ()
+        else:
+            mig_instances = ()
+            processes, processes_listed = self._processes(handle)
         if device.nvlink_count is None:
-            device.nvlink_count = nvml_links.nvlink_count(q, h, self._error)
+            device.nvlink_count = nvml_links.nvlink_count(self._query, handle, self._error)
         nvlinks = device.nvlink_count or 0
         branch = nvml_fields.driver_branch(self._versions[0])
-        fields = nvml_fields.read(q, h, nvml_fields.requests(branch, nvlinks), self._error)
+        fields = nvml_fields.read(
+            self._query, handle, nvml_fields.requests(branch, nvlinks), self._error
+        )
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
@@ -285,60 +288,70 @@ class NvmlSource(Source):
             memory_reserved_bytes=reserved,
             utilization_gpu_percent=util.gpu if util is not None else None,
             utilization_memory_percent=util.memory if util is not None else None,
-            temperature_celsius=q(
-                "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU
+            temperature_celsius=self._query(
+                "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
             ),
-            power_milliwatts=q("power", pynvml.nvmlDeviceGetPowerUsage, h),
-            power_limit_milliwatts=q("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
-            energy_millijoules=q("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h),
-            clock_sm_mhz=q("clock_sm", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-            clock_memory_mhz=q(
-                "clock_memory", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM
+            power_milliwatts=self._query("power", pynvml.nvmlDeviceGetPowerUsage, handle),
+            power_limit_milliwatts=self._query(
+                "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle
             ),
-            clock_event_reasons=q("clock_event_reasons", _clock_event_reasons, h),
-            pcie_replay_count=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
-            ecc_corrected_total=q(
+            energy_millijoules=self._query(
+                "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, handle
+            ),
+            clock_sm_mhz=self._query(
+                "clock_sm", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
+            ),
+            clock_memory_mhz=self._query(
+                "clock_memory", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM
+            ),
+            clock_event_reasons=self._query("clock_event_reasons", _clock_event_reasons, handle),
+            pcie_replay_count=self._query(
+                "pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, handle
+            ),
+            ecc_corrected_total=self._query(
                 "ecc",
                 pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
+                handle,
                 pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                 pynvml.NVML_AGGREGATE_ECC,
             ),
-            ecc_uncorrected_total=q(
+            ecc_uncorrected_total=self._query(
                 "ecc",
                 pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
+                handle,
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 pynvml.NVML_AGGREGATE_ECC,
             ),
-            ecc_uncorrected_volatile=q(
+            ecc_uncorrected_volatile=self._query(
                 "ecc",
                 pynvml.nvmlDeviceGetTotalEccErrors,
-                h,
+                handle,
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 pynvml.NVML_VOLATILE_ECC,
             ),
-            retired_pages=self._retired_pages(h),
-            recovery_action=self._recovery_action(h),
+            retired_pages=self._retired_pages(handle),
+            recovery_action=self._recovery_action(handle),
             remapped_rows=RemappedRows(
                 remapped[0], remapped[1], bool(remapped[2]), bool(remapped[3])
             )
             if remapped is not None
             else None,
             memory_temperature_celsius=self._memory_temperature(fields),
-            fan_speeds_percent=self._fans(h),
+            fan_speeds_percent=self._fans(handle),
             encoder_utilization_percent=_percent(
-                q("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, h)
+                self._query("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, handle)
             ),
             decoder_utilization_percent=_percent(
-                q("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, h)
+                self._query("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, handle)
             ),
             clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
-            pcie=nvml_links.pcie_link(q, h, fields),
-            nvlinks=nvml_links.nvlinks(q, h, nvlinks, fields, device.nvlinks_seen_active),
+            pcie=nvml_links.pcie_link(self._query, handle, fields),
+            nvlinks=nvml_links.nvlinks(
+                self._query, handle, nvlinks, fields, device.nvlinks_seen_active
+            ),
             mig_enabled=mig_enabled,
             processes=processes,
-            processes_listed=not self._listing_failed,
+            processes_listed=processes_listed,
             process_utilization=() if mig_enabled else self._process_utilization(device),
             mig_instances=mig_instances,
             occupancy=None if mig_enabled else self._gpm(device, None),
@@ -450,12 +463,16 @@ class NvmlSource(Source):
 
     def _processes(
         self, handle: Any, mig_ids: tuple[int, int] | None = None
-    ) -> tuple[GpuProcess, ...]:
+    ) -> tuple[tuple[GpuProcess, ...], bool]:
+        """The processes of every listing (compute, graphics, MPS), and whether every
+        listing answered: a listing that did not leaves the processes unknown, not none
+        (``GpuSample.processes_listed``)."""
         found: list[GpuProcess] = []
+        answered = True
         for kind, name in _PROCESS_LISTINGS:
             listed = self._list_processes(name, handle)
             if listed is None:
-                self._listing_failed = True
+                answered = False
             for proc in listed or ():
                 gi, ci = mig_ids or (proc.gpuInstanceId, proc.computeInstanceId)
                 found.append(
@@ -467,7 +484,7 @@ class NvmlSource(Source):
                         compute_instance_id=instance_id(ci),
                     )
                 )
-        return tuple(found)
+        return tuple(found), answered
 
     def _list_processes(self, name: str, handle: Any) -> list[Any] | None:
         """One listing through the entry point whose struct pynvml reads right here.
@@ -544,8 +561,9 @@ class NvmlSource(Source):
         )
         return device.last_utilization
 
-    def _mig_instances(self, device: _Device) -> tuple[MigInstance, ...]:
-        """The GPU's MIG devices (one per compute instance).
+    def _mig_instances(self, device: _Device) -> tuple[tuple[MigInstance, ...], bool]:
+        """The GPU's MIG devices (one per compute instance), and whether every process
+        listing of every instance answered.
 
         A MIG device whose handle or identity cannot be read is left out this cycle and
         counted as an error; only a whole-GPU failure fails the GPU. GPM measures a GPU
@@ -554,6 +572,7 @@ class NvmlSource(Source):
         """
         count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)
         instances = []
+        answered = True
         occupancy: dict[int, Occupancy | None] = {}  # per GPU instance, this cycle
         for i in range(count or 0):
             mig = self._mig_handle(device, i)
@@ -565,6 +584,8 @@ class NvmlSource(Source):
             total, used, _, _ = self._memory(mig)
             if gi not in occupancy:
                 occupancy[gi] = self._gpm(device, gi)
+            processes, listed = self._processes(mig, (gi, ci))
+            answered = answered and listed
             instances.append(
                 MigInstance(
                     mig_index=i,
@@ -574,11 +595,11 @@ class NvmlSource(Source):
                     profile=name.rpartition(" MIG ")[2] if " MIG " in name else "unknown",
                     memory_total_bytes=total,
                     memory_used_bytes=used,
-                    processes=self._processes(mig, (gi, ci)),
+                    processes=processes,
                     occupancy=occupancy[gi],
                 )
             )
-        return tuple(instances)
+        return tuple(instances), answered
 
     def _mig_handle(self, device: _Device, index: int) -> Any | None:
         """The MIG device in slot ``index``; None for an empty slot or an error."""
