@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from exporter.model import Analysis, ContainerRef, DeviceRef, GpuSample
+from exporter.model import Analysis, ContainerRef, DeviceRef, GpuSample, MigInstance
 
 GIB = 1024**3
 
@@ -58,6 +58,13 @@ def _gpu_row(gpu: GpuSample, health: dict[str, str]) -> list[object]:
 
 
 def render_text(analysis: Analysis) -> str:
+    """Every section in order: the node line, then one table per kind of finding (a
+    section with nothing to show prints nothing, GPUS and PODS excepted)."""
+    lines = [line for section in SECTIONS for line in section(analysis)]
+    return "\n".join(lines) + "\n"
+
+
+def _node_lines(analysis: Analysis) -> list[str]:
     node = analysis.node
     nvml = node.nvml
     lines = [
@@ -69,6 +76,12 @@ def render_text(analysis: Analysis) -> str:
     down = [f"{s.name} ({s.error})" for s in node.sources if not s.up]
     if down:
         lines.append("sources down: " + ", ".join(down))
+    return lines
+
+
+def _health_words(analysis: Analysis) -> dict[str, str]:
+    """GPU UUID -> its HEALTH cell: the unhealthy reasons, or the degraded ones of a
+    healthy GPU; a GPU without a verdict is left out (printed "unknown")."""
     health = {
         h.uuid: "healthy"
         if h.healthy
@@ -79,15 +92,33 @@ def render_text(analysis: Analysis) -> str:
         degraded = [r.reason for r in h.reasons if r.severity == "degraded"]
         if degraded and h.healthy:
             health[h.uuid] = "degraded: " + ",".join(degraded)
-    lines += ["", "GPUS"]
-    lines += _table(
-        ["GPU", "UUID", "MODEL", "MEM GiB", "GPU-UTIL", "SM-ACTIVE", "POWER", "TEMP", "HEALTH"],
-        (_gpu_row(g, health) for g in nvml.gpus),
-    )
-    migs = [(g.index, m) for g in nvml.gpus for m in g.mig_instances]
-    if migs:
-        lines += ["", "MIG INSTANCES"]
-        lines += _table(
+    return health
+
+
+def _gpu_lines(analysis: Analysis) -> list[str]:
+    health = _health_words(analysis)
+    return [
+        "",
+        "GPUS",
+        *_table(
+            ["GPU", "UUID", "MODEL", "MEM GiB", "GPU-UTIL", "SM-ACTIVE", "POWER", "TEMP", "HEALTH"],
+            (_gpu_row(g, health) for g in analysis.node.nvml.gpus),
+        ),
+    ]
+
+
+def _migs(analysis: Analysis) -> list[tuple[int, MigInstance]]:
+    return [(g.index, m) for g in analysis.node.nvml.gpus for m in g.mig_instances]
+
+
+def _mig_lines(analysis: Analysis) -> list[str]:
+    migs = _migs(analysis)
+    if not migs:
+        return []
+    return [
+        "",
+        "MIG INSTANCES",
+        *_table(
             ["GPU", "GI", "CI", "PROFILE", "MEM GiB", "SM-ACTIVE", "PROCESSES"],
             (
                 [
@@ -101,52 +132,81 @@ def render_text(analysis: Analysis) -> str:
                 ]
                 for i, m in migs
             ),
-        )
-    att = analysis.attribution
-    lines += ["", "PODS"]
-    mig_profile = {m.uuid: m.profile for _, m in migs}
-    lines += _table(
-        ["NAMESPACE", "POD", "CONTAINER", "GPU", "MIG", "MEM GiB", "SM", "PROCS"],
-        (
-            [
-                c.container.namespace,
-                c.container.pod,
-                c.container.container,
-                c.device.gpu,
-                mig_profile.get(c.device.mig_uuid or ""),
-                _gib(c.memory_used_bytes),
-                _pct(c.sm_ratio),
-                c.processes,
-            ]
-            for c in att.containers
         ),
-    )
+    ]
+
+
+def _pod_lines(analysis: Analysis) -> list[str]:
+    mig_profile = {m.uuid: m.profile for _, m in _migs(analysis)}
+    return [
+        "",
+        "PODS",
+        *_table(
+            ["NAMESPACE", "POD", "CONTAINER", "GPU", "MIG", "MEM GiB", "SM", "PROCS"],
+            (
+                [
+                    c.container.namespace,
+                    c.container.pod,
+                    c.container.container,
+                    c.device.gpu,
+                    mig_profile.get(c.device.mig_uuid or ""),
+                    _gib(c.memory_used_bytes),
+                    _pct(c.sm_ratio),
+                    c.processes,
+                ]
+                for c in analysis.attribution.containers
+            ),
+        ),
+    ]
+
+
+def _idle_lines(analysis: Analysis) -> list[str]:
     idle = [i for i in analysis.idle if i.idle_now]
-    if idle:
-        lines += ["", "ALLOCATED BUT IDLE"]
-        lines += _table(
+    if not idle:
+        return []
+    return [
+        "",
+        "ALLOCATED BUT IDLE",
+        *_table(
             ["NAMESPACE", "POD", "CONTAINER", "DEVICE", "IDLE SECONDS"],
             ([*_names(i.container), i.device_id, f"{i.idle_seconds_total:.0f}"] for i in idle),
-        )
-    if att.unallocated_use:
-        lines += ["", "ISOLATION LEAKS (using a GPU not allocated to the container)"]
-        lines += _table(
+        ),
+    ]
+
+
+def _leak_lines(analysis: Analysis) -> list[str]:
+    leaks = analysis.attribution.unallocated_use
+    if not leaks:
+        return []
+    return [
+        "",
+        "ISOLATION LEAKS (using a GPU not allocated to the container)",
+        *_table(
             ["NAMESPACE", "POD", "CONTAINER", "GPU", "MEM GiB"],
-            (
-                [*_names(u.container), u.device.gpu, _gib(u.memory_used_bytes)]
-                for u in att.unallocated_use
-            ),
-        )
-    if att.unattributed:
-        lines += ["", "NOT OWNED BY ANY CONTAINER"]
-        lines += _table(
+            ([*_names(u.container), u.device.gpu, _gib(u.memory_used_bytes)] for u in leaks),
+        ),
+    ]
+
+
+def _unowned_lines(analysis: Analysis) -> list[str]:
+    unowned = analysis.attribution.unattributed
+    if not unowned:
+        return []
+    return [
+        "",
+        "NOT OWNED BY ANY CONTAINER",
+        *_table(
             ["GPU", "OWNER", "REASON", "MEM GiB", "PROCS"],
             (
                 [u.device.gpu, u.owner, u.reason, _gib(u.memory_used_bytes), u.processes]
-                for u in att.unattributed
+                for u in unowned
             ),
-        )
-    lines.extend(_orphan_lines(analysis))
+        ),
+    ]
+
+
+def _xid_lines(analysis: Analysis) -> list[str]:
+    lines: list[str] = []
     for title, counts in (
         ("XID ERRORS SINCE START", analysis.xid_counts),
         ("XID ERRORS BEFORE START (kernel log)", analysis.xid_counts_before_start),
@@ -160,9 +220,16 @@ def render_text(analysis: Analysis) -> str:
                     for x in sorted(counts, key=lambda x: (str(x.gpu), x.xid, x.severity))
                 ),
             )
-    if analysis.capacity:
-        lines += ["", "NODE CAPACITY"]
-        lines += _table(
+    return lines
+
+
+def _capacity_lines(analysis: Analysis) -> list[str]:
+    if not analysis.capacity:
+        return []
+    return [
+        "",
+        "NODE CAPACITY",
+        *_table(
             [
                 "RESOURCE",
                 "ADVERTISED",
@@ -184,8 +251,8 @@ def render_text(analysis: Analysis) -> str:
                 ]
                 for c in analysis.capacity
             ),
-        )
-    return "\n".join(lines) + "\n"
+        ),
+    ]
 
 
 def _orphan_lines(analysis: Analysis) -> list[str]:
@@ -239,3 +306,18 @@ def render_json(analysis: Analysis) -> str:
 
 def _names(ref: ContainerRef) -> list[object]:
     return [ref.namespace, ref.pod, ref.container]
+
+
+# The text snapshot's sections, in the order they print.
+SECTIONS: tuple[Callable[[Analysis], list[str]], ...] = (
+    _node_lines,
+    _gpu_lines,
+    _mig_lines,
+    _pod_lines,
+    _idle_lines,
+    _leak_lines,
+    _unowned_lines,
+    _orphan_lines,
+    _xid_lines,
+    _capacity_lines,
+)
