@@ -33,6 +33,9 @@ NODE_OR_INSTANCE = "{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance 
 
 # Series Prometheus itself provides.
 PROMETHEUS_METRICS = {"up", "ALERTS"}
+# Recorded by the Helm chart's PrometheusRule only when chargeback.pricePerGpuHour is set
+# (templates/prometheusrule.yaml; tests/test_helm_chart.py holds the rendered names to these).
+CHART_RECORDED = {"model:gpu_price_per_gpu_hour:value", "namespace_owner:gpu_cost:increase1d"}
 
 
 # --- helpers (tests/test_dashboards.py uses them too) --------------------------------
@@ -135,7 +138,7 @@ def documented_metrics() -> set[str]:
 
 
 def known_metrics() -> set[str]:
-    return documented_metrics() | recorded_names() | PROMETHEUS_METRICS
+    return documented_metrics() | recorded_names() | CHART_RECORDED | PROMETHEUS_METRICS
 
 
 def github_anchor(heading: str) -> str:
@@ -170,6 +173,7 @@ def test_promtool_is_installed() -> None:
 
 def test_there_are_rule_files_and_unit_tests() -> None:
     assert [p.relative_to(ALERTS).as_posix() for p in rule_files()] == [
+        "gpu-occupancy-exporter.chargeback.yaml",
         "gpu-occupancy-exporter.recording.yaml",
         "gpu-occupancy-exporter.rules.yaml",
         "compat/dcgm-exporter.recording.yaml",
