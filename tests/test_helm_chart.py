@@ -32,6 +32,7 @@ from exporter.config import parse_config
 from exporter.exposition.families import select_families
 from exporter.exposition.server import MetricsCache, build_app
 from exporter.model import DcgmMode
+from tests.test_alert_rules import CHART_RECORDED, run_promtool
 
 # ~250 chart renderings and API-schema validations (~16 s): the slow tier.
 pytestmark = pytest.mark.slow
@@ -47,6 +48,8 @@ SCHEMA: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
 
 # -- value sets: every value in values.yaml is changed by at least one of them ----------
 
+# GPU models as gpu_info names them (alerts/tests/chargeback.test.yaml uses these two)
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
 # bcrypt("s3cret-scrape", cost 4): a real hash the exporter verifies
 BCRYPT_HASH = "$2y$04$ApQcAfQRo6IFv80Z0R/i5Oiw2ZqqFGIl7LiexMPBNqTCT0DjmhkAm"
 SCRAPE_PASSWORD = "s3cret-scrape"
@@ -85,6 +88,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kube-api-off": {"kubeApi": "off"},
     "kube-api-off-unquoted-yaml": {"kubeApi": False},
     "dcgm-exporter-compat": {"prometheusRule": {"enabled": True, "dcgmExporterCompat": True}},
+    "chargeback-prices": {
+        "prometheusRule": {"enabled": True},
+        "chargeback": {"pricePerGpuHour": {H100: 2.5, A100: 1.25}},
+    },
     "custom-runtime-class": {
         "nvidia": {
             "runtimeClassName": "nvidia-cdi",
@@ -1273,6 +1280,109 @@ def test_dcgm_exporter_compat_rules_are_rendered_only_when_asked_for() -> None:
     assert off["spec"]["groups"] == rule_groups(ROOT / "alerts")
 
 
+COST_GROUP = "gpu-occupancy-exporter.chargeback.cost"
+CHARGEBACK_TESTS = ROOT / "alerts" / "tests" / "chargeback.test.yaml"
+
+
+def test_no_cost_rules_without_prices() -> None:
+    """chargeback.pricePerGpuHour defaults to {}: the alert files' groups and nothing more."""
+    assert DEFAULTS["chargeback"] == {"pricePerGpuHour": {}}
+    (rule,) = by_kind({"prometheusRule": {"enabled": True}}, "PrometheusRule")
+    assert rule["spec"]["groups"] == rule_groups(ROOT / "alerts")
+    recorded = {r.get("record") for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert not recorded & CHART_RECORDED
+
+
+def test_prices_render_a_price_series_per_model_and_the_cost_rule() -> None:
+    (rule,) = by_kind(VALUE_SETS["chargeback-prices"], "PrometheusRule")
+    *files, cost = rule["spec"]["groups"]
+    assert files == rule_groups(ROOT / "alerts")
+    assert cost["name"] == COST_GROUP and cost["interval"] == "1m"
+    prices = [r for r in cost["rules"] if r["record"] == "model:gpu_price_per_gpu_hour:value"]
+    assert sorted((r["labels"]["model"], r["expr"]) for r in prices) == [
+        (A100, "vector(1.25)"),
+        (H100, "vector(2.5)"),
+    ]
+    assert {r["record"] for r in cost["rules"]} == CHART_RECORDED
+    assert cost["rules"][-1]["record"] == "namespace_owner:gpu_cost:increase1d"
+
+
+def test_prices_without_the_prometheus_rule_render_nothing() -> None:
+    values = {"chargeback": {"pricePerGpuHour": {H100: 2.5}}}
+    assert not by_kind(values, "PrometheusRule")
+
+
+def _cost_unit_test(rule_file: Path) -> dict[str, Any]:
+    """alerts/tests/chargeback.test.yaml's day of steady use, priced: H100 2.5 and A100
+    1.25 per GPU-hour. Per day, ml's trainer holds 48 H100-hours (120), web's infer and
+    its owner-less replica 12 A100-hours each (15), web's debug-0 24 (30); batch's GPU
+    has no model, so no price and no cost."""
+    steady = yaml.safe_load(CHARGEBACK_TESTS.read_text())["tests"][0]
+    cost = "namespace_owner:gpu_cost:increase1d"
+    return {
+        "rule_files": [str(rule_file)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": steady["input_series"],
+                "promql_expr_test": [
+                    {
+                        "expr": cost,
+                        "eval_time": "1510m",
+                        "exp_samples": [
+                            {
+                                "labels": cost + '{namespace="ml",owner_kind="Deployment",'
+                                'owner_name="trainer"}',
+                                "value": 120,
+                            },
+                            {
+                                "labels": cost + '{namespace="web",owner_kind="Deployment",'
+                                'owner_name="infer"}',
+                                "value": 15,
+                            },
+                            {"labels": cost + '{namespace="web"}', "value": 15},
+                            {
+                                "labels": cost + '{namespace="web",owner_kind="Pod",'
+                                'owner_name="debug-0"}',
+                                "value": 30,
+                            },
+                        ],
+                    },
+                    {
+                        "expr": "model:gpu_price_per_gpu_hour:value",
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {
+                                "labels": f'model:gpu_price_per_gpu_hour:value{{model="{A100}"}}',
+                                "value": 1.25,
+                            },
+                            {
+                                "labels": f'model:gpu_price_per_gpu_hour:value{{model="{H100}"}}',
+                                "value": 2.5,
+                            },
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+
+
+def test_rendered_cost_rules_pass_promtool_and_give_the_known_cost(tmp_path: Path) -> None:
+    """The PrometheusRule with prices, as Prometheus would load it: promtool's lint, and a
+    day of known use priced to a known cost per namespace and owner."""
+    (rule,) = by_kind(VALUE_SETS["chargeback-prices"], "PrometheusRule")
+    rules = tmp_path / "rendered.rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    check = run_promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    assert check.returncode == 0, check.stdout
+    unit = tmp_path / "cost.test.yaml"
+    unit.write_text(yaml.safe_dump(_cost_unit_test(rules), sort_keys=False, width=1000))
+    result = run_promtool("test", "rules", str(unit))
+    assert result.returncode == 0, result.stdout
+
+
 def test_prometheus_rule_from_sample_files_keeps_prometheus_templates(sample_chart: Path) -> None:
     rule = one(VALUE_SETS["monitoring"], "PrometheusRule", sample_chart)
     expected = rule_groups(sample_chart / "files" / "alerts")
@@ -1466,6 +1576,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         {"draDeviceTaints": {"effect": "noschedule"}},
         "/draDeviceTaints/effect",
     ),
+    "price-negative": ({"chargeback": {"pricePerGpuHour": {H100: -1}}}, "/chargeback"),
+    "price-not-a-number": ({"chargeback": {"pricePerGpuHour": {H100: "2.5"}}}, "/chargeback"),
+    "price-not-a-map": ({"chargeback": {"pricePerGpuHour": [2.5]}}, "/chargeback"),
 }
 
 
