@@ -2,6 +2,7 @@
 
 The agent owns the schedule and the state object; this module owns the order:
 DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle ->
+GPU-hour ledger and energy split ->
 shared GPUs and promised limits -> health transitions (what changed since last cycle).
 Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
 one I/O step analysis asks for, the holder scan for orphaned memory, is a finding
@@ -18,6 +19,7 @@ from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
+from exporter.analysis.ledger import account_ledger
 from exporter.analysis.limits import container_limits
 from exporter.analysis.orphans import (
     OrphanPolicy,
@@ -36,6 +38,7 @@ from exporter.model import (
     GpuSample,
     HealthFacts,
     IdleAllocation,
+    LedgerState,
     NodeSnapshot,
     OrphanState,
     XidCount,
@@ -56,6 +59,7 @@ class CarriedState:
 
     xids: XidLedger
     idle: tuple[IdleAllocation, ...] = ()
+    ledger: LedgerState = field(default_factory=LedgerState)
     orphans: OrphanState = field(default_factory=OrphanState)
     memory: MemoryHistory = field(default_factory=MemoryHistory)
     health: HealthFacts = field(default_factory=HealthFacts)
@@ -106,6 +110,16 @@ def analyse(
         elapsed_s=elapsed,
         policy=policy.idle,
     )
+    ledger = account_ledger(
+        state.ledger,
+        attribution.allocations,
+        attribution.containers,
+        gpus,
+        health,
+        snapshot.pod_resources,
+        elapsed_s=elapsed,
+        policy=policy.idle,
+    )
     shared, shares, memory = analyse_sharing(
         attribution.containers,
         attribution.allocations,
@@ -123,6 +137,8 @@ def analyse(
         health=health,
         capacity=capacity,
         idle=idle,
+        ledger=ledger.allocations,
+        energy=ledger.energy,
         xid_counts=tuple(XidCount(*key, count) for key, count in xids.counts.items()),
         xid_counts_before_start=tuple(
             XidCount(*key, count) for key, count in xids.counts_before_start.items()
@@ -141,6 +157,7 @@ def analyse(
         state,
         xids=xids,
         idle=idle,
+        ledger=ledger,
         orphans=orphan_state,
         memory=memory,
         health=health_facts,

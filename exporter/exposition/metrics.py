@@ -233,7 +233,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "gpu_container_idle_allocated_seconds": (
         COUNTER,
+        'Deprecated: use gpu_container_allocated_gpu_seconds_total{state=~"idle|no_process"}. '
         "Seconds a container held a device while its activity stayed below the idle threshold.",
+    ),
+    "gpu_container_allocated_gpu_seconds": (
+        COUNTER,
+        "GPU-equivalent seconds a container held a device (MIG instance: its slices of the "
+        "GPU's; replica: 1/replicas), by state: busy, idle, no_process, unhealthy, unknown. "
+        "The states sum to the time held.",
+    ),
+    "gpu_container_energy_joules": (
+        COUNTER,
+        "Estimated energy of a container on a GPU it holds: the GPU's energy counter split "
+        "by SM time share (MIG: instance activity x slices); NVML has no per-process energy.",
     ),
     "gpu_container_allocated_idle": (
         GAUGE,
@@ -635,6 +647,20 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
         out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
+    _add_ledger(out, analysis, migs)
+
+
+def _add_ledger(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
+    """The GPU-hour ledger: every state of every allocation from its first cycle (at 0,
+    so that rate() sees the first increase), and each holder's energy estimate."""
+    if out.wants("gpu_container_allocated_gpu_seconds"):
+        for entry in analysis.ledger:
+            labels = {**_where(entry.container, entry.device, migs), "device_id": entry.device_id}
+            for state, seconds in entry.seconds:
+                out.add("gpu_container_allocated_gpu_seconds", {**labels, "state": state}, seconds)
+    for energy in analysis.energy:
+        labels = _where(energy.container, energy.device, migs)
+        out.add("gpu_container_energy_joules", labels, energy.joules_total)
 
 
 def _add_sharing(out: FamilyBuilder, analysis: Analysis) -> None:

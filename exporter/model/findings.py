@@ -7,7 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.model.readings import NodeSnapshot
-from exporter.model.vocabulary import HolderRole, OrphanKind, Owner, ProcessKind, TransitionKind
+from exporter.model.vocabulary import (
+    HolderRole,
+    LedgerStateName,
+    OrphanKind,
+    Owner,
+    ProcessKind,
+    TransitionKind,
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -171,6 +178,37 @@ class IdleAllocation:
     device_id: str
     idle_now: bool
     idle_seconds_total: float
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationLedger:
+    """The GPU-hour ledger of one allocation (analysis/ledger.py): GPU-equivalent
+    seconds it spent in each state since it appeared.
+
+    ``weight`` is the GPU-equivalents it holds now (whole GPU 1, MIG instance its compute
+    slices over the GPU's, a time-sliced or MPS replica 1/replicas). ``seconds`` names
+    every state of ``LEDGER_STATES`` once, in that order, 0 included, so every series
+    exists from the allocation's first cycle; they sum to ``allocated_seconds``, its
+    weighted time held (conservation). ``state`` is this cycle's.
+    """
+
+    container: ContainerRef
+    device: DeviceRef
+    device_id: str
+    weight: float
+    state: LedgerStateName
+    seconds: tuple[tuple[LedgerStateName, float], ...]
+    allocated_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerEnergy:
+    """Joules of a GPU's energy counter given to one container holding it (or one of its
+    MIG instances) since the allocation appeared: an estimate (analysis/ledger.py)."""
+
+    container: ContainerRef
+    device: DeviceRef
+    joules_total: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +381,8 @@ class Analysis:
     health: tuple[GpuHealth, ...] = ()
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()
+    ledger: tuple[AllocationLedger, ...] = ()  # gpu_container_allocated_gpu_seconds_total
+    energy: tuple[ContainerEnergy, ...] = ()  # gpu_container_energy_joules_total
     xid_counts: tuple[XidCount, ...] = ()  # cumulative, for gpu_xid_errors_total
     # kernel-log backlog: XIDs raised before the exporter started (history, not new)
     xid_counts_before_start: tuple[XidCount, ...] = ()

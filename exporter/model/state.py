@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exporter.model.findings import ContainerRef
+from exporter.model.findings import AllocationLedger, ContainerEnergy, ContainerRef
 from exporter.model.vocabulary import OrphanKind
 
 
@@ -60,3 +60,15 @@ class HealthFacts:
     orphans: frozenset[tuple[str, OrphanKind]] = frozenset()
     """(GPU uuid, kind) with orphaned memory."""
     sources_up: Mapping[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerState:
+    """What the GPU-hour ledger carries from one cycle to the next: the running totals of
+    the allocations that still exist (an allocation that disappears takes its counters
+    with it) and each GPU's energy counter as last read (mJ; a GPU that did not report
+    one this cycle has none, so a delta only ever spans two consecutive cycles)."""
+
+    allocations: tuple[AllocationLedger, ...] = ()
+    energy: tuple[ContainerEnergy, ...] = ()
+    energy_readings: Mapping[str, int] = field(default_factory=dict)

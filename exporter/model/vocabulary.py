@@ -76,6 +76,11 @@ OCCUPANCY_FIELDS: Final[tuple[OccupancyField, ...]] = get_args(OccupancyField)
 # (k8s-device-plugin internal/rm/devices.go "%s::%d"; docs/attribution.md).
 REPLICA_SEPARATOR: Final = "::"
 
+# The states of the GPU-hour ledger (analysis/ledger.py, docs/metrics.md): what an
+# allocation's held time was spent on; the states of one allocation sum to its time held.
+LedgerStateName = Literal["busy", "idle", "no_process", "unhealthy", "unknown"]
+LEDGER_STATES: Final[tuple[LedgerStateName, ...]] = get_args(LedgerStateName)
+
 # NVML process listings: nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses
 ProcessKind = Literal["compute", "graphics", "mps"]
 
