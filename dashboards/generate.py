@@ -124,6 +124,19 @@ VARIABLES: dict[str, Json] = {
         f'label_values({CONTAINER_SERIES}, namespace=~"$namespace"}}, pod)',
         "Pods with GPU allocations or GPU memory.",
     ),
+    # the fleet board (GPU / Waste): its recording rules keep no node, instance or GPU
+    "ledger_namespace": query_variable(
+        "namespace",
+        "Namespace",
+        "label_values(namespace_owner_state:gpu_allocated_gpu_seconds:increase1h, namespace)",
+        "Namespaces that held GPUs in the last hour (the GPU-hour ledger's recording rules).",
+    ),
+    "model": query_variable(
+        "model",
+        "GPU model",
+        "label_values(gpu_info, model)",
+        "GPU model as NVML names it (gpu_info's `model`).",
+    ),
 }
 
 
@@ -412,12 +425,17 @@ def layout(sections: Iterable[tuple[str, list[Json]]]) -> list[Json]:
     return panels
 
 
+NODE_ALERTS = 'node=~"$node", instance=~"$instance"'
+
+
 def dashboard(
     uid: str,
     title: str,
     description: str,
     variables: list[str],
     sections: list[tuple[str, list[Json]]],
+    *,
+    alert_filter: str = NODE_ALERTS,
 ) -> Json:
     return {
         "__requires": [
@@ -432,8 +450,7 @@ def dashboard(
                     "enable": True,
                     "hide": False,
                     "iconColor": "red",
-                    "expr": 'ALERTS{alertstate="firing", alertname=~"GPU.*", '
-                    'node=~"$node", instance=~"$instance"}',
+                    "expr": f'ALERTS{{alertstate="firing", alertname=~"GPU.*", {alert_filter}}}',
                     "step": "60s",
                     "titleFormat": "{{alertname}}",
                     "textFormat": "{{node}}{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}",
@@ -1381,12 +1398,261 @@ def health_orphans() -> Json:
     )
 
 
+# The GPU-hour ledger's recording rules (alerts/gpu-occupancy-exporter.chargeback.yaml)
+# and the chart's cost rule (chargeback.pricePerGpuHour).
+HOURLY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase1h"
+DAILY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase1d"
+COST = "namespace_owner:gpu_cost:increase1d"
+WASTE_STATES = 'state=~"idle|no_process|unhealthy"'
+LEDGER_NS = 'namespace=~"$namespace"'
+MODEL = 'model=~"$model"'
+GPU_HOURS = "suffix: GPU-h"
+OWNER_LEGEND = "{{namespace}} {{owner_kind}}/{{owner_name}}"
+NO_PRICES = "No prices set (chart value chargeback.pricePerGpuHour)"
+
+
+def _no_value(panel: Json, text: str) -> Json:
+    """What the panel says instead of "No data" when its query has no series."""
+    panel["fieldConfig"]["defaults"]["noValue"] = text
+    return panel
+
+
+def waste() -> Json:
+    """Fleet level, from the chargeback recording rules: no node, instance or GPU filter
+    (the rules keep none of those labels), only namespace and GPU model."""
+    wasted_1d = f"{DAILY}{{{WASTE_STATES}, {LEDGER_NS}}}"
+    return dashboard(
+        "gpu-occupancy-waste",
+        "GPU / Waste and chargeback",
+        "Fleet-level GPU-hour ledger: who held GPUs, how much of it did no work and why, "
+        "idle and free capacity per GPU model, and cost where prices are set.",
+        ["ledger_namespace", "model"],
+        [
+            (
+                "Summary",
+                [
+                    stat(
+                        "Wasted, last hour",
+                        "Share of the GPU-hours held in the last hour that were idle, had no "
+                        "process or sat on an unhealthy GPU (unknown time counts in the total "
+                        "only).",
+                        f"sum({HOURLY}{{{WASTE_STATES}, {LEDGER_NS}}}) / "
+                        f"sum({HOURLY}{{{LEDGER_NS}}})",
+                        "percentunit",
+                        thresholds=[(None, "green"), (0.2, "orange"), (0.5, "red")],
+                    ),
+                    stat(
+                        "GPU-hours held, last day",
+                        "GPU-equivalent hours (a MIG instance counts its slices, a shared "
+                        "replica 1/replicas), every state.",
+                        f"sum({DAILY}{{{LEDGER_NS}}}) / 3600",
+                        GPU_HOURS,
+                    ),
+                    stat(
+                        "GPU-hours wasted, last day",
+                        "idle + no_process + unhealthy.",
+                        f"sum({wasted_1d}) / 3600",
+                        GPU_HOURS,
+                        thresholds=[(None, "orange")],
+                    ),
+                    stat(
+                        "Idle allocated GPUs",
+                        "Allocated GPU-equivalents doing nothing now (5-minute average).",
+                        f"sum(model:gpu_idle_allocated_gpus:avg5m{{{MODEL}}})",
+                        "short",
+                        thresholds=[(None, "green"), (1, "orange")],
+                    ),
+                    stat(
+                        "Free devices",
+                        "Devices a new pod can surely get now, every resource (whole GPUs, "
+                        "replicas and MIG devices alike: see the per-model panel).",
+                        f"sum(model:gpu_free_devices:sum{{{MODEL}}})",
+                        "short",
+                    ),
+                    _no_value(
+                        stat(
+                            "Cost, last day",
+                            "GPU-hours held times the model's price (chargeback.pricePerGpuHour).",
+                            f"sum({COST}{{{LEDGER_NS}}})",
+                            "none",
+                        ),
+                        "no prices set",
+                    ),
+                ],
+            ),
+            (
+                "Who wastes",
+                [
+                    table(
+                        "Top wasters by owner, last day",
+                        "GPU-hours idle, without a process or on an unhealthy GPU, per "
+                        "namespace and owning workload (gpu_pod_owner_info; empty owner: "
+                        "pods without an owner series).",
+                        f"topk(20, sum by (namespace, owner_kind, owner_name) ({wasted_1d}) "
+                        "/ 3600)",
+                        GPU_HOURS,
+                        w=14,
+                        rename={"Value": "wasted GPU-hours"},
+                        sort_by="wasted GPU-hours",
+                    ),
+                    bargauge(
+                        "Waste ratio by namespace, last hour",
+                        "namespace:gpu_waste_ratio:ratio1h.",
+                        f"namespace:gpu_waste_ratio:ratio1h{{{LEDGER_NS}}}",
+                        "{{namespace}}",
+                        "percentunit",
+                        w=10,
+                        maximum=1,
+                    ),
+                ],
+            ),
+            (
+                "Waste by state over time",
+                [
+                    timeseries(
+                        "GPUs held by state",
+                        "GPU-equivalents held in each ledger state, averaged over the hour "
+                        "before each point (busy, idle, no_process, unhealthy, unknown).",
+                        [target(f"sum by (state) ({HOURLY}{{{LEDGER_NS}}}) / 3600", "{{state}}")],
+                        "short",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Waste ratio by namespace",
+                        "Share of the last hour's GPU-hours wasted, per namespace.",
+                        [
+                            target(
+                                f"namespace:gpu_waste_ratio:ratio1h{{{LEDGER_NS}}}", "{{namespace}}"
+                            )
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "Wasted GPUs by owner",
+                        "GPU-equivalents wasted per owner, averaged over the hour before each "
+                        "point; the 10 largest now.",
+                        [
+                            target(
+                                f"topk(10, sum by (namespace, owner_kind, owner_name) "
+                                f"({HOURLY}{{{WASTE_STATES}, {LEDGER_NS}}}) / 3600)",
+                                OWNER_LEGEND,
+                            )
+                        ],
+                        "short",
+                        w=24,
+                        stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "Capacity per GPU model",
+                [
+                    timeseries(
+                        "Idle allocated GPUs per model",
+                        "GPU-equivalents allocated but idle or without a process "
+                        "(model:gpu_idle_allocated_gpus:avg5m).",
+                        [target(f"model:gpu_idle_allocated_gpus:avg5m{{{MODEL}}}", "{{model}}")],
+                        "short",
+                        w=8,
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Free devices per model",
+                        "Allocatable devices per model and resource (model:gpu_free_devices:sum; "
+                        "empty model: nodes with several models).",
+                        [
+                            target(
+                                f"model:gpu_free_devices:sum{{{MODEL}}}",
+                                "{{model}} {{resource}}",
+                            )
+                        ],
+                        "short",
+                        w=8,
+                    ),
+                    timeseries(
+                        "Waste ratio per model",
+                        "model:gpu_waste_ratio:ratio1h (empty model: GPUs NVML does not list).",
+                        [target(f"model:gpu_waste_ratio:ratio1h{{{MODEL}}}", "{{model}}")],
+                        "percentunit",
+                        w=8,
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Cost",
+                [
+                    _no_value(
+                        table(
+                            "Cost by namespace and owner, last day",
+                            "namespace_owner:gpu_cost:increase1d: GPU-hours held (every state) "
+                            "times the price of their model. Rendered by the Helm chart only "
+                            "with chargeback.pricePerGpuHour; models without a price are left "
+                            "out.",
+                            f"{COST}{{{LEDGER_NS}}}",
+                            "none",
+                            rename={"Value": "cost"},
+                            sort_by="cost",
+                        ),
+                        NO_PRICES,
+                    ),
+                    _no_value(
+                        timeseries(
+                            "Cost by namespace",
+                            "The last day's cost at each point.",
+                            [
+                                target(
+                                    f"sum by (namespace) ({COST}{{{LEDGER_NS}}})", "{{namespace}}"
+                                )
+                            ],
+                            "none",
+                            stacked=True,
+                        ),
+                        NO_PRICES,
+                    ),
+                ],
+            ),
+            (
+                "Energy",
+                [
+                    timeseries(
+                        "Power per namespace",
+                        "Energy per container (an estimate: the GPU's energy split by share "
+                        "of SM time; docs/metrics.md) per second, summed per namespace.",
+                        [
+                            target(
+                                f"sum by (namespace) (rate(gpu_container_energy_joules_total"
+                                f"{{{LEDGER_NS}}}[$__rate_interval]))",
+                                "{{namespace}}",
+                            )
+                        ],
+                        "watt",
+                        stacked=True,
+                    ),
+                    table(
+                        "Energy per namespace over the time range",
+                        "kWh per namespace in the dashboard's time range (estimate).",
+                        f"sum by (namespace) (increase(gpu_container_energy_joules_total"
+                        f"{{{LEDGER_NS}}}[$__range])) / 3600000",
+                        "kwatth",
+                        rename={"Value": "energy"},
+                        sort_by="energy",
+                    ),
+                ],
+            ),
+        ],
+        alert_filter=LEDGER_NS,
+    )
+
+
 def build_all() -> dict[str, Json]:
     """File name -> dashboard."""
     return {
         "gpu-node-overview.json": node_overview(),
         "gpu-pods.json": pods(),
         "gpu-health-orphans.json": health_orphans(),
+        "gpu-waste.json": waste(),
     }
 
 

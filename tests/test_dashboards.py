@@ -91,10 +91,18 @@ def all_boards() -> list[tuple[str, Json]]:
 
 BOARDS = all_boards()
 BOARD_IDS = [name for name, _ in BOARDS]
+# Fleet level, from the chargeback recording rules, which keep no node, instance or GPU.
+FLEET_BOARDS = {"gpu-waste.json"}
+NODE_BOARDS = [(name, board) for name, board in BOARDS if name not in FLEET_BOARDS]
 
 
-def test_the_three_dashboards_exist() -> None:
-    assert BOARD_IDS == ["gpu-health-orphans.json", "gpu-node-overview.json", "gpu-pods.json"]
+def test_the_four_dashboards_exist() -> None:
+    assert BOARD_IDS == [
+        "gpu-health-orphans.json",
+        "gpu-node-overview.json",
+        "gpu-pods.json",
+        "gpu-waste.json",
+    ]
 
 
 def test_committed_dashboards_match_the_generator() -> None:
@@ -159,7 +167,7 @@ def test_everything_uses_the_datasource_variable(name: str, board: Json) -> None
     assert uids == {"${datasource}"}
 
 
-@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+@pytest.mark.parametrize(("name", "board"), NODE_BOARDS, ids=[n for n, _ in NODE_BOARDS])
 def test_template_variables_cover_node_instance_and_gpu(name: str, board: Json) -> None:
     names = [v["name"] for v in board["templating"]["list"]]
     assert names[:4] == ["datasource", "node", "instance", "gpu"]
@@ -168,9 +176,29 @@ def test_template_variables_cover_node_instance_and_gpu(name: str, board: Json) 
         assert v["includeAll"] and v["allValue"] == ".*", v["name"]
 
 
+def test_the_fleet_dashboard_filters_by_namespace_and_gpu_model_only() -> None:
+    """Its series have no node, instance or GPU: such a filter would select nothing."""
+    board = dict(BOARDS)["gpu-waste.json"]
+    variables = board["templating"]["list"]
+    assert [v["name"] for v in variables] == ["datasource", "namespace", "model"]
+    for v in variables[1:]:
+        assert v["includeAll"] and v["allValue"] == ".*", v["name"]
+    for where, expr in queries(board):
+        assert not re.search(r"\$(node|instance|gpu|pod)\b", expr), where
+
+
+def test_the_cost_panels_say_when_no_prices_are_set() -> None:
+    """The cost series exist only with the chart's chargeback.pricePerGpuHour."""
+    board = dict(BOARDS)["gpu-waste.json"]
+    cost = [p for p in panels(board) if "gpu_cost" in json.dumps(p.get("targets", []))]
+    assert len(cost) >= 2
+    for p in cost:
+        assert "no prices set" in p["fieldConfig"]["defaults"]["noValue"].lower(), p["title"]
+
+
 def test_the_pod_dashboards_filter_by_namespace_and_pod() -> None:
     for name, board in BOARDS:
-        if name != "gpu-node-overview.json":
+        if name in ("gpu-pods.json", "gpu-health-orphans.json"):
             names = [v["name"] for v in board["templating"]["list"]]
             assert names[4:] == ["namespace", "pod"], name
 
