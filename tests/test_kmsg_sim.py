@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from exporter.sim.environment import SimEnvironment
-from exporter.sim.node import ManualClock
+from exporter.sim.kernel_log import SimKernelLogWriter
+from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.scenario import ScenarioError, parse_scenario
 from exporter.sources.kmsg import boot_epoch, parse_kmsg_record, parse_xid_attribution
 from tests.harness import simulated_exporter
@@ -110,4 +111,65 @@ def test_bad_kernel_log_settings_are_one_line(
 ) -> None:
     with pytest.raises(ScenarioError, match=None) as caught:
         parse_scenario({"gpus": [{}], "kernel_log": kernel_log, "timeline": timeline}, "bad")
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+# -- overruns: records the kernel's ring overwrote before the reader read them -------------
+
+OVERRUN: dict[str, Any] = {
+    "gpus": [{}],
+    "timeline": [
+        {"at": 10, "kmsg_overrun": 500},  # a flood wrapped the ring past the reader
+        {"at": 10, "xid": {"gpu": 0, "code": 31}},  # logged after the flood: still read
+    ],
+}
+
+
+async def test_a_kernel_log_overrun_is_served_and_counted_as_an_error() -> None:
+    async with simulated_exporter(OVERRUN, argv=["--kmsg"]) as h:
+        await h.advance(5)
+        before = await h.scrape()
+        await h.advance(10)
+        after = await h.scrape()
+    assert before.get("gpu_exporter_kmsg_overruns_total") == 0  # present from the start
+    assert before.get("gpu_exporter_errors_total", source="kmsg") == 0
+    assert after.get("gpu_exporter_kmsg_overruns_total") == 1
+    assert after.get("gpu_exporter_errors_total", source="kmsg") == 1
+    assert after.get("gpu_xid_errors_total", gpu="0", xid="31") == 1
+    assert after.get("gpu_exporter_source_up", source="kmsg") == 1  # lost records, log read
+
+
+async def test_without_kmsg_no_overrun_counter_is_served() -> None:
+    async with simulated_exporter(OVERRUN) as h:
+        await h.advance(15)
+        scrape = await h.scrape()
+    assert scrape.find("gpu_exporter_kmsg_overruns_total") == []
+
+
+def test_the_simulated_kernel_log_leaves_the_overwritten_sequence_numbers_out(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    node = SimNode(parse_scenario(OVERRUN, "overrun"), clock=clock)
+    writer = SimKernelLogWriter(node, tmp_path / "kmsg", tmp_path)
+    writer.start()
+    clock.advance(11)
+    with node.lock:
+        node.advance()
+        writer.sync()
+    seqs = [seq for seq, _, _ in records(tmp_path / "kmsg")]
+    assert seqs == [1, 2, 3, 504, 505]  # boot lines and banner, 500 lost, the flood's last, XID
+
+
+@pytest.mark.parametrize(
+    ("event", "fragment"),
+    [
+        ({"at": 5, "kmsg_overrun": 0}, "timeline[0].kmsg_overrun: 0 is not a number of records"),
+        ({"at": 5, "kmsg_overrun": "many"}, "'many' is not a number of records"),
+        ({"at": 0, "kmsg_overrun": 3}, "timeline[0].kmsg_overrun: 'at' must be after start"),
+    ],
+)
+def test_bad_overruns_are_one_line(event: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario({"gpus": [{}], "timeline": [event]}, "bad")
     assert fragment in str(caught.value) and "\n" not in str(caught.value)

@@ -113,9 +113,6 @@ class DeviceResolver:
         gpu, mig = found
         return ResolvedDevice(FORM_DRA, gpu.index, gpu.uuid, mig.uuid if mig else None)
 
-    def physical_uuid(self, device_id: str) -> str | None:
-        return self.device_id(device_id).uuid
-
     # -- forms ---------------------------------------------------------------------------
 
     def _uuid(self, uuid: str) -> tuple[GpuSample, MigInstance | None] | None:

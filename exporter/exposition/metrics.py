@@ -61,6 +61,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         COUNTER,
         "Watch lines a Kubernetes watch skipped: malformed, or oversize (over 16 MiB).",
     ),
+    "gpu_exporter_kmsg_overruns": (
+        COUNTER,
+        "Times the kernel log's ring buffer overwrote records before --kmsg read them: "
+        "records lost, XIDs among them possibly (each is also an error of source kmsg).",
+    ),
     "gpu_exporter_unresolved_allocations": (
         GAUGE,
         "Allocated devices whose id no known form resolves to a GPU (docs/attribution.md).",
@@ -422,6 +427,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
         )
     _add_watch_counts(out, "kube", node.pod_meta)
     _add_watch_counts(out, "resourceslices", node.resource_slices)
+    out.add("gpu_exporter_kmsg_overruns", {}, node.kmsg_overruns)  # absent without --kmsg
     migs: dict[str, dict[str, str]] = {}
     for gpu in nvml.gpus:
         _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")

@@ -349,6 +349,7 @@ class NodeSnapshot:
     resource_slices: ResourceSliceSnapshot | None = None  # None: DRA not watched
     xid_events: tuple[XidEvent, ...] = ()  # raised since the last cycle (NVML event set)
     kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
+    kmsg_overruns: int | None = None  # kernel-log ring overruns since start; None: not read
     holder_scan: HolderScan | None = None  # the last walk for last cycle's HolderScanRequest
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
 
@@ -370,6 +371,7 @@ class Readings:
     resource_slices: ResourceSliceSnapshot | None = None
     xid_events: tuple[XidEvent, ...] = ()
     kmsg_events: tuple[XidEvent, ...] = ()
+    kmsg_overruns: int | None = None
     holder_scan: HolderScan | None = None
 
     def snapshot(
@@ -388,6 +390,7 @@ class Readings:
             resource_slices=self.resource_slices,
             xid_events=self.xid_events,
             kmsg_events=self.kmsg_events,
+            kmsg_overruns=self.kmsg_overruns,
             holder_scan=self.holder_scan,
             sources=sources,
         )

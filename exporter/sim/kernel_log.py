@@ -4,6 +4,10 @@ Every XID the simulated driver raises is also printed to the kernel log, as the 
 driver does (open-gpu-kernel-modules, kernel_rc.c), so ``--kmsg`` reads the same XIDs
 the NVML event set delivers. XIDs the timeline raises at or before time 0 are in the log
 before the exporter starts: its backlog, which the NVML event set never delivers.
+A ``kmsg_overrun: N`` event leaves out N sequence numbers, as records the kernel's ring
+overwrote before the reader read them would, followed by the newest record of the flood
+that overwrote them: the reader sees the jump, as it does after ``/dev/kmsg`` answers
+EPIPE.
 
 Records are stamped with printk's clock, ``scenario.kernel_log.clock_lag_s`` behind
 the CLOCK_BOOTTIME that ``uptime`` shows, as on a node that was suspended or whose
@@ -34,6 +38,7 @@ class SimKernelLogWriter:
         self._uptime = proc_root / "uptime"
         self._seq = 0
         self.xids_written = 0
+        self._overwritten = 0  # of the node's kmsg_overwritten, already left out
 
     def start(self) -> None:
         """The boot messages and the driver's banner; XIDs follow from ``sync``."""
@@ -50,10 +55,18 @@ class SimKernelLogWriter:
         tmp = self._uptime.with_name("uptime.tmp")
         tmp.write_text(f"{uptime:.2f} {uptime * 3:.2f}\n", encoding="ascii")
         os.replace(tmp, self._uptime)
+        lines = []
+        lost = self._node.kmsg_overwritten - self._overwritten
+        if lost:
+            self._seq += lost  # logged, then overwritten before anyone read them
+            self._overwritten = self._node.kmsg_overwritten
+            at = log.uptime_s + self._node.now() - log.clock_lag_s
+            lines.append(self._record(4, at, "simulated: the last of a flood of messages"))
         fresh = self._node.xids[self.xids_written :]
-        if fresh:
+        lines += [self._xid(x) for x in fresh]
+        if lines:
             with self._path.open("a", encoding="utf-8") as f:
-                f.write("".join(self._xid(x) for x in fresh))
+                f.write("".join(lines))
             self.xids_written += len(fresh)
 
     def _xid(self, xid: XidRecord) -> str:

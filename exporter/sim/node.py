@@ -127,6 +127,7 @@ class SimNode:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.xids: list[XidRecord] = []
+        self.kmsg_overwritten = 0  # kernel-log records lost unread so far (kmsg_overrun)
         self._next_event = 0
         self._pid_seq = 90_000
         self._last_start_time = BOOT_TICKS - 1
@@ -577,6 +578,8 @@ class SimNode:
             self._add_pod(args)
         elif event.action == "fork_orphan":
             self._fork_orphan(args, event.at)
+        elif event.action == "kmsg_overrun":  # the ring wrapped past the reader
+            self.kmsg_overwritten += int(str(value))
         elif event.action == "terminate_pod":  # deletion requested, containers still run
             pod = self._pod(args.get("pod", value))
             grace = float(args.get("grace_s", 30))

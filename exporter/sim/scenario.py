@@ -323,6 +323,7 @@ _TIMELINE_ACTIONS = {
     "add_pod",
     "fork_orphan",
     "terminate_pod",
+    "kmsg_overrun",
 }
 
 
@@ -570,8 +571,20 @@ def _event(raw: object, i: int) -> SimEvent:
             f"got {actions}"
         )
     value = data[actions[0]]
+    if actions[0] == "kmsg_overrun":
+        _check_overrun(value, float(data["at"]), f"timeline[{i}]")
     args = value if isinstance(value, dict) else {"value": value}
     return SimEvent(at=float(data["at"]), action=actions[0], args=dict(args))
+
+
+def _check_overrun(value: object, at: float, where: str) -> None:
+    """``kmsg_overrun: N``: N records overwritten in the kernel log while the reader was
+    behind, so only after the exporter started (a ring loses its oldest records first,
+    never some in the middle of what a reader reads at start)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(f"{where}.kmsg_overrun: {value!r} is not a number of records >= 1")
+    if at <= 0:
+        raise ScenarioError(f"{where}.kmsg_overrun: 'at' must be after start (> 0), got {at:g}")
 
 
 def parse_scenario(data: object, name: str) -> Scenario:

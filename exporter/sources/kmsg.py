@@ -29,6 +29,15 @@ only records that were already in the log (the backlog, and those missed while t
 was closed after an error) are stamped through /proc/uptime, which is approximate.
 Records of the backlog read at the first open are marked ``backlog``: they were raised
 before the exporter started, and analysis keeps them apart from new XIDs.
+
+Overruns. The ring buffer is fixed in size: a kernel that logs faster than the reader
+reads (a flood of messages, a reader starved of CPU, or a log closed after an error)
+overwrites records before they are read, XIDs among them. ``/dev/kmsg`` then fails one
+read with EPIPE and resumes at the oldest record left (kernel/printk/printk.c,
+``devkmsg_read``: "our last seen message is gone, return error and reset"), so the next
+record's sequence number jumps. Each jump is one overrun: counted (served as
+``gpu_exporter_kmsg_overruns_total``, and in ``gpu_exporter_errors_total{source="kmsg"}``)
+and logged with the number of records lost; XIDs lost in it are not seen at all.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ READ_SIZE = 8192  # larger than any record (a read smaller than a record fails E
 # "line" without end. What is held while waiting for its newline stops here.
 MAX_PENDING = 64 * 1024
 _RECORD = re.compile(r"^(\d+),(\d+),(\d+)(?:,[^;]*)?;(.*)$")
+_RECORD_HEAD = re.compile(rb"^\d+,(\d+),")  # the sequence number of a record cut short
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?"
     r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
@@ -134,6 +144,7 @@ class KmsgReader(ThreadedSource):
 
     def fill(self, cycle: Cycle) -> None:
         cycle.readings.kmsg_events = self.read(cycle)
+        cycle.readings.kmsg_overruns = self.overruns_total
 
     def __init__(
         self,
@@ -157,20 +168,18 @@ class KmsgReader(ThreadedSource):
         self._draining = True  # reading what the log held when it was opened
         self._last_seq = -1
         self._overruns_total = 0
+        self._overrun_logged_at: float | None = None  # monotonic; one line a minute at most
 
     # -- public surface ---------------------------------------------------------------
 
-    @property
-    def caught_up(self) -> bool:
-        """The backlog present at start has been read."""
-        return self._caught_up.is_set()
-
     def wait_caught_up(self, timeout_s: float) -> bool:
+        """Wait until the backlog present at start has been read."""
         return self._caught_up.wait(timeout_s)
 
     @property
     def overruns_total(self) -> int:
-        """Times the kernel overwrote records before we read them (EPIPE)."""
+        """Times the kernel overwrote records before this reader read them (a jump in
+        the records' sequence numbers, after EPIPE on /dev/kmsg), since start."""
         return self._overruns_total
 
     # -- the thread -------------------------------------------------------------------
@@ -214,8 +223,8 @@ class KmsgReader(ThreadedSource):
             except OSError as exc:
                 if exc.errno == errno.EPIPE:
                     # The ring buffer wrapped past our position; the next read resumes
-                    # at the oldest record still there.
-                    self._overruns_total += 1
+                    # at the oldest record still there, whose sequence number says how
+                    # many were lost (counted in _handle: a regular file has no EPIPE).
                     continue
                 if exc.errno == errno.EINTR:
                     continue
@@ -231,6 +240,8 @@ class KmsgReader(ThreadedSource):
             if skipping and lines:  # the end of a line too long to keep
                 lines, skipping = lines[1:], False
             if len(pending) > MAX_PENDING:  # no record is this long: drop what is held
+                if not skipping:  # the record was read, not lost: no overrun at the next
+                    self._skipped(pending)
                 pending, skipping = b"", True
             for line in lines:
                 self._handle(line.decode("utf-8", "replace"), boot)
@@ -249,6 +260,8 @@ class KmsgReader(ThreadedSource):
         seq, since_boot, message = record
         if seq <= self._last_seq:  # re-read after a reopen
             return
+        if self._last_seq >= 0 and seq > self._last_seq + 1:
+            self._overrun(seq - self._last_seq - 1)
         self._last_seq = seq
         parsed = parse_xid_message(message)
         if parsed is None:
@@ -276,6 +289,26 @@ class KmsgReader(ThreadedSource):
         except Exception:  # a closed consumer must not stop the reader
             self._errors_total += 1
             log.exception("kmsg XID callback failed")
+
+    def _skipped(self, head: bytes) -> None:
+        """A record dropped for its length still takes its sequence number."""
+        match = _RECORD_HEAD.match(head)
+        if match is not None:
+            self._last_seq = max(self._last_seq, int(match.group(1)))
+
+    def _overrun(self, lost: int) -> None:
+        """Records between the last one read and this one were overwritten unread."""
+        self._overruns_total += 1
+        self._errors_total += 1
+        now = time.monotonic()
+        if self._overrun_logged_at is None or now - self._overrun_logged_at >= 60.0:
+            self._overrun_logged_at = now
+            log.warning(
+                "kernel log overrun: %d records were overwritten before they were read "
+                "(XIDs among them are lost; %d overruns since start)",
+                lost,
+                self._overruns_total,
+            )
 
     def _fail(self, exc: OSError) -> None:
         self._errors_total += 1
