@@ -65,6 +65,7 @@ from tests.e2e.stack import (
 from tests.system_tools import require_tool
 from tests.test_alert_rules import (
     ALERTS,
+    CHART_RECORDED,
     alerting_rules,
     duration_s,
     load_yaml,
@@ -84,6 +85,12 @@ GKE_NODE, DRA_NODE = "sim-gke-e2e", "sim-dra-e2e"
 FORMS_LEAK = {"namespace": "debug", "pod": "leaky-notebook", "gpu": "3"}  # from t=20
 ALERT_RULES = ALERTS / "gpu-occupancy-exporter.rules.yaml"
 RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
+# The GPU-hour ledger's rules (docs/dashboards.md, "Chargeback and waste"), and the cost
+# rules the Helm chart renders with a price for the simulated GPUs' model (the
+# simulator's default name, exporter/sim/scenario.py): the waste board's cost panels read them.
+CHARGEBACK_RULES = ALERTS / "gpu-occupancy-exporter.chargeback.yaml"
+CHART = ROOT / "charts" / "gpu-occupancy-exporter"
+SIMULATED_MODEL = "NVIDIA H100 80GB HBM3"
 # dcgm-exporter's series rebuilt from ours (docs/migrating-from-dcgm-exporter.md), loaded
 # into the main Prometheus, under which NVIDIA's own dcgm-exporter dashboard (a verbatim
 # copy; its source in dcgm-exporter-dashboard.md) must work like the project's boards.
@@ -300,6 +307,41 @@ def compat_rules_for_run(tmp: Path) -> Path:
     return path
 
 
+def chargeback_rules_for_run(tmp: Path) -> Path:
+    """The chargeback file with its group's `interval: 1m` on the e2e time scale (like the
+    alerts' time constants: shrink_rules.py); expressions unchanged."""
+    doc = load_yaml(CHARGEBACK_RULES)
+    for group in doc["groups"]:
+        if "interval" in group:
+            group["interval"] = shrink_duration(group["interval"])
+    path = tmp / CHARGEBACK_RULES.name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000), encoding="utf-8")
+    return path
+
+
+def chart_cost_rules_for_run(tmp: Path) -> Path:
+    """The cost group exactly as the Helm chart renders it with a price for the simulated
+    model (chargeback.pricePerGpuHour), its interval shrunk like the chargeback group's."""
+    import helm_python as helm  # dev dependency; only this run needs it
+
+    manifests = helm.Chart.load(CHART).render(
+        {
+            "prometheusRule": {"enabled": True},
+            "chargeback": {"pricePerGpuHour": {SIMULATED_MODEL: 2.5}},
+        },
+        name="e2e",
+        namespace="monitoring",
+        is_install=True,
+    )
+    (text,) = [t for name, t in manifests.items() if name.endswith("prometheusrule.yaml")]
+    (rule,) = [d for d in yaml.safe_load_all(text) if d]
+    (group,) = [g for g in rule["spec"]["groups"] if g["name"].endswith(".chargeback.cost")]
+    group["interval"] = shrink_duration(group["interval"])
+    path = tmp / "chargeback-cost.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=1000), "utf-8")
+    return path
+
+
 def recording_rules(*paths: Path) -> list[dict[str, Any]]:
     return [r for p in paths for g in load_yaml(p)["groups"] for r in g["rules"]]
 
@@ -462,7 +504,8 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     began = time.monotonic()
     exporter_port, prom_port = free_port(), free_port()
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
-    main_rules = [*rules, compat_rules_for_run(tmp)]
+    chargeback = [chargeback_rules_for_run(tmp), chart_cost_rules_for_run(tmp)]
+    main_rules = [*rules, compat_rules_for_run(tmp), *chargeback]
     config = tmp / "prometheus.yml"
     secured = secure_main_exporter(tmp)
     write_prometheus_config(config, {NODE: exporter_port}, main_rules, secured)
@@ -545,7 +588,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
         run.recorded = {
             r["record"]: len(api.series(r["record"], run.main_end))
-            for r in recording_rules(RECORDING_RULES, COMPAT_RULES)
+            for r in recording_rules(RECORDING_RULES, COMPAT_RULES, *chargeback)
         }
         run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
         events = render_plots.load_events(SCENARIO)
@@ -689,22 +732,20 @@ def test_every_rule_evaluates_without_error(e2e: Run) -> None:
 
 
 def test_every_recording_rule_produces_series(e2e: Run) -> None:
-    project = {r["record"] for r in recording_rules(RECORDING_RULES)}
-    empty = [name for name, count in e2e.recorded.items() if count == 0 and name in project]
+    """The project's recording rules, the chargeback rules and the chart's cost rules."""
+    project = recording_rules(RECORDING_RULES, CHARGEBACK_RULES)
+    names = {r["record"] for r in project} | CHART_RECORDED
+    assert names <= set(e2e.recorded)
+    empty = [name for name, count in e2e.recorded.items() if count == 0 and name in names]
     assert not empty, f"recording rules without series: {empty}\n" + e2e.scrape_lines(
-        {
-            m
-            for r in recording_rules(RECORDING_RULES)
-            if r["record"] in empty
-            for m in referenced_metrics(r["expr"])
-        }
+        {m for r in project if r["record"] in empty for m in referenced_metrics(r["expr"])}
     )
 
 
 def test_every_dashboard_query_is_valid_promql(e2e: Run) -> None:
     errors = [r for r in e2e.dashboards if r.status != "success"]
     assert not errors, "\n".join(f"{r.board} {r.where}: {r.error}\n  {r.expr}" for r in errors)
-    assert len(e2e.dashboards) > 50  # every panel of the three boards was read
+    assert len(e2e.dashboards) > 70  # every panel of the four boards was read
 
 
 def test_every_dashboard_query_returns_series(e2e: Run) -> None:
