@@ -9,7 +9,7 @@ cost grows with the node, and the sample cycle from inside.
    instances and a 48-replica time-sliced GPU: CPU per second, RSS and scrape p99 each;
 3. sample cycle (benchmarks/cycle.py): CPU and wall time of one cycle, in-process.
 
-Memory under churn is benchmarks/soak.py (it takes tens of minutes).
+Memory under churn is benchmarks/soak.py, run on its own (it takes tens of minutes).
 
 Usage: ``python benchmarks/run.py [--quick] [--profile]``. Results are printed and
 written to ``benchmarks/results/`` (see benchmarks/README.md).
@@ -48,7 +48,7 @@ from exporter import __version__  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
-# Targets from the performance issues (2-core machine).
+# Targets the exporter is held to (benchmarks/README.md; a 2-core machine).
 TARGET_CPU_MS_PER_S = 5.0  # whole process, node-8gpu, --interval 1
 TARGET_IDLE_MS_PER_S = 0.3
 TARGET_RSS_MIB = 64.0

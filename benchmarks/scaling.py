@@ -1,4 +1,4 @@
-"""Scaling curve: the exporter's cost as GPUs and GPU processes grow (issue 16).
+"""Scaling curve: the exporter's cost as GPUs and GPU processes grow.
 
 Each point is a generated scenario run as its own simulated node (``python -m
 exporter.sim``) with our exporter beside it at ``--interval 1``, measured from outside
@@ -54,7 +54,7 @@ from processes import (
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
-# Issue 16's targets for every point.
+# The targets every point is held to (benchmarks/README.md).
 TARGET_CPU_MS_PER_S = 5.0
 TARGET_RSS_MIB = 64.0
 TARGET_SCRAPE_P99_MS = 2.0

@@ -24,9 +24,9 @@ period apart: open files, threads, tracked objects, pymalloc blocks and anonymou
 leak ``gc.get_objects()`` cannot see, to show that the verdict catches it.
 
 Usage: ``python benchmarks/soak.py [--cycles N] [--quiet-cycles N] [--tracemalloc]
-[--record] [--leak]`` (``benchmarks/run.py`` runs it too). Results are printed and
-written to ``benchmarks/results/soak.json`` and ``soak.md``; ``--record`` also writes the
-table into docs/reliability.md.
+[--record] [--leak]``, on its own (``benchmarks/run.py`` does not run it: it takes tens of
+minutes). Results are printed and written to ``benchmarks/results/soak.json`` and
+``soak.md``; ``--record`` also writes the table into docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NVLink, PCIe, video engines, throttle time, memory temperature and fans (issue 14),
+"""NVLink, PCIe, video engines, throttle time, memory temperature and fans,
 read through the real pynvml over the simulated libnvidia-ml, and served on /metrics.
 
 What a driver or GPU does not support stays absent (no series), whether it answers

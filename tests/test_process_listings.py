@@ -2,7 +2,7 @@
 
 Two driver behaviours the simulated library reproduces (docs/simulator.md):
 
-- ``usedGpuMemory`` NVML_VALUE_NOT_AVAILABLE (WDDM; MIG without privileges, per issue 12):
+- ``usedGpuMemory`` NVML_VALUE_NOT_AVAILABLE (WDDM; MIG without privileges, unverified):
   pynvml turns it into None, and the exporter must keep it unknown all the way to
   /metrics: no memory series that is a 0 or a partial sum, no orphan claimed on a guess;
 - drivers 535.43.02 to 535.86.05 writing a 32-byte struct through the ``_v3`` listings

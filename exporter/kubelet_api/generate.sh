@@ -2,7 +2,7 @@
 # Regenerate the Python stubs for api.proto (checked in; run after editing the proto).
 #
 #   exporter/kubelet_api/generate.sh            # uses `python` on PATH
-#   PYTHON=/work/venv/bin/python exporter/kubelet_api/generate.sh
+#   PYTHON=.venv/bin/python exporter/kubelet_api/generate.sh
 #
 # Needs grpcio-tools. The generated code refuses to import under a protobuf runtime
 # older than the protoc bundled with grpcio-tools, and api_pb2_grpc.py under a grpcio

@@ -1,5 +1,5 @@
-"""Background loops that must not die, and liveness that means sampling (issue 21, fixes
-1 and 3), driven through the real code paths.
+"""Background loops that must not die (a crash is counted and the loop restarts), and
+liveness that means sampling (a stale loop reports down), driven through the real code paths.
 
 - the real gRPC PodResources server (``exporter/sim/podresources_server.py``) answers a
   ``List`` whose bytes do not decode, once, then good answers, while the source's real

@@ -4,8 +4,8 @@
 boot); the kmsg reader turns that into wall time as ``now - /proc/uptime + stamp``
 (exporter/sources/kmsg.py ``boot_epoch``), which assumes printk's clock runs with
 CLOCK_BOOTTIME. If the two drift apart on long uptimes, a kmsg XID stamped that way and
-its NVML twin land further apart than the ledger's de-duplication window (issue 12,
-item 4), which is why live records are stamped on arrival and only the backlog goes
+its NVML twin land further apart than the ledger's de-duplication window (docs/xid.md,
+"Timestamps"), which is why live records are stamped on arrival and only the backlog goes
 through /proc/uptime. This check writes one marker record, reads its stamp back and
 prints how far each conversion is off and how fast that grows: the error a backlog
 XID's time carries on this host.
@@ -83,6 +83,6 @@ def test_kmsg_stamps_converted_through_uptime_match_wall_time() -> None:
     )
     assert abs(converted_error) <= window, (
         f"kmsg stamps converted through /proc/uptime are {converted_error:+.1f} s off wall "
-        f"time, more than the {window:.0f} s de-dup window: issue 12 item 4 holds here, "
+        f"time, more than the {window:.0f} s de-dup window: printk's clock drifts here, "
         "backlog XID times are that far off"
     )

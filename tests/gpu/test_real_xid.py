@@ -5,7 +5,7 @@ device plugin does (k8s-device-plugin internal/rm/health.go ``registerDevices``)
 reads MIG attribution from the event's gpuInstanceId/computeInstanceId; the simulator
 accepts registration on any handle (exporter/sim/nvml_library.py
 ``nvmlDeviceRegisterEvents``). What NVML answers on a MIG device handle itself, and
-whether NO_PERMISSION appears without MIG monitoring rights (issue 12, item 8), is
+whether NO_PERMISSION appears without MIG monitoring rights (docs/validation.md), is
 printed by the MIG check.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 5 on real hardware: a process allocates GPU memory, forks a child that inherits
+"""Orphaned memory on real hardware: a process allocates GPU memory, forks a child that inherits
 the device files, and is SIGKILLed. The exporter must report the memory the driver still
 holds and name the child as its holder."""
 
