@@ -1,14 +1,16 @@
 # Developer shortcuts; CI (.ci/run) runs the same tools. Everything uses the project venv:
 #   python3 -m venv .venv && .venv/bin/pip install -e ".[test]"
+# (".[test,bench]" for the peer test of the slow tier, tests/test_bench_peer.py, as CI)
 BIN ?= .venv/bin
 
 .PHONY: lint test-fast test e2e bench
 
-lint:  ## ruff, formatting, strict types for exporter/, relaxed types for tests/
+lint:  ## ruff, formatting, strict types for exporter/, benchmarks/ and dashboards/, relaxed for tests/
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy exporter
 	$(BIN)/mypy tests
+	$(BIN)/mypy benchmarks dashboards  # scripts importing each other by name: a run of their own
 
 test-fast:  ## everything but the e2e and slow tiers (about a minute)
 	$(BIN)/pytest -m "not e2e and not slow"

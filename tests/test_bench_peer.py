@@ -1,6 +1,6 @@
 """The benchmark's peer (benchmarks/peer.py): nvitop-exporter over the simulated NVML
 library of a node process, as ours runs under ``--simulated-node``. Needs the optional
-``bench`` extra; without it (CI installs ``.[test]``) the module is skipped."""
+``bench`` extra (CI installs it: ``.[test,bench]``); without it the module is skipped."""
 
 from __future__ import annotations
 
