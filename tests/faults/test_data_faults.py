@@ -175,7 +175,12 @@ async def test_data_lost_gpu_not_fresh(record_fault: RecordFault) -> None:
             "gpu_container_allocated",
             "gpu_container_allocated_idle",
             "gpu_container_idle_allocated_seconds_total",
+            # the ledger's counters stay (cumulative): the time held goes on, as unhealthy
+            "gpu_container_allocated_gpu_seconds_total",
+            "gpu_container_energy_joules_total",
         }
+        held = lost.find("gpu_container_allocated_gpu_seconds_total", pod="a")
+        assert {labels["state"] for labels, value in held if value > 0} >= {"unhealthy"}
         assert lost.get("gpu_up", gpu="1") == 0 and lost.get("gpu_healthy", gpu="1") == 0
         assert lost.get("gpu_health_reason", gpu="1", reason="gpu_lost") == 1
         assert xids(lost, gpu="1") == 1  # a counter keeps its count
