@@ -170,7 +170,7 @@ class Agent:
         self.options = ExpositionOptions(families=config.families)
         self.wall_clock = wall_clock
         self.policy = policy_from(config)
-        self.state = initial_state(self.policy, config.xid_severity)
+        self.state = initial_state(self.policy, config.xid_classes)
         self._errors_seen: dict[str, int] = {}
         self._events_seen: dict[tuple[str, str], int] = {}
         self._writes_seen: dict[tuple[str, str], int] = {}

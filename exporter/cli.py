@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from exporter import allocator
 from exporter.agent import build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
-from exporter.exposition.families import selectable
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.exposition.web_config import WebConfigError
 from exporter.exposition.web_security import WebSecurity
 from exporter.logs import setup_logging
+from exporter.model.families import selectable
 from exporter.snapshot import render_json, render_text
 
 if TYPE_CHECKING:

@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter import __version__
-from exporter.analysis.xid import parse_overrides
-from exporter.exposition.families import DEFAULT_OFF, FamilySelectionError, select_families
-from exporter.exposition.liveness import DEFAULT_CYCLES, MAX_CYCLES, MIN_CYCLES, STARTUP_GRACE_S
 from exporter.model import (
     DCGM_HOSTENGINE_PORT,
     GPU_DRA_DRIVERS,
@@ -30,6 +27,14 @@ from exporter.model import (
     KUBELET_POD_RESOURCES_SOCKET,
     DcgmMode,
 )
+from exporter.model.families import DEFAULT_OFF, FamilySelectionError, select_families
+from exporter.model.vocabulary import (
+    LIVENESS_DEFAULT_CYCLES,
+    LIVENESS_MAX_CYCLES,
+    LIVENESS_MIN_CYCLES,
+    LIVENESS_STARTUP_GRACE_S,
+)
+from exporter.model.xid_classes import parse_overrides
 
 ENV_PREFIX = "GPU_EXPORTER_"
 # The host engine dcgm-exporter is pointed at (its -r flag's variable); the GPU Operator
@@ -63,8 +68,8 @@ class Config:
     simulate: str | None
     simulated_node: Path | None
     per_process_metrics: bool
-    families: frozenset[str]  # the metric families served (exporter/exposition/families.py)
-    xid_severity: dict[int, str]
+    families: frozenset[str]  # the metric families served (exporter/model/families.py)
+    xid_classes: dict[int, str]  # --xid-class overrides
     health_xid_window_s: float
     retired_pages_limit: int
     idle_threshold: float
@@ -84,7 +89,7 @@ class Config:
     http_header_timeout_s: float = 10.0
     http_max_connections: int = 128
     web_config_file: Path | None = None
-    liveness_cycles: int = DEFAULT_CYCLES
+    liveness_cycles: int = LIVENESS_DEFAULT_CYCLES
     kube_events: str = "auto"  # "auto" | "off": Events where API credentials exist
     node_condition: bool = False
     dra_device_taints: bool = False
@@ -231,11 +236,11 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "--liveness-cycles",
         f"/healthz and /readyz answer 503 (and the kubelet's liveness probe restarts the "
         f"exporter) once no sample cycle has completed for this many intervals, e.g. an "
-        f"NVML call that never returns; at least {STARTUP_GRACE_S:g} s before the first "
+        f"NVML call that never returns; at least {LIVENESS_STARTUP_GRACE_S:g} s before the first "
         "cycle.",
-        default=str(DEFAULT_CYCLES),
+        default=str(LIVENESS_DEFAULT_CYCLES),
         metavar="N",
-        bounds=Bounds(MIN_CYCLES, MAX_CYCLES, whole=True),
+        bounds=Bounds(LIVENESS_MIN_CYCLES, LIVENESS_MAX_CYCLES, whole=True),
     )
     add(
         "--web-config-file",
@@ -380,10 +385,17 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         metavar="LIST",
     )
     add(
-        "--xid-severity",
-        "Override the XID severity table (docs/xid.md): comma-separated "
+        "--xid-class",
+        "Override the XID class table (docs/xid.md): comma-separated "
         "CODE=CLASS with CODE 1..65535 and CLASS application, warning or fatal, e.g. "
         "'13=fatal,94=warning'.",
+        default="",
+        metavar="LIST",
+    )
+    add(
+        "--xid-severity",
+        "Deprecated: the old name of --xid-class (the served label is `class`); "
+        "still accepted, to be removed no earlier than two releases on.",
         default="",
         metavar="LIST",
     )
@@ -643,7 +655,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         )
     host, port = parse_host_port(args.listen)
     try:
-        xid_severity = parse_overrides(args.xid_severity) if args.xid_severity else {}
+        classes = args.xid_class or args.xid_severity  # the new name wins
+        xid_classes = parse_overrides(classes) if classes else {}
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     dcgm = parse_dcgm_mode(
@@ -686,7 +699,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         simulated_node=Path(args.simulated_node) if args.simulated_node else None,
         per_process_metrics=bool(args.per_process_metrics),
         families=families,
-        xid_severity=xid_severity,
+        xid_classes=xid_classes,
         health_xid_window_s=args.health_xid_window,
         retired_pages_limit=args.retired_pages_limit,
         idle_threshold=args.idle_threshold,

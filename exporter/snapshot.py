@@ -214,7 +214,7 @@ def _xid_lines(analysis: Analysis) -> list[str]:
         if counts:
             lines += ["", title]
             lines += _table(
-                ["GPU", "XID", "SEVERITY", "COUNT"],
+                ["GPU", "XID", "CLASS", "COUNT"],
                 (
                     [x.gpu, x.xid, x.severity, x.count]
                     for x in sorted(counts, key=lambda x: (str(x.gpu), x.xid, x.severity))

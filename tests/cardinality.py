@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:  # run as a script: make ``tests`` and ``exporter`
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporter.exposition.families import DEFAULT_FAMILIES, SELF_PREFIX  # noqa: E402
+from exporter.model.families import DEFAULT_FAMILIES, SELF_PREFIX  # noqa: E402
 from exporter.sim.scenario import SHIPPED  # noqa: E402
 from tests.golden.record import on_schedule  # noqa: E402
 from tests.harness import simulated_exporter  # noqa: E402

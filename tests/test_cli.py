@@ -126,9 +126,17 @@ def test_a_variable_overridden_by_its_flag_is_not_parsed() -> None:
 @pytest.mark.parametrize("code", ["0", "65536", "99999999999999999999"])
 def test_an_xid_code_out_of_range_is_refused(code: str) -> None:
     with pytest.raises(ConfigError) as raised:
-        parse_config(["--xid-severity", f"13=fatal,{code}=fatal"], env={})
+        parse_config(["--xid-class", f"13=fatal,{code}=fatal"], env={})
     assert f"XID {code} is not in the range 1..65535" in str(raised.value)
-    assert parse_config(["--xid-severity", "65535=fatal"], env={}).xid_severity == {65535: "fatal"}
+    assert parse_config(["--xid-class", "65535=fatal"], env={}).xid_classes == {65535: "fatal"}
+
+
+def test_xid_severity_is_still_accepted_as_the_old_name_of_xid_class() -> None:
+    assert parse_config(["--xid-severity", "13=fatal"], env={}).xid_classes == {13: "fatal"}
+    both = parse_config(["--xid-severity", "13=fatal", "--xid-class", "13=warning"], env={})
+    assert both.xid_classes == {13: "warning"}  # the new name wins
+    old_env = parse_config([], env={"GPU_EXPORTER_XID_SEVERITY": "94=warning"})
+    assert old_env.xid_classes == {94: "warning"}
 
 
 def test_bad_environment_value_is_reported_under_its_variable_name() -> None:

@@ -29,9 +29,9 @@ import pytest
 import yaml
 
 from exporter.config import parse_config
-from exporter.exposition.families import select_families
 from exporter.exposition.server import MetricsCache, build_app
 from exporter.model import DcgmMode
+from exporter.model.families import select_families
 from tests.test_alert_rules import CHART_RECORDED, run_promtool
 
 # ~250 chart renderings and API-schema validations (~16 s): the slow tier.

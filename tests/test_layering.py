@@ -7,7 +7,8 @@ Every ``import`` in exporter/ is read with ``ast`` (also those inside functions 
 - ``exporter.sources.*`` imports only ``exporter.model``, its own package
   (``exporter.sources.*``: base, backoff, threaded, ...), the neutral ``exporter.text``
   and the kubelet's protocol ``exporter.kubelet_api``;
-- ``exporter.config`` imports neither ``exporter.sim`` nor ``exporter.sources``;
+- ``exporter.config`` is a leaf: it imports only ``exporter.model`` (and the package, for
+  its version), so parsing flags loads no analysis, exposition or prometheus_client;
 - ``exporter.sim`` is the node outside the exporter: it imports only ``exporter.model``,
   ``exporter.kubelet_api`` (the protocol its kubelet serves) and itself;
 - ``exporter.reporting.*`` (Events, the node condition, device taints) imports only
@@ -126,9 +127,9 @@ RULES = [
         _only("exporter.model", "exporter.sources", "exporter.text", "exporter.kubelet_api"),
     ),
     Rule(
-        "config imports neither sim nor sources",
+        "config is a leaf: it imports only model",
         lambda m: m == "exporter.config",
-        lambda _m, t: not (_within(t, "exporter.sim") or _within(t, "exporter.sources")),
+        lambda _m, t: t == "exporter" or _within(t, "exporter.model"),
     ),
     Rule(
         "sim imports only model, sim and the kubelet API",
@@ -321,3 +322,20 @@ def test_no_import_cycles_in_exporter() -> None:
     assert not found, "import cycles (move what both need into a module of its own):\n  " + (
         "\n  ".join(" -> ".join(map(str, cycle)) for cycle in found)
     )
+
+
+def test_importing_config_loads_no_exporter_module_outside_model() -> None:
+    """What the rule above means at run time: a fresh interpreter, ``import exporter.config``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, exporter.config\n"
+        "print(sorted(m for m in sys.modules if m.startswith('exporter')\n"
+        "             and not m.startswith('exporter.model')))\n"
+        "print('prometheus_client' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.splitlines()
+    assert out == ["['exporter', 'exporter.config']", "False"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.exposition.metrics import CATALOGUE
+from exporter.model.families import CATALOGUE
 from tests.harness import simulated_exporter
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"

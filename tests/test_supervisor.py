@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.exposition.liveness import STARTUP_GRACE_S, Liveness
+from exporter.exposition.liveness import Liveness
 from exporter.model import SourceStatus
+from exporter.model.vocabulary import LIVENESS_STARTUP_GRACE_S as STARTUP_GRACE_S
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
 from exporter.sim.scenario import parse_scenario

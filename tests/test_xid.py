@@ -14,13 +14,7 @@ import pynvml
 import pytest
 
 from exporter.analysis.xid import (
-    APPLICATION,
-    FATAL,
-    OVERRIDABLE,
     RECOVERY_ACTIONS,
-    SEVERITIES,
-    UNKNOWN,
-    WARNING,
     XID_DESCRIPTION,
     XID_SEVERITY,
     XidKey,
@@ -28,10 +22,18 @@ from exporter.analysis.xid import (
     bus_id_map,
     classify,
     normalize_pci_bus_id,
-    parse_overrides,
     recovery_action_name,
 )
 from exporter.model import GpuSample, XidEvent
+from exporter.model.xid_classes import (
+    APPLICATION,
+    FATAL,
+    OVERRIDABLE,
+    SEVERITIES,
+    UNKNOWN,
+    WARNING,
+    parse_overrides,
+)
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
 from exporter.sim.scenario import parse_scenario
@@ -605,7 +607,7 @@ def test_parse_overrides_rejects_bad_input_with_one_line(text: str, fragment: st
         parse_overrides(text)
     message = str(info.value)
     assert fragment in message and "\n" not in message
-    assert message.startswith("--xid-severity: ")
+    assert message.startswith("--xid-class: ")
 
 
 def test_recovery_action_names_match_nvml_constants() -> None:
@@ -819,7 +821,7 @@ def test_docs_list_every_xid_with_its_class() -> None:
     text = DOCS.read_text()
     for severity in OVERRIDABLE:
         assert f"`{severity}`" in text
-    assert "gpu_xid_errors_total" in text and "--xid-severity" in text
+    assert "gpu_xid_errors_total" in text and "--xid-class" in text
 
 
 def test_mig_xids_are_counted_per_gpu_and_compute_instance() -> None:

@@ -8,7 +8,7 @@ The severity classes answer one operator question, "what does this XID do to the
 - ``fatal``: the GPU must be reset (or the node rebooted) before it can be trusted.
 - ``unknown``: a code this table does not list. It is counted and shown as such, never
   silently dropped or guessed; health treats it like ``warning`` (no capacity taken
-  away on a code nobody classified) and ``--xid-severity`` can classify it.
+  away on a code nobody classified) and ``--xid-class`` can classify it.
 
 The table is our own reading of NVIDIA's Xid catalog (Ampere and newer, "Resolution
 Bucket (Immediate Action)": RESTART_APP -> application, IGNORE -> warning, RESET_GPU /
@@ -35,10 +35,12 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from exporter.model import GpuSample, XidEvent
-
-APPLICATION, WARNING, FATAL, UNKNOWN = "application", "warning", "fatal", "unknown"
-SEVERITIES = (APPLICATION, WARNING, FATAL, UNKNOWN)
-OVERRIDABLE = (APPLICATION, WARNING, FATAL)
+from exporter.model.xid_classes import (
+    APPLICATION,
+    FATAL,
+    UNKNOWN,
+    WARNING,
+)
 
 # code -> (class, meaning). Meanings follow the catalog's descriptions, shortened.
 XID_CATALOG: dict[int, tuple[str, str]] = {
@@ -125,44 +127,6 @@ def classify(xid: int, overrides: Mapping[int, str] | None = None) -> str:
     if overrides and xid in overrides:
         return overrides[xid]
     return XID_SEVERITY.get(xid, UNKNOWN)
-
-
-# The codes --xid-severity accepts. NVIDIA's Xid catalog numbers them from 1 and lists
-# fewer than 200 today (https://docs.nvidia.com/deploy/xid-errors/); the ceiling leaves
-# room for new ones and keeps a 20-digit typo out.
-XID_MIN, XID_MAX = 1, 65535
-
-
-def parse_overrides(text: str) -> dict[int, str]:
-    """``"13=fatal,94=warning"`` -> ``{13: "fatal", 94: "warning"}`` for ``--xid-severity``.
-
-    Raises ValueError with one line naming the bad item, so the CLI can print it and
-    exit 2 instead of starting with a table the operator did not mean.
-    """
-    out: dict[int, str] = {}
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        code_text, sep, severity = (part.strip() for part in item.partition("="))
-        if not sep or not code_text.isdigit():
-            raise ValueError(
-                f"--xid-severity: {item!r} is not XID=CLASS (e.g. 13=fatal,94=warning)"
-            )
-        if severity not in OVERRIDABLE:
-            raise ValueError(
-                f"--xid-severity: {item!r}: class must be one of {', '.join(OVERRIDABLE)}"
-            )
-        code = int(code_text)
-        if not XID_MIN <= code <= XID_MAX:
-            raise ValueError(
-                f"--xid-severity: {item!r}: XID {code_text} is not in the range "
-                f"{XID_MIN}..{XID_MAX} (NVIDIA's catalog numbers them from 1, below 200 today)"
-            )
-        if code in out and out[code] != severity:
-            raise ValueError(f"--xid-severity: XID {code} is given two classes")
-        out[code] = severity
-    return out
 
 
 def recovery_action_name(value: int) -> str:

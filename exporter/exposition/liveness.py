@@ -6,9 +6,9 @@ ever older bytes. /readyz follows the same rule after its first-sample rule.
 The age is that of the last rendered cycle (``MetricsCache.rendered_at``, monotonic):
 a cycle that raised rendered nothing new, and the bytes served are as old as the last
 one that did. Before the first cycle the allowance counts from the server's start and
-is at least ``STARTUP_GRACE_S``: priming the sources and a first ``nvmlInit`` on a node
-without persistence mode may take a while, and the kubelet's probe must not kill a
-start-up that is merely slow.
+is at least ``LIVENESS_STARTUP_GRACE_S`` (exporter/model/vocabulary.py): priming the
+sources and a first ``nvmlInit`` on a node without persistence mode may take a while,
+and the kubelet's probe must not kill a start-up that is merely slow.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger(__name__)
+from exporter.model.vocabulary import LIVENESS_DEFAULT_CYCLES, LIVENESS_STARTUP_GRACE_S
 
-DEFAULT_CYCLES = 10
-MIN_CYCLES, MAX_CYCLES = 2, 1000
-STARTUP_GRACE_S = 60.0
+log = logging.getLogger(__name__)
 
 
 class Rendered(Protocol):
@@ -42,7 +40,7 @@ class Liveness:
         cache: Rendered,
         *,
         interval_s: float,
-        cycles: int = DEFAULT_CYCLES,
+        cycles: int = LIVENESS_DEFAULT_CYCLES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cache = cache
@@ -62,7 +60,7 @@ class Liveness:
         now = self._clock()
         rendered = self._cache.rendered_at
         if rendered is None:
-            age, limit = now - self._started, max(self.limit_s, STARTUP_GRACE_S)
+            age, limit = now - self._started, max(self.limit_s, LIVENESS_STARTUP_GRACE_S)
             what = "no sample cycle has completed since start"
         else:
             age, limit = now - rendered, self.limit_s

@@ -133,3 +133,11 @@ TRANSITION_KINDS: tuple[TransitionKind, ...] = (
     "source_down",
     "source_up",
 )
+
+# /healthz fails when no cycle completed for this many intervals (--liveness-cycles),
+# and never within the start-up grace: priming the sources and a first nvmlInit can
+# take tens of seconds (exporter/exposition/liveness.py).
+LIVENESS_DEFAULT_CYCLES: Final = 10
+LIVENESS_MIN_CYCLES: Final = 2
+LIVENESS_MAX_CYCLES: Final = 1000
+LIVENESS_STARTUP_GRACE_S: Final = 60.0
