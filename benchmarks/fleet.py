@@ -336,6 +336,11 @@ def measure_fleet(
         gpus = sum(gpus_per_text[i % len(texts)] for i in range(nodes))
         scraped = scalar(api, f'sum(scrape_samples_post_metric_relabeling{{job="{JOB}"}})')
         recorded = scalar(api, 'count({__name__=~".+:.+"})')
+        by_rule = {
+            r["metric"]["__name__"]: int(float(r["value"][1]))
+            for r in api.series('count by (__name__) ({__name__=~".+:.+"})')
+        }
+        alerts = scalar(api, "count(ALERTS)")
         scrape_ms = [
             float(s["value"][1]) * 1000
             for s in api.series(f'scrape_duration_seconds{{job="{JOB}"}}')
@@ -350,6 +355,8 @@ def measure_fleet(
             "series_per_gpu": head / gpus if gpus else math.nan,
             "scraped_series": scraped,
             "recorded_series": recorded,
+            "recorded_by_rule": dict(sorted(by_rule.items())),
+            "alerts_series": alerts,
             "rss_per_node_bytes": window["rss_bytes"]["max"] / nodes,
             **window,
             "scrape_ms": summarise(scrape_ms),
@@ -442,14 +449,28 @@ def groups_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def recorded_table(results: dict[str, Any]) -> list[str]:
+    """Recorded series of each rule per fleet size: which grow with nodes, which do not."""
+    fleets = results["fleets"]
+    lines = ["| recorded series | " + " | ".join(f"{f['nodes']} nodes" for f in fleets) + " |"]
+    lines.append("|---|" + "---:|" * len(fleets))
+    for name in sorted({n for f in fleets for n in f["recorded_by_rule"]}):
+        cells = [f"{f['recorded_by_rule'].get(name, 0):,}" for f in fleets]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    cells = [f"{f['alerts_series']:,.0f}" for f in fleets]
+    lines.append("| `ALERTS` (alerting rules) | " + " | ".join(cells) + " |")
+    return lines
+
+
 def extrapolation_line(results: dict[str, Any]) -> str:
     e = results["extrapolation"]
+    intercept = e["rss_fit"]["intercept"]  # Prometheus' floor; noise of GC timing can make it < 0
     return (
         f"Linear fit over {', '.join(str(n) for n in results['settings']['nodes'])} nodes, "
         f"at {e['nodes']:,} nodes: {e['head_series']:,.0f} head series "
         f"({e['series_fit']['slope']:,.0f} per node), Prometheus RSS "
         f"{e['rss_bytes'] / 2**30:,.1f} GiB ({e['rss_fit']['slope'] / 2**10:,.0f} KiB per node "
-        f"+ {_mib(e['rss_fit']['intercept'])})."
+        f"{'+' if intercept >= 0 else '-'} {_mib(abs(intercept))})."
     )
 
 
@@ -511,6 +532,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if results["fleets"]:
         lines += ["", "Rule groups, evaluation time p50 / max (ms):", "", *groups_table(results)]
+        lines += ["", *recorded_table(results)]
         largest = results["fleets"][-1]
         lines += ["", f"Queries at {largest['nodes']} nodes, p50 / p99 (ms), series returned:", ""]
         lines += ["| query | p50 / p99 | series | error |", "|---|---|---:|---|"]
@@ -529,7 +551,7 @@ def doc_block(results: dict[str, Any]) -> str:
     lines = [DOC_BEGIN, "", settings_line(results), "", *fleet_table(results)]
     if results["fleets"]:
         lines += ["", "Rule groups, evaluation time p50 / max (ms):", "", *groups_table(results)]
-        lines += ["", extrapolation_line(results)]
+        lines += ["", *recorded_table(results), "", extrapolation_line(results)]
     lines += ["", *families_tables(results), DOC_END]
     return "\n".join(lines)
 
