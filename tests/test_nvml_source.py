@@ -632,6 +632,14 @@ def test_gpm_occupancy_between_two_cycles_equals_the_scenario_values(sim: list[S
     assert occ.fp16_active == pytest.approx(0.63 * 0.1)
 
 
+def test_a_gpm_value_that_is_not_a_number_is_no_value(sim: list[Sim]) -> None:
+    # NaN passes through min/max clamping and would compare below every idle threshold
+    s = start(sim, {"gpus": [{"gpm": {"sm_active": float("nan"), "sm_occupancy": float("inf")}}]})
+    s.sample_at(0.0)
+    occ = s.sample_at(10.0).gpus[0].occupancy
+    assert occ is not None and occ.sm_active is None and occ.sm_occupancy is None
+
+
 def test_gpm_occupancy_is_the_time_average_across_a_mid_window_change(sim: list[Sim]) -> None:
     scenario = {
         "gpus": [{"gpm": {"sm_active": 80, "sm_occupancy": 40}}],

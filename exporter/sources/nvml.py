@@ -18,6 +18,7 @@ Failure isolation is the point of this file:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -705,8 +706,16 @@ class NvmlSource(Source):
         for slot, key in enumerate(_GPM_METRICS):
             metric = request.metrics[slot]
             ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
-            values[key] = min(max(metric.value / 100.0, 0.0), 1.0) if ok else None
+            values[key] = _gpm_ratio(metric.value) if ok else None
         return Occupancy(source="gpm", **values)
+
+
+def _gpm_ratio(percent: float) -> float | None:
+    """A GPM percentage as a ratio clamped to [0, 1]; None for a value that is not a
+    number (NaN passes through min/max and would compare below every threshold)."""
+    if not math.isfinite(percent):
+        return None
+    return min(max(percent / 100.0, 0.0), 1.0)
 
 
 def _gpm_where(device: _Device, gpu_instance: int | None) -> str:
