@@ -26,6 +26,7 @@ from tests.harness import simulated_exporter
 
 NODE = "node-a"
 DEVICE = DeviceRef(0, "GPU-0")
+NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z, the snapshot's time
 
 
 def pod(
@@ -68,13 +69,14 @@ def controller(kind: Any = "ReplicaSet", name: Any = "web-5d8f7c9b4f") -> dict[s
 
 def test_a_replicaset_whose_name_ends_in_the_pods_template_hash_is_its_deployment() -> None:
     assert resolve_owner(
-        pod(kind="ReplicaSet", owner="web-5d8f7c9b4f", template_hash="5d8f7c9b4f")
+        pod(kind="ReplicaSet", owner="web-5d8f7c9b4f", template_hash="5d8f7c9b4f"),
+        now=NOW,
     ) == (
         "Deployment",
         "web",
     )
     dashed = pod(kind="ReplicaSet", owner="llm-chat-api-7c9b4f", template_hash="7c9b4f")
-    assert resolve_owner(dashed) == ("Deployment", "llm-chat-api")
+    assert resolve_owner(dashed, now=NOW) == ("Deployment", "llm-chat-api")
 
 
 @pytest.mark.parametrize(
@@ -90,14 +92,20 @@ def test_a_replicaset_whose_name_ends_in_the_pods_template_hash_is_its_deploymen
 def test_a_replicaset_without_the_deployment_naming_stays_a_replicaset(
     owner: str, template_hash: str | None
 ) -> None:
-    got = resolve_owner(pod(kind="ReplicaSet", owner=owner, template_hash=template_hash))
+    got = resolve_owner(pod(kind="ReplicaSet", owner=owner, template_hash=template_hash), now=NOW)
     assert got == ("ReplicaSet", owner)
 
 
 def test_a_job_named_cronjob_dash_scheduled_minutes_is_its_cronjob() -> None:
-    assert resolve_owner(pod(kind="Job", owner="etl-embed-29145600")) == ("CronJob", "etl-embed")
+    assert resolve_owner(pod(kind="Job", owner="etl-embed-29145600"), now=NOW) == (
+        "CronJob",
+        "etl-embed",
+    )
     # the controller before Kubernetes 1.21 wrote seconds since the epoch
-    assert resolve_owner(pod(kind="Job", owner="nightly-1748736000")) == ("CronJob", "nightly")
+    assert resolve_owner(pod(kind="Job", owner="nightly-1748736000"), now=NOW) == (
+        "CronJob",
+        "nightly",
+    )
 
 
 @pytest.mark.parametrize(
@@ -114,7 +122,25 @@ def test_a_job_named_cronjob_dash_scheduled_minutes_is_its_cronjob() -> None:
     ],
 )
 def test_a_job_without_the_cronjob_naming_stays_a_job(job: str) -> None:
-    assert resolve_owner(pod(kind="Job", owner=job)) == ("Job", job)
+    assert resolve_owner(pod(kind="Job", owner=job), now=NOW) == ("Job", job)
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        "backup-20240501",  # a date a person wrote: minutes -> 2008, seconds -> 1970
+        "backup-2024050112",  # YYYYMMDDHH: seconds -> 2034, minutes -> 5818
+        "nightly-23667839",  # a minute before 2015-01-01
+        "nightly-29530000",  # minutes -> 2026-02-23: past the snapshot's day
+        "nightly-1767398400",  # seconds -> 2026-01-03: past the snapshot's day
+        "nightly-029145600",  # a leading zero: the controller writes %d
+    ],
+)
+def test_a_job_number_that_is_no_plausible_scheduled_time_stays_a_job(job: str) -> None:
+    assert resolve_owner(pod(kind="Job", owner=job), now=NOW) == ("Job", job)
+    # the edges: 2015-01-01 in minutes, and a day after the snapshot in seconds
+    assert resolve_owner(pod(kind="Job", owner="a-23667840"), now=NOW) == ("CronJob", "a")
+    assert resolve_owner(pod(kind="Job", owner="a-1767312000"), now=NOW) == ("CronJob", "a")
 
 
 @pytest.mark.parametrize(
@@ -127,13 +153,18 @@ def test_a_job_without_the_cronjob_naming_stays_a_job(job: str) -> None:
     ],
 )
 def test_other_controllers_are_given_as_they_are(kind: str, name: str) -> None:
-    assert resolve_owner(pod(kind=kind, owner=name, template_hash="5d8f7c9b4f")) == (kind, name)
+    assert resolve_owner(pod(kind=kind, owner=name, template_hash="5d8f7c9b4f"), now=NOW) == (
+        kind,
+        name,
+    )
 
 
 def test_a_pod_without_a_controller_is_its_own_owner_and_an_unreadable_one_is_unknown() -> None:
-    assert resolve_owner(pod(name="leaky-shell")) == ("Pod", "leaky-shell")
-    assert resolve_owner(pod(kind="", owner="")) is None  # names one that could not be read
-    assert resolve_owner(pod(kind="ReplicaSet", owner=None)) is None
+    assert resolve_owner(pod(name="leaky-shell"), now=NOW) == ("Pod", "leaky-shell")
+    assert (
+        resolve_owner(pod(kind="", owner=""), now=NOW) is None
+    )  # names one that could not be read
+    assert resolve_owner(pod(kind="ReplicaSet", owner=None), now=NOW) is None
 
 
 # -- what the pod watch reads ----------------------------------------------------------
@@ -148,7 +179,7 @@ def test_the_watch_reads_the_controller_entry_and_the_template_hash_label() -> N
     meta = read(ownerReferences=refs, labels={"app": "web", "pod-template-hash": "5d8f7c9b4f"})
     assert (meta.owner_kind, meta.owner_name) == ("ReplicaSet", "web-5d8f7c9b4f")
     assert meta.pod_template_hash == "5d8f7c9b4f"
-    assert resolve_owner(meta) == ("Deployment", "web")
+    assert resolve_owner(meta, now=NOW) == ("Deployment", "web")
 
 
 def test_a_pod_with_no_controller_entry_reads_as_bare() -> None:
@@ -160,7 +191,7 @@ def test_a_pod_with_no_controller_entry_reads_as_bare() -> None:
     ):
         meta = read(ownerReferences=refs) if refs is not None else read()
         assert (meta.owner_kind, meta.owner_name) == (None, None), refs
-        assert resolve_owner(meta) == ("Pod", "p")
+        assert resolve_owner(meta, now=NOW) == ("Pod", "p")
 
 
 @pytest.mark.parametrize(
@@ -185,7 +216,7 @@ def test_a_pod_with_no_controller_entry_reads_as_bare() -> None:
 def test_a_controller_that_cannot_be_read_is_unknown_not_bare(refs: Any) -> None:
     meta = read(ownerReferences=refs)
     assert meta.owner_kind == ""
-    assert resolve_owner(meta) is None
+    assert resolve_owner(meta, now=NOW) is None
 
 
 def test_only_the_first_controller_entry_is_taken() -> None:
@@ -197,7 +228,7 @@ def test_only_the_first_controller_entry_is_taken() -> None:
 def test_a_template_hash_label_out_of_bounds_is_not_read(labels: Any) -> None:
     meta = read(ownerReferences=[controller()], labels=labels)
     assert meta.pod_template_hash is None
-    assert resolve_owner(meta) == ("ReplicaSet", "web-5d8f7c9b4f")
+    assert resolve_owner(meta, now=NOW) == ("ReplicaSet", "web-5d8f7c9b4f")
 
 
 # -- which pods get an owner -----------------------------------------------------------
@@ -223,7 +254,7 @@ def test_only_pods_that_hold_or_use_a_gpu_have_an_owner() -> None:
         pod("bystander", "ReplicaSet", "web-5d8f7c9b4f", "5d8f7c9b4f", uid="u3"),
     )
     attribution = Attribution(allocations=(allocation("holder"),), containers=(usage("user"),))
-    assert pod_owners(pods, attribution) == (
+    assert pod_owners(pods, attribution, now=NOW) == (
         PodOwner("ml", "holder", "StatefulSet", "holder"),
         PodOwner("ml", "user", "CronJob", "user"),
     )
@@ -231,25 +262,25 @@ def test_only_pods_that_hold_or_use_a_gpu_have_an_owner() -> None:
 
 def test_no_owner_while_the_pod_watch_is_down_or_does_not_run() -> None:
     attribution = Attribution(allocations=(allocation("holder"),))
-    assert pod_owners(watched(pod("holder"), ok=False), attribution) == ()
-    assert pod_owners(None, attribution) == ()
+    assert pod_owners(watched(pod("holder"), ok=False), attribution, now=NOW) == ()
+    assert pod_owners(None, attribution, now=NOW) == ()
     # a pod the watch does not list has no owner to tell (PodResources alone names it)
-    assert pod_owners(watched(), attribution) == ()
+    assert pod_owners(watched(), attribution, now=NOW) == ()
 
 
 def test_two_pods_of_one_name_with_different_owners_leave_it_unknown() -> None:
     attribution = Attribution(allocations=(allocation("w"),))
     first = pod("w", "StatefulSet", "a", uid="u1")
     second = pod("w", "StatefulSet", "b", uid="u2")
-    assert pod_owners(watched(first, second), attribution) == ()
+    assert pod_owners(watched(first, second), attribution, now=NOW) == ()
     # the one being deleted gives way to the one that is not
     deleting = pod("w", "StatefulSet", "a", uid="u1", deleting=True)
-    assert pod_owners(watched(deleting, second), attribution) == (
+    assert pod_owners(watched(deleting, second), attribution, now=NOW) == (
         PodOwner("ml", "w", "StatefulSet", "b"),
     )
     # the same owner twice (a StatefulSet's pod made again) is that owner
     again = pod("w", "StatefulSet", "b", uid="u3")
-    assert pod_owners(watched(second, again), attribution) == (
+    assert pod_owners(watched(second, again), attribution, now=NOW) == (
         PodOwner("ml", "w", "StatefulSet", "b"),
     )
 

@@ -150,7 +150,7 @@ def analyse(
         shared_gpus=shared,
         container_shares=shares,
         container_limits=limits,
-        pod_owners=pod_owners(snapshot.pod_meta, attribution),
+        pod_owners=pod_owners(snapshot.pod_meta, attribution, now=now),
     )
     analysis, health_facts = with_transitions(analysis, state.health)
     state = replace(
