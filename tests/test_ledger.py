@@ -16,11 +16,15 @@ import pytest
 
 from exporter.analysis.idle import IdlePolicy
 from exporter.analysis.ledger import account_ledger, compute_slices, gpu_slices
+from exporter.analysis.pipeline import Policy, analyse, initial_state
+from exporter.exposition.metrics import ExpositionOptions, build_families
 from exporter.model import (
     LEDGER_STATES,
     AllocatableDevices,
     Allocation,
     AllocationLedger,
+    Analysis,
+    ContainerDevices,
     ContainerGpuUsage,
     ContainerRef,
     DeviceRef,
@@ -29,6 +33,8 @@ from exporter.model import (
     HealthReason,
     LedgerState,
     MigInstance,
+    NodeSnapshot,
+    NvmlSnapshot,
     Occupancy,
     PodResourcesSnapshot,
 )
@@ -95,8 +101,12 @@ def allocatable(*ids: str) -> PodResourcesSnapshot:
     )
 
 
+LISTED = PodResourcesSnapshot(ok=True, timestamp=0)  # a PodResources listing that worked
+
+
 class Ledger:
-    """Cycles of the ledger, each ``elapsed`` after the last, with its state carried."""
+    """Cycles of the ledger, each ``elapsed`` after the last, with its state carried; the
+    kubelet's listing worked unless ``pod_resources`` says otherwise."""
 
     def __init__(self) -> None:
         self.state = LedgerState()
@@ -109,7 +119,7 @@ class Ledger:
         *,
         elapsed: float = 10.0,
         health: Sequence[GpuHealth] = (),
-        pod_resources: PodResourcesSnapshot | None = None,
+        pod_resources: PodResourcesSnapshot | None = LISTED,
     ) -> LedgerState:
         self.state = account_ledger(
             self.state,
@@ -223,23 +233,23 @@ def test_a_device_that_stops_resolving_keeps_its_weight_and_counts_as_unknown() 
 @pytest.mark.parametrize(
     ("allocations", "gpus", "pod_resources", "expected"),
     [
-        ([alloc("p", "GPU-0", "GPU-0")], [gpu(0, sm=0.5)], None, 1.0),
+        ([alloc("p", "GPU-0", "GPU-0")], [gpu(0, sm=0.5)], LISTED, 1.0),
         (
             [alloc("p", "MIG-a", "GPU-0", mig="MIG-a")],
             [gpu(0, migs=[mig("MIG-a", "3g.40gb", 0.5)])],
-            None,
+            LISTED,
             3 / 7,
         ),
         (  # a compute instance of 1 slice inside a 3g GPU instance
             [alloc("p", "MIG-a", "GPU-0", mig="MIG-a")],
             [gpu(0, migs=[mig("MIG-a", "1c.3g.40gb", 0.5)])],
-            None,
+            LISTED,
             1 / 7,
         ),
         (  # an A30 has 4 compute slices
             [alloc("p", "MIG-a", "GPU-0", mig="MIG-a")],
             [gpu(0, name="NVIDIA A30", migs=[mig("MIG-a", "2g.12gb", 0.5)])],
-            None,
+            LISTED,
             2 / 4,
         ),
         (  # the kubelet advertises 4 replicas of GPU-0; one is held
@@ -254,7 +264,7 @@ def test_a_device_that_stops_resolving_keeps_its_weight_and_counts_as_unknown() 
                 alloc("q", "GPU-0::1", "GPU-0", shared=True),
             ],
             [gpu(0, sm=0.5)],
-            None,
+            LISTED,
             1 / 2,
         ),
         (  # a replica of a MIG instance is both
@@ -433,6 +443,203 @@ def test_a_counter_that_goes_back_or_is_missing_is_not_counted() -> None:
     none = Ledger()
     none.cycle(held, [gpu(0, sm=0.5)], usage, elapsed=0)
     assert none.cycle(held, [gpu(0, sm=0.5)], usage).energy == ()
+
+
+# -- what is not known is carried (hostile inputs, through analyse) -------------------
+
+
+class Node:
+    """Cycles of the real analysis (``analyse``) of one node with one GPU model, and the
+    ledger and energy series ``build_families`` serves from each."""
+
+    def __init__(self) -> None:
+        self.policy = Policy(idle=POLICY)
+        self.state = initial_state(self.policy, {})
+
+    def cycle(
+        self,
+        t: float,
+        gpus: Sequence[GpuSample],
+        containers: Sequence[ContainerDevices],
+        *,
+        nvml_ok: bool = True,
+        listing_ok: bool = True,
+        allocatable: Sequence[str] = (),
+    ) -> Analysis:
+        listing = PodResourcesSnapshot(
+            ok=listing_ok,
+            timestamp=t,
+            containers=tuple(containers) if listing_ok else (),
+            allocatable=(AllocatableDevices("nvidia.com/gpu", tuple(allocatable)),),
+            allocatable_ok=bool(allocatable),
+        )
+        nvml = NvmlSnapshot(ok=nvml_ok, timestamp=t, gpus=tuple(gpus) if nvml_ok else ())
+        snapshot = NodeSnapshot("n", nvml, timestamp=t, pod_resources=listing)
+        analysis, self.state = analyse(snapshot, self.state, self.policy)
+        return analysis
+
+
+def served(analysis: Analysis, family: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one family, by their full label set (a duplicate would fail)."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for metric in build_families(analysis, ExpositionOptions()):
+        for sample in metric.samples:
+            if sample.name == family:
+                key = tuple(sorted(sample.labels.items()))
+                assert key not in out, f"duplicate series {key}"
+                out[key] = sample.value
+    return out
+
+
+def holder(pod: str, resource: str, *ids: str) -> ContainerDevices:
+    return ContainerDevices("ns", pod, "c", resource, ids)
+
+
+def test_a_series_keeps_its_labels_and_total_while_nvml_does_not_list_its_gpu() -> None:
+    """NVML down for one cycle: the whole GPU's and the MIG instance's series keep their
+    label sets (gpu index, uuid, MIG labels) and totals; the step goes to unknown."""
+    instance = mig("MIG-a", "3g.40gb", 0.5)
+    holders = [
+        holder("whole", "nvidia.com/gpu", "GPU-1"),
+        holder("part", "nvidia.com/mig-3g.40gb", "MIG-a"),
+    ]
+    node = Node()
+    ledger_keys: set[tuple[tuple[str, str], ...]] = set()
+    energy_keys: set[tuple[tuple[str, str], ...]] = set()
+    last: dict[tuple[tuple[str, str], ...], float] = {}
+    for t, up in [(0, True), (10, True), (20, True), (30, False), (40, True), (50, True)]:
+        gpus = [gpu(0, energy_mj=t * 100_000, migs=[instance]), gpu(1, energy_mj=t * 100_000)]
+        analysis = node.cycle(t, gpus, holders, nvml_ok=up)
+        ledger = served(analysis, "gpu_container_allocated_gpu_seconds_total")
+        energy = served(analysis, "gpu_container_energy_joules_total")
+        assert len(ledger) == 2 * len(LEDGER_STATES) and len(energy) == 2
+        ledger_keys.update(ledger)
+        energy_keys.update(energy)
+        for key, value in {**ledger, **energy}.items():
+            assert value >= last.get(key, 0.0), key  # no counter goes back
+            last[key] = value
+    assert len(ledger_keys) == 2 * len(LEDGER_STATES) and len(energy_keys) == 2
+    part = dict(next(k for k in energy_keys if dict(k)["pod"] == "part"))
+    assert part["gpu"] == "0" and part["uuid"] == "GPU-0" and part["mig_profile"] == "3g.40gb"
+    unknown = {dict(k)["pod"]: v for k, v in last.items() if dict(k).get("state") == "unknown"}
+    assert unknown == {"whole": 10.0, "part": pytest.approx(30 / 7)}
+    # the delta across the outage spans two cycles and is not counted; the rest is
+    assert {dict(k)["pod"]: v for k, v in last.items() if "state" not in dict(k)} == {
+        "whole": pytest.approx(3000.0),
+        "part": pytest.approx(3000.0),
+    }
+
+
+def test_a_failed_podresources_listing_carries_every_row_as_unknown() -> None:
+    """One failed listing: the rows stay (ledger in unknown, energy and idle time as they
+    were); a listing that worked and no longer has the container ends them."""
+    held = [holder("p", "nvidia.com/gpu", "GPU-0")]
+    node = Node()
+    for t in (0, 10, 20):
+        analysis = node.cycle(t, [gpu(0, sm=0.0, energy_mj=t * 100_000)], held)
+    blip = node.cycle(30, [gpu(0, sm=0.0, energy_mj=3_000_000)], held, listing_ok=False)
+    (row,) = blip.ledger
+    assert {s: v for s, v in row.seconds if v} == {"no_process": 20.0, "unknown": 10.0}
+    assert [e.joules_total for e in blip.energy] == [2000.0]  # not split: nothing added
+    assert [i.idle_seconds_total for i in blip.idle] == [20.0]
+    assert (
+        served(blip, "gpu_container_allocated_gpu_seconds_total").keys()
+        == served(analysis, "gpu_container_allocated_gpu_seconds_total").keys()
+    )
+    after = node.cycle(40, [gpu(0, sm=0.0, energy_mj=4_000_000)], held)
+    (row,) = after.ledger
+    assert {s: v for s, v in row.seconds if v} == {"no_process": 30.0, "unknown": 10.0}
+    assert [e.joules_total for e in after.energy] == [3000.0]  # 30 -> 40 s only
+    assert [i.idle_seconds_total for i in after.idle] == [30.0]
+    gone = node.cycle(50, [gpu(0, sm=0.0, energy_mj=5_000_000)], [])
+    assert gone.ledger == () and gone.energy == () and gone.idle == ()
+
+
+def test_activity_that_is_not_a_number_is_no_signal() -> None:
+    """NaN from GPM (or DCGM) is unknown, never idle; a MIG GPU's energy is then not
+    split, and never becomes NaN."""
+    nan = float("nan")
+    assert state_after_one_step(
+        alloc("p", "GPU-0", "GPU-0"), [gpu(0, sm=nan)], [use("p", "GPU-0", 0.5)]
+    ) == {"unknown": 10.0}
+    held = [alloc("a", "MIG-a", "GPU-0", mig="MIG-a"), alloc("b", "MIG-b", "GPU-0", mig="MIG-b")]
+    instances = [mig("MIG-a", "3g.40gb", nan), mig("MIG-b", "3g.40gb", 0.5)]
+    ledger = Ledger()
+    for t in range(3):
+        ledger.cycle(held, [gpu(0, energy_mj=1_000_000 * t, migs=instances)], elapsed=10)
+    assert ledger.joules() == {"a": 0.0, "b": 0.0}
+
+
+def test_a_replica_keeps_its_weight_while_the_kubelet_cannot_say_how_many_there_are() -> None:
+    held = [alloc(p, f"GPU-0::{i}", "GPU-0", shared=True) for i, p in enumerate("ab")]
+    four = allocatable(*[f"GPU-0::{i}" for i in range(4)])
+    failed = replace(four, allocatable_ok=False, allocatable=())
+    ledger = Ledger()
+    for cut in (four, four, failed, four, failed):
+        state = ledger.cycle(held, [gpu(0, sm=0.5)], pod_resources=cut)
+        assert [e.weight for e in state.allocations] == [0.25, 0.25]
+    assert ledger.entry("a").allocated_seconds == pytest.approx(12.5)  # 5 steps x 10 s / 4
+
+
+def test_a_clock_that_steps_back_adds_nothing_until_it_has_caught_up() -> None:
+    held = [holder("p", "nvidia.com/gpu", "GPU-0")]
+    node = Node()
+    for t in (100, 110, 80, 118):
+        analysis = node.cycle(t, [gpu(0, sm=0.5)], held)
+    assert analysis.ledger[0].allocated_seconds == 18.0  # the wall span 100 -> 118
+    # a clock reset far back (over the gap bound) is a gap: counting starts again
+    for t in (1_000, 300, 310):
+        analysis = node.cycle(t, [gpu(0, sm=0.5)], held)
+    assert analysis.ledger[0].allocated_seconds == 28.0
+
+
+def test_an_energy_delta_no_gpu_could_draw_is_not_counted() -> None:
+    held, usage = [alloc("p", "GPU-0", "GPU-0")], [use("p", "GPU-0", 0.5)]
+    ledger = Ledger()
+    # 700 W limit, 10 s steps: at most 2 x 700 W x 10 s = 14 kJ a step
+    for energy_mj in (0, 14_000_000, 28_000_001, 28_000_002, 10**15):
+        reading = gpu(0, sm=0.5, energy_mj=energy_mj, power_limit_milliwatts=700_000)
+        ledger.cycle(held, [reading], usage)
+    assert ledger.joules() == {"p": pytest.approx(14_000.001)}
+    # no power limit: 2 x 1,500 W
+    unbounded = Ledger()
+    for energy_mj in (0, 30_000_000, 60_000_001):
+        unbounded.cycle(held, [gpu(0, sm=0.5, energy_mj=energy_mj)], usage)
+    assert unbounded.joules() == {"p": 30_000.0}
+
+
+def test_one_device_listed_twice_for_a_container_is_held_once() -> None:
+    """nvidia.com/gpu and nvidia.com/gpu.shared naming one id: one row, weight 1, and no
+    duplicate series (``served`` fails on one)."""
+    twice = [
+        holder("p", "nvidia.com/gpu", "GPU-0"),
+        holder("p", "nvidia.com/gpu.shared", "GPU-0"),
+    ]
+    node = Node()
+    for t in (0, 10, 20):
+        analysis = node.cycle(t, [gpu(0, sm=0.5, energy_mj=t * 1000)], twice)
+    assert [(e.device_id, e.weight, e.allocated_seconds) for e in analysis.ledger] == [
+        ("GPU-0", 1.0, 20.0)
+    ]
+    assert [i.idle_seconds_total for i in analysis.idle] == [20.0]  # no process: idle
+    assert len(served(analysis, "gpu_container_allocated_gpu_seconds_total")) == 5
+    assert len(served(analysis, "gpu_container_idle_allocated_seconds_total")) == 1
+
+
+def test_a_profile_larger_than_its_gpu_does_not_shrink_its_siblings() -> None:
+    instances = [mig("MIG-a", "3g.40gb", 0.5), mig("MIG-z", "999g.1gb", 0.5)]
+    instances.append(mig("MIG-y", "8g.90gb", 0.5))
+    odd = gpu(0, energy_mj=0, migs=instances)
+    assert gpu_slices(odd) == 7
+    held = [
+        alloc(p, u, "GPU-0", mig=u) for p, u in (("a", "MIG-a"), ("z", "MIG-z"), ("y", "MIG-y"))
+    ]
+    ledger = Ledger()
+    ledger.cycle(held, [odd], elapsed=0)
+    state = ledger.cycle(held, [replace(odd, energy_millijoules=1_000_000)])
+    assert [(e.container.pod, e.weight) for e in state.allocations] == [("a", 3 / 7)]
+    assert ledger.joules() == {"a": 1000.0}  # the odd ones have no size: no part
+    assert compute_slices("9" * 5000 + "g.x") is None and compute_slices("4c.3g.40gb") is None
 
 
 # -- the real exporter on the shipped scenarios ----------------------------------------

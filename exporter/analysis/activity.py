@@ -11,8 +11,9 @@ failed is not judged at all):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from exporter.model import Allocation, ContainerGpuUsage, ContainerRef, GpuSample
 
@@ -33,6 +34,24 @@ UNJUDGED = Activity(None)
 NO_PROCESS = Activity(0.0, has_process=False)
 
 
+def finite(value: float | None) -> float | None:
+    """``value``, or None when it is not a number (NaN or infinite: no signal)."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def distinct_allocations(allocations: Sequence[Allocation]) -> tuple[Allocation, ...]:
+    """One allocation per (container, device id): the kubelet can list one device under
+    two resource names for one container (``nvidia.com/gpu`` and ``nvidia.com/gpu.shared``
+    while a device plugin's config changes); that is one device held once, not twice. It
+    is shared when either listing says so."""
+    merged: dict[tuple[ContainerRef, str], Allocation] = {}
+    for a in allocations:
+        key = (a.container, a.device_id)
+        first = merged.get(key)
+        merged[key] = a if first is None else replace(first, shared=first.shared or a.shared)
+    return tuple(merged.values())
+
+
 def usage_index(containers: Iterable[ContainerGpuUsage]) -> dict[UsageKey, ContainerGpuUsage]:
     """Attribution's usage rows by (container, GPU uuid, MIG uuid)."""
     return {(c.container, c.device.uuid, c.device.mig_uuid): c for c in containers}
@@ -50,14 +69,19 @@ def activity(
     used = usage.get((a.container, gpu.uuid, device.mig_uuid))
     if used is None or used.processes == 0:
         return NO_PROCESS
+    # a value that is not a number (a GPM or DCGM read gone wrong) is no signal at all:
+    # NaN compares below every threshold and would count as idle
     if a.shared:
+        if used.sm_ratio is not None and finite(used.sm_ratio) is None:
+            return UNJUDGED
         # a process without a per-process sample had no SM time in the driver's window
         return Activity(used.sm_ratio or 0.0, has_process=True)
     if device.mig_uuid:
         mig = next((m for m in gpu.mig_instances if m.uuid == device.mig_uuid), None)
-        ratio = mig.occupancy.sm_active if mig and mig.occupancy else None
+        ratio = finite(mig.occupancy.sm_active) if mig and mig.occupancy else None
         return Activity(ratio, has_process=True)
-    if gpu.occupancy is not None and gpu.occupancy.sm_active is not None:
-        return Activity(gpu.occupancy.sm_active, has_process=True)
+    sm_active = finite(gpu.occupancy.sm_active) if gpu.occupancy is not None else None
+    if sm_active is not None:
+        return Activity(sm_active, has_process=True)
     util = gpu.utilization_gpu_percent
     return Activity(None if util is None else util / 100.0, has_process=True)

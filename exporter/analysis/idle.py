@@ -9,9 +9,9 @@ unlisted or failed GPU, a failed process listing, no signal) is never idle.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from exporter.analysis.activity import activity, usage_index
+from exporter.analysis.activity import activity, distinct_allocations, usage_index
 from exporter.model import Allocation, ContainerGpuUsage, GpuSample, IdleAllocation
 
 
@@ -35,12 +35,18 @@ def account_idle(
     *,
     elapsed_s: float,
     policy: IdlePolicy,
+    listed: bool = True,
 ) -> tuple[IdleAllocation, ...]:
     """Carry the idle counters forward by ``elapsed_s`` (the time since the last cycle).
 
-    Allocations that disappeared drop out; their counters end with them. An allocation
-    whose activity cannot be judged (no signal at all) is not counted as idle.
+    Allocations that a PodResources listing no longer has drop out; their counters end
+    with them. Without a listing (``listed`` False: PodResources failed) every counter
+    stays as it was, not idle: which allocations exist is unknown, not none. An
+    allocation whose activity cannot be judged (no signal at all) is not counted as idle.
     """
+    if not listed:
+        return tuple(replace(p, idle_now=False) for p in previous)
+    allocations = distinct_allocations(allocations)
     before = {(p.container, p.device_id): p for p in previous}
     usage = usage_index(containers)
     by_uuid = {g.uuid: g for g in gpus}

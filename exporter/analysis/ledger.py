@@ -17,17 +17,26 @@ The state, first that applies:
 
 The weight, in GPU-equivalents: a whole GPU 1; a MIG instance its compute slices over
 the GPU's (``3g.40gb`` on an H100: 3/7); a time-sliced or MPS replica 1/replicas, with
-replicas the replica ids the kubelet advertises for that device, else the allocations
-on it. A MIG replica is both. An allocation whose size cannot be known (its device
-resolves to no GPU and was never sized) has no ledger; one that was keeps its last weight.
+replicas the replica ids the kubelet last advertised for that device, else the
+allocations on it. A MIG replica is both. An allocation whose size cannot be known (its
+device resolves to no GPU and was never sized, a profile larger than its GPU) has no
+ledger; one that was keeps its last weight. One device id listed twice for a container
+(under two resource names) is one allocation.
+
+What is not known is carried, never dropped: while PodResources fails, every row goes on
+in ``unknown`` (a row ends only when a listing that worked no longer has it); while NVML
+does not list a device, its row keeps the GPU index, UUID and MIG labels NVML last gave,
+so a series keeps one identity; a clock that steps back adds nothing
+(``exporter/analysis/pipeline.py`` counts a step only past the latest time counted).
 
 Energy: NVML counts energy per GPU only (``nvmlDeviceGetTotalEnergyConsumption``), so
 the GPU's delta over one cycle is split among the containers holding it: all of it to
 the only holder; by each holder's part of the SM time the holders used (per-process
 samples) on a time-shared GPU; by activity x compute slices of the held instances on a
 MIG GPU. A delta that cannot be split (no holder, no SM time or no activity signal to
-split by, a counter that went back, a gap) is not counted: the split sums to the GPU's
-delta wherever it is counted.
+split by, a counter that went back, a gap, a cycle without a PodResources listing) or
+that no GPU could draw (over twice its power limit, or 2 x 1,500 W without one, for the
+whole step) is not counted: the split sums to the GPU's delta wherever it is counted.
 """
 
 from __future__ import annotations
@@ -36,7 +45,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from exporter.analysis.activity import UsageKey, activity, usage_index
+from exporter.analysis.activity import (
+    UsageKey,
+    activity,
+    distinct_allocations,
+    finite,
+    usage_index,
+)
 from exporter.analysis.devices import DeviceResolver
 from exporter.analysis.idle import IdlePolicy, counted_step
 from exporter.model import (
@@ -51,6 +66,7 @@ from exporter.model import (
     GpuSample,
     LedgerState,
     LedgerStateName,
+    MigIdentity,
     MigInstance,
     PodResourcesSnapshot,
 )
@@ -58,36 +74,46 @@ from exporter.model import (
 # Compute slices of a MIG profile: "3g.40gb" -> 3; a compute instance smaller than its GPU
 # instance, "1c.3g.40gb", has 1 (NVIDIA MIG User Guide, "Terminology" and
 # "Supported MIG Profiles": https://docs.nvidia.com/datacenter/tesla/mig-user-guide/).
-_PROFILE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.")
+_PROFILE = re.compile(r"^(?:(?P<c>\d{1,2})c\.)?(?P<g>\d{1,2})g\.")
 # Compute slices of a whole GPU, by model: the largest "Ng" profile the MIG User Guide
 # lists for it (A30 and RTX PRO 6000 Blackwell: 4g; A100, H100, H200, B200: 7g).
 _GPU_SLICES: tuple[tuple[str, int], ...] = (("A30", 4), ("RTX PRO 6000", 4))
 DEFAULT_GPU_SLICES = 7
+# Energy a GPU can plausibly draw over one step: twice its power limit, or twice this
+# (above any GPU's board power: B200 1,000 W, GB200 1,200 W) when it reports none.
+ENERGY_BOUND_W = 1500.0
 
 _DeviceKey = tuple[str, str | None]  # (GPU uuid, MIG uuid)
 _EnergyKey = tuple[ContainerRef, str, str | None]  # (container, GPU uuid, MIG uuid)
 
 
 def compute_slices(profile: str) -> int | None:
-    """The compute slices a MIG profile names; None for a profile in no known form."""
+    """The compute slices a MIG profile names; None for a profile in no known form (a
+    compute instance larger than its GPU instance included)."""
     match = _PROFILE.match(profile)
     if match is None:
         return None
-    return int(match["c"] or match["g"]) or None
+    gpu_instance = int(match["g"])
+    compute = int(match["c"]) if match["c"] is not None else gpu_instance
+    return compute if 0 < compute <= gpu_instance else None
 
 
 def gpu_slices(gpu: GpuSample) -> int:
-    """The compute slices of a whole GPU: its model's, else 7; never fewer than the
-    largest instance it has."""
+    """The compute slices of a whole GPU: its model's, else 7. An instance claiming more
+    (a profile NVML should never name) does not change it: that instance's own size is
+    unknown (``instance_slices``), its siblings' stay as they are."""
     name = gpu.name or ""
-    known = next((n for model, n in _GPU_SLICES if model in name), DEFAULT_GPU_SLICES)
-    seen = (_profile_gpu_slices(m.profile) for m in gpu.mig_instances)
-    return max(known, *(s for s in seen if s is not None), 0)
+    return next((n for model, n in _GPU_SLICES if model in name), DEFAULT_GPU_SLICES)
 
 
-def _profile_gpu_slices(profile: str) -> int | None:
-    match = _PROFILE.match(profile)
-    return int(match["g"]) if match is not None else None
+def instance_slices(gpu: GpuSample, mig: MigInstance) -> int | None:
+    """The compute slices of one instance of ``gpu``; None when its profile is in no
+    known form or claims more slices than the GPU has."""
+    match = _PROFILE.match(mig.profile)
+    slices = compute_slices(mig.profile)
+    if match is None or slices is None or int(match["g"]) > gpu_slices(gpu):
+        return None
+    return slices
 
 
 def advertised_replicas(
@@ -137,8 +163,10 @@ def weight(
     if device.mig_uuid is not None:
         gpu = gpus.get(device.uuid)
         mig = _instance(gpu, device.mig_uuid)
-        slices = compute_slices(mig.profile) if mig is not None else None
-        if gpu is None or slices is None:
+        if gpu is None or mig is None:
+            return None
+        slices = instance_slices(gpu, mig)
+        if slices is None:
             return None
         size = slices / gpu_slices(gpu)
     if a.shared:
@@ -169,16 +197,42 @@ def state_of(
 
 def _advance(
     prior: AllocationLedger | None,
-    a: Allocation,
-    size: float,
+    row: AllocationLedger,
     state: LedgerStateName,
     step: float,
 ) -> AllocationLedger:
+    """``row`` (identity and weight) with ``prior``'s totals advanced by one step."""
     before = dict(prior.seconds) if prior is not None else {}
-    added = step * size
+    added = step * row.weight
     seconds = tuple((s, before.get(s, 0.0) + (added if s == state else 0.0)) for s in LEDGER_STATES)
     held = (prior.allocated_seconds if prior is not None else 0.0) + added
-    return AllocationLedger(a.container, a.device, a.device_id, size, state, seconds, held)
+    return AllocationLedger(
+        row.container, row.device, row.device_id, row.weight, state, seconds, held, row.mig
+    )
+
+
+def _identity(
+    a: Allocation, prior: AllocationLedger | None, gpus: Mapping[str, GpuSample]
+) -> tuple[DeviceRef, MigIdentity | None]:
+    """The device a row names: as NVML lists it now, else as it last did (so a series
+    keeps its labels while NVML is down or does not list the GPU)."""
+    gpu = gpus.get(a.device.uuid) if a.device.uuid is not None else None
+    if gpu is None:
+        return (prior.device, prior.mig) if prior is not None else (a.device, None)
+    if a.device.mig_uuid is None:
+        return a.device, None
+    mig = _instance(gpu, a.device.mig_uuid)
+    if mig is None:
+        return (prior.device, prior.mig) if prior is not None else (a.device, None)
+    return a.device, MigIdentity(
+        mig.uuid, mig.gpu_instance_id, mig.compute_instance_id, mig.profile
+    )
+
+
+def listed(pod_resources: PodResourcesSnapshot | None) -> bool:
+    """Whether this cycle's allocations are the kubelet's word: PodResources answered.
+    Otherwise they are unknown, not none."""
+    return pod_resources is not None and pod_resources.ok
 
 
 def account_ledger(
@@ -192,13 +246,25 @@ def account_ledger(
     elapsed_s: float,
     policy: IdlePolicy,
 ) -> LedgerState:
-    """Carry the ledger and the energy split forward by one cycle. Allocations that
-    disappeared drop out (their counters end with them)."""
+    """Carry the ledger and the energy split forward by one cycle. Allocations that a
+    PodResources listing no longer has drop out (their counters end with them); without
+    a listing, every row goes on as ``unknown``."""
     step = counted_step(elapsed_s, policy)
+    readings = _readings(gpus)
+    if not listed(pod_resources):
+        carried = tuple(_advance(p, p, "unknown", step) for p in previous.allocations)
+        return LedgerState(carried, previous.energy, readings, previous.advertised)
+    assert pod_resources is not None
+    allocations = distinct_allocations(allocations)
     by_uuid = {g.uuid: g for g in gpus}
     usage = usage_index(containers)
     unhealthy = frozenset(h.uuid for h in health if not h.healthy)
-    cut = replicas(allocations, advertised_replicas(gpus, pod_resources))
+    advertised = (
+        advertised_replicas(gpus, pod_resources)
+        if pod_resources.allocatable_ok
+        else dict(previous.advertised)
+    )
+    cut = replicas(allocations, advertised)
     before = {(p.container, p.device_id): p for p in previous.allocations}
     ledger: list[AllocationLedger] = []
     for a in allocations:
@@ -208,88 +274,102 @@ def account_ledger(
             size = prior.weight if prior is not None else None
         if size is None:
             continue  # never sized: no ledger rather than a guessed one
+        device, mig = _identity(a, prior, by_uuid)
+        row = AllocationLedger(a.container, device, a.device_id, size, "unknown", (), 0.0, mig)
         state = state_of(a, usage, by_uuid, unhealthy, policy.threshold_ratio)
-        ledger.append(_advance(prior, a, size, state, step))
-    energy, readings = account_energy(previous, allocations, containers, gpus, counted=step > 0)
-    return LedgerState(tuple(ledger), energy, readings)
+        ledger.append(_advance(prior, row, state, step))
+    energy = account_energy(previous, ledger, containers, gpus, readings, step_s=step)
+    return LedgerState(tuple(ledger), energy, readings, advertised)
 
 
 # -- energy ----------------------------------------------------------------------------
 
 
-def account_energy(
-    previous: LedgerState,
-    allocations: Sequence[Allocation],
-    containers: Sequence[ContainerGpuUsage],
-    gpus: Sequence[GpuSample],
-    *,
-    counted: bool,
-) -> tuple[tuple[ContainerEnergy, ...], dict[str, int]]:
-    """Each holder's joules so far, and this cycle's energy readings (GPU uuid -> mJ).
-
-    A holder's series exists from the first cycle its GPU reports an energy counter; it
-    ends when the container no longer holds the device. ``counted`` False (the first
-    cycle, a gap): no delta is split.
-    """
-    usage = usage_index(containers)
-    readings = {
+def _readings(gpus: Iterable[GpuSample]) -> dict[str, int]:
+    """This cycle's energy counters, GPU uuid -> mJ."""
+    return {
         g.uuid: g.energy_millijoules
         for g in gpus
         if not g.error and g.energy_millijoules is not None
     }
+
+
+def account_energy(
+    previous: LedgerState,
+    ledger: Sequence[AllocationLedger],
+    containers: Sequence[ContainerGpuUsage],
+    gpus: Sequence[GpuSample],
+    readings: Mapping[str, int],
+    *,
+    step_s: float,
+) -> tuple[ContainerEnergy, ...]:
+    """Each holder's joules so far: the rows of ``ledger`` (this cycle's, their devices
+    as NVML last listed them) are the holders.
+
+    A holder's series exists from the first cycle its GPU reports an energy counter; it
+    ends when the container no longer holds the device. ``step_s`` 0 (the first cycle, a
+    gap): no delta is split.
+    """
+    usage = usage_index(containers)
     totals: dict[_EnergyKey, ContainerEnergy] = {
         (e.container, e.device.uuid, e.device.mig_uuid): e
         for e in previous.energy
         if e.device.uuid is not None
     }
-    held = _holders(allocations)
+    held = _holders(ledger)
     out: dict[_EnergyKey, ContainerEnergy] = {}
     for gpu in gpus:
-        mine = {k: d for k, d in held.items() if k[1] == gpu.uuid}
+        mine = {k: row for k, row in held.items() if k[1] == gpu.uuid}
         if not mine:
             continue
-        delta = _delta(gpu.uuid, readings, previous.energy_readings) if counted else None
+        delta = _delta(gpu, readings, previous.energy_readings, step_s) if step_s > 0 else None
         shares = split_energy(gpu, mine, usage) if delta is not None else None
-        for key, device in mine.items():
+        for key, row in mine.items():
             prior = totals.get(key)
             if prior is None and gpu.uuid not in readings:
                 continue  # this GPU has no energy counter (yet): no series, not 0
             joules = (prior.joules_total if prior is not None else 0.0) + (
                 delta * shares.get(key, 0.0) / 1000.0 if delta is not None and shares else 0.0
             )
-            out[key] = ContainerEnergy(key[0], device, joules)
+            out[key] = ContainerEnergy(key[0], row.device, joules, row.mig)
     for key, prior in totals.items():  # held, but its GPU is not listed this cycle
         if key not in out and key in held:
-            out[key] = ContainerEnergy(key[0], held[key], prior.joules_total)
-    return tuple(out[k] for k in sorted(out, key=_sort_key)), readings
+            out[key] = ContainerEnergy(key[0], held[key].device, prior.joules_total, held[key].mig)
+    return tuple(out[k] for k in sorted(out, key=_sort_key))
 
 
 def _sort_key(key: _EnergyKey) -> tuple[ContainerRef, str, str]:
     return key[0], key[1], key[2] or ""
 
 
-def _holders(allocations: Iterable[Allocation]) -> dict[_EnergyKey, DeviceRef]:
-    """(container, GPU uuid, MIG uuid) -> the device, for every resolved allocation (a
-    container holding two replicas of one GPU holds it once)."""
-    out: dict[_EnergyKey, DeviceRef] = {}
-    for a in allocations:
-        if a.device.uuid is not None:
-            out[(a.container, a.device.uuid, a.device.mig_uuid)] = a.device
+def _holders(ledger: Iterable[AllocationLedger]) -> dict[_EnergyKey, AllocationLedger]:
+    """(container, GPU uuid, MIG uuid) -> a ledger row of it, for every row whose GPU is
+    known (a container holding two replicas of one GPU holds it once)."""
+    out: dict[_EnergyKey, AllocationLedger] = {}
+    for row in ledger:
+        if row.device.uuid is not None:
+            out.setdefault((row.container, row.device.uuid, row.device.mig_uuid), row)
     return out
 
 
-def _delta(uuid: str, now: Mapping[str, int], before: Mapping[str, int]) -> int | None:
-    """The GPU's energy delta in mJ since the last cycle; None without two readings or
-    when the counter went back (a driver reload resets it: that delta is unknown)."""
-    if uuid not in now or uuid not in before:
+def _delta(
+    gpu: GpuSample, now: Mapping[str, int], before: Mapping[str, int], step_s: float
+) -> int | None:
+    """The GPU's energy delta in mJ since the last cycle; None without two readings, when
+    the counter went back (a driver reload resets it: that delta is unknown) or when it
+    rose by more than the GPU could draw in the step (a corrupt reading is no meter)."""
+    if gpu.uuid not in now or gpu.uuid not in before:
         return None
-    delta = now[uuid] - before[uuid]
-    return delta if delta >= 0 else None
+    delta = now[gpu.uuid] - before[gpu.uuid]
+    limit_mw = gpu.power_limit_milliwatts or ENERGY_BOUND_W * 1000.0
+    if delta < 0 or delta > 2 * limit_mw * step_s:  # mW x s = mJ
+        return None
+    return delta
 
 
 def split_energy(
     gpu: GpuSample,
-    holders: Mapping[_EnergyKey, DeviceRef],
+    holders: Mapping[_EnergyKey, object],
     usage: Mapping[UsageKey, ContainerGpuUsage],
 ) -> dict[_EnergyKey, float] | None:
     """Each holder's part of the GPU's energy (parts sum to 1), or None when it cannot be
@@ -303,7 +383,7 @@ def split_energy(
     used: dict[_EnergyKey, float] = {}
     for key in whole:
         row = usage.get((key[0], gpu.uuid, None))
-        used[key] = (row.sm_ratio or 0.0) if row is not None else 0.0
+        used[key] = (finite(row.sm_ratio) or 0.0) if row is not None else 0.0
     total = sum(used.values())
     if total <= 0:
         return None  # no holder had SM time in the samples: nothing to split by
@@ -320,8 +400,8 @@ def _split_mig(gpu: GpuSample, held: Sequence[_EnergyKey]) -> dict[_EnergyKey, f
     weights: dict[str, float] = {}
     for mig_uuid in by_instance:
         mig = _instance(gpu, mig_uuid)
-        active = mig.occupancy.sm_active if mig is not None and mig.occupancy else None
-        slices = compute_slices(mig.profile) if mig is not None else None
+        active = finite(mig.occupancy.sm_active) if mig is not None and mig.occupancy else None
+        slices = instance_slices(gpu, mig) if mig is not None else None
         if active is None or slices is None:
             return None  # one unknown part makes every part unknown
         weights[mig_uuid] = active * slices

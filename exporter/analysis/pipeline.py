@@ -19,7 +19,7 @@ from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
-from exporter.analysis.ledger import account_ledger
+from exporter.analysis.ledger import account_ledger, listed
 from exporter.analysis.limits import container_limits
 from exporter.analysis.orphans import (
     OrphanPolicy,
@@ -101,7 +101,7 @@ def analyse(
         snapshot.resource_slices,
         nvml_ok=snapshot.nvml.ok,
     )
-    elapsed = 0.0 if state.last_timestamp is None else now - state.last_timestamp
+    elapsed, counted_to = elapsed_since(state.last_timestamp, now, policy.idle)
     idle = account_idle(
         state.idle,
         attribution.allocations,
@@ -109,6 +109,7 @@ def analyse(
         gpus,
         elapsed_s=elapsed,
         policy=policy.idle,
+        listed=listed(snapshot.pod_resources),
     )
     ledger = account_ledger(
         state.ledger,
@@ -162,9 +163,23 @@ def analyse(
         memory=memory,
         health=health_facts,
         dcgm_failures=failing,
-        last_timestamp=now,
+        last_timestamp=counted_to,
     )
     return analysis, state
+
+
+def elapsed_since(last: float | None, now: float, policy: IdlePolicy) -> tuple[float, float]:
+    """The time this cycle counts, and the time counted up to from now on.
+
+    Time counters move only past the latest time already counted: a clock that steps
+    back by less than ``max_gap_s`` adds nothing until it has caught up (so the stretch
+    it repeats is not counted twice). One that steps back further was reset, as after a
+    gap: nothing is counted and counting starts again from ``now``."""
+    if last is None:
+        return 0.0, now
+    if now >= last or now < last - policy.max_gap_s:
+        return now - last, now
+    return 0.0, last
 
 
 def prefer_dcgm(gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None) -> tuple[GpuSample, ...]:

@@ -25,6 +25,7 @@ from exporter.model import (
     ContainerRef,
     DeviceRef,
     GpuSample,
+    MigIdentity,
     MigInstance,
     Occupancy,
     PodMetaSnapshot,
@@ -115,7 +116,7 @@ def _where(
     return labels
 
 
-def _mig_labels(mig: MigInstance) -> dict[str, str]:
+def _mig_labels(mig: MigInstance | MigIdentity) -> dict[str, str]:
     return {
         "gpu_instance": str(mig.gpu_instance_id),
         "compute_instance": str(mig.compute_instance_id),
@@ -389,20 +390,30 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)
         out.add("gpu_container_allocated_idle", labels, int(idle.idle_now))
-    _add_ledger(out, analysis, migs)
+    _add_ledger(out, analysis)
 
 
-def _add_ledger(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str, str]]) -> None:
+def _add_ledger(out: FamilyBuilder, analysis: Analysis) -> None:
     """The GPU-hour ledger: every state of every allocation from its first cycle (at 0,
-    so that rate() sees the first increase), and each holder's energy estimate."""
+    so that rate() sees the first increase), and each holder's energy estimate. Their
+    device labels are the rows' own (as NVML last listed the device), not this cycle's
+    listing: a series keeps one identity while NVML is down."""
     if out.wants("gpu_container_allocated_gpu_seconds"):
         for entry in analysis.ledger:
-            labels = {**_where(entry.container, entry.device, migs), "device_id": entry.device_id}
+            labels = _held(entry.container, entry.device, entry.mig)
+            labels["device_id"] = entry.device_id
             for state, seconds in entry.seconds:
                 out.add("gpu_container_allocated_gpu_seconds", {**labels, "state": state}, seconds)
     for energy in analysis.energy:
-        labels = _where(energy.container, energy.device, migs)
+        labels = _held(energy.container, energy.device, energy.mig)
         out.add("gpu_container_energy_joules", labels, energy.joules_total)
+
+
+def _held(container: ContainerRef, device: DeviceRef, mig: MigIdentity | None) -> dict[str, str]:
+    labels = _where(container, device)
+    if mig is not None and device.mig_uuid == mig.uuid:
+        labels.update(_mig_labels(mig))
+    return labels
 
 
 def _add_sharing(out: FamilyBuilder, analysis: Analysis) -> None:

@@ -181,6 +181,17 @@ class IdleAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class MigIdentity:
+    """The labels that name a MIG instance, kept with a ledger row so that its series
+    keep their names while NVML does not list the instance (NVML down, a GPU lost)."""
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+
+
+@dataclass(frozen=True, slots=True)
 class AllocationLedger:
     """The GPU-hour ledger of one allocation (analysis/ledger.py): GPU-equivalent
     seconds it spent in each state since it appeared.
@@ -189,7 +200,9 @@ class AllocationLedger:
     slices over the GPU's, a time-sliced or MPS replica 1/replicas). ``seconds`` names
     every state of ``LEDGER_STATES`` once, in that order, 0 included, so every series
     exists from the allocation's first cycle; they sum to ``allocated_seconds``, its
-    weighted time held (conservation). ``state`` is this cycle's.
+    weighted time held (conservation). ``state`` is this cycle's. ``device`` and ``mig``
+    are the device as NVML last listed it: while it is not listed they stay, so the
+    series keep one identity.
     """
 
     container: ContainerRef
@@ -199,16 +212,19 @@ class AllocationLedger:
     state: LedgerStateName
     seconds: tuple[tuple[LedgerStateName, float], ...]
     allocated_seconds: float
+    mig: MigIdentity | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerEnergy:
     """Joules of a GPU's energy counter given to one container holding it (or one of its
-    MIG instances) since the allocation appeared: an estimate (analysis/ledger.py)."""
+    MIG instances) since the allocation appeared: an estimate (analysis/ledger.py).
+    ``device`` and ``mig`` as the ledger row's: as NVML last listed them."""
 
     container: ContainerRef
     device: DeviceRef
     joules_total: float
+    mig: MigIdentity | None = None
 
 
 @dataclass(frozen=True, slots=True)

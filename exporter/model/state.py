@@ -72,3 +72,6 @@ class LedgerState:
     allocations: tuple[AllocationLedger, ...] = ()
     energy: tuple[ContainerEnergy, ...] = ()
     energy_readings: Mapping[str, int] = field(default_factory=dict)
+    advertised: Mapping[tuple[str, str | None], int] = field(default_factory=dict)
+    """(GPU uuid, MIG uuid) -> replica ids the kubelet last advertised for that device:
+    kept while GetAllocatableResources fails, so a weight does not change with it."""
