@@ -135,15 +135,21 @@ def policy_from(config: Config) -> Policy:
 
 
 def build_agent(
-    config: Config, cache: MetricsCache, *, wall_clock: Callable[[], float] = time.time
+    config: Config,
+    cache: MetricsCache,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Agent:
-    """The one wiring of sources, analysis and exposition (server, snapshot, tests)."""
+    """The one wiring of sources, analysis and exposition (server, snapshot, tests).
+    ``monotonic`` paces the Kubernetes writes (their windows and budget); a simulated
+    run whose clock runs faster than real time passes its own."""
     return Agent(
         config,
         cache,
         build_sources(config, wall_clock=wall_clock),
         wall_clock=wall_clock,
-        reporter=build_reporter(config, wall_clock=wall_clock),
+        reporter=build_reporter(config, wall_clock=wall_clock, monotonic=monotonic),
     )
 
 

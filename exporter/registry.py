@@ -88,7 +88,10 @@ def kube_api_configured(config: Config) -> bool:
 
 
 def build_reporter(
-    config: Config, *, wall_clock: Callable[[], float] = time.time
+    config: Config,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> KubeReporter | None:
     """What the exporter writes to Kubernetes (exporter/reporting/), or None.
 
@@ -135,4 +138,6 @@ def build_reporter(
     def client() -> KubeWriteClient:
         return KubeWriteClient(kubeconfig, deadline_s=REQUEST_DEADLINE_S)
 
-    return KubeReporter(options, client, wall=wall_clock, error_type=KubeWriteError)
+    return KubeReporter(
+        options, client, clock=monotonic, wall=wall_clock, error_type=KubeWriteError
+    )
