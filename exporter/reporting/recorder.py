@@ -169,7 +169,7 @@ class Recorder:
     # -- writes out ------------------------------------------------------------------
 
     def _take_token(self, now: float) -> bool:
-        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._tokens = self._tokens_now(now)
         self._refilled = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
@@ -216,6 +216,7 @@ class Recorder:
         return None, settled
 
     def _tokens_now(self, now: float) -> float:
+        """The bucket as it stands at ``now``, refilled since the last take."""
         return min(self._burst, self._tokens + (now - self._refilled) * self._rate)
 
     def _create(self, series: _Series, now: float) -> Write:
