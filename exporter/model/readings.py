@@ -327,6 +327,47 @@ class PodMetaSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Pressure:
+    """One PSI file's cumulative stall totals, microseconds (``some``/``full`` lines'
+    ``total=``); None: that line is absent (``full`` in an old kernel's cpu.pressure)."""
+
+    some_us: int | None = None
+    full_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupStats:
+    """One GPU container's cgroup counters as read this cycle (docs/why-idle.md).
+
+    The container is named as its processes' cgroup names it (pod UID, bare container
+    id); analysis maps it to namespace/pod/container. Every field None: not read (a
+    missing file, a line the kernel did not write, cgroup v1 for pressure), never 0.
+    """
+
+    pod_uid: str
+    container_id: str
+    cgroup_version: int  # 1 or 2
+    nr_periods: int | None = None  # cpu.stat: CFS periods with runnable tasks and a quota
+    nr_throttled: int | None = None  # cpu.stat: of those, periods the quota ran out
+    throttled_usec: int | None = None  # cpu.stat: time throttled (v1: throttled_time ns / 1000)
+    cpu_pressure: Pressure | None = None
+    io_pressure: Pressure | None = None
+    memory_pressure: Pressure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSnapshot:
+    """The cgroup source's reading: ``ok`` False when the cgroup root cannot be read at
+    all (every container's counters unknown). ``timestamp`` is monotonic seconds at the
+    read, so analysis can turn stall totals into a share of the time between reads."""
+
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    containers: tuple[CgroupStats, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     """Health of one source for ``gpu_exporter_source_up``; ``last_success`` (epoch
     seconds, None: never) for ``gpu_exporter_source_last_success_timestamp_seconds``."""
@@ -351,6 +392,7 @@ class NodeSnapshot:
     kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
     kmsg_overruns: int | None = None  # kernel-log ring overruns since start; None: not read
     holder_scan: HolderScan | None = None  # the last walk for last cycle's HolderScanRequest
+    cgroups: CgroupSnapshot | None = None  # None: not read (no --cgroup-root, or off)
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
 
 
@@ -373,6 +415,7 @@ class Readings:
     kmsg_events: tuple[XidEvent, ...] = ()
     kmsg_overruns: int | None = None
     holder_scan: HolderScan | None = None
+    cgroups: CgroupSnapshot | None = None
 
     def snapshot(
         self, node_name: str, timestamp: float, sources: tuple[SourceStatus, ...]
@@ -392,6 +435,7 @@ class Readings:
             kmsg_events=self.kmsg_events,
             kmsg_overruns=self.kmsg_overruns,
             holder_scan=self.holder_scan,
+            cgroups=self.cgroups,
             sources=sources,
         )
 
