@@ -29,6 +29,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter import __version__, allocator
 from exporter.analysis.health import HealthPolicy
 from exporter.analysis.idle import IdlePolicy
+from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.analysis.orphans import OrphanPolicy
 from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.config import Config
@@ -130,6 +131,10 @@ def policy_from(config: Config) -> Policy:
         ),
         idle=IdlePolicy(
             threshold_ratio=config.idle_threshold, max_gap_s=max(60.0, 3 * config.interval_s)
+        ),
+        why_idle=WhyIdlePolicy(
+            throttled_ratio=config.why_idle_throttled_ratio,
+            pressure_ratio=config.why_idle_pressure_ratio,
         ),
     )
 

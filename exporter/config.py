@@ -94,6 +94,8 @@ class Config:
     node_condition: bool = False
     dra_device_taints: bool = False
     dra_device_taint_effect: str = "None"  # "None" | "NoSchedule"
+    why_idle_throttled_ratio: float = 0.2  # analysis/why_idle.py
+    why_idle_pressure_ratio: float = 0.2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -421,6 +423,29 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         bounds=Bounds(0, 1),
     )
     add(
+        "--why-idle-throttled-ratio",
+        "Share of a GPU container's CFS periods throttled (cpu.stat nr_throttled / "
+        "nr_periods, over one cycle) above which its idle GPU time counts as cause "
+        "cpu_throttled. 0.2: a data loader throttled in 1 period in 5 is losing a fifth of "
+        "its CPU turns, enough to leave a GPU waiting; a few percent is the noise of a "
+        "limit set close to the mean. A correlation, not a proof (docs/why-idle.md).",
+        default="0.2",
+        metavar="RATIO",
+        bounds=Bounds(0.01, 0.99),
+    )
+    add(
+        "--why-idle-pressure-ratio",
+        "Stall share (cpu.pressure / io.pressure 'some', seconds per second over one "
+        "cycle) above which a GPU container's idle GPU time counts as cause cpu_pressure "
+        "/ io_pressure. 0.2, as for throttling: some task of the container waited a "
+        "fifth of the cycle for a CPU or for I/O, time its GPU work could not be fed; "
+        "on the 'some' line, not 'full', since one starved loader thread is enough to "
+        "idle a GPU. A correlation, not a proof (docs/why-idle.md).",
+        default="0.2",
+        metavar="RATIO",
+        bounds=Bounds(0.01, 0.99),
+    )
+    add(
         "--orphan-threshold",
         "MiB of device memory no listed process accounts for before "
         "it is reported as orphaned ('unattributed').",
@@ -703,6 +728,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         health_xid_window_s=args.health_xid_window,
         retired_pages_limit=args.retired_pages_limit,
         idle_threshold=args.idle_threshold,
+        why_idle_throttled_ratio=args.why_idle_throttled_ratio,
+        why_idle_pressure_ratio=args.why_idle_pressure_ratio,
         orphan_threshold_bytes=int(args.orphan_threshold * 2**20),
         orphan_cycles=args.orphan_cycles,
         deleted_pod_grace_s=args.deleted_pod_grace,

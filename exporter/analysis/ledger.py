@@ -55,6 +55,7 @@ from exporter.analysis.activity import (
 from exporter.analysis.devices import DeviceResolver
 from exporter.analysis.idle import IdlePolicy, counted_step
 from exporter.model import (
+    IDLE_CAUSES,
     LEDGER_STATES,
     Allocation,
     AllocationLedger,
@@ -64,6 +65,7 @@ from exporter.model import (
     DeviceRef,
     GpuHealth,
     GpuSample,
+    IdleCause,
     LedgerState,
     LedgerStateName,
     MigIdentity,
@@ -84,6 +86,8 @@ DEFAULT_GPU_SLICES = 7
 ENERGY_BOUND_W = 1500.0
 
 _DeviceKey = tuple[str, str | None]  # (GPU uuid, MIG uuid)
+# The states whose seconds are split by cause (analysis/why_idle.py).
+IDLE_STATES: frozenset[LedgerStateName] = frozenset({"idle", "no_process"})
 _EnergyKey = tuple[ContainerRef, str, str | None]  # (container, GPU uuid, MIG uuid)
 
 
@@ -200,14 +204,19 @@ def _advance(
     row: AllocationLedger,
     state: LedgerStateName,
     step: float,
+    cause: IdleCause = "unknown",
 ) -> AllocationLedger:
-    """``row`` (identity and weight) with ``prior``'s totals advanced by one step."""
+    """``row`` (identity and weight) with ``prior``'s totals advanced by one step; an
+    idle or no_process step also goes to ``cause`` (so the causes sum to those states)."""
     before = dict(prior.seconds) if prior is not None else {}
     added = step * row.weight
     seconds = tuple((s, before.get(s, 0.0) + (added if s == state else 0.0)) for s in LEDGER_STATES)
     held = (prior.allocated_seconds if prior is not None else 0.0) + added
+    was = dict(prior.idle_causes) if prior is not None else {}
+    idle = added if state in IDLE_STATES else 0.0
+    causes = tuple((c, was.get(c, 0.0) + (idle if c == cause else 0.0)) for c in IDLE_CAUSES)
     return AllocationLedger(
-        row.container, row.device, row.device_id, row.weight, state, seconds, held, row.mig
+        row.container, row.device, row.device_id, row.weight, state, seconds, held, row.mig, causes
     )
 
 
@@ -245,10 +254,12 @@ def account_ledger(
     *,
     elapsed_s: float,
     policy: IdlePolicy,
+    causes: Mapping[ContainerRef, IdleCause] | None = None,
 ) -> LedgerState:
     """Carry the ledger and the energy split forward by one cycle. Allocations that a
     PodResources listing no longer has drop out (their counters end with them); without
-    a listing, every row goes on as ``unknown``."""
+    a listing, every row goes on as ``unknown``. ``causes``: each container's likely
+    cause of idle time this cycle (analysis/why_idle.py); one not named: unknown."""
     step = counted_step(elapsed_s, policy)
     readings = _readings(gpus)
     if not listed(pod_resources):
@@ -277,7 +288,8 @@ def account_ledger(
         device, mig = _identity(a, prior, by_uuid)
         row = AllocationLedger(a.container, device, a.device_id, size, "unknown", (), 0.0, mig)
         state = state_of(a, usage, by_uuid, unhealthy, policy.threshold_ratio)
-        ledger.append(_advance(prior, row, state, step))
+        cause = (causes or {}).get(a.container, "unknown")
+        ledger.append(_advance(prior, row, state, step, cause))
     energy = account_energy(previous, ledger, containers, gpus, readings, step_s=step)
     return LedgerState(tuple(ledger), energy, readings, advertised)
 

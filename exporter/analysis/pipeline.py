@@ -2,7 +2,7 @@
 
 The agent owns the schedule and the state object; this module owns the order:
 DCGM-over-GPM -> attribution -> orphans -> XID ledger -> health -> capacity -> idle ->
-GPU-hour ledger and energy split ->
+why idle (cgroup windows) -> GPU-hour ledger, its idle time by cause, and energy split ->
 shared GPUs and promised limits -> health transitions (what changed since last cycle).
 Nothing here does I/O or reads a clock: time comes in as ``snapshot.timestamp``. The
 one I/O step analysis asks for, the holder scan for orphaned memory, is a finding
@@ -31,6 +31,7 @@ from exporter.analysis.orphans import (
 from exporter.analysis.owners import pod_owners
 from exporter.analysis.sharing import MemoryHistory, SharingPolicy, analyse_sharing
 from exporter.analysis.transitions import with_transitions
+from exporter.analysis.why_idle import WhyIdlePolicy, causes, readings_by_key, why_idle
 from exporter.analysis.xid import XidLedger, bus_id_map
 from exporter.model import (
     Analysis,
@@ -51,6 +52,7 @@ class Policy:
     idle: IdlePolicy = field(default_factory=IdlePolicy)
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
     sharing: SharingPolicy = field(default_factory=SharingPolicy)
+    why_idle: WhyIdlePolicy = field(default_factory=WhyIdlePolicy)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,13 @@ def analyse(
         policy=policy.idle,
         listed=listed(snapshot.pod_resources),
     )
+    reasons = why_idle(
+        state.ledger.cgroup_readings,
+        state.ledger.cgroup_timestamp,
+        snapshot.cgroups,
+        snapshot.pod_meta,
+        policy.why_idle,
+    )
     ledger = account_ledger(
         state.ledger,
         attribution.allocations,
@@ -120,6 +129,15 @@ def analyse(
         snapshot.pod_resources,
         elapsed_s=elapsed,
         policy=policy.idle,
+        causes=causes(reasons),
+    )
+    cgroup_readings = readings_by_key(snapshot.cgroups)
+    ledger = replace(
+        ledger,
+        cgroup_readings=cgroup_readings,
+        cgroup_timestamp=snapshot.cgroups.timestamp
+        if snapshot.cgroups is not None and cgroup_readings
+        else None,
     )
     shared, shares, memory = analyse_sharing(
         attribution.containers,
@@ -152,6 +170,7 @@ def analyse(
         container_shares=shares,
         container_limits=limits,
         pod_owners=pod_owners(snapshot.pod_meta, attribution, now=now),
+        why_idle=reasons,
     )
     analysis, health_facts = with_transitions(analysis, state.health)
     state = replace(

@@ -404,6 +404,12 @@ def _add_ledger(out: FamilyBuilder, analysis: Analysis) -> None:
             labels["device_id"] = entry.device_id
             for state, seconds in entry.seconds:
                 out.add("gpu_container_allocated_gpu_seconds", {**labels, "state": state}, seconds)
+    if out.wants("gpu_container_idle_gpu_seconds"):
+        for entry in analysis.ledger:
+            labels = _held(entry.container, entry.device, entry.mig)
+            labels["device_id"] = entry.device_id
+            for cause, seconds in entry.idle_causes:
+                out.add("gpu_container_idle_gpu_seconds", {**labels, "cause": cause}, seconds)
     for energy in analysis.energy:
         labels = _held(energy.container, energy.device, energy.mig)
         out.add("gpu_container_energy_joules", labels, energy.joules_total)

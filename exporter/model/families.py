@@ -239,6 +239,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "GPU's; replica: 1/replicas), by state: busy, idle, no_process, unhealthy, unknown. "
         "The states sum to the time held.",
     ),
+    "gpu_container_idle_gpu_seconds": (
+        COUNTER,
+        "The idle and no_process GPU-equivalent seconds of gpu_container_allocated_gpu_seconds "
+        "by likely cause, from the container's cgroup over the same cycle: cpu_throttled, "
+        "cpu_pressure, io_pressure, unknown. A correlation, not a proof (docs/why-idle.md).",
+    ),
     "gpu_container_energy_joules": (
         COUNTER,
         "Estimated energy of a container on a GPU it holds: the GPU's energy counter split "

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from exporter.model.readings import NodeSnapshot
 from exporter.model.vocabulary import (
     HolderRole,
+    IdleCause,
     LedgerStateName,
     OrphanKind,
     Owner,
@@ -181,6 +182,20 @@ class IdleAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class IdleReason:
+    """Why a GPU container's allocations may be idle this cycle (analysis/why_idle.py):
+    its cgroup's shares over the window since the last cycle and the cause they point to.
+    A share is None when it could not be measured (no earlier reading, a counter that
+    went back, no PSI, no CFS periods); the cause is then taken from the others."""
+
+    container: ContainerRef
+    cause: IdleCause
+    throttled_ratio: float | None  # CFS periods throttled / periods with a quota
+    cpu_pressure_ratio: float | None  # cpu.pressure some stall, seconds per second
+    io_pressure_ratio: float | None  # io.pressure some stall, seconds per second
+
+
+@dataclass(frozen=True, slots=True)
 class MigIdentity:
     """The labels that name a MIG instance, kept with a ledger row so that its series
     keep their names while NVML does not list the instance (NVML down, a GPU lost)."""
@@ -213,6 +228,9 @@ class AllocationLedger:
     seconds: tuple[tuple[LedgerStateName, float], ...]
     allocated_seconds: float
     mig: MigIdentity | None = None
+    # The idle + no_process seconds by likely cause (analysis/why_idle.py): every cause
+    # of ``IDLE_CAUSES`` once, in that order, 0 included; they sum to those two states.
+    idle_causes: tuple[tuple[IdleCause, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +429,7 @@ class Analysis:
     container_limits: tuple[ContainerLimit, ...] = ()
     transitions: tuple[HealthTransition, ...] = ()  # health facts that changed this cycle
     pod_owners: tuple[PodOwner, ...] = ()  # for gpu_pod_owner_info
+    why_idle: tuple[IdleReason, ...] = ()  # per GPU container with a cgroup reading
     # GPUs known unhealthy that NVML did not list this cycle: (uuid, unhealthy reasons as
     # last seen). Not listed is not healthy (the node condition still counts them).
     unlisted_unhealthy: tuple[tuple[str, tuple[str, ...]], ...] = ()

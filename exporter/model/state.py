@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporter.model.findings import AllocationLedger, ContainerEnergy, ContainerRef
+from exporter.model.readings import CgroupStats
 from exporter.model.vocabulary import OrphanKind
 
 
@@ -75,3 +76,9 @@ class LedgerState:
     advertised: Mapping[tuple[str, str | None], int] = field(default_factory=dict)
     """(GPU uuid, MIG uuid) -> replica ids the kubelet last advertised for that device:
     kept while GetAllocatableResources fails, so a weight does not change with it."""
+    cgroup_readings: Mapping[tuple[str, str], CgroupStats] = field(default_factory=dict)
+    """(pod UID, container id) -> its cgroup counters as last read, for the next cycle's
+    why-idle window (analysis/why_idle.py); only the last cycle's, like energy readings,
+    so a window never spans a cycle without a reading."""
+    cgroup_timestamp: float | None = None
+    """The monotonic time of ``cgroup_readings`` (None: none)."""

@@ -81,6 +81,12 @@ REPLICA_SEPARATOR: Final = "::"
 LedgerStateName = Literal["busy", "idle", "no_process", "unhealthy", "unknown"]
 LEDGER_STATES: Final[tuple[LedgerStateName, ...]] = get_args(LedgerStateName)
 
+# Likely causes of an allocation's idle and no_process time (analysis/why_idle.py,
+# docs/why-idle.md), first that applies; a correlation with its container's cgroup
+# counters over the same window, not a proof. ``unknown``: no cause seen, or no reading.
+IdleCause = Literal["cpu_throttled", "cpu_pressure", "io_pressure", "unknown"]
+IDLE_CAUSES: Final[tuple[IdleCause, ...]] = get_args(IdleCause)
+
 # NVML process listings: nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses
 ProcessKind = Literal["compute", "graphics", "mps"]
 

@@ -1,0 +1,363 @@
+"""Why idle (exporter/analysis/why_idle.py) and the ledger's idle time by cause.
+
+Pure tests of the window shares and the cause (counter resets, no periods, no PSI,
+cgroup v1), then the split through the ledger and through ``analyse``: for every
+allocation, at every cycle, the causes sum to its idle + no_process seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from exporter.analysis.idle import IdlePolicy
+from exporter.analysis.ledger import account_ledger
+from exporter.analysis.pipeline import Policy, analyse, initial_state
+from exporter.analysis.why_idle import (
+    WhyIdlePolicy,
+    cause_of,
+    readings_by_key,
+    stall_share,
+    throttled_share,
+    why_idle,
+)
+from exporter.exposition.metrics import ExpositionOptions, build_families
+from exporter.model import (
+    IDLE_CAUSES,
+    Allocation,
+    Analysis,
+    CgroupSnapshot,
+    CgroupStats,
+    ContainerDevices,
+    ContainerGpuUsage,
+    ContainerRef,
+    DeviceRef,
+    GpuSample,
+    IdleCause,
+    IdleReason,
+    LedgerState,
+    NodeSnapshot,
+    NvmlSnapshot,
+    Occupancy,
+    PodMeta,
+    PodMetaSnapshot,
+    PodResourcesSnapshot,
+    Pressure,
+)
+
+POLICY = WhyIdlePolicy(throttled_ratio=0.2, pressure_ratio=0.2)
+IDLE = IdlePolicy(threshold_ratio=0.05, max_gap_s=60.0)
+
+
+def stats(
+    periods: int | None = None,
+    throttled: int | None = None,
+    *,
+    cpu_us: int | None = None,
+    io_us: int | None = None,
+    version: int = 2,
+    container_id: str = "c1",
+) -> CgroupStats:
+    return CgroupStats(
+        "uid-1",
+        container_id,
+        version,
+        nr_periods=periods,
+        nr_throttled=throttled,
+        throttled_usec=None,
+        cpu_pressure=Pressure(cpu_us, None) if cpu_us is not None else None,
+        io_pressure=Pressure(io_us, None) if io_us is not None else None,
+    )
+
+
+# -- shares ----------------------------------------------------------------------------
+
+
+def test_the_throttled_share_is_periods_throttled_over_periods_in_the_window() -> None:
+    assert throttled_share(stats(1000, 100), stats(1050, 120)) == pytest.approx(0.4)
+    assert throttled_share(stats(1000, 100), stats(1050, 100)) == 0.0  # measured: none
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "why"),
+    [
+        (stats(1000, 100), stats(1000, 100), "no period in the window: no quota or nothing ran"),
+        (stats(1000, 100), stats(40, 10), "counters went back: the cgroup was recreated"),
+        (stats(1000, 100), stats(1050, 90), "throttled went back alone"),
+        (stats(1000, 100), stats(1010, 150), "more periods throttled than periods"),
+        (stats(None, None), stats(1050, 120), "no cpu.stat before"),
+        (stats(1000, 100), stats(1050, None), "a line missing now"),
+    ],
+)
+def test_a_throttled_share_that_cannot_be_measured_is_unknown_not_zero(
+    before: CgroupStats, now: CgroupStats, why: str
+) -> None:
+    assert throttled_share(before, now) is None, why
+
+
+def test_a_stall_share_is_stall_time_over_the_window() -> None:
+    assert stall_share(Pressure(1_000_000), Pressure(3_000_000), 5.0) == pytest.approx(0.4)
+    # read a moment after the timestamp: a little over the window is clamped to 1
+    assert stall_share(Pressure(0), Pressure(5_200_000), 5.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "window_s"),
+    [
+        (None, Pressure(1), 5.0),  # no PSI before (or a kernel without it)
+        (Pressure(1), None, 5.0),
+        (Pressure(None), Pressure(10), 5.0),  # the some line absent
+        (Pressure(3_000_000), Pressure(1_000), 5.0),  # went back: recreated cgroup
+        (Pressure(0), Pressure(1_000), 0.0),  # no window
+        (Pressure(0), Pressure(20_000_000), 5.0),  # 4 s per second: no reading
+    ],
+)
+def test_a_stall_share_that_cannot_be_measured_is_unknown(
+    before: Pressure | None, now: Pressure | None, window_s: float
+) -> None:
+    assert stall_share(before, now, window_s) is None
+
+
+@pytest.mark.parametrize(
+    ("throttled", "cpu", "io", "cause"),
+    [
+        (0.41, 0.35, 0.5, "cpu_throttled"),  # first that applies
+        (0.2, 0.35, 0.5, "cpu_pressure"),  # at the threshold is not over it
+        (0.1, 0.1, 0.5, "io_pressure"),
+        (0.1, 0.1, 0.1, "unknown"),
+        (None, 0.3, None, "cpu_pressure"),  # an unknown share gives no cause; others can
+        (0.3, None, None, "cpu_throttled"),  # cgroup v1: throttling only
+        (None, None, None, "unknown"),
+    ],
+)
+def test_the_cause_is_the_first_share_over_its_threshold(
+    throttled: float | None, cpu: float | None, io: float | None, cause: IdleCause
+) -> None:
+    assert cause_of(throttled, cpu, io, POLICY) == cause
+
+
+def test_thresholds_come_from_the_policy() -> None:
+    assert cause_of(0.3, None, None, WhyIdlePolicy(throttled_ratio=0.5)) == "unknown"
+    assert cause_of(None, 0.1, None, WhyIdlePolicy(pressure_ratio=0.05)) == "cpu_pressure"
+
+
+# -- containers, windows, naming -------------------------------------------------------
+
+META = PodMetaSnapshot(
+    ok=True,
+    timestamp=0,
+    pods=(PodMeta("uid-1", "train", "loader-0", containers=(("c1", "main"),)),),
+)
+MAIN = ContainerRef("train", "loader-0", "main")
+
+
+def read(t: float, *containers: CgroupStats, ok: bool = True) -> CgroupSnapshot:
+    return CgroupSnapshot(ok=ok, timestamp=t, containers=containers)
+
+
+def test_a_window_needs_two_readings_of_the_same_cgroup() -> None:
+    first = read(100.0, stats(1000, 100, cpu_us=0))
+    (reason,) = why_idle({}, None, first, META, POLICY)
+    assert reason == IdleReason(MAIN, "unknown", None, None, None)  # nothing to compare
+    then = read(105.0, stats(1050, 120, cpu_us=1_750_000))
+    (reason,) = why_idle(readings_by_key(first), 100.0, then, META, POLICY)
+    assert reason.cause == "cpu_throttled"
+    assert reason.throttled_ratio == pytest.approx(0.4)
+    assert reason.cpu_pressure_ratio == pytest.approx(0.35)
+    assert reason.io_pressure_ratio is None  # io.pressure not read: unknown, not 0
+
+
+def test_cgroup_v1_judges_throttling_only_and_a_version_change_is_no_window() -> None:
+    v1 = read(0.0, stats(1000, 100, version=1))
+    (reason,) = why_idle(
+        readings_by_key(v1), 0.0, read(5.0, stats(1100, 105, version=1)), META, POLICY
+    )
+    assert reason.cause == "unknown" and reason.throttled_ratio == pytest.approx(0.05)
+    assert reason.cpu_pressure_ratio is None and reason.io_pressure_ratio is None
+    moved = read(5.0, stats(1100, 160, cpu_us=5, version=2))
+    (reason,) = why_idle(readings_by_key(v1), 0.0, moved, META, POLICY)
+    assert reason == IdleReason(MAIN, "unknown", None, None, None)
+
+
+def test_a_restarted_container_has_an_unknown_window_then_a_new_one() -> None:
+    before = readings_by_key(read(0.0, stats(1000, 300)))
+    (reason,) = why_idle(before, 0.0, read(5.0, stats(10, 8)), META, POLICY)  # counters reset
+    assert reason.cause == "unknown" and reason.throttled_ratio is None
+    after = readings_by_key(read(5.0, stats(10, 8)))
+    (reason,) = why_idle(after, 5.0, read(10.0, stats(60, 28)), META, POLICY)
+    assert reason.cause == "cpu_throttled"
+
+
+def test_no_reading_or_a_source_down_or_an_unnamed_container_gives_no_reason() -> None:
+    before = readings_by_key(read(0.0, stats(1000, 100)))
+    assert why_idle(before, 0.0, None, META, POLICY) == ()
+    assert why_idle(before, 0.0, read(5.0, stats(1100, 200), ok=False), META, POLICY) == ()
+    assert readings_by_key(read(5.0, stats(1, 1), ok=False)) == {}
+    assert why_idle(before, 0.0, read(5.0, stats(1100, 200)), None, POLICY) == ()
+    stranger = stats(1100, 200, container_id="other")
+    assert why_idle(before, 0.0, read(5.0, stranger), META, POLICY) == ()
+
+
+# -- the split: conservation -----------------------------------------------------------
+
+
+def _alloc(pod: str, index: int) -> Allocation:
+    ref = ContainerRef("ns", pod, "c")
+    return Allocation(
+        ref, DeviceRef(index, f"GPU-{index}"), f"GPU-{index}", "nvidia.com/gpu", False
+    )
+
+
+def _gpu(index: int, sm: float | None) -> GpuSample:
+    occupancy = Occupancy("gpm", sm_active=sm) if sm is not None else None
+    return GpuSample(index=index, uuid=f"GPU-{index}", name="NVIDIA H100", occupancy=occupancy)
+
+
+def idle_and_no_process(seconds: Sequence[tuple[str, float]]) -> float:
+    return sum(s for state, s in seconds if state in ("idle", "no_process"))
+
+
+def test_the_causes_sum_to_idle_and_no_process_over_many_random_cycles() -> None:
+    """Random activity, processes, causes, steps (gaps and a failed listing included)
+    over 400 cycles of three allocations: every cycle, every row's causes sum to its
+    idle + no_process seconds, and each cause only ever grows."""
+    rng = random.Random(24)
+    pods = ["a", "b", "c"]
+    allocations = [_alloc(p, i) for i, p in enumerate(pods)]
+    state = LedgerState()
+    last: dict[tuple[str, IdleCause], float] = {}
+    for _ in range(400):
+        gpus = [_gpu(i, rng.choice([None, 0.0, 0.01, 0.5])) for i in range(len(pods))]
+        usage = [
+            ContainerGpuUsage(a.container, a.device, 1 << 30, None, 1)
+            for a in allocations
+            if rng.random() < 0.6
+        ]
+        causes = {a.container: rng.choice(IDLE_CAUSES) for a in allocations if rng.random() < 0.8}
+        listing = PodResourcesSnapshot(ok=rng.random() > 0.05, timestamp=0)
+        state = account_ledger(
+            state,
+            allocations,
+            usage,
+            gpus,
+            (),
+            listing,
+            elapsed_s=rng.choice([0.0, 5.0, 5.0, 7.5, 120.0]),
+            policy=IDLE,
+            causes=causes,
+        )
+        assert len(state.allocations) == len(pods)
+        for row in state.allocations:
+            assert [c for c, _ in row.idle_causes] == list(IDLE_CAUSES)
+            total = sum(s for _, s in row.idle_causes)
+            assert total == pytest.approx(idle_and_no_process(row.seconds), abs=1e-6)
+            for cause, seconds in row.idle_causes:
+                key = (row.container.pod, cause)
+                assert seconds >= last.get(key, 0.0)
+                last[key] = seconds
+    assert all(last[(p, c)] > 0 for p in pods for c in IDLE_CAUSES)  # every path was taken
+
+
+def test_the_cause_goes_only_to_idle_time_of_that_container() -> None:
+    """A throttled container: its idle step goes to cpu_throttled; a busy step goes to no
+    cause; another container without a reason gets unknown."""
+    throttled = ContainerRef("ns", "a", "c")
+    allocations = [_alloc("a", 0), _alloc("b", 1)]
+    usage = [ContainerGpuUsage(a.container, a.device, 1, None, 1) for a in allocations]
+    listed = PodResourcesSnapshot(ok=True, timestamp=0)
+    state = LedgerState()
+    for sm in (0.0, 0.0, 0.9):  # first cycle counts nothing; idle 10 s; busy 10 s
+        gpus = [_gpu(0, sm), _gpu(1, 0.0)]
+        state = account_ledger(
+            state,
+            allocations,
+            usage,
+            gpus,
+            (),
+            listed,
+            elapsed_s=10.0,
+            policy=IDLE,
+            causes={throttled: "cpu_throttled"},
+        )
+    a, b = state.allocations
+    assert {c: s for c, s in a.idle_causes if s} == {"cpu_throttled": 20.0}
+    assert {c: s for c, s in b.idle_causes if s} == {"unknown": 30.0}
+
+
+# -- through analyse and exposition ----------------------------------------------------
+
+
+class Node:
+    """Cycles of ``analyse`` for one whole GPU held by train/loader-0 (no process on it:
+    the ledger counts no_process), with its cgroup counters."""
+
+    def __init__(self) -> None:
+        self.policy = Policy(idle=IDLE, why_idle=POLICY)
+        self.state = initial_state(self.policy, {})
+
+    def cycle(self, t: float, cgroups: CgroupSnapshot | None) -> Analysis:
+        listing = PodResourcesSnapshot(
+            ok=True,
+            timestamp=t,
+            containers=(
+                ContainerDevices("train", "loader-0", "main", "nvidia.com/gpu", ("GPU-0",)),
+            ),
+        )
+        nvml = NvmlSnapshot(ok=True, timestamp=t, gpus=(_gpu(0, 0.0),))
+        snapshot = NodeSnapshot(
+            "n", nvml, timestamp=t, pod_resources=listing, pod_meta=META, cgroups=cgroups
+        )
+        analysis, self.state = analyse(snapshot, self.state, self.policy)
+        return analysis
+
+
+def served(analysis: Analysis, family: str) -> dict[str, float]:
+    """One allocation's samples of ``family`` by their cause / state label."""
+    out: dict[str, float] = {}
+    for metric in build_families(analysis, ExpositionOptions()):
+        for sample in metric.samples:
+            if sample.name == family:
+                labels = dict(sample.labels)
+                assert labels["pod"] == "loader-0" and labels["uuid"] == "GPU-0"
+                out[labels.get("cause") or labels["state"]] = sample.value
+    return out
+
+
+def test_the_served_split_follows_the_cgroup_and_sums_to_the_ledger() -> None:
+    """Cycle 0 counts nothing (and has no window); then 5 s each: throttled 10 % (under
+    the threshold: unknown); throttled 40 %; the source down (unknown); the first cycle
+    after it (no window: unknown); calm (unknown); io-stalled 40 %."""
+    node = Node()
+    readings: list[CgroupSnapshot | None] = [
+        read(1000.0, stats(0, 0, cpu_us=0, io_us=0)),
+        read(1005.0, stats(100, 10, cpu_us=0, io_us=0)),
+        read(1010.0, stats(200, 50, cpu_us=100_000, io_us=0)),
+        read(1015.0, stats(300, 90), ok=False),
+        read(1020.0, stats(400, 130, cpu_us=200_000, io_us=0)),
+        read(1025.0, stats(500, 140, cpu_us=300_000, io_us=100_000)),
+        read(1030.0, stats(600, 150, cpu_us=400_000, io_us=2_100_000)),
+    ]
+    for i, cgroups in enumerate(readings):
+        analysis = node.cycle(5.0 * i, cgroups)
+        causes = served(analysis, "gpu_container_idle_gpu_seconds_total")
+        states = served(analysis, "gpu_container_allocated_gpu_seconds_total")
+        assert set(causes) == set(IDLE_CAUSES)  # every cause from the first cycle, at 0
+        assert sum(causes.values()) == pytest.approx(states["idle"] + states["no_process"])
+    assert causes == {
+        "cpu_throttled": 5.0,
+        "cpu_pressure": 0.0,
+        "io_pressure": 5.0,
+        "unknown": 20.0,
+    }
+    (reason,) = analysis.why_idle
+    assert reason.io_pressure_ratio == pytest.approx(0.4)
+
+
+def test_the_family_can_be_turned_off() -> None:
+    node = Node()
+    analysis = node.cycle(0.0, read(0.0, stats(0, 0)))
+    options = ExpositionOptions(families=frozenset({"gpu_container_allocated_gpu_seconds"}))
+    names = {m.name for m in build_families(analysis, options)}
+    assert "gpu_container_idle_gpu_seconds" not in names
