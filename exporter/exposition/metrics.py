@@ -171,6 +171,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
+    _add_mig_profiles(out, nvml.gpus)
     _add_attribution(out, analysis, migs)
     _add_orphans(out, analysis)
     _add_health(out, analysis, migs)
@@ -275,6 +276,39 @@ def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:
     _add_occupancy(out, labels, mig.occupancy)
     if gpu.processes_listed:
         _add_process_counts(out, labels, (p.kind for p in mig.processes))
+
+
+def _add_mig_profiles(out: FamilyBuilder, gpus: Iterable[GpuSample]) -> None:
+    """``gpu_mig_profile_*``: once per GPU model and profile (eight H100s offer one
+    set), so the series do not grow with the GPUs; a model whose GPUs disagree (one read
+    under another MIG mode) keeps the first GPU's."""
+    wanted = (
+        "gpu_mig_profile_info",
+        "gpu_mig_profile_memory_bytes",
+        "gpu_mig_profile_sm_share_ratio",
+    )
+    if not any(out.wants(name) for name in wanted):
+        return
+    seen: set[tuple[str, str]] = set()
+    for gpu in gpus:
+        model = gpu.name or ""
+        for profile in gpu.mig_profiles:
+            if (model, profile.name) in seen:
+                continue
+            seen.add((model, profile.name))
+            labels = {
+                "model": model,
+                "profile": profile.name,
+                "memory_bytes": str(profile.memory_bytes),
+                "compute_slices": str(profile.compute_slices),
+                "gpu_slices": str(profile.gpu_slices),
+            }
+            out.add("gpu_mig_profile_info", labels, 1)
+            # PromQL cannot read a label as a number: the rules compare these values.
+            named = {"model": model, "profile": profile.name}
+            out.add("gpu_mig_profile_memory_bytes", named, profile.memory_bytes)
+            share = profile.compute_slices / profile.gpu_slices if profile.gpu_slices else None
+            out.add("gpu_mig_profile_sm_share_ratio", named, share)
 
 
 def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | None) -> None:

@@ -67,6 +67,20 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_up": (GAUGE, "1 when the GPU answered NVML this cycle, 0 when it failed (lost)."),
     "gpu_mig_mode_enabled": (GAUGE, "1 when the GPU is in MIG mode."),
     "gpu_mig_info": (GAUGE, "Static MIG instance identity; always 1."),
+    "gpu_mig_profile_info": (
+        GAUGE,
+        "A MIG GPU instance profile a GPU model on this node offers (NVML); always 1. "
+        "One series per model and profile, whatever the GPU's MIG mode.",
+    ),
+    "gpu_mig_profile_memory_bytes": (
+        GAUGE,
+        "Memory of a MIG GPU instance profile (gpu_mig_profile_info's memory_bytes as a "
+        "value, for the right-sizing rules to compare).",
+    ),
+    "gpu_mig_profile_sm_share_ratio": (
+        GAUGE,
+        "A MIG GPU instance profile's share of the GPU's SMs: compute_slices / gpu_slices.",
+    ),
     # memory
     "gpu_memory_total_bytes": (GAUGE, "Device (or MIG instance) memory."),
     "gpu_memory_used_bytes": (

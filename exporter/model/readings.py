@@ -101,6 +101,17 @@ class MigInstance:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfileInfo:
+    """A GPU instance profile the GPU offers (nvmlDeviceGetGpuInstanceProfileInfoV): what
+    right-sizing compares a workload with. Fixed while the GPU keeps its MIG mode."""
+
+    name: str  # e.g. "1g.10gb" (NVML: "MIG 1g.10gb")
+    memory_bytes: int  # NVML memorySizeMB x 2**20
+    compute_slices: int  # NVML sliceCount: the "Ng" of the name
+    gpu_slices: int  # the whole GPU's slices: the largest sliceCount among its profiles
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """Everything read from one physical GPU in one cycle.
 
@@ -152,6 +163,9 @@ class GpuSample:
     process_utilization: tuple[ProcessUtilization, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
     occupancy: Occupancy | None = None
+    # The GPU instance profiles it offers; () for none or not known (not MIG-capable, a
+    # driver without the call, or not read yet).
+    mig_profiles: tuple[MigProfileInfo, ...] = ()
 
     def all_processes(self) -> tuple[GpuProcess, ...]:
         """Processes on the whole GPU and on every MIG instance of it."""

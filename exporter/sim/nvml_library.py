@@ -32,6 +32,7 @@ from typing import Any
 
 import pynvml
 
+from exporter.sim.mig_profiles import multiprocessors, profiles_for
 from exporter.sim.node import SimNode
 from exporter.sim.scenario import FIELDS_ADDED_IN_DRIVER, SimGpu, SimMig, SimProcess
 
@@ -783,6 +784,36 @@ class SimNvmlLibrary:
         if not 0 <= i < len(gpu.mig):
             return NOT_FOUND
         _set_pointer(_out(out), _MIG_BASE + gpu.index * 0x100 + i)
+        return SUCCESS
+
+    @device_call
+    def nvmlDeviceGetGpuInstanceProfileInfoV(
+        self, gpu: SimGpu, mig: SimMig | None, profile: Any, out: Any
+    ) -> int:
+        """A GPU instance profile of the GPU's model (sim/mig_profiles.py), whatever its
+        MIG mode: nvml.h names NOT_SUPPORTED for a device that does not support MIG or a
+        profile it lacks, not for MIG mode being off, and NVIDIA's go-nvlib lists the
+        profiles of every MIG-capable GPU without looking at the mode. NOT_SUPPORTED for
+        models without MIG and for profiles the model lacks."""
+        info = _out(out)
+        if mig is not None:
+            return INVALID_ARGUMENT  # a MIG device handle is not a GPU
+        if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
+            return VERSION_MISMATCH
+        wanted = _value(profile)
+        if not 0 <= wanted < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            return INVALID_ARGUMENT
+        found = [p for p in profiles_for(gpu.name, gpu.memory_total) if p.constant == wanted]
+        if not found:
+            return NOT_SUPPORTED
+        row = found[0]
+        info.id, info.isP2pSupported, info.sliceCount = row.profile_id, 0, row.slices
+        info.instanceCount = row.instances
+        info.multiprocessorCount = multiprocessors(gpu.name, row.slices)
+        info.copyEngineCount = row.slices
+        info.decoderCount = info.encoderCount = info.jpegCount = info.ofaCount = 0
+        info.memorySizeMB = gpu.memory_total * row.eighths // 8 // (1 << 20)
+        info.name = f"MIG {row.name}".encode()
         return SUCCESS
 
     @device_call

@@ -30,6 +30,7 @@ from exporter.model import (
     GpuProcess,
     GpuSample,
     MigInstance,
+    MigProfileInfo,
     NvmlSnapshot,
     Occupancy,
     OccupancyField,
@@ -42,14 +43,14 @@ from exporter.model import (
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
-from exporter.sources.nvml_codes import UNSUPPORTED, error_name, instance_id
+from exporter.sources.nvml_codes import GPU_FAILED, UNSUPPORTED, error_name, instance_id
+from exporter.sources.nvml_mig_profiles import ProfileCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
-# The whole GPU stopped answering: isolate it.
-_GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
+_GPU_FAILED = GPU_FAILED  # the whole GPU stopped answering: isolate it
 _GPM_METRICS: dict[OccupancyField, int] = {
     "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
     "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
@@ -110,6 +111,7 @@ class _Device:
     nvlink_count: int | None = None  # None: not read yet
     nvlinks_seen_active: set[int] = field(default_factory=set)
     failed: bool = False  # re-open next cycle; the identity still labels the error sample
+    mig_profiles: ProfileCache = field(default_factory=ProfileCache)  # per handle and mode
 
 
 class NvmlSource(Source):
@@ -356,7 +358,18 @@ class NvmlSource(Source):
             process_utilization=() if mig_enabled else self._process_utilization(device),
             mig_instances=mig_instances,
             occupancy=None if mig_enabled else self._gpm(device, None),
+            mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
         )
+
+    def _mig_profiles(
+        self, device: _Device, mig_capable: bool, mig_enabled: bool | None
+    ) -> tuple[MigProfileInfo, ...]:
+        """The GPU instance profiles, read once per handle and MIG mode; none asked of a
+        GPU whose MIG mode NVML does not report (not MIG-capable: go-nvlib's
+        ``IsMigCapable`` test)."""
+        if not mig_capable:
+            return ()
+        return device.mig_profiles.get(device.handle, mig_enabled, self._error)
 
     # -- query helpers ----------------------------------------------------------------
 

@@ -10,6 +10,8 @@ NOT_AVAILABLE_ID = 0xFFFFFFFF
 
 # The device or driver cannot answer this: absent, never an error or a zero.
 UNSUPPORTED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+# The whole GPU stopped answering: the GPU fails this cycle, the others carry on.
+GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
 # NoPermission is not among them: the driver could answer, only not to this process,
 # and that can start mid-run (GPM in an unprivileged container, DCGM issue #214) and
 # end again. Sampling counts it as an error and keeps asking; the XID listener skips
