@@ -145,14 +145,18 @@ def build_agent(
     *,
     wall_clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
+    source_monotonic: Callable[[], float] | None = None,
 ) -> Agent:
     """The one wiring of sources, analysis and exposition (server, snapshot, tests).
     ``monotonic`` paces the Kubernetes writes (their windows and budget); a simulated
-    run whose clock runs faster than real time passes its own."""
+    run whose clock runs faster than real time passes its own. ``source_monotonic``
+    (default ``monotonic``) is the clock sources measure intervals by (the cgroup
+    source's stall totals become shares of it): a simulated node whose counters follow
+    its own clock passes that clock."""
     return Agent(
         config,
         cache,
-        build_sources(config, wall_clock=wall_clock),
+        build_sources(config, wall_clock=wall_clock, monotonic=source_monotonic or monotonic),
         wall_clock=wall_clock,
         reporter=build_reporter(config, wall_clock=wall_clock, monotonic=monotonic),
     )

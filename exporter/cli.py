@@ -103,6 +103,7 @@ def _pointed_at(config: Config, paths: SimPaths) -> Config:
         kubeconfig=str(paths.kubeconfig) if paths.kubeconfig else None,
         kube_api=config.kube_api if paths.kubeconfig else "off",
         node_name=paths.node_name,
+        cgroup_root=paths.cgroup_root,  # the simulated tree, or off: never the host's
     )
 
 

@@ -94,6 +94,7 @@ class Config:
     node_condition: bool = False
     dra_device_taints: bool = False
     dra_device_taint_effect: str = "None"  # "None" | "NoSchedule"
+    cgroup_root: Path | None = None  # --cgroup-root; None: off (no cgroup source)
     why_idle_throttled_ratio: float = 0.2  # analysis/why_idle.py
     why_idle_pressure_ratio: float = 0.2
 
@@ -272,6 +273,15 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "--proc-root",
         "Where the host's /proc is mounted; pids are read under it.",
         default="/proc",
+        metavar="PATH",
+    )
+    add(
+        "--cgroup-root",
+        "Where the host's cgroup filesystem is mounted (read-only is enough): the CPU "
+        "throttling (cpu.stat) and pressure stall (cpu/io/memory.pressure, cgroup v2 only) "
+        "counters of containers that hold or use a GPU are read under it, to tell a GPU "
+        "starved of CPU or I/O (docs/why-idle.md); 'off': not read.",
+        default="/sys/fs/cgroup",
         metavar="PATH",
     )
     add(
@@ -714,6 +724,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         dra_device_taint_effect=args.dra_device_taint_effect,
         web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
+        cgroup_root=_cgroup_root(args.cgroup_root),
         pod_resources_socket=Path(args.pod_resources_socket),
         pod_resources_interval_s=args.pod_resources_interval,
         resource_names=names,
@@ -744,6 +755,14 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         snapshot_json=bool(getattr(args, "json", False)),
         snapshot_window_s=getattr(args, "window", 1.0),
     )
+
+
+def _cgroup_root(text: str) -> Path | None:
+    """``--cgroup-root``: a path, or ``off`` (also ``''``, as a chart renders unset)."""
+    value = text.strip()
+    if value.lower() in ("off", ""):
+        return None
+    return Path(value)
 
 
 def fail(message: str) -> NoReturn:

@@ -18,6 +18,7 @@ from exporter.config import Config, ConfigError
 from exporter.reporting.kube_client import KubeWriteClient, KubeWriteError
 from exporter.reporting.writer import REQUEST_DEADLINE_S, KubeReporter, ReportingOptions
 from exporter.sources.base import Source
+from exporter.sources.cgroups import CgroupReader
 from exporter.sources.dcgm import DcgmSource
 from exporter.sources.holder_scan import HolderScanSource
 from exporter.sources.kmsg import KmsgReader
@@ -33,7 +34,10 @@ log = logging.getLogger(__name__)
 
 
 def build_sources(
-    config: Config, *, wall_clock: Callable[[], float] = time.time
+    config: Config,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> tuple[Source, ...]:
     kube = kube_api_configured(config)
     if not kube and config.kube_api == "auto":
@@ -65,6 +69,8 @@ def build_sources(
         )
         if kube and config.dra_drivers
         else None,
+        # after procfs, PodResources and the pod watch: it reads their readings
+        CgroupReader(config.cgroup_root, clock=monotonic) if config.cgroup_root else None,
     ]
     return tuple(source for source in sources if source is not None)
 

@@ -218,6 +218,9 @@ async def simulated_exporter(
                 paths.node_name,
                 "--kube-api",
                 "auto" if kube_api else "off",
+                # the simulated cgroup tree, or off: never the host's /sys/fs/cgroup
+                "--cgroup-root",
+                str(paths.cgroup_root or "off"),
                 *(["--kubeconfig", str(paths.kubeconfig)] if paths.kubeconfig else []),
                 # Refreshes are the test's (refresh_pod_resources): a long period keeps a
                 # slow run from making the last one stale (3 periods of real time).
@@ -231,7 +234,10 @@ async def simulated_exporter(
         liveness = Liveness(cache, interval_s=config.interval_s, cycles=config.liveness_cycles)
         app = build_app(cache, paths.node_name, liveness=liveness)
         runner = await start_server(app, "127.0.0.1", 0)
-        agent = build_agent(config, cache, wall_clock=env.node.wall_time)
+        # the cgroup counters grow with simulated time: the source measures by it too
+        agent = build_agent(
+            config, cache, wall_clock=env.node.wall_time, source_monotonic=env.node.now
+        )
         try:
             # Background sources start, but no refresh task runs: the test decides when
             # PodResources is refreshed (Harness.refresh_pod_resources).

@@ -20,8 +20,27 @@ SELF_INSTRUMENTS = {
 }
 # Families node-8gpu's H100s cannot show, each with the smallest node that does: data-centre
 # GPUs are passively cooled, so NVML has no fan to report (NOT_SUPPORTED: no series).
+# node-8gpu's containers have no simulated cgroup (docs/simulator.md, `cgroup:`), so the
+# cgroup families (gpu_container_cpu_*, gpu_container_*_pressure_seconds) come from one
+# container that has one.
 ELSEWHERE: dict[str, dict[str, object]] = {
     "gpu_fan_speed_ratio": {"gpus": [{"name": "NVIDIA RTX 6000 Ada Generation", "fans": [38]}]},
+    "gpu_container_cpu_* and gpu_container_*_pressure_seconds": {
+        "gpus": [{}],
+        "pods": [
+            {
+                "name": "p",
+                "containers": [
+                    {
+                        "name": "c",
+                        "devices": {"nvidia.com/gpu": ["gpu0"]},
+                        "cgroup": {"throttled": 0.3, "cpu_pressure": 0.2},
+                        "processes": [{"gpu": 0, "sm": 10}],
+                    }
+                ],
+            }
+        ],
+    },
 }
 
 

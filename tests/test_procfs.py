@@ -16,10 +16,11 @@ from exporter.sim.proctree import (
     RUNTIMES,
     host_cgroup,
     kubepods_cgroup,
+    kubepods_path,
     remove_process,
     write_process,
 )
-from exporter.sources.procfs import ProcessReader, parse_cgroup, read_process
+from exporter.sources.procfs import ProcessReader, cgroup_location, parse_cgroup, read_process
 
 # Real-looking identities: RFC 4122 pod UIDs as the API server mints them, a static
 # pod UID (the 32-hex manifest hash the kubelet uses), 64-hex container ids.
@@ -36,6 +37,8 @@ OTHER = "4e07408562bedb8b60ce05c1decfe3ad16b72230967de01f640b7e4729b49fce"
 SD_BURSTABLE = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
 SD_BESTEFFORT = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice"
 SD_GUARANTEED = f"/kubepods.slice/kubepods-pod{UID_}.slice"
+# The cgroup a process of (UID, CID) written with the default shape is attributed by.
+AT: dict[str, object] = {"cgroup_path": kubepods_path(UID, CID), "cgroup_version": 2}
 
 
 def v1(path: str, *, unified: str | None = None) -> str:
@@ -465,7 +468,7 @@ RAW_STAT = (
 def test_read_process_alive_in_pod(tmp_path: Path) -> None:
     write_process(tmp_path, 4242, comm="python3", state="R", cgroup=kubepods_cgroup(UID, CID))
     assert read_process(tmp_path, 4242) == ProcessIdentity(
-        pid=4242, alive=True, pod_uid=UID, container_id=CID, comm="python3", state="R"
+        pid=4242, alive=True, pod_uid=UID, container_id=CID, comm="python3", state="R", **AT
     )
 
 
@@ -531,7 +534,14 @@ def test_write_process_updates_existing_process(tmp_path: Path) -> None:
     write_process(tmp_path, 5, comm="trainer", state="R", cgroup=kubepods_cgroup(UID, CID))
     write_process(tmp_path, 5, comm="trainer", state="Z", cgroup=kubepods_cgroup(UID2, CID2))
     assert read_process(tmp_path, 5) == ProcessIdentity(
-        pid=5, alive=True, pod_uid=UID2, container_id=CID2, comm="trainer", state="Z"
+        pid=5,
+        alive=True,
+        pod_uid=UID2,
+        container_id=CID2,
+        comm="trainer",
+        state="Z",
+        cgroup_path=kubepods_path(UID2, CID2),
+        cgroup_version=2,
     )
     assert sorted(p.name for p in (tmp_path / "5").iterdir()) == ["cgroup", "comm", "stat"]
 
@@ -561,7 +571,7 @@ def test_read_process_unreadable_stat_keeps_attribution(tmp_path: Path) -> None:
     (tmp_path / "12" / "stat").unlink()
     (tmp_path / "12" / "stat").mkdir()
     assert read_process(tmp_path, 12) == ProcessIdentity(
-        pid=12, alive=True, pod_uid=UID, container_id=CID
+        pid=12, alive=True, pod_uid=UID, container_id=CID, **AT
     )
 
 
@@ -615,8 +625,9 @@ def test_process_reader_reads_a_known_pids_cgroup_only_once(tmp_path: Path) -> N
     write_process(tmp_path, 40, comm="trainer", state="D", cgroup=host_cgroup())
     (tmp_path / "40" / "cgroup").write_text("garbage that would not parse")
     second = reader.identify([40])
-    assert first == (ProcessIdentity(40, True, UID, CID, "trainer", "R"),)
-    assert second == (ProcessIdentity(40, True, UID, CID, "trainer", "D"),)  # state is fresh
+    assert first == (ProcessIdentity(40, True, UID, CID, "trainer", "R", **AT),)
+    # state is fresh; the cgroup path is the one read first
+    assert second == (ProcessIdentity(40, True, UID, CID, "trainer", "D", **AT),)
 
 
 def test_process_reader_rereads_the_cgroup_when_a_pid_is_reused(tmp_path: Path) -> None:
@@ -691,3 +702,40 @@ def test_the_source_is_up_again_once_proc_reads(tmp_path: Path) -> None:
     write_process(tmp_path, 80, comm="w", cgroup=kubepods_cgroup(UID, CID))
     assert reader.identify([80])[0].pod_uid == UID
     assert reader.status().up
+
+
+# -- the cgroup that attributed the process (for the cgroup source) ---------------------
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("qos", QOS_CLASSES)
+def test_cgroup_location_is_the_v2_path(driver: str, qos: str) -> None:
+    text = kubepods_cgroup(UID, CID, qos=qos, driver=driver, version=2)
+    assert cgroup_location(text) == (kubepods_path(UID, CID, qos=qos, driver=driver), 2)
+
+
+def test_cgroup_location_on_v1_is_the_cpu_controllers_line() -> None:
+    text = kubepods_cgroup(UID, CID, version=1)
+    assert cgroup_location(text) == (kubepods_path(UID, CID), 1)
+    # a hybrid host: the unified line names no pod, the v1 cpu line does
+    hybrid = "0::/\n12:memory:/x\n4:cpu,cpuacct:" + kubepods_path(UID, CID) + "\n"
+    assert cgroup_location(hybrid) == (kubepods_path(UID, CID), 1)
+
+
+def test_cgroup_location_none_for_host_garbage_and_no_cpu_line() -> None:
+    assert cgroup_location(host_cgroup()) is None
+    assert cgroup_location("garbage") is None
+    assert cgroup_location("") is None
+    # v1 without the cpu controller naming the pod: no directory holds its cpu.stat
+    assert cgroup_location("7:memory:" + kubepods_path(UID, CID) + "\n") is None
+
+
+def test_cgroup_location_drops_the_deleted_suffix() -> None:
+    path = kubepods_path(UID, CID)
+    assert cgroup_location(f"0::{path} (deleted)\n") == (path, 2)
+
+
+def test_a_host_process_has_no_cgroup_path(tmp_path: Path) -> None:
+    write_process(tmp_path, 811, comm="sshd", cgroup=host_cgroup())
+    identity = read_process(tmp_path, 811)
+    assert (identity.cgroup_path, identity.cgroup_version) == (None, None)

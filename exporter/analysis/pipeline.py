@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
+from exporter.analysis.cgroup_signals import cgroup_signals
 from exporter.analysis.health import HealthPolicy, assess
 from exporter.analysis.idle import IdlePolicy, account_idle
 from exporter.analysis.ledger import account_ledger, listed
@@ -170,6 +171,7 @@ def analyse(
         container_shares=shares,
         container_limits=limits,
         pod_owners=pod_owners(snapshot.pod_meta, attribution, now=now),
+        cgroup_signals=cgroup_signals(snapshot, attribution),
         why_idle=reasons,
     )
     analysis, health_facts = with_transitions(analysis, state.health)

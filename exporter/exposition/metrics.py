@@ -179,7 +179,33 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     for owner in analysis.pod_owners:
         labels = {"namespace": owner.namespace, "pod": owner.pod, "owner_kind": owner.kind}
         out.add("gpu_pod_owner_info", {**labels, "owner_name": owner.name}, 1)
+    _add_cgroup_signals(out, analysis)
     return out.families()
+
+
+# gpu_container_<resource>_pressure_seconds_total: CgroupStats' PSI fields by resource
+_PRESSURE_FAMILIES = {
+    "gpu_container_cpu_pressure_seconds": "cpu_pressure",
+    "gpu_container_io_pressure_seconds": "io_pressure",
+    "gpu_container_memory_pressure_seconds": "memory_pressure",
+}
+
+
+def _add_cgroup_signals(out: FamilyBuilder, analysis: Analysis) -> None:
+    """The cgroup counters of GPU containers, as read: a field not read (a file the
+    kernel does not have, cgroup v1's pressure) has no series, never a zero."""
+    for row in analysis.cgroup_signals:
+        c, stats = row.container, row.stats
+        labels = {"namespace": c.namespace, "pod": c.pod, "container": c.container}
+        out.add("gpu_container_cpu_periods", labels, stats.nr_periods)
+        out.add("gpu_container_cpu_throttled_periods", labels, stats.nr_throttled)
+        out.add("gpu_container_cpu_throttled_seconds", labels, _scaled(stats.throttled_usec, 1e-6))
+        for name, attr in _PRESSURE_FAMILIES.items():
+            pressure = getattr(stats, attr)
+            if pressure is None:
+                continue
+            out.add(name, {**labels, "kind": "some"}, _scaled(pressure.some_us, 1e-6))
+            out.add(name, {**labels, "kind": "full"}, _scaled(pressure.full_us, 1e-6))
 
 
 def _add_gpu(out: FamilyBuilder, gpu: GpuSample, driver: str, cuda: str) -> None:

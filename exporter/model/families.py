@@ -303,6 +303,38 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "SM share a container was promised on the device (HAMi nvidia.com/gpucores / 100); "
         "no series without a limit.",
     ),
+    # CPU starvation of GPU containers (--cgroup-root; docs/why-idle.md): cgroup counters
+    # of containers that hold or use a GPU; absent where the kernel does not keep them
+    "gpu_container_cpu_periods": (
+        COUNTER,
+        "CFS enforcement periods in which a GPU container had runnable tasks and a CPU "
+        "limit (cgroup cpu.stat nr_periods).",
+    ),
+    "gpu_container_cpu_throttled_periods": (
+        COUNTER,
+        "Of those periods, the ones in which the container used up its CPU quota and was "
+        "throttled (cpu.stat nr_throttled).",
+    ),
+    "gpu_container_cpu_throttled_seconds": (
+        COUNTER,
+        "Time a GPU container's tasks were throttled by its CPU limit (cpu.stat "
+        "throttled_usec; cgroup v1 throttled_time).",
+    ),
+    "gpu_container_cpu_pressure_seconds": (
+        COUNTER,
+        "Time some (kind=some) or all (kind=full) of a GPU container's runnable tasks waited "
+        "for a CPU (cpu.pressure total; cgroup v2 with PSI only).",
+    ),
+    "gpu_container_io_pressure_seconds": (
+        COUNTER,
+        "Time some (kind=some) or all (kind=full) of a GPU container's tasks stalled on I/O "
+        "(io.pressure total; cgroup v2 with PSI only).",
+    ),
+    "gpu_container_memory_pressure_seconds": (
+        COUNTER,
+        "Time some (kind=some) or all (kind=full) of a GPU container's tasks stalled on "
+        "memory: reclaim, refaults, swap-in (memory.pressure total; cgroup v2 with PSI only).",
+    ),
     "gpu_process_memory_used_bytes": (GAUGE, "Per-process memory (--per-process-metrics)."),
     "gpu_process_sm_utilization_ratio": (
         GAUGE,

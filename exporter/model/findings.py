@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.model.readings import NodeSnapshot
+from exporter.model.readings import CgroupStats, NodeSnapshot
 from exporter.model.vocabulary import (
     HolderRole,
     IdleCause,
@@ -193,6 +193,15 @@ class IdleReason:
     throttled_ratio: float | None  # CFS periods throttled / periods with a quota
     cpu_pressure_ratio: float | None  # cpu.pressure some stall, seconds per second
     io_pressure_ratio: float | None  # io.pressure some stall, seconds per second
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCgroup:
+    """One GPU container's cgroup counters (analysis/cgroup_signals.py), named as every
+    per-container series is; the counters are as read, None where not read."""
+
+    container: ContainerRef
+    stats: CgroupStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +438,7 @@ class Analysis:
     container_limits: tuple[ContainerLimit, ...] = ()
     transitions: tuple[HealthTransition, ...] = ()  # health facts that changed this cycle
     pod_owners: tuple[PodOwner, ...] = ()  # for gpu_pod_owner_info
+    cgroup_signals: tuple[ContainerCgroup, ...] = ()  # gpu_container_cpu_* and *_pressure_*
     why_idle: tuple[IdleReason, ...] = ()  # per GPU container with a cgroup reading
     # GPUs known unhealthy that NVML did not list this cycle: (uuid, unhealthy reasons as
     # last seen). Not listed is not healthy (the node condition still counts them).

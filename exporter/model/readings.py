@@ -207,6 +207,11 @@ class ProcessIdentity:
     state: str | None = None  # single letter from /proc/<pid>/stat, e.g. "R", "D", "Z"
     cgroup_read: bool = True
     cgroup_parsed: bool = True
+    # The cgroup that attributed the process, as /proc/<pid>/cgroup names it (the v2
+    # ``0::`` path, else the path of the v1 line holding the ``cpu`` controller) and that
+    # line's version; None: not attributed to a pod, or the file was not read.
+    cgroup_path: str | None = None
+    cgroup_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

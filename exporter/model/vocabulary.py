@@ -112,7 +112,16 @@ ROLE_MANAGEMENT: Final = "management"  # opens every GPU, allocates nothing (a d
 
 # The sources, as gpu_exporter_source_up{source} and gpu_exporter_errors{source} name them
 SourceName = Literal[
-    "nvml", "dcgm", "procfs", "holders", "xid", "kmsg", "podresources", "kube", "resourceslices"
+    "nvml",
+    "dcgm",
+    "procfs",
+    "holders",
+    "xid",
+    "kmsg",
+    "podresources",
+    "kube",
+    "resourceslices",
+    "cgroups",
 ]
 
 TransitionKind = Literal[

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exporter.sim.cgroupfs import CgroupTree
 from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
 from exporter.sim.kube_writes import node_dict
@@ -63,7 +64,9 @@ class SimEnvironment:
             pod_resources_socket=self._root / "kubelet.sock",
             kubeconfig=self._root / "kubeconfig" if kube_api else None,
             node_name=scenario.node_name,
+            cgroup_root=self._root / "cgroup" if scenario.has_cgroups else None,
         )
+        self.cgroups: CgroupTree | None = None  # set by start() where there is a tree
         self.kube_api: FakeKubeApi | None = None
         self.kernel_log = SimKernelLogWriter(self.node, self.paths.kmsg, self.paths.proc_root)
         self._grpc: Any = None
@@ -81,6 +84,8 @@ class SimEnvironment:
             self.library = install(self.node)
         self.paths.proc_root.mkdir(parents=True)
         write_host_pids(self.paths.proc_root)  # what only a host's live /proc shows
+        if self.paths.cgroup_root is not None:
+            self.cgroups = CgroupTree(self.paths.cgroup_root, self.node.scenario.cgroup_version)
         self.kernel_log.start()
         self.sync()
         self._grpc = await start_podresources_server(
@@ -140,6 +145,8 @@ class SimEnvironment:
         with node.lock:
             node.advance()
             self.kernel_log.sync()
+            if self.cgroups is not None:
+                self.cgroups.sync(node.pods, node.now())
             pods = {f"{p.namespace}/{p.name}": p for p in node.pods}
             alive = {p.pid: p for p in node.processes if p.alive}
             for pid in set(self._written) - set(alive):
@@ -149,7 +156,8 @@ class SimEnvironment:
                 written = self._written.get(pid)
                 if written and written[0] != proc.start_time:
                     written = None  # the pid's earlier process is gone
-                cgroup = written[1] if written else _cgroup(proc, pods)
+                version = node.scenario.cgroup_version
+                cgroup = written[1] if written else _cgroup(proc, pods, version)
                 held = proc.holds_devices
                 indexes = [proc.gpu, *proc.extra_gpus] if held is None else held
                 fds = gpu_fds(node.gpus[i].minor for i in indexes)
@@ -211,9 +219,9 @@ class SimEnvironment:
         self._kube_slices = slices
 
 
-def _cgroup(proc: SimProcess, pods: dict[str, SimPod]) -> str:
+def _cgroup(proc: SimProcess, pods: dict[str, SimPod], version: int = 2) -> str:
     pod = pods.get(proc.pod or "")
     container = next((c for c in pod.containers if c.name == proc.container), None) if pod else None
     if pod and container:
-        return kubepods_cgroup(pod.uid, container.container_id, qos=pod.qos)
+        return kubepods_cgroup(pod.uid, container.container_id, qos=pod.qos, version=version)
     return host_cgroup("gpu-workload.service")

@@ -73,6 +73,7 @@ def _describe(directory: Path, scenario: str, paths: SimPaths, clock: dict[str, 
         "pod_resources_socket": str(paths.pod_resources_socket),
         "kubeconfig": str(paths.kubeconfig) if paths.kubeconfig else None,
         "node_name": paths.node_name,
+        "cgroup_root": str(paths.cgroup_root) if paths.cgroup_root else None,
         "pid": os.getpid(),
     }
     tmp = directory / f".{NODE_FILE}.tmp"
@@ -106,6 +107,7 @@ def attach(directory: Path) -> Attached:
         pod_resources_socket=Path(data["pod_resources_socket"]),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
         node_name=data["node_name"],
+        cgroup_root=Path(data["cgroup_root"]) if data.get("cgroup_root") else None,
     )
     return Attached(paths, install(node), scenario.name)
 

@@ -210,8 +210,10 @@ class SimNode:
             return
         for key, rates in self._rates().items():
             acc = self.gpm_integral[key]
+            duty = self.gpus[key[0]].duty  # bursts: only the busy part of [from, until)
+            active = dt if duty is None else duty.busy_time(self._integrated_to, until)
             for metric, percent in rates.items():
-                acc[metric] += percent * dt
+                acc[metric] += percent * active
         for gpu in self.gpus:
             held = self.clock_event_ns[gpu.index]
             for reason, bits in CLOCK_EVENT_BITS.items():
@@ -507,6 +509,15 @@ class SimNode:
         busy = self.utilization_gpu(gpu) > 0
         generation = gpu.pcie_generation or (gpu.pcie_max_generation if busy else 1)
         return generation, gpu.pcie_width or gpu.pcie_max_width
+
+    def busy_now(self, gpu: SimGpu) -> bool:
+        """False in the idle part of a GPU's duty cycle (``duty:``): then the driver
+        reports no activity at all, as a GPU waiting on its input does."""
+        return gpu.duty is None or gpu.duty.busy_at(self.clock())
+
+    def utilization_now(self, gpu: SimGpu) -> int:
+        """GPU-Util as the driver reports it now (0 in a duty cycle's idle part)."""
+        return self.utilization_gpu(gpu) if self.busy_now(gpu) else 0
 
     def utilization_gpu(self, gpu: SimGpu) -> int:
         if gpu.utilization_gpu is not None:

@@ -367,7 +367,7 @@ class SimNvmlLibrary:
         if mig or gpu.mig:  # the driver does not report GPU-Util in MIG mode
             return NOT_SUPPORTED
         util = _out(out)
-        util.gpu, util.memory = self.node.utilization_gpu(gpu), gpu.utilization_memory
+        util.gpu, util.memory = self.node.utilization_now(gpu), gpu.utilization_memory
         return SUCCESS
 
     @device_call
@@ -748,6 +748,8 @@ class SimNvmlLibrary:
         # epoch microseconds, like the driver, which samples every ~100 ms
         stamp = int((SIM_EPOCH_S + self.node.now()) * 10) * 100_000
         procs = [p for p in self.node.listed_processes(gpu.index) if p.alive and p.sm > 0]
+        if not self.node.busy_now(gpu):  # a duty cycle's idle part: no SM time at all
+            procs = []
         if not procs or stamp <= _value(last_seen):
             return NOT_FOUND
         capacity = _out(count).value

@@ -80,12 +80,30 @@ def kubepods_cgroup(
     ``pod_uid`` is a dashed UUID or a 32-hex static-pod UID, ``container_id`` the
     bare 64-hex id.
     """
+    _check(version in CGROUP_VERSIONS, "version", version)
+    path = kubepods_path(pod_uid, container_id, qos=qos, runtime=runtime, driver=driver)
+    if version == 2:
+        return f"0::{path}\n"
+    count = len(_V1_CONTROLLERS)
+    return "".join(f"{count - i}:{name}:{path}\n" for i, name in enumerate(_V1_CONTROLLERS))
+
+
+def kubepods_path(
+    pod_uid: str,
+    container_id: str,
+    *,
+    qos: str = "burstable",
+    runtime: str = "containerd",
+    driver: str = "systemd",
+) -> str:
+    """The container's cgroup path (absolute, from the hierarchy's root) that
+    :func:`kubepods_cgroup` names; the simulated cgroup tree (sim/cgroupfs.py) is
+    written at the same path."""
     _check(_POD_UID.fullmatch(pod_uid) is not None, "pod_uid", pod_uid)
     _check(_CONTAINER_ID.fullmatch(container_id) is not None, "container_id", container_id)
     _check(qos in QOS_CLASSES, "qos", qos)
     _check(runtime in RUNTIMES, "runtime", runtime)
     _check(driver in DRIVERS, "driver", driver)
-    _check(version in CGROUP_VERSIONS, "version", version)
 
     if driver == "systemd":
         # systemd uses "-" for nesting, so the kubelet escapes the UID's dashes.
@@ -99,11 +117,7 @@ def kubepods_cgroup(
         qos_dir = "" if qos == "guaranteed" else f"/{qos}"
         leaf = f"crio-{container_id}" if runtime == "crio" else container_id
         path = f"/kubepods{qos_dir}/pod{pod_uid}/{leaf}"
-
-    if version == 2:
-        return f"0::{path}\n"
-    count = len(_V1_CONTROLLERS)
-    return "".join(f"{count - i}:{name}:{path}\n" for i, name in enumerate(_V1_CONTROLLERS))
+    return path
 
 
 def host_cgroup(unit: str = "sshd.service") -> str:

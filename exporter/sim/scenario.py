@@ -94,6 +94,44 @@ class SimCallError:
 
 
 @dataclass
+class SimDuty:
+    """A GPU busy in bursts: in each ``period_s`` the first ``busy`` share of it runs its
+    processes' SM activity, the rest is idle (utilisation, per-process samples and GPM
+    activity 0), as a training loop waiting on its data loader is. Periods start at
+    simulated time ``offset_s``."""
+
+    period_s: float
+    busy: float
+    offset_s: float = 0.0
+
+    def busy_at(self, t: float) -> bool:
+        return (t - self.offset_s) % self.period_s < self.busy * self.period_s
+
+    def busy_time(self, start: float, end: float) -> float:
+        """Seconds of ``[start, end)`` in the busy part of a period (exact)."""
+        return max(0.0, self._busy_before(end) - self._busy_before(start))
+
+    def _busy_before(self, t: float) -> float:
+        periods, into = divmod(t - self.offset_s, self.period_s)
+        return periods * self.busy * self.period_s + min(into, self.busy * self.period_s)
+
+
+@dataclass
+class SimCgroup:
+    """A container's cgroup counters' rates (sim/cgroupfs.py writes them): the share of
+    CFS periods throttled, the ``some`` stall of each PSI resource in seconds per second,
+    ``full`` as a share of ``some``, and whether the kernel has PSI at all."""
+
+    throttled: float = 0.0
+    cpu_pressure: float = 0.0
+    io_pressure: float = 0.0
+    memory_pressure: float = 0.0
+    full: float = 0.5
+    psi: bool = True
+    periods_per_s: float = 10.0  # the default 100 ms CFS period, tasks always runnable
+
+
+@dataclass
 class SimGpu:
     index: int
     uuid: str
@@ -148,6 +186,7 @@ class SimGpu:
     decoder_utilization: int = 0
     memory_temperature: int | None = None  # None: GPU temperature + 5 (HBM runs warmer)
     fans: list[int] = field(default_factory=list)  # percent per fan; []: no fans
+    duty: SimDuty | None = None  # busy in bursts (why-idle); None: always as configured
 
 
 @dataclass
@@ -180,6 +219,7 @@ class SimContainer:
     # resource name -> quantity, served as the container's resources.limits (HAMi's
     # nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores)
     limits: dict[str, str] = field(default_factory=dict)
+    cgroup: SimCgroup | None = None  # None: the simulated node writes no cgroup files
 
 
 @dataclass
@@ -226,6 +266,12 @@ class Scenario:
     call_errors: list[SimCallError] = field(default_factory=list)
     process_info_layout: str = "v2"  # "r535_early": _v3 listings write 32-byte entries
     kernel_log: SimKernelLog = field(default_factory=SimKernelLog)
+    cgroup_version: int = 2  # the node's cgroup hierarchy: /proc/<pid>/cgroup and the tree
+
+    @property
+    def has_cgroups(self) -> bool:
+        """Whether any container has a ``cgroup:`` key (only then is there a tree)."""
+        return any(c.cgroup is not None for pod in self.pods for c in pod.containers)
 
     def __post_init__(self) -> None:
         if self.process_info_layout == "r535_early":  # 535.104.05 added it (nvml.h)
@@ -305,6 +351,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "decoder_utilization": 0,
     "memory_temperature": None,
     "fans": [],
+    "duty": None,
 }
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
@@ -408,6 +455,54 @@ def _check_links(gpu: dict[str, Any], where: str) -> None:
         if gpu[now] is not None and not 1 <= gpu[now] <= gpu[best]:
             raise ScenarioError(f"{where}.{now}: {gpu[now]!r} is not between 1 and {best}")
     gpu["fans"] = [int(f) for f in gpu["fans"] or []]
+    gpu["duty"] = _duty(gpu["duty"], f"{where}.duty")
+
+
+def _duty(value: object, where: str) -> SimDuty | None:
+    """``{period_s: 50, busy: 0.4[, offset_s: 0]}``: busy 40 % of every 50 s."""
+    if value is None:
+        return None
+    data = _expect_mapping(value, where)
+    _check_keys(data, {"period_s", "busy", "offset_s"}, where)
+    period, busy = data.get("period_s"), data.get("busy")
+    offset = data.get("offset_s", 0.0)
+    if not _number(period) or not period > 0:  # type: ignore[operator]
+        raise ScenarioError(f"{where}.period_s: {period!r} is not a number of seconds > 0")
+    if not _number(busy) or not 0 <= busy <= 1:  # type: ignore[operator]
+        raise ScenarioError(f"{where}.busy: {busy!r} is not a share between 0 and 1")
+    if not _number(offset):
+        raise ScenarioError(f"{where}.offset_s: {offset!r} is not a number of seconds")
+    return SimDuty(float(period), float(busy), float(offset))  # type: ignore[arg-type]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_CGROUP_SHARES = ("throttled", "cpu_pressure", "io_pressure", "memory_pressure", "full")
+
+
+def _cgroup(value: object, where: str) -> SimCgroup | None:
+    """A container's ``cgroup:`` key (docs/simulator.md): shares 0..1, ``psi`` a boolean,
+    ``periods_per_s`` > 0."""
+    if value is None:
+        return None
+    data = _expect_mapping(value, where)
+    _check_keys(data, {*_CGROUP_SHARES, "psi", "periods_per_s"}, where)
+    for key in _CGROUP_SHARES:
+        share = data.get(key, 0.0)
+        if not _number(share) or not 0 <= share <= 1:
+            raise ScenarioError(f"{where}.{key}: {share!r} is not a share between 0 and 1")
+    if not isinstance(data.get("psi", True), bool):
+        raise ScenarioError(f"{where}.psi: expected true or false")
+    periods = data.get("periods_per_s", 10.0)
+    if not _number(periods) or not 0 < periods <= 1000:
+        raise ScenarioError(f"{where}.periods_per_s: {periods!r} is not above 0 and <= 1000")
+    return SimCgroup(
+        **{key: float(data[key]) for key in _CGROUP_SHARES if key in data},
+        psi=bool(data.get("psi", True)),
+        periods_per_s=float(periods),
+    )
 
 
 def _process(
@@ -506,7 +601,7 @@ def _pod(
     for c, raw in enumerate(data.get("containers") or []):
         cwhere = f"{where}.containers[{c}]"
         cont = _expect_mapping(raw, cwhere)
-        _check_keys(cont, {"name", "id", "devices", "limits", "processes"}, cwhere)
+        _check_keys(cont, {"name", "id", "devices", "limits", "processes", "cgroup"}, cwhere)
         cname = str(cont.get("name", f"c{c}"))
         devices = {str(k): [str(d) for d in v] for k, v in (cont.get("devices") or {}).items()}
         containers.append(
@@ -515,6 +610,7 @@ def _pod(
                 str(cont.get("id") or derived_container_id(node, key, cname)),
                 devices,
                 _limits(cont.get("limits"), f"{cwhere}.limits"),
+                _cgroup(cont.get("cgroup"), f"{cwhere}.cgroup"),
             )
         )
         for p, praw in enumerate(cont.get("processes") or []):
@@ -609,6 +705,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "timeline",
             "churn",
             "kernel_log",
+            "cgroup_version",
         },
         name,
     )
@@ -679,7 +776,15 @@ def parse_scenario(data: object, name: str) -> Scenario:
             for i, e in enumerate(root.get("call_errors") or [])
         ],
         kernel_log=_kernel_log(root.get("kernel_log") or {}, timeline),
+        cgroup_version=_cgroup_version(root.get("cgroup_version", 2)),
     )
+
+
+def _cgroup_version(value: object) -> int:
+    """The node's cgroup version: 2 (unified) or 1 (legacy: cpu.stat only, no PSI)."""
+    if value not in (1, 2) or isinstance(value, bool):
+        raise ScenarioError(f"cgroup_version: {value!r} is not 1 or 2")
+    return int(value)
 
 
 PROCESS_INFO_LAYOUTS = ("v2", "r535_early")

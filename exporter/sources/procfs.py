@@ -132,6 +132,30 @@ def parse_cgroup(text: str) -> Attribution:
     return best
 
 
+Location = tuple[str, int]  # (cgroup path as the file names it, cgroup version)
+
+
+def cgroup_location(text: str) -> Location | None:
+    """The cgroup whose counters belong to the container ``text`` attributes the process
+    to: the v2 ``0::`` path when that line names the pod or container (as
+    :func:`parse_cgroup` prefers it), else the path of the v1 line holding the ``cpu``
+    controller when it does (``cpu.stat`` lives in that hierarchy); None otherwise (a
+    host process, a file that names no pod). A ``(deleted)`` suffix is dropped."""
+    v1: Location | None = None
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3 or not _HIERARCHY_ID.fullmatch(parts[0]):
+            continue
+        path = parts[2].removesuffix(_DELETED_SUFFIX)
+        if _parse_path(path) == _NOTHING:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            return path, 2
+        if v1 is None and "cpu" in parts[1].split(","):
+            v1 = path, 1
+    return v1
+
+
 def cgroup_well_formed(text: str) -> bool:
     """Whether ``text`` is in the form the kernel writes ``/proc/<pid>/cgroup`` in: at
     least one line, each ``<hierarchy-id>:<controllers>:<absolute path>``
@@ -269,7 +293,8 @@ def _parse_stat(text: str) -> tuple[str | None, str | None]:
     return text[start + 1 : end], state
 
 
-_Known = tuple[str, Attribution]  # (start time, parsed cgroup identity)
+# (start time, parsed cgroup identity, the cgroup that identity came from)
+_Known = tuple[str, Attribution, Location | None]
 
 
 def _identify(
@@ -290,19 +315,21 @@ def _identify(
     start = _start_time(stat) if isinstance(stat, str) else None
     remember: _Known | None
     cgroup_read = cgroup_parsed = True
+    location: Location | None = None
     if start is not None and known is not None and known[0] == start:
-        ids, remember = known[1], known
+        ids, location, remember = known[1], known[2], known
     else:
         cgroup = _read_text(pid_dir / "cgroup", tally)
         if cgroup is _Vanished.GONE or not _still_running(pid_dir, start):
             return ProcessIdentity(pid=pid, alive=False), None
         cgroup_read = isinstance(cgroup, str)
         ids = parse_cgroup(cgroup) if isinstance(cgroup, str) else _NOTHING
+        location = cgroup_location(cgroup) if isinstance(cgroup, str) else None
         # Naming no pod makes a host process only if the file is a real cgroup file.
         cgroup_parsed = not isinstance(cgroup, str) or ids != _NOTHING or cgroup_well_formed(cgroup)
         # an unreadable or unparsed cgroup file is tried again next time
         understood = isinstance(cgroup, str) and cgroup_parsed
-        remember = (start, ids) if start is not None and understood else None
+        remember = (start, ids, location) if start is not None and understood else None
     if tally is not None:
         tally.live += 1
         tally.unreadable += not (cgroup_read or isinstance(stat, str))
@@ -316,6 +343,8 @@ def _identify(
         state=state,
         cgroup_read=cgroup_read,
         cgroup_parsed=cgroup_parsed,
+        cgroup_path=location[0] if location else None,
+        cgroup_version=location[1] if location else None,
     )
     return identity, remember
 
