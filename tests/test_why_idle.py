@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from exporter.agent import policy_from
 from exporter.analysis.idle import IdlePolicy
 from exporter.analysis.ledger import account_ledger
 from exporter.analysis.pipeline import Policy, analyse, initial_state
@@ -23,6 +24,7 @@ from exporter.analysis.why_idle import (
     throttled_share,
     why_idle,
 )
+from exporter.config import ConfigError, parse_config
 from exporter.exposition.metrics import ExpositionOptions, build_families
 from exporter.model import (
     IDLE_CAUSES,
@@ -361,3 +363,26 @@ def test_the_family_can_be_turned_off() -> None:
     options = ExpositionOptions(families=frozenset({"gpu_container_allocated_gpu_seconds"}))
     names = {m.name for m in build_families(analysis, options)}
     assert "gpu_container_idle_gpu_seconds" not in names
+
+
+# -- flags -----------------------------------------------------------------------------
+
+
+def test_the_thresholds_are_flags_with_their_defaults() -> None:
+    config = parse_config([], env={})
+    assert (config.why_idle_throttled_ratio, config.why_idle_pressure_ratio) == (0.2, 0.2)
+    config = parse_config(
+        ["--why-idle-throttled-ratio", "0.5"], env={"GPU_EXPORTER_WHY_IDLE_PRESSURE_RATIO": "0.1"}
+    )
+    assert policy_from(config).why_idle == WhyIdlePolicy(throttled_ratio=0.5, pressure_ratio=0.1)
+    snapshot = parse_config(["snapshot", "--why-idle-throttled-ratio", "0.3"], env={})
+    assert snapshot.why_idle_throttled_ratio == 0.3  # the snapshot's WHY IDLE uses them too
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-0.1", "1.5", "nan", "inf", "lots"])
+@pytest.mark.parametrize("flag", ["--why-idle-throttled-ratio", "--why-idle-pressure-ratio"])
+def test_a_threshold_outside_0_to_1_is_one_line_naming_the_flag(flag: str, value: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config([f"{flag}={value}"], env={})
+    message = str(raised.value)
+    assert "\n" not in message and flag in message and "0.01..0.99" in message
