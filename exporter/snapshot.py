@@ -12,7 +12,14 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from exporter.model import Analysis, ContainerRef, DeviceRef, GpuSample, MigInstance
+from exporter.model import (
+    Analysis,
+    ContainerRef,
+    DeviceRef,
+    GpuSample,
+    IdleReason,
+    MigInstance,
+)
 
 GIB = 1024**3
 
@@ -164,14 +171,41 @@ def _idle_lines(analysis: Analysis) -> list[str]:
     idle = [i for i in analysis.idle if i.idle_now]
     if not idle:
         return []
+    why = {r.container: r for r in analysis.why_idle}
     return [
         "",
         "ALLOCATED BUT IDLE",
         *_table(
-            ["NAMESPACE", "POD", "CONTAINER", "DEVICE", "IDLE SECONDS"],
-            ([*_names(i.container), i.device_id, f"{i.idle_seconds_total:.0f}"] for i in idle),
+            ["NAMESPACE", "POD", "CONTAINER", "DEVICE", "IDLE SECONDS", "WHY IDLE"],
+            (
+                [
+                    *_names(i.container),
+                    i.device_id,
+                    f"{i.idle_seconds_total:.0f}",
+                    why_idle_text(why.get(i.container)),
+                ]
+                for i in idle
+            ),
         ),
     ]
+
+
+def why_idle_text(reason: IdleReason | None) -> str:
+    """The likely cause and the share behind it ("cpu throttled 41%"); for ``unknown``,
+    the shares that were measured (none: no window), so "no cause" reads apart from "not
+    known". A correlation over the snapshot's window, not a proof (docs/why-idle.md)."""
+    if reason is None:
+        return "unknown (no cgroup reading)"
+    shares = {
+        "cpu throttled": reason.throttled_ratio,
+        "cpu pressure": reason.cpu_pressure_ratio,
+        "io pressure": reason.io_pressure_ratio,
+    }
+    if reason.cause != "unknown":
+        name = reason.cause.replace("_", " ")
+        return f"{name} {_pct(shares[name])}"
+    measured = [f"{name} {_pct(share)}" for name, share in shares.items() if share is not None]
+    return f"unknown ({', '.join(measured)})" if measured else "unknown (no window)"
 
 
 def _leak_lines(analysis: Analysis) -> list[str]:

@@ -116,3 +116,14 @@ def test_snapshot_names_orphan_holders_and_driver_held_memory() -> None:
     assert "driver-held (no process holds the device; reset the GPU): GPU 4\n" in out
     holder_line = next(ln for ln in out.splitlines() if "5302" in ln)
     assert holder_line.split() == ["3", "5302", "pt_data_worker", "ml", "trainer", "main", "holder"]
+
+
+@pytest.mark.slow  # a snapshot process on the simulated why-idle node (~2.5 s)
+def test_snapshot_json_says_why_each_gpu_container_may_be_idle() -> None:
+    """The why-idle scenario: the data-loader-starved pod's window reads CPU-throttled,
+    the notebook with CPU to spare reads no cause (docs/why-idle.md)."""
+    result = snapshot("--simulate", "why-idle", "--window", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    causes = {r["pod"]: r["cause"] for r in json.loads(result.stdout)["why_idle"]}
+    assert causes["loader-starved-0"] == "cpu_throttled"
+    assert causes["notebook-0"] == "unknown"

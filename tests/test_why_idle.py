@@ -7,12 +7,14 @@ allocation, at every cycle, the causes sum to its idle + no_process seconds.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from exporter.agent import policy_from
+from exporter.analysis.cgroup_signals import cgroup_signals
 from exporter.analysis.idle import IdlePolicy
 from exporter.analysis.ledger import account_ledger
 from exporter.analysis.pipeline import Policy, analyse, initial_state
@@ -30,6 +32,7 @@ from exporter.model import (
     IDLE_CAUSES,
     Allocation,
     Analysis,
+    Attribution,
     CgroupSnapshot,
     CgroupStats,
     ContainerDevices,
@@ -48,6 +51,7 @@ from exporter.model import (
     PodResourcesSnapshot,
     Pressure,
 )
+from exporter.snapshot import render_json, render_text, why_idle_text
 
 POLICY = WhyIdlePolicy(throttled_ratio=0.2, pressure_ratio=0.2)
 IDLE = IdlePolicy(threshold_ratio=0.05, max_gap_s=60.0)
@@ -159,12 +163,23 @@ def read(t: float, *containers: CgroupStats, ok: bool = True) -> CgroupSnapshot:
     return CgroupSnapshot(ok=ok, timestamp=t, containers=containers)
 
 
+def judge(
+    previous: Mapping[tuple[str, str], CgroupStats],
+    previous_t: float | None,
+    cgroups: CgroupSnapshot | None,
+) -> tuple[IdleReason, ...]:
+    """``why_idle`` with the containers named as the pod watch (META) names them."""
+    snapshot = NodeSnapshot("n", NvmlSnapshot(ok=True, timestamp=0), pod_meta=META, cgroups=cgroups)
+    signals = cgroup_signals(snapshot, Attribution())
+    return why_idle(previous, previous_t, cgroups, signals, POLICY)
+
+
 def test_a_window_needs_two_readings_of_the_same_cgroup() -> None:
     first = read(100.0, stats(1000, 100, cpu_us=0))
-    (reason,) = why_idle({}, None, first, META, POLICY)
+    (reason,) = judge({}, None, first)
     assert reason == IdleReason(MAIN, "unknown", None, None, None)  # nothing to compare
     then = read(105.0, stats(1050, 120, cpu_us=1_750_000))
-    (reason,) = why_idle(readings_by_key(first), 100.0, then, META, POLICY)
+    (reason,) = judge(readings_by_key(first), 100.0, then)
     assert reason.cause == "cpu_throttled"
     assert reason.throttled_ratio == pytest.approx(0.4)
     assert reason.cpu_pressure_ratio == pytest.approx(0.35)
@@ -173,33 +188,30 @@ def test_a_window_needs_two_readings_of_the_same_cgroup() -> None:
 
 def test_cgroup_v1_judges_throttling_only_and_a_version_change_is_no_window() -> None:
     v1 = read(0.0, stats(1000, 100, version=1))
-    (reason,) = why_idle(
-        readings_by_key(v1), 0.0, read(5.0, stats(1100, 105, version=1)), META, POLICY
-    )
+    (reason,) = judge(readings_by_key(v1), 0.0, read(5.0, stats(1100, 105, version=1)))
     assert reason.cause == "unknown" and reason.throttled_ratio == pytest.approx(0.05)
     assert reason.cpu_pressure_ratio is None and reason.io_pressure_ratio is None
     moved = read(5.0, stats(1100, 160, cpu_us=5, version=2))
-    (reason,) = why_idle(readings_by_key(v1), 0.0, moved, META, POLICY)
+    (reason,) = judge(readings_by_key(v1), 0.0, moved)
     assert reason == IdleReason(MAIN, "unknown", None, None, None)
 
 
 def test_a_restarted_container_has_an_unknown_window_then_a_new_one() -> None:
     before = readings_by_key(read(0.0, stats(1000, 300)))
-    (reason,) = why_idle(before, 0.0, read(5.0, stats(10, 8)), META, POLICY)  # counters reset
+    (reason,) = judge(before, 0.0, read(5.0, stats(10, 8)))  # counters reset
     assert reason.cause == "unknown" and reason.throttled_ratio is None
     after = readings_by_key(read(5.0, stats(10, 8)))
-    (reason,) = why_idle(after, 5.0, read(10.0, stats(60, 28)), META, POLICY)
+    (reason,) = judge(after, 5.0, read(10.0, stats(60, 28)))
     assert reason.cause == "cpu_throttled"
 
 
 def test_no_reading_or_a_source_down_or_an_unnamed_container_gives_no_reason() -> None:
     before = readings_by_key(read(0.0, stats(1000, 100)))
-    assert why_idle(before, 0.0, None, META, POLICY) == ()
-    assert why_idle(before, 0.0, read(5.0, stats(1100, 200), ok=False), META, POLICY) == ()
+    assert judge(before, 0.0, None) == ()
+    assert judge(before, 0.0, read(5.0, stats(1100, 200), ok=False)) == ()
     assert readings_by_key(read(5.0, stats(1, 1), ok=False)) == {}
-    assert why_idle(before, 0.0, read(5.0, stats(1100, 200)), None, POLICY) == ()
-    stranger = stats(1100, 200, container_id="other")
-    assert why_idle(before, 0.0, read(5.0, stranger), META, POLICY) == ()
+    stranger = stats(1100, 200, container_id="other")  # read, but nobody can name it
+    assert judge(before, 0.0, read(5.0, stranger)) == ()
 
 
 # -- the split: conservation -----------------------------------------------------------
@@ -386,3 +398,37 @@ def test_a_threshold_outside_0_to_1_is_one_line_naming_the_flag(flag: str, value
         parse_config([f"{flag}={value}"], env={})
     message = str(raised.value)
     assert "\n" not in message and flag in message and "0.01..0.99" in message
+
+
+# -- snapshot --------------------------------------------------------------------------
+
+
+def test_the_snapshot_shows_why_an_idle_allocation_is_idle_with_its_evidence() -> None:
+    """The ALLOCATED BUT IDLE table's WHY IDLE column: the cause and its share; unknown
+    with the shares measured, or why nothing was (no window yet, no reading)."""
+    node = Node()
+    node.cycle(0.0, read(1000.0, stats(0, 0, cpu_us=0)))
+    first = render_text(node.cycle(5.0, read(1005.0, stats(0, 0, cpu_us=0), ok=False)))
+    assert row_of(first) == ["GPU-0", "5", "unknown", "(no", "cgroup", "reading)"]
+    node.cycle(10.0, read(1010.0, stats(100, 10, cpu_us=0)))  # no window: down before
+    calm = render_text(node.cycle(15.0, read(1015.0, stats(200, 20, cpu_us=50_000))))
+    assert "unknown (cpu throttled 10%, cpu pressure 1%)" in calm
+    starved = node.cycle(20.0, read(1020.0, stats(300, 61, cpu_us=1_800_000)))
+    assert "cpu throttled 41%" in render_text(starved)
+    (reason,) = json.loads(render_json(starved))["why_idle"]
+    assert reason["cause"] == "cpu_throttled" and reason["throttled_ratio"] == 0.41
+    assert reason["pod"] == "loader-0" and reason["io_pressure_ratio"] is None
+
+
+def row_of(text: str) -> list[str]:
+    """The words of the one ALLOCATED BUT IDLE row after its container name."""
+    table = text.split("\nALLOCATED BUT IDLE\n")[1].split("\n\n")[0].splitlines()
+    assert "WHY IDLE" in table[0]
+    (row,) = table[1:]
+    return row.split()[3:]
+
+
+def test_why_idle_text_names_the_share_of_each_cause() -> None:
+    assert why_idle_text(IdleReason(MAIN, "cpu_pressure", 0.1, 0.35, None)) == "cpu pressure 35%"
+    assert why_idle_text(IdleReason(MAIN, "io_pressure", None, None, 0.5)) == "io pressure 50%"
+    assert why_idle_text(IdleReason(MAIN, "unknown", None, None, None)) == "unknown (no window)"

@@ -114,11 +114,12 @@ def analyse(
         policy=policy.idle,
         listed=listed(snapshot.pod_resources),
     )
+    signals = cgroup_signals(snapshot, attribution)
     reasons = why_idle(
         state.ledger.cgroup_readings,
         state.ledger.cgroup_timestamp,
         snapshot.cgroups,
-        snapshot.pod_meta,
+        signals,
         policy.why_idle,
     )
     ledger = account_ledger(
@@ -171,7 +172,7 @@ def analyse(
         container_shares=shares,
         container_limits=limits,
         pod_owners=pod_owners(snapshot.pod_meta, attribution, now=now),
-        cgroup_signals=cgroup_signals(snapshot, attribution),
+        cgroup_signals=signals,
         why_idle=reasons,
     )
     analysis, health_facts = with_transitions(analysis, state.health)

@@ -26,16 +26,16 @@ container whose GPU idles may be idle for another reason as well.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.model import (
     CgroupSnapshot,
     CgroupStats,
+    ContainerCgroup,
     ContainerRef,
     IdleCause,
     IdleReason,
-    PodMetaSnapshot,
     Pressure,
 )
 
@@ -131,38 +131,24 @@ def window(
     return IdleReason(container, cause_of(throttled, cpu, io, policy), throttled, cpu, io)
 
 
-def container_names(pod_meta: PodMetaSnapshot | None) -> dict[CgroupKey, ContainerRef]:
-    """(pod UID, bare container id) -> the container, as the pod watch names it."""
-    if pod_meta is None:
-        return {}
-    return {
-        (pod.uid, container_id): ContainerRef(pod.namespace, pod.name, name)
-        for pod in pod_meta.pods
-        for container_id, name in pod.containers
-    }
-
-
 def why_idle(
     previous: Mapping[CgroupKey, CgroupStats],
     previous_timestamp: float | None,
     cgroups: CgroupSnapshot | None,
-    pod_meta: PodMetaSnapshot | None,
+    signals: Sequence[ContainerCgroup],
     policy: WhyIdlePolicy,
 ) -> tuple[IdleReason, ...]:
-    """This cycle's reason for every GPU container read now that the pod watch can name
-    (a container it cannot name has no allocation to explain)."""
-    now = readings_by_key(cgroups)
-    if not now:
+    """This cycle's reason for every GPU container read now and named
+    (``exporter/analysis/cgroup_signals.py``: a container nobody can name has no
+    allocation to explain); none when the source did not read or could not."""
+    if cgroups is None or not cgroups.ok:
         return ()
-    assert cgroups is not None
     window_s = cgroups.timestamp - previous_timestamp if previous_timestamp is not None else 0.0
-    names = container_names(pod_meta)
-    out = [
-        window(names[key], previous.get(key), stats, window_s, policy)
-        for key, stats in now.items()
-        if key in names
-    ]
-    return tuple(sorted(out, key=lambda r: r.container))
+    out: dict[ContainerRef, IdleReason] = {}
+    for row in signals:
+        before = previous.get((row.stats.pod_uid, row.stats.container_id))
+        out.setdefault(row.container, window(row.container, before, row.stats, window_s, policy))
+    return tuple(out[c] for c in sorted(out))
 
 
 def causes(reasons: Iterable[IdleReason]) -> dict[ContainerRef, IdleCause]:
