@@ -52,6 +52,7 @@ from exporter.model import (
     Pressure,
 )
 from exporter.snapshot import render_json, render_text, why_idle_text
+from tests.harness import Scrape, simulated_exporter
 
 POLICY = WhyIdlePolicy(throttled_ratio=0.2, pressure_ratio=0.2)
 IDLE = IdlePolicy(threshold_ratio=0.05, max_gap_s=60.0)
@@ -432,3 +433,56 @@ def test_why_idle_text_names_the_share_of_each_cause() -> None:
     assert why_idle_text(IdleReason(MAIN, "cpu_pressure", 0.1, 0.35, None)) == "cpu pressure 35%"
     assert why_idle_text(IdleReason(MAIN, "io_pressure", None, None, 0.5)) == "io pressure 50%"
     assert why_idle_text(IdleReason(MAIN, "unknown", None, None, None)) == "unknown (no window)"
+
+
+# -- the simulated node ----------------------------------------------------------------
+
+LEDGER_FAMILY = "gpu_container_allocated_gpu_seconds_total"
+CAUSE_FAMILY = "gpu_container_idle_gpu_seconds_total"
+
+
+def by_allocation(
+    scrape: Scrape, family: str, label: str
+) -> dict[tuple[str, str], dict[str, float]]:
+    """(pod, device_id) -> {state or cause: seconds}."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for labels, value in scrape.find(family):
+        out.setdefault((labels["pod"], labels["device_id"]), {})[labels[label]] = value
+    return out
+
+
+@pytest.mark.slow  # 21 cycles of the why-idle scenario, scraped each (~2 s)
+@pytest.mark.parametrize("scenario", ["why-idle", "node-8gpu"])
+async def test_on_the_simulated_node_idle_time_goes_to_the_cause_the_cgroup_shows(
+    scenario: str,
+) -> None:
+    """5 s cycles after the first, over two of the starved pod's 50 s duty periods (105 s
+    counted): at every cycle every allocation's causes sum to its idle + no_process
+    seconds. On why-idle, the starved pod's idle time all goes to cpu_throttled; the
+    CPU-bound pod's GPU is busy (no idle time to explain); the notebook's idle time has
+    no CPU cause (unknown). node-8gpu's pods have no cgroup key: no CPU cause either."""
+    async with simulated_exporter(scenario) as h:
+        for _ in range(21):
+            await h.advance(5.0, cycle=False)
+            await h.refresh_pod_resources()
+            await h.cycle()
+            scrape = await h.scrape()
+            states = by_allocation(scrape, LEDGER_FAMILY, "state")
+            causes = by_allocation(scrape, CAUSE_FAMILY, "cause")
+            assert causes.keys() == states.keys() and states
+            for key, split in causes.items():
+                assert set(split) == set(IDLE_CAUSES), key
+                assert sum(split.values()) == pytest.approx(
+                    idle_and_no_process(states[key].items())
+                )
+    pods = {pod: split for (pod, _), split in causes.items()}
+    if scenario == "node-8gpu":
+        assert all(s == 0 for split in pods.values() for c, s in split.items() if c != "unknown")
+        assert any(split["unknown"] > 0 for split in pods.values())
+        return
+    starved = pods["loader-starved-0"]
+    assert starved["cpu_throttled"] >= 50.0  # idle 30 s of every 50 s
+    assert starved["cpu_throttled"] == pytest.approx(sum(starved.values()))
+    assert sum(pods["cpu-bound-0"].values()) == 0.0
+    notebook = pods["notebook-0"]
+    assert notebook["unknown"] == pytest.approx(105.0) == sum(notebook.values())
