@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import pytest
 
@@ -230,7 +230,7 @@ def _gpu(index: int, sm: float | None) -> GpuSample:
     return GpuSample(index=index, uuid=f"GPU-{index}", name="NVIDIA H100", occupancy=occupancy)
 
 
-def idle_and_no_process(seconds: Sequence[tuple[str, float]]) -> float:
+def idle_and_no_process(seconds: Iterable[tuple[str, float]]) -> float:
     return sum(s for state, s in seconds if state in ("idle", "no_process"))
 
 
