@@ -175,6 +175,7 @@ def test_there_are_rule_files_and_unit_tests() -> None:
     assert [p.relative_to(ALERTS).as_posix() for p in rule_files()] == [
         "gpu-occupancy-exporter.chargeback.yaml",
         "gpu-occupancy-exporter.recording.yaml",
+        "gpu-occupancy-exporter.rightsizing.yaml",
         "gpu-occupancy-exporter.rules.yaml",
         "compat/dcgm-exporter.recording.yaml",
     ]
