@@ -1417,6 +1417,61 @@ def _no_value(panel: Json, text: str) -> Json:
     return panel
 
 
+# The right-sizing recording rules (alerts/gpu-occupancy-exporter.rightsizing.yaml).
+SUGGESTION = "namespace_owner_model:gpu_rightsizing_suggestion:info"
+WORKLOAD = "on (namespace, owner_kind, owner_name, model)"
+
+
+def could_run_on() -> Json:
+    """One row per workload with a suggestion, and the evidence beside it: the 7-day p95s
+    it rests on and how much of the week they cover (a table of merged instant queries)."""
+    only = f"{{{LEDGER_NS}, {MODEL}}}"
+    suggested = f"{SUGGESTION}{only}"
+    evidence = [
+        ("p95 memory", "namespace_owner_model:gpu_memory_used_bytes:p95_7d", "bytes"),
+        ("p95 SM active", "namespace_owner_model:gpu_sm_active_ratio:p95_7d", "percentunit"),
+        ("observed", "namespace_owner_model:gpu_rightsizing_observed_seconds:count7d", "s"),
+    ]
+    targets = [target(suggested, instant=True, table=True)] + [
+        target(f"{name}{only} and {WORKLOAD} {suggested}", instant=True, table=True)
+        for _, name, _ in evidence
+    ]
+    panel = _panel(
+        "table",
+        "Could run on",
+        "Workloads (owner and GPU model) holding whole GPUs that the smallest MIG profile of "
+        "their model would hold with 20 % headroom over their 7-day p95 of GPU memory and of "
+        "SM activity, or that could share a GPU by time-slicing (at most a quarter of its SMs "
+        "and half its memory). Evidence beside each: the p95s and the time of the last 7 days "
+        "they rest on. Workloads that need a whole GPU, or whose SM activity is unknown "
+        "(no GPM), are not listed. Rules: alerts/gpu-occupancy-exporter.rightsizing.yaml.",
+        targets,
+        _field_config("none"),
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+            "sortBy": [{"displayName": "p95 memory", "desc": True}],
+        },
+        24,
+        8,
+    )
+    panel["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": title}, "properties": [{"id": "unit", "value": u}]}
+        for title, _, u in evidence
+    ]
+    hidden = {"Time": True, "__name__": True, "job": True, "Value #A": True}
+    rename = {f"Value #{ref}": title for ref, (title, _, _) in zip("BCD", evidence, strict=True)}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": hidden, "indexByName": {}, "renameByName": rename},
+        },
+    ]
+    return panel
+
+
 def waste() -> Json:
     """Fleet level, from the chargeback recording rules: no node, instance or GPU filter
     (the rules keep none of those labels), only namespace and GPU model."""
@@ -1579,6 +1634,10 @@ def waste() -> Json:
                         ratio=True,
                     ),
                 ],
+            ),
+            (
+                "Right-sizing",
+                [_no_value(could_run_on(), "No workload that less than a whole GPU would hold")],
             ),
             (
                 "Cost",
