@@ -23,6 +23,10 @@ device resolves to no GPU and was never sized, a profile larger than its GPU) ha
 ledger; one that was keeps its last weight. One device id listed twice for a container
 (under two resource names) is one allocation.
 
+The ``idle`` and ``no_process`` part of each step also goes to one likely cause
+(``exporter/analysis/why_idle.py``: the container's cgroup over the same cycle, else
+``unknown``), so an allocation's causes always sum to those two states.
+
 What is not known is carried, never dropped: while PodResources fails, every row goes on
 in ``unknown`` (a row ends only when a listing that worked no longer has it); while NVML
 does not list a device, its row keeps the GPU index, UUID and MIG labels NVML last gave,
