@@ -123,6 +123,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             {"name": "TZ", "value": "UTC"},
         ],
         "hostProc": {"hostPath": "/host-root/proc", "mountPath": "/hostproc"},
+        "hostCgroup": {"hostPath": "/host-root/sys/fs/cgroup", "mountPath": "/hostcgroup"},
         "podResources": {"hostPath": "/var/lib/k0s/kubelet/pod-resources"},
         "gpuNodeSelectorTerms": [
             {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
@@ -312,6 +313,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "gke-priority-quota": {"priorityClassQuota": {"enabled": True, "pods": 500}},
     # -- what the exporter writes to Kubernetes
     "no-kube-events": {"kubeEvents": {"enabled": False}},
+    "no-host-cgroup": {"hostCgroup": {"enabled": False}},
     "node-condition": {"nodeCondition": {"enabled": True}},
     "dra-device-taints": {"draDeviceTaints": {"enabled": True}},
     "dra-device-taints-no-schedule": {
@@ -729,6 +731,8 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     assert config.liveness_cycles == merged["livenessCycles"]
     assert config.pod_resources_interval_s == merged["podResourcesInterval"]
     assert str(config.proc_root) == merged["hostProc"]["mountPath"]
+    cgroup = merged["hostCgroup"]
+    assert config.cgroup_root == (Path(cgroup["mountPath"]) if cgroup["enabled"] else None)
     assert config.kube_api == ("off" if merged["kubeApi"] in ("off", False) else "auto")
     assert config.per_process_metrics is merged["perProcessMetrics"]
     assert config.families == select_families(
@@ -780,6 +784,30 @@ def test_host_proc_and_pod_resources_are_mounted_read_only() -> None:
     assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
     assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in main["args"]
+
+
+def test_host_cgroup_is_mounted_read_only_and_passed_or_turned_off() -> None:
+    """--cgroup-root (docs/why-idle.md): the host's /sys/fs/cgroup read-only by default;
+    hostCgroup.enabled false mounts nothing and turns the source off, never leaving the
+    exporter to read the container's own /sys/fs/cgroup."""
+    spec, main = pod_spec({}), container({})
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in main["volumeMounts"]}
+    assert volumes["host-cgroup"]["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    assert mounts["host-cgroup"] == {
+        "name": "host-cgroup",
+        "mountPath": "/host/sys/fs/cgroup",
+        "readOnly": True,
+    }
+    assert "--cgroup-root=/host/sys/fs/cgroup" in main["args"]
+    assert str(parse_config(main["args"], {"NODE_NAME": "n"}).cgroup_root) == "/host/sys/fs/cgroup"
+    off = {"hostCgroup": {"enabled": False}}
+    assert "host-cgroup" not in {v["name"] for v in pod_spec(off)["volumes"]}
+    assert "host-cgroup" not in {m["name"] for m in container(off)["volumeMounts"]}
+    assert "--cgroup-root=off" in container(off)["args"]
+    assert parse_config(container(off)["args"], {"NODE_NAME": "n"}).cgroup_root is None
+    moved = container({"hostCgroup": {"mountPath": "/hostcg"}})
+    assert "--cgroup-root=/hostcg" in moved["args"]
 
 
 @ALL_SETS

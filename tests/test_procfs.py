@@ -38,7 +38,7 @@ SD_BURSTABLE = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod
 SD_BESTEFFORT = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice"
 SD_GUARANTEED = f"/kubepods.slice/kubepods-pod{UID_}.slice"
 # The cgroup a process of (UID, CID) written with the default shape is attributed by.
-AT: dict[str, object] = {"cgroup_path": kubepods_path(UID, CID), "cgroup_version": 2}
+AT_PATH = kubepods_path(UID, CID)
 
 
 def v1(path: str, *, unified: str | None = None) -> str:
@@ -468,7 +468,14 @@ RAW_STAT = (
 def test_read_process_alive_in_pod(tmp_path: Path) -> None:
     write_process(tmp_path, 4242, comm="python3", state="R", cgroup=kubepods_cgroup(UID, CID))
     assert read_process(tmp_path, 4242) == ProcessIdentity(
-        pid=4242, alive=True, pod_uid=UID, container_id=CID, comm="python3", state="R", **AT
+        pid=4242,
+        alive=True,
+        pod_uid=UID,
+        container_id=CID,
+        comm="python3",
+        state="R",
+        cgroup_path=AT_PATH,
+        cgroup_version=2,
     )
 
 
@@ -571,7 +578,7 @@ def test_read_process_unreadable_stat_keeps_attribution(tmp_path: Path) -> None:
     (tmp_path / "12" / "stat").unlink()
     (tmp_path / "12" / "stat").mkdir()
     assert read_process(tmp_path, 12) == ProcessIdentity(
-        pid=12, alive=True, pod_uid=UID, container_id=CID, **AT
+        pid=12, alive=True, pod_uid=UID, container_id=CID, cgroup_path=AT_PATH, cgroup_version=2
     )
 
 
@@ -625,9 +632,13 @@ def test_process_reader_reads_a_known_pids_cgroup_only_once(tmp_path: Path) -> N
     write_process(tmp_path, 40, comm="trainer", state="D", cgroup=host_cgroup())
     (tmp_path / "40" / "cgroup").write_text("garbage that would not parse")
     second = reader.identify([40])
-    assert first == (ProcessIdentity(40, True, UID, CID, "trainer", "R", **AT),)
+    assert first == (
+        ProcessIdentity(40, True, UID, CID, "trainer", "R", cgroup_path=AT_PATH, cgroup_version=2),
+    )
     # state is fresh; the cgroup path is the one read first
-    assert second == (ProcessIdentity(40, True, UID, CID, "trainer", "D", **AT),)
+    assert second == (
+        ProcessIdentity(40, True, UID, CID, "trainer", "D", cgroup_path=AT_PATH, cgroup_version=2),
+    )
 
 
 def test_process_reader_rereads_the_cgroup_when_a_pid_is_reused(tmp_path: Path) -> None:

@@ -93,6 +93,11 @@ TokenReviews and SubjectAccessReviews. */}}
 - {{ printf "--liveness-cycles=%v" .Values.livenessCycles | quote }}
 - {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
 - {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
+{{- if .Values.hostCgroup.enabled }}
+- {{ printf "--cgroup-root=%s" .Values.hostCgroup.mountPath | quote }}
+{{- else }}
+- "--cgroup-root=off"
+{{- end }}
 - "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"
 - {{ printf "--kube-api=%s" (include "gpu-occupancy-exporter.kubeApi" .) | quote }}
 {{- with .Values.resourceNames }}
