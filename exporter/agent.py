@@ -29,9 +29,9 @@ from prometheus_client.registry import CollectorRegistry
 from exporter import __version__, allocator
 from exporter.analysis.health import HealthPolicy
 from exporter.analysis.idle import IdlePolicy
-from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.analysis.orphans import OrphanPolicy
 from exporter.analysis.pipeline import Policy, analyse, initial_state
+from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
