@@ -36,6 +36,7 @@ from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
+from exporter.model.families import EXPERIMENTAL, STABLE
 from exporter.registry import build_reporter, build_sources
 from exporter.reporting.events import EVENT_REASONS
 from exporter.reporting.health_log import log_transitions
@@ -76,7 +77,7 @@ class SelfMetrics:
     def register(cls, registry: CollectorRegistry) -> SelfMetrics:
         build = Gauge(
             "gpu_exporter_build_info",
-            "Exporter build; always 1.",
+            STABLE + "Exporter build; always 1.",
             ["version", "python_version"],
             registry=registry,
         )
@@ -84,33 +85,34 @@ class SelfMetrics:
         return cls(
             sample_duration=Histogram(
                 "gpu_exporter_sample_duration_seconds",
-                "Wall time of one sample cycle: sources and analysis, up to rendering.",
+                STABLE + "Wall time of one sample cycle: sources and analysis, up to rendering.",
                 buckets=SAMPLE_BUCKETS,
                 registry=registry,
             ),
             read_seconds=Gauge(
                 "gpu_exporter_source_read_seconds",
-                "Wall time of the last read of each source within a cycle.",
+                EXPERIMENTAL + "Wall time of the last read of each source within a cycle.",
                 ["source"],
                 registry=registry,
             ),
             errors=Counter(
                 "gpu_exporter_errors",
-                "Errors by source: failed NVML queries, failed refreshes, failed cycles.",
+                STABLE + "Errors by source: failed NVML queries, failed refreshes, failed cycles.",
                 ["source"],
                 registry=registry,
             ),
             events=Counter(
                 "gpu_exporter_events",
-                "Kubernetes Events by reason and what became of them: created, updated "
-                "(a series count), rate_limited, dropped (API unreachable or too many "
+                EXPERIMENTAL + "Kubernetes Events by reason and what became of them: created, "
+                "updated (a series count), rate_limited, dropped (API unreachable or too many "
                 "waiting), failed (the API refused).",
                 ["reason", "result"],
                 registry=registry,
             ),
             kube_writes=Counter(
                 "gpu_exporter_kube_writes",
-                "Writes of the node condition and DRA device taints to the Kubernetes API.",
+                EXPERIMENTAL
+                + "Writes of the node condition and DRA device taints to the Kubernetes API.",
                 ["kind", "result"],
                 registry=registry,
             ),

@@ -92,7 +92,8 @@ def container_of_or_none(proc: SimProcess) -> ContainerKey | None:
 
 
 def frozen(labels: dict[str, str]) -> Labels:
-    return frozenset(labels.items())
+    """A label set as served: a label without a value is not served (docs/metrics.md)."""
+    return frozenset((k, v) for k, v in labels.items() if v)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,7 @@ def served(scrape: Scrape, name: str, **labels: str) -> dict[Labels, float]:
 
 
 def served_pods(scrape: Scrape, name: str) -> set[str]:
-    return {labels["pod"] for labels, _ in scrape.find(name)}
+    return {labels.get("pod", "") for labels, _ in scrape.find(name)}
 
 
 def node_8gpu_with(*events: SimEvent) -> Scenario:
@@ -489,9 +490,9 @@ def test_host_processes_are_owner_host_and_the_killed_process_is_owner_dead(
 
     by_pid = {labels["pid"]: labels for labels, _ in scrape.find("gpu_process_memory_used_bytes")}
     for proc in host:
-        assert (by_pid[str(proc.pid)]["owner"], by_pid[str(proc.pid)]["pod"]) == ("host", "")
+        assert (by_pid[str(proc.pid)]["owner"], by_pid[str(proc.pid)].get("pod")) == ("host", None)
     for proc in dead:
-        assert (by_pid[str(proc.pid)]["owner"], by_pid[str(proc.pid)]["pod"]) == ("dead", "")
+        assert (by_pid[str(proc.pid)]["owner"], by_pid[str(proc.pid)].get("pod")) == ("dead", None)
     memory, count = expected_unattributed(scenario, with_meta(scenario))
     assert served(scrape, "gpu_unattributed_memory_used_bytes") == memory
     assert served(scrape, "gpu_unattributed_processes") == count

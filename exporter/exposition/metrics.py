@@ -81,10 +81,19 @@ class FamilyBuilder:
             kind, doc = CATALOGUE[name]
             family = self._families[name] = Metric(name, doc, kind)
         sample = f"{name}_total" if family.type == COUNTER else name
-        family.add_sample(sample, dict(labels), float(value))
+        family.add_sample(sample, _non_empty(labels), float(value))
 
     def families(self) -> list[Metric]:
         return list(self._families.values())
+
+
+def _non_empty(labels: Labels) -> dict[str, str]:
+    """The labels that have a value. Prometheus treats a label with an empty value as one
+    that is not set (https://prometheus.io/docs/concepts/data_model/; prometheus/docs#548),
+    so an empty value is never served: a host process's holder series has no ``pod``, an
+    unattributed process with no reason has no ``reason``; selectors such as ``pod=""``
+    still match (docs/metrics.md, "Sums that are safe")."""
+    return {k: v for k, v in labels.items() if v}
 
 
 def _device_labels(

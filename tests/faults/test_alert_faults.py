@@ -277,7 +277,7 @@ def served_state(outage: Outage, served: Served) -> str:
     ]
     owners = sorted(
         {
-            f"{labels['owner']}/{labels['reason']}" if labels["reason"] else labels["owner"]
+            f"{labels['owner']}/{labels['reason']}" if labels.get("reason") else labels["owner"]
             for labels, _ in last.find("gpu_unattributed_memory_used_bytes")
         }
     )

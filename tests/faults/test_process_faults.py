@@ -197,7 +197,7 @@ def test_as_nobody_on_a_partly_unreadable_proc_it_serves_and_says_unknown(
         return sum(
             v
             for labels, v in s.find("gpu_unattributed_memory_used_bytes", owner=owner)
-            if labels["reason"] == reason
+            if labels.get("reason", "") == reason
         )
 
     unknown = unattributed(after, "unknown", "process not read from /proc")
