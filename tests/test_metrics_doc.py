@@ -5,11 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.model.families import CATALOGUE
+from prometheus_client import CollectorRegistry
+
+from exporter.agent import SelfMetrics
+from exporter.model.families import CATALOGUE, stability
 from tests.harness import simulated_exporter
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `(gpu_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", re.MULTILINE)
+ROW_LINE = re.compile(r"^\| `(gpu_[a-z0-9_]+)` \| (gauge|counter|histogram) \|.*$", re.MULTILINE)
+STABILITY = re.compile(r"Stability: (stable|experimental|deprecated)\b")
 SELF_INSTRUMENTS = {
     "gpu_exporter_build_info",
     "gpu_exporter_errors",
@@ -77,3 +82,39 @@ async def test_every_emitted_metric_is_documented_and_every_documented_one_is_em
 def test_the_catalogue_and_the_document_list_the_same_metrics() -> None:
     doc = {family_name(name, kind) for name, kind in documented().items()}
     assert doc == set(CATALOGUE) | SELF_INSTRUMENTS
+
+
+def documented_levels() -> dict[str, list[str]]:
+    """Family -> every *Stability:* its row states (one expected)."""
+    text = DOC.read_text(encoding="utf-8")
+    return {
+        family_name(m.group(1), m.group(2)): STABILITY.findall(m.group(0))
+        for m in ROW_LINE.finditer(text)
+    }
+
+
+def served_help() -> dict[str, str]:
+    """Every family's HELP text: the catalogue's, and the agent's own instruments'."""
+    texts = {name: doc for name, (_, doc) in CATALOGUE.items()}
+    registry = CollectorRegistry()
+    SelfMetrics.register(registry)
+    texts.update((metric.name, metric.documentation) for metric in registry.collect())
+    return texts
+
+
+def test_every_family_has_one_stability_level_in_its_help_and_the_same_in_its_row() -> None:
+    helps = served_help()
+    assert set(helps) == set(CATALOGUE) | SELF_INSTRUMENTS
+    no_prefix = sorted(name for name, text in helps.items() if stability(text) is None)
+    assert no_prefix == [], "HELP must start with [STABLE], [EXPERIMENTAL] or [DEPRECATED]"
+    rows = documented_levels()
+    in_help = {name: [stability(text)] for name, text in helps.items()}
+    assert {name: rows.get(name, []) for name in helps} == in_help, (
+        "docs/metrics.md's 'Stability:' differs from the HELP text's level"
+    )
+
+
+def test_a_deprecated_family_names_its_replacement() -> None:
+    for name, text in served_help().items():
+        if stability(text) == "deprecated":
+            assert re.search(r"\buse gpu_[a-z_]+", text, re.IGNORECASE), name
