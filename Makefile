@@ -10,7 +10,7 @@ lint:  ## ruff, formatting, strict types for exporter/, benchmarks/ and dashboar
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy exporter
 	$(BIN)/mypy tests
-	$(BIN)/mypy benchmarks dashboards  # scripts importing each other by name: a run of their own
+	$(BIN)/mypy benchmarks dashboards image  # scripts importing each other by name: a run of their own
 
 test-fast:  ## everything but the e2e and slow tiers (about a minute)
 	$(BIN)/pytest -m "not e2e and not slow"

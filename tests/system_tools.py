@@ -14,12 +14,12 @@ REQUIRE_ENV = "GPU_EXPORTER_REQUIRE_SYSTEM_TOOLS"
 INSTALL_HINT = "apt-get install -y prometheus (Debian's package ships promtool too)"
 
 
-def require_tool(name: str) -> str:
+def require_tool(name: str, hint: str = INSTALL_HINT) -> str:
     """The path of ``name`` on PATH; else skip (fail where CI requires it)."""
     path = shutil.which(name)
     if path is not None:
         return path
-    reason = f"{name} not found on PATH; install it: {INSTALL_HINT}"
+    reason = f"{name} not found on PATH; install it: {hint}"
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{reason} ({REQUIRE_ENV}=1: required here)", pytrace=False)
     pytest.skip(reason)

@@ -1,10 +1,11 @@
 """The container image's install cannot silently rot.
 
-No container engine runs here or in CI, so the test repeats what the Dockerfile does:
+Wherever Python runs (no container engine needed), the test repeats what the Dockerfile does:
 it reads the Dockerfile's instructions, copies what each COPY copies (after the
 .dockerignore rules, as the build context would), runs each RUN step's ``pip`` commands
 with a fresh virtualenv's pip, then runs the installed console script. A RUN command the
 test does not know how to repeat fails it, so a new build step cannot slip past.
+tests/test_image_build.py builds and runs the real image where buildah is installed.
 """
 
 from __future__ import annotations
@@ -344,6 +345,17 @@ def test_install_steps_run_pip_from_the_dockerfile(build: Build) -> None:
     assert installs, "the Dockerfile installs nothing with pip"
     assert all("--no-cache-dir" in c for c in installs)
     assert not build.host_path("/src").exists(), "the sources should not stay in the image"
+
+
+def test_install_is_pinned_by_the_image_constraints(build: Build) -> None:
+    # image/constraints.txt (image/lock.py) pins every runtime dependency; pip's -c makes
+    # the image install exactly those versions (tests/test_image_build.py checks them).
+    installs = [c for c in build.pip_commands if "install" in c]
+    for command in installs:
+        assert "-c" in command, f"pip install without -c constraints: {command}"
+        constraints = Path(command[command.index("-c") + 1])
+        assert constraints.name == "constraints.txt"
+    assert "image/constraints.txt" in build_context(ROOT)
 
 
 def test_installed_console_script_reports_the_package_version(build: Build) -> None:
