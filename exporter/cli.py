@@ -70,8 +70,10 @@ def _load_scenario(name: str) -> Scenario:
 async def _simulated(config: Config, scenario: Scenario) -> tuple[Config, SimEnvironment]:
     """Start the simulated node and point the flags at it instead of the host."""
     from exporter.sim.environment import SimEnvironment
+    from exporter.sim.node import monotonic_clock
 
-    sim = SimEnvironment(scenario, kube_api=config.kube_api != "off")
+    clock = monotonic_clock(config.simulate_start_s, config.simulate_speed)
+    sim = SimEnvironment(scenario, clock=clock, kube_api=config.kube_api != "off")
     return _pointed_at(config, await sim.start()), sim
 
 
@@ -107,8 +109,15 @@ def _pointed_at(config: Config, paths: SimPaths) -> Config:
     )
 
 
+# Cycles a snapshot takes at most: --orphan-cycles beyond it would make an operator wait
+# minutes for one report; such orphans are the server's to confirm.
+SNAPSHOT_MAX_CYCLES = 10
+
+
 async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
-    """Two cycles ``--window`` apart through the exporter's own code path, then print.
+    """Cycles ``--window`` apart through the exporter's own code path, then print: two
+    (GPM occupancy needs two samples), or ``--orphan-cycles`` of them (at most
+    ``SNAPSHOT_MAX_CYCLES``), so that orphans confirmed over that many cycles can show.
     Exit status 1 when NVML was down: the report says why, a script can tell."""
     sim = None
     if scenario is not None:
@@ -117,8 +126,9 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
     try:
         await agent.start()
         await agent.cycle()
-        await asyncio.sleep(config.snapshot_window_s)
-        await agent.cycle()
+        for _ in range(max(2, min(config.orphan_cycles + 1, SNAPSHOT_MAX_CYCLES)) - 1):
+            await asyncio.sleep(config.snapshot_window_s)
+            await agent.cycle()
     finally:
         await agent.close()
         if sim is not None:

@@ -33,6 +33,9 @@ from exporter.model.vocabulary import (
     LIVENESS_MAX_CYCLES,
     LIVENESS_MIN_CYCLES,
     LIVENESS_STARTUP_GRACE_S,
+    SIMULATE_SPEED_MAX,
+    SIMULATE_SPEED_MIN,
+    SIMULATE_START_MAX_S,
 )
 from exporter.model.xid_classes import parse_overrides
 
@@ -97,6 +100,8 @@ class Config:
     cgroup_root: Path | None = None  # --cgroup-root; None: off (no cgroup source)
     why_idle_throttled_ratio: float = 0.2  # analysis/why_idle.py
     why_idle_pressure_ratio: float = 0.2
+    simulate_start_s: float = 0.0  # --simulate-start: the simulated clock's first reading
+    simulate_speed: float = 1.0  # --simulate-speed: simulated seconds per real second
 
 
 class _Parser(argparse.ArgumentParser):
@@ -373,6 +378,23 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "on a real node, so this process's CPU and memory are the exporter's own.",
         default=None,
         metavar="DIR",
+    )
+    add(
+        "--simulate-start",
+        "With --simulate: start the scenario's clock at this simulated second, its "
+        "timeline's events up to it applied at once, as if the node had been running "
+        "(e.g. 140 on node-8gpu: its XIDs, orphans and hog within a minute; README.md).",
+        default="0",
+        metavar="SECONDS",
+        bounds=Bounds(0, SIMULATE_START_MAX_S, "seconds"),
+    )
+    add(
+        "--simulate-speed",
+        "With --simulate: simulated seconds per real second. Counters grow per simulated "
+        "second, so rates over real time read this many times higher (docs/simulator.md).",
+        default="1",
+        metavar="FACTOR",
+        bounds=Bounds(SIMULATE_SPEED_MIN, SIMULATE_SPEED_MAX),
     )
     add(
         "--per-process-metrics",
@@ -688,6 +710,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
             "--simulate and --simulated-node both given: pick one (--simulate runs the "
             "whole simulated node in this process)"
         )
+    _check_simulated_clock(args)
     host, port = parse_host_port(args.listen)
     try:
         classes = args.xid_class or args.xid_severity  # the new name wins
@@ -754,7 +777,22 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         snapshot=snapshot,
         snapshot_json=bool(getattr(args, "json", False)),
         snapshot_window_s=getattr(args, "window", 1.0),
+        simulate_start_s=args.simulate_start,
+        simulate_speed=args.simulate_speed,
     )
+
+
+def _check_simulated_clock(args: argparse.Namespace) -> None:
+    """--simulate-start and --simulate-speed set the clock of a simulator in this
+    process: without --simulate there is none (a --simulated-node's clock is its own)."""
+    if args.simulate or (args.simulate_start == 0 and args.simulate_speed == 1):
+        return
+    fix = (
+        "give them to 'python -m exporter.sim', which owns that node's clock"
+        if args.simulated_node
+        else "add --simulate SCENARIO"
+    )
+    raise ConfigError(f"--simulate-start/--simulate-speed move a simulated clock: {fix}")
 
 
 def _cgroup_root(text: str) -> Path | None:

@@ -156,3 +156,12 @@ LIVENESS_DEFAULT_CYCLES: Final = 10
 LIVENESS_MIN_CYCLES: Final = 2
 LIVENESS_MAX_CYCLES: Final = 1000
 LIVENESS_STARTUP_GRACE_S: Final = 60.0
+
+
+# --simulate-start and --simulate-speed (the simulator's clock, exporter/sim/node.py
+# monotonic_clock): a start up to a week into a scenario; at most 100 simulated seconds
+# per real one (beyond it a 5 s sample cycle would skip whole minutes of the timeline),
+# at least 0.1.
+SIMULATE_START_MAX_S: Final = 7 * 86400.0
+SIMULATE_SPEED_MIN: Final = 0.1
+SIMULATE_SPEED_MAX: Final = 100.0

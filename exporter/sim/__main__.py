@@ -11,9 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from exporter.model.vocabulary import (
+    SIMULATE_SPEED_MAX,
+    SIMULATE_SPEED_MIN,
+    SIMULATE_START_MAX_S,
+)
 from exporter.sim.external import serve_until_signalled
 from exporter.sim.scenario import SHIPPED, ScenarioError, load_scenario
 
@@ -37,6 +44,21 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="serve the Kubernetes API stand-in (default on)",
     )
+    parser.add_argument(
+        "--simulate-start",
+        type=_bounded("--simulate-start", 0.0, SIMULATE_START_MAX_S),
+        default=0.0,
+        metavar="SECONDS",
+        help="start the scenario's clock at this simulated second, the timeline's events "
+        "up to it applied at once (default 0)",
+    )
+    parser.add_argument(
+        "--simulate-speed",
+        type=_bounded("--simulate-speed", SIMULATE_SPEED_MIN, SIMULATE_SPEED_MAX),
+        default=1.0,
+        metavar="FACTOR",
+        help="simulated seconds per real second (default 1)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sim-node: %(message)s")
     try:
@@ -48,8 +70,31 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"python -m exporter.sim: --dir {args.dir}: no such directory\n")
         return 2
     scenario = args.scenario if args.scenario in SHIPPED else str(Path(args.scenario).resolve())
-    asyncio.run(serve_until_signalled(scenario, args.dir, kube_api=args.kube_api == "on"))
+    asyncio.run(
+        serve_until_signalled(
+            scenario,
+            args.dir,
+            kube_api=args.kube_api == "on",
+            start_s=args.simulate_start,
+            speed=args.simulate_speed,
+        )
+    )
     return 0
+
+
+def _bounded(flag: str, low: float, high: float) -> Callable[[str], float]:
+    """A number in ``low..high``; argparse turns the error into one line and exit 2."""
+
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"{text} is not in the range {low:g}..{high:g}")
+        return value
+
+    return check
 
 
 if __name__ == "__main__":

@@ -77,6 +77,11 @@ class SimEnvironment:
         # when it changes; a new start time is a new process on a reused pid.
         self._written: dict[int, tuple[int, str, tuple[object, ...]]] = {}
         self._kube_pods: dict[str, dict[str, Any]] = {}
+        # The scenario's pods before any timeline event: a process first written after
+        # its pod was deleted (a clock started late, --simulate-start) still lives in that
+        # pod's cgroup, as on a node that had been running. Only these: churn's pods come
+        # and go for ever, and this must not grow with them.
+        self._first_pods = {f"{p.namespace}/{p.name}": p for p in scenario.pods}
         self._kube_slices: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> SimPaths:
@@ -147,7 +152,7 @@ class SimEnvironment:
             self.kernel_log.sync()
             if self.cgroups is not None:
                 self.cgroups.sync(node.pods, node.now())
-            pods = {f"{p.namespace}/{p.name}": p for p in node.pods}
+            pods = {**self._first_pods, **{f"{p.namespace}/{p.name}": p for p in node.pods}}
             alive = {p.pid: p for p in node.processes if p.alive}
             for pid in set(self._written) - set(alive):
                 remove_process(self.paths.proc_root, pid)

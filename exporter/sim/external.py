@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.sim.node import SimNode
+from exporter.sim.node import SimNode, monotonic_clock
 from exporter.sim.nvml_library import SimNvmlLibrary, install
 from exporter.sim.paths import SimPaths
 from exporter.sim.scenario import ScenarioError, load_scenario
@@ -84,8 +84,12 @@ def _describe(directory: Path, scenario: str, paths: SimPaths, clock: dict[str, 
 def _clock(directory: Path, spec: dict[str, Any]) -> Callable[[], float]:
     if spec["kind"] == "shared":
         return SharedClock(directory / CLOCK_FILE)
-    start = float(spec["monotonic_start"])
-    return lambda: time.monotonic() - start
+    # start_s and speed: --simulate-start and --simulate-speed of the serving process
+    return monotonic_clock(
+        float(spec.get("start_s", 0.0)),
+        float(spec.get("speed", 1.0)),
+        origin=float(spec["monotonic_start"]),
+    )
 
 
 def attach(directory: Path) -> Attached:
@@ -113,9 +117,16 @@ def attach(directory: Path) -> Attached:
 
 
 async def serve(
-    scenario: str, directory: Path, *, kube_api: bool = True, shared_clock: bool = False
+    scenario: str,
+    directory: Path,
+    *,
+    kube_api: bool = True,
+    shared_clock: bool = False,
+    start_s: float = 0.0,
+    speed: float = 1.0,
 ) -> SimEnvironment:
-    """Start the node's outer edge (no NVML library) and describe it in ``directory``."""
+    """Start the node's outer edge (no NVML library) and describe it in ``directory``;
+    ``start_s`` and ``speed`` set its monotonic clock (node.py ``monotonic_clock``)."""
     from exporter.sim.environment import SimEnvironment  # not needed by attach()
 
     spec: dict[str, Any]
@@ -123,17 +134,19 @@ async def serve(
         clock: Callable[[], float] = SharedClock(directory / CLOCK_FILE, create=True)
         spec = {"kind": "shared"}
     else:
-        start = time.monotonic()
-        clock = lambda: time.monotonic() - start  # noqa: E731
-        spec = {"kind": "monotonic", "monotonic_start": start}
+        origin = time.monotonic()
+        clock = monotonic_clock(start_s, speed, origin=origin)
+        spec = {"kind": "monotonic", "monotonic_start": origin, "start_s": start_s, "speed": speed}
     env = SimEnvironment(load_scenario(scenario), clock=clock, kube_api=kube_api, nvml=False)
     paths = await env.start()
     _describe(directory, scenario, paths, spec)
     return env
 
 
-async def serve_until_signalled(scenario: str, directory: Path, *, kube_api: bool) -> None:
-    env = await serve(scenario, directory, kube_api=kube_api)
+async def serve_until_signalled(
+    scenario: str, directory: Path, *, kube_api: bool, start_s: float = 0.0, speed: float = 1.0
+) -> None:
+    env = await serve(scenario, directory, kube_api=kube_api, start_s=start_s, speed=speed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

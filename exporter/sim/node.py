@@ -114,10 +114,16 @@ class ManualClock:
         self.now += seconds
 
 
-def monotonic_clock() -> Callable[[], float]:
-    """Seconds since the simulation started, on the real clock."""
-    start = time.monotonic()
-    return lambda: time.monotonic() - start
+def monotonic_clock(
+    start_s: float = 0.0, speed: float = 1.0, *, origin: float | None = None
+) -> Callable[[], float]:
+    """Simulated seconds on the real clock: ``start_s`` at ``origin`` (a
+    ``time.monotonic()`` reading; default now), then ``speed`` simulated seconds per real
+    second (``--simulate-start``, ``--simulate-speed``: a demo need not wait for its
+    story). Every simulated counter is a function of this one clock, so a start offset or
+    a speed moves them all together and none ever runs backwards."""
+    t0 = time.monotonic() if origin is None else origin
+    return lambda: start_s + (time.monotonic() - t0) * speed
 
 
 class SimNode:
@@ -146,7 +152,10 @@ class SimNode:
         self.clock_event_ns: dict[int, dict[str, float]] = {
             gpu.index: dict.fromkeys(CLOCK_EVENT_BITS, 0.0) for gpu in self.scenario.gpus
         }
-        self._integrated_to = self.clock()
+        # Integrated from simulated time 0 (not from the clock's start): a node started
+        # at --simulate-start T has counters as if it had run since 0, the timeline's
+        # events applied in turn on the first look.
+        self._integrated_to = min(0.0, self.clock())
         self._applied = 0  # timeline events applied: the version of the node's state
         self._rates_at = -1
         self._rates_cache: dict[tuple[int, int | None], dict[str, float]] = {}
