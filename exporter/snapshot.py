@@ -19,6 +19,7 @@ from exporter.model import (
     GpuSample,
     IdleReason,
     MigInstance,
+    SharedGpu,
 )
 
 GIB = 1024**3
@@ -239,6 +240,99 @@ def _unowned_lines(analysis: Analysis) -> list[str]:
     ]
 
 
+# A container with more than this share of a shared GPU's SM time, among at least two
+# that wanted the GPU, on a GPU busy above HOG_BUSY (below it nobody had to wait), is its
+# hog: the GPUTimeSliceHog alert's thresholds (docs/shared-gpus.md).
+HOG_SHARE = 0.75
+HOG_BUSY_PERCENT = 90
+
+
+def _shared_lines(analysis: Analysis) -> list[str]:
+    """Per shared GPU: its containers and how many wanted it, the memory headroom and
+    the hog; then per container: its share of the turns, the deviation from an equal
+    share, its recent growth and what HAMi promised it ("-": no sample, no limit)."""
+    if not analysis.shared_gpus:
+        return []
+    shares = {(c.container, c.device.uuid): c for c in analysis.container_shares}
+    limits = {(c.container, c.device.uuid): c for c in analysis.container_limits}
+    used = {
+        (c.container, c.device.uuid): c.memory_used_bytes for c in analysis.attribution.containers
+    }
+    lines = [
+        "",
+        "SHARED GPUS (SM-TIME SHARE: part of the turns; HEADROOM: what the next allocation gets)",
+    ]
+    lines += _table(
+        ["GPU", "CONTAINERS", "ACTIVE", "HEADROOM GiB", "HOG"],
+        (
+            [
+                g.device.gpu,
+                g.containers,
+                g.active_containers,
+                _gib(g.memory_headroom_bytes),
+                _hog(g, analysis),
+            ]
+            for g in _by_index(analysis.shared_gpus)
+        ),
+    )
+    rows = []
+    for gpu in _by_index(analysis.shared_gpus):
+        uuid = gpu.device.uuid
+        for key in sorted(k for k in shares.keys() | limits.keys() if k[1] == uuid):
+            share, limit = shares.get(key), limits.get(key)
+            rows.append(
+                [
+                    gpu.device.gpu,
+                    *_names(key[0]),
+                    _pct(share.sm_time_share if share else None),
+                    _signed_pct(share.fair_share_deviation if share else None),
+                    _gib(used[key]) if key in used else None,
+                    _gib(share.memory_growth_bytes) if share else None,
+                    _gib(limit.memory_limit_bytes) if limit and limit.memory_limit_bytes else None,
+                    _pct(limit.sm_limit_ratio if limit else None),
+                ]
+            )
+    lines += [""]
+    lines += _table(
+        [
+            "GPU",
+            "NAMESPACE",
+            "POD",
+            "CONTAINER",
+            "SM-TIME SHARE",
+            "VS EQUAL",
+            "MEM GiB",
+            "GROWTH GiB",
+            "HAMI MEM GiB",
+            "HAMI SM",
+        ],
+        rows,
+    )
+    return lines
+
+
+def _hog(gpu: SharedGpu, analysis: Analysis) -> str | None:
+    """The container over ``HOG_SHARE`` of the turns, with its share; None: no hog."""
+    busy = {g.uuid: g.utilization_gpu_percent for g in analysis.node.nvml.gpus}.get(
+        gpu.device.uuid or ""
+    )
+    if gpu.active_containers < 2 or busy is None or busy <= HOG_BUSY_PERCENT:
+        return None
+    for c in analysis.container_shares:
+        if c.device.uuid == gpu.device.uuid and (c.sm_time_share or 0.0) > HOG_SHARE:
+            ref = c.container
+            return f"{ref.namespace}/{ref.pod}/{ref.container} {_pct(c.sm_time_share)}"
+    return None
+
+
+def _by_index(gpus: Iterable[SharedGpu]) -> list[SharedGpu]:
+    return sorted(gpus, key=lambda g: (g.device.gpu is None, g.device.gpu or 0))
+
+
+def _signed_pct(ratio: float | None) -> str | None:
+    return None if ratio is None else f"{round(ratio * 100) or 0:+d}%"  # never "-0%"
+
+
 def _xid_lines(analysis: Analysis) -> list[str]:
     lines: list[str] = []
     for title, counts in (
@@ -352,6 +446,7 @@ SECTIONS: tuple[Callable[[Analysis], list[str]], ...] = (
     _leak_lines,
     _unowned_lines,
     _orphan_lines,
+    _shared_lines,
     _xid_lines,
     _capacity_lines,
 )
