@@ -3,8 +3,16 @@ trees written in a temporary directory in the kernel's formats."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -22,6 +30,7 @@ from exporter.sim.proctree import DRIVERS, QOS_CLASSES, RUNTIMES, kubepods_path
 from exporter.sources.base import Cycle
 from exporter.sources.cgroups import (
     MAX_CONTAINERS,
+    MAX_LOOKUPS,
     READ_LIMIT,
     CgroupReader,
     parse_cpu_stat,
@@ -324,17 +333,270 @@ def test_the_found_path_is_kept_while_it_exists(tmp_path: Path) -> None:
     assert len(reader.read(cycle).containers) == 1
 
 
-def test_at_most_max_containers_a_cycle_and_the_rest_counted(
+def test_at_most_max_lookups_a_cycle_and_the_rest_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = v2_root(tmp_path)
     processes = [
-        gpu_process(None, cid=f"{n:064x}") for n in range(MAX_CONTAINERS + 5)
+        gpu_process(None, cid=f"{n:064x}") for n in range(MAX_LOOKUPS + 5)
     ]  # none has a cgroup: each is searched (and not found), bounded all the same
     reader = CgroupReader(root)
     with caplog.at_level(logging.WARNING, logger="exporter.sources.cgroups"):
         reader.read(cycle_with(*processes))
         reader.read(cycle_with(*processes))
     assert reader.errors_total == 10
-    caps = [r for r in caplog.records if "over the 1024" in r.getMessage()]
+    caps = [r for r in caplog.records if "over the 1024 found" in r.getMessage()]
     assert len(caps) == 1
+
+
+# -- hostile trees (adversarial review of issue 24) --------------------------------------
+# Each fault costs at most its own field or container, never the cycle or a neighbour.
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "9" * 400,  # parsed by int(), then an OverflowError in float(): every cycle failed
+        "9" * 5000,  # past int()'s 4,300-digit limit: ValueError
+        str(1 << 64),  # no u64
+        "9" * 21,
+        "\u00b2",  # SUPERSCRIPT TWO: str.isdigit() is True, int() raises
+        "\u0661\u0662",  # ARABIC-INDIC DIGITS ONE TWO: int() accepted them as 12
+        "12\u0663",
+        "-1",
+        "1e3",
+    ],
+)
+def test_a_counter_that_is_no_u64_is_none(value: str) -> None:
+    assert parse_cpu_stat(f"nr_periods {value}\nnr_throttled 4\n", 2) == (None, 4, None)
+    psi = f"some avg10=0.00 avg60=0.00 avg300=0.00 total={value}\nfull total=7\n"
+    assert parse_pressure(psi) == Pressure(None, 7)
+
+
+def test_the_largest_u64_is_a_counter() -> None:
+    largest = (1 << 64) - 1
+    assert parse_cpu_stat(f"nr_periods {largest}\n", 2)[0] == largest
+    assert parse_pressure(f"some total={largest}\n") == Pressure(largest, None)
+
+
+def test_a_huge_counter_costs_its_field_only_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = v2_root(tmp_path)
+    bad, good = kubepods_path(UID, CID), kubepods_path(UID, CID2)
+    huge = "9" * 400
+    write_container(root, bad, {"cpu.stat": f"nr_periods {huge}\nnr_throttled 1\n"})
+    write_container(root, good)
+    (root / bad.lstrip("/") / "cpu.pressure").write_text(f"some total={huge}\n")
+    reader = CgroupReader(root)
+    cycle = cycle_with(gpu_process(bad), gpu_process(good, cid=CID2))
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.cgroups"):
+        for _ in range(3):
+            snapshot = reader.read(cycle)
+    rows = {s.container_id: s for s in snapshot.containers}
+    assert rows[CID].nr_periods is None and rows[CID].nr_throttled == 1
+    assert rows[CID].cpu_pressure == Pressure(None, None)
+    assert rows[CID2].nr_periods == 1200 and rows[CID2].cpu_pressure is not None
+    counters = [r.getMessage() for r in caplog.records if "ASCII digits" in r.getMessage()]
+    assert len(counters) == 2, counters  # cpu.stat once, cpu.pressure once
+
+
+def _read_in_thread(reader: CgroupReader, cycle: Cycle) -> list[object]:
+    """The reader's result within 10 s, else [] (it blocked)."""
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(reader.read(cycle)), daemon=True)
+    thread.start()
+    thread.join(10)
+    return result
+
+
+@pytest.mark.parametrize("name", ["cpu.stat", "io.pressure"])
+def test_a_fifo_where_a_file_should_be_is_none_and_never_blocks(tmp_path: Path, name: str) -> None:
+    root = v2_root(tmp_path)
+    path = kubepods_path(UID, CID)
+    directory = write_container(root, path)
+    (directory / name).unlink()
+    os.mkfifo(directory / name)
+    reader = CgroupReader(root)
+    try:
+        result = _read_in_thread(reader, cycle_with(gpu_process(path)))
+    finally:  # release a reader blocked in open() (the bug) so the test can end
+        with contextlib.suppress(OSError):
+            os.close(os.open(directory / name, os.O_WRONLY | os.O_NONBLOCK))
+    assert result, "the read blocked on a FIFO"
+    (stats,) = result[0].containers  # type: ignore[attr-defined]
+    if name == "cpu.stat":
+        assert stats.nr_periods is None and stats.cpu_pressure is not None
+    else:
+        assert stats.io_pressure is None and stats.nr_periods == 1200
+    assert reader.errors_total == 1
+
+
+def test_a_device_where_a_file_should_be_is_none(tmp_path: Path) -> None:
+    """A symlink to /dev/zero would read zeros forever (bounded, but no reading)."""
+    root = v2_root(tmp_path)
+    path = kubepods_path(UID, CID)
+    directory = write_container(root, path)
+    (directory / "cpu.stat").unlink()
+    (directory / "cpu.stat").symlink_to("/dev/zero")
+    (stats,) = CgroupReader(root).read(cycle_with(gpu_process(path))).containers
+    assert stats.nr_periods is None and stats.cpu_pressure is not None
+
+
+def test_a_path_over_path_max_is_searched_and_costs_nobody_anything(tmp_path: Path) -> None:
+    """A GPU process in a cgroup nested past PATH_MAX (procfs reads 64 KiB): looking
+    the path up raised ENAMETOOLONG and every container lost its reading."""
+    root = v2_root(tmp_path)
+    path, neighbour = kubepods_path(UID, CID), kubepods_path(UID, CID2)
+    write_container(root, path)
+    write_container(root, neighbour)
+    deep = path + "/" + "/".join(["n" * 200] * 25)
+    reader = CgroupReader(root)
+    snapshot = reader.read(cycle_with(gpu_process(deep), gpu_process(neighbour, cid=CID2)))
+    assert [s.nr_periods for s in snapshot.containers] == [1200, 1200]
+    # a segment past NAME_MAX, above the container's own: no path the kernel wrote
+    long_segment = "/" + "x" * 300 + path
+    assert reader.read(cycle_with(gpu_process(long_segment))).containers[0].nr_periods == 1200
+
+
+def test_a_process_in_a_sub_cgroup_reads_its_containers_cgroup(tmp_path: Path) -> None:
+    """The quota, and so the throttling, is the container's: a nested leaf (systemd in
+    the container, a delegated cgroup) has none, and may go at any time."""
+    root = v2_root(tmp_path)
+    path = kubepods_path(UID, CID)
+    directory = write_container(root, path)
+    write_container(directory, "worker", {"cpu.stat": "nr_periods 0\nnr_throttled 0\n"})
+    (stats,) = CgroupReader(root).read(cycle_with(gpu_process(path + "/worker"))).containers
+    assert (stats.nr_periods, stats.nr_throttled) == (1200, 480)
+
+
+def test_a_hint_without_the_containers_segment_is_searched(tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    write_container(root, kubepods_path(UID, CID))
+    other = write_container(root, "/elsewhere", {"cpu.stat": "nr_periods 1\nnr_throttled 1\n"})
+    assert other.is_dir()
+    (stats,) = CgroupReader(root).read(cycle_with(gpu_process("/elsewhere"))).containers
+    assert stats.nr_periods == 1200
+
+
+# -- permissions: the chart runs the exporter as a non-root user -------------------------
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory another user can reach (pytest's tmp_path is the owner's only)."""
+    base = Path(tempfile.mkdtemp(prefix="cgroup-test-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        for directory, _, _ in os.walk(base):
+            os.chmod(directory, 0o755)
+        shutil.rmtree(base)
+
+
+def as_unprivileged(job: Callable[[], object]) -> object:
+    """``job()``'s result, run as uid/gid 65534 (in a child process when we are root:
+    root searches any directory) and passed back pickled."""
+    if os.geteuid() != 0:
+        return job()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                result: object = job()
+            except Exception as exc:  # the failure, reported to the parent
+                result = f"raised {type(exc).__name__}: {exc}"
+            with os.fdopen(write_end, "wb") as out:
+                pickle.dump(result, out)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as source:
+        data = source.read()
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+
+
+def test_a_pod_directory_that_cannot_be_searched_costs_that_container_only(
+    shared_dir: Path,
+) -> None:
+    root = v2_root(shared_dir)
+    other_uid = "11111111-2222-3333-4444-555555555555"
+    write_container(root, kubepods_path(other_uid, CID2))
+    locked = write_container(root, kubepods_path(UID, CID))
+    locked.parent.chmod(0o700)  # the pod's directory: its owner only
+    pods = (
+        PodMeta(uid=other_uid, namespace="ns", name="ok", containers=((CID2, "c"),)),
+        PodMeta(uid=UID, namespace="ns", name="locked", containers=((CID, "c"),)),
+    )
+    rows = tuple(
+        ContainerDevices("ns", pod, "c", "nvidia.com/gpu", (f"GPU-{n}",))
+        for n, pod in enumerate(("ok", "locked"))
+    )
+    cycle = cycle_with(
+        gpu_process(kubepods_path(UID, CID)),  # with a hint, and searched too
+        pod_meta=PodMetaSnapshot(ok=True, timestamp=0.0, pods=pods),
+        pod_resources=PodResourcesSnapshot(ok=True, timestamp=0.0, containers=rows),
+    )
+
+    def job() -> object:
+        reader = CgroupReader(root)
+        snapshot = reader.read(cycle)
+        return snapshot.ok, [s.container_id for s in snapshot.containers], reader.errors_total
+
+    assert as_unprivileged(job) == (True, [CID2], 1)
+
+
+def test_a_root_that_cannot_be_searched_puts_the_source_down_with_the_reason(
+    shared_dir: Path,
+) -> None:
+    root = v2_root(shared_dir)
+    root.chmod(0o700)
+
+    def job() -> object:
+        reader = CgroupReader(root)
+        snapshot = reader.read(cycle_with())
+        return snapshot.ok, snapshot.error, reader.status().up
+
+    ok, error, up = cast(tuple[bool, str, bool], as_unprivileged(job))
+    assert (ok, up) == (False, False)
+    assert "cannot be read (Permission denied)" in error and "--cgroup-root off" in error
+
+
+# -- the cap: a window that turns, slots only for containers found -----------------------
+
+
+def test_over_the_cap_the_window_turns_so_no_container_is_starved(tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    processes = []
+    for n in range(MAX_CONTAINERS + 6):
+        cid = f"{n:064x}"
+        path = kubepods_path(UID, cid)
+        write_container(root, path, {"cpu.stat": CPU_STAT_V2})
+        processes.append(gpu_process(path, cid=cid))
+    reader = CgroupReader(root)
+    cycle = cycle_with(*processes)
+    unread: list[set[str]] = []
+    for _ in range(3):
+        read = {s.container_id for s in reader.read(cycle).containers}
+        assert len(read) == MAX_CONTAINERS
+        unread.append({p.container_id or "" for p in processes} - read)
+    assert unread[0] != unread[1] != unread[2] and not unread[0] & unread[1]
+    assert reader.errors_total == 3 * 6
+
+
+def test_containers_whose_cgroups_are_gone_use_no_slots(tmp_path: Path) -> None:
+    root = v2_root(tmp_path)
+    gone = [gpu_process(None, cid=f"{n:064x}") for n in range(MAX_CONTAINERS)]
+    real = "f" * 64  # sorted after every key that uses no slot
+    write_container(root, kubepods_path(UID, real))
+    processes = [*gone, gpu_process(kubepods_path(UID, real), cid=real)]
+    reader = CgroupReader(root)
+    assert [s.container_id for s in reader.read(cycle_with(*processes)).containers] == [real]
+    assert reader.errors_total == 0
