@@ -32,6 +32,7 @@ from exporter.model import (
     IDLE_CAUSES,
     Allocation,
     Analysis,
+    AttributedProcess,
     Attribution,
     CgroupSnapshot,
     CgroupStats,
@@ -50,6 +51,7 @@ from exporter.model import (
     PodMetaSnapshot,
     PodResourcesSnapshot,
     Pressure,
+    ProcessIdentity,
 )
 from exporter.snapshot import render_json, render_text, why_idle_text
 from tests.harness import Scrape, simulated_exporter
@@ -486,3 +488,76 @@ async def test_on_the_simulated_node_idle_time_goes_to_the_cause_the_cgroup_show
     assert sum(pods["cpu-bound-0"].values()) == 0.0
     notebook = pods["notebook-0"]
     assert notebook["unknown"] == pytest.approx(105.0) == sum(notebook.values())
+
+
+# -- adversarial review of issue 24 ------------------------------------------------------
+
+OLD, NEW = "a" * 64, "b" * 64
+
+
+def _process(pid: int, container_id: str) -> tuple[ProcessIdentity, AttributedProcess]:
+    """A GPU process of train/loader-0/main in the cgroup of ``container_id``."""
+    identity = ProcessIdentity(pid, True, pod_uid="uid-1", container_id=container_id)
+    attributed = AttributedProcess(
+        0, "GPU-0", None, None, None, pid, 1 << 30, None, "compute", "pod",
+        namespace="train", pod="loader-0", container="main",
+    )  # fmt: skip
+    return identity, attributed
+
+
+def _signals(
+    watch: PodMetaSnapshot | None, *processes: tuple[ProcessIdentity, AttributedProcess]
+) -> list[tuple[ContainerRef, str]]:
+    cgroups = read(0.0, stats(900_000, 800_000, container_id=OLD), stats(10, 0, container_id=NEW))
+    snapshot = NodeSnapshot(
+        "n",
+        NvmlSnapshot(ok=True, timestamp=0.0),
+        timestamp=0.0,
+        processes=tuple(p for p, _ in processes),
+        pod_meta=watch,
+        cgroups=cgroups,
+    )
+    attribution = Attribution(processes=tuple(a for _, a in processes))
+    return [
+        (row.container, row.stats.container_id) for row in cgroup_signals(snapshot, attribution)
+    ]
+
+
+def test_a_restarted_container_with_its_old_process_lingering_is_one_row_the_watchs_id() -> None:
+    """The old container's process is still on the GPU (exiting, D state); the pod watch
+    lists the new id. Both ids named the container: two series with one label set."""
+    watch = PodMetaSnapshot(
+        ok=True,
+        timestamp=0,
+        pods=(PodMeta("uid-1", "train", "loader-0", containers=((NEW, "main"),)),),
+    )
+    assert _signals(watch, _process(77, OLD)) == [(MAIN, NEW)]
+    assert _signals(watch, _process(77, OLD), _process(78, NEW)) == [(MAIN, NEW)]
+
+
+def test_two_ids_only_attribution_names_for_one_container_are_both_unknown() -> None:
+    """Without the pod watch nothing says which id is the live container: no guess."""
+    assert _signals(None, _process(77, OLD), _process(78, NEW)) == []
+    assert _signals(None, _process(77, OLD)) == [(MAIN, OLD)]
+
+
+def test_counters_past_a_floats_range_give_no_share_and_no_series_never_a_crash() -> None:
+    """The source bounds counters to u64; past a float's range, analysis and exposition
+    must still not fail the cycle (an OverflowError there froze every later cycle)."""
+    huge = 10**400
+    assert stall_share(Pressure(0, None), Pressure(huge, None), 5.0) is None
+    node = Node()
+    node.cycle(0.0, read(0.0, stats(0, 0, cpu_us=0)))
+    big = CgroupStats("uid-1", "c1", 2, huge, 1, huge, Pressure(huge, huge))
+    analysis = node.cycle(5.0, read(5.0, big))
+    (reason,) = analysis.why_idle
+    assert reason.cause == "unknown" and reason.cpu_pressure_ratio is None
+    names = {m.name for m in build_families(analysis, ExpositionOptions())}
+    assert "gpu_container_cpu_throttled_periods" in names  # the sane counter is served
+    periods = [
+        s
+        for m in build_families(analysis, ExpositionOptions())
+        for s in m.samples
+        if s.name == "gpu_container_cpu_periods_total"
+    ]
+    assert periods == []

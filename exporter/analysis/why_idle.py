@@ -82,7 +82,7 @@ def throttled_share(before: CgroupStats, now: CgroupStats) -> float | None:
     throttled = counter_delta(before.nr_throttled, now.nr_throttled)
     if periods is None or throttled is None or periods == 0 or throttled > periods:
         return None
-    return throttled / periods
+    return _divide(throttled, periods)
 
 
 def stall_share(before: Pressure | None, now: Pressure | None, window_s: float) -> float | None:
@@ -93,8 +93,17 @@ def stall_share(before: Pressure | None, now: Pressure | None, window_s: float) 
     stalled = counter_delta(before.some_us, now.some_us)
     if stalled is None:
         return None
-    share = stalled / (window_s * 1e6)
-    return min(share, 1.0) if share <= _STALL_SLACK else None
+    share = _divide(stalled, window_s * 1e6)
+    return None if share is None or share > _STALL_SLACK else min(share, 1.0)
+
+
+def _divide(numerator: int, denominator: float) -> float | None:
+    """``numerator / denominator``; None where a counter too large for a float (the
+    source bounds them to u64, so only a bug gets here) would raise OverflowError."""
+    try:
+        return numerator / denominator
+    except OverflowError:
+        return None
 
 
 def cause_of(

@@ -81,7 +81,11 @@ class FamilyBuilder:
             kind, doc = CATALOGUE[name]
             family = self._families[name] = Metric(name, doc, kind)
         sample = f"{name}_total" if family.type == COUNTER else name
-        family.add_sample(sample, _non_empty(labels), float(value))
+        try:
+            number = float(value)
+        except OverflowError:  # an int past a float's range (sources bound theirs): none
+            return
+        family.add_sample(sample, _non_empty(labels), number)
 
     def families(self) -> list[Metric]:
         return list(self._families.values())
@@ -139,7 +143,10 @@ def _ratio(percent: int | None) -> float | None:
 
 
 def _scaled(value: int | None, factor: float) -> float | None:
-    return None if value is None else value * factor
+    try:
+        return None if value is None else value * factor
+    except OverflowError:  # an int past a float's range: no value, never a crash
+        return None
 
 
 def _add_watch_counts(
