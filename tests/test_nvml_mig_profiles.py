@@ -6,7 +6,9 @@ answer."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 
+import pynvml
 import pytest
 
 from exporter.model import MigProfileInfo
@@ -14,6 +16,7 @@ from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
 from exporter.sim.scenario import parse_scenario
 from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml_mig_profiles import MAX_SLICES, MIB, read_profiles
 
 GiB = 1024**3
 CALL = "nvmlDeviceGetGpuInstanceProfileInfoV"
@@ -140,3 +143,52 @@ def test_a_refused_read_is_counted_and_tried_again_until_it_answers(
         assert snap.gpus[0].error is None and snap.gpus[0].mig_profiles == ()
         assert snap.errors == (("mig_profiles", "NoPermission"),)  # once, not once per profile
     assert len(profiles(source, clock, 10.0)) == 7
+
+
+# -- answers no GPU gives (adversarial review of issue 24) -------------------------------
+# The simulated driver answers its model's table; these answers come from a stand-in
+# for the pynvml call itself (the outer edge), as a broken driver would give them.
+
+
+def answered(monkeypatch: pytest.MonkeyPatch, rows: dict[int, SimpleNamespace]) -> None:
+    def info(handle: object, constant: int) -> SimpleNamespace:
+        if constant in rows:
+            return rows[constant]
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGpuInstanceProfileInfo", info)
+
+
+def row(name: bytes, slices: int, memory_mb: int) -> SimpleNamespace:
+    return SimpleNamespace(name=name, sliceCount=slices, memorySizeMB=memory_mb)
+
+
+def test_implausible_profiles_are_left_out_not_served_as_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answered(
+        monkeypatch,
+        {
+            0: row(b"MIG 1g.10gb", 1, 0),  # no memory size: unknown, was served as 0
+            1: row(b"MIG 2g.20gb", 2, 20_000),
+            2: row(b"MIG 3g.40gb", 3, 40_000),
+            3: row(b"MIG 7g.80gb", 2**32 - 1, 80_000),  # was the whole GPU: 1/2^32 shares
+            4: row(b"MIG 7g.80gb", 7, 2**64 - 1),  # no GPU has 16 EiB
+            5: row(b"\xff\xfe MIG", 1, 1),  # not UTF-8: was served with U+FFFD
+            6: row(b"MIG 4g.40gb", 4, 40_000),
+        },
+    )
+    errors: list[tuple[str, str]] = []
+    found = read_profiles(object(), lambda *e: errors.append(e))
+    assert found is not None and errors == []
+    assert [(p.name, p.memory_bytes, p.compute_slices, p.gpu_slices) for p in found] == [
+        ("2g.20gb", 20_000 * MIB, 2, 4),
+        ("3g.40gb", 40_000 * MIB, 3, 4),
+        ("4g.40gb", 40_000 * MIB, 4, 4),
+    ]  # gpu_slices: the largest plausible count
+
+
+def test_the_largest_plausible_slice_count_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    answered(monkeypatch, {0: row(b"MIG 8g.96gb", MAX_SLICES, 96_000)})
+    found = read_profiles(object(), lambda *e: None)
+    assert found is not None and [p.gpu_slices for p in found] == [MAX_SLICES]
