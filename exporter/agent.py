@@ -308,13 +308,17 @@ class Agent:
         statuses: list[SourceStatus] = []
         for source in self.sources:
             began = time.perf_counter()
+            failed: str | None = None
             try:
                 source.fill(cycle)
-            except Exception:  # a source's bug must not cost the other sources' data
+            except Exception as exc:  # a source's bug must not cost the other sources' data
                 self.self_metrics.errors.labels(source.name).inc()
                 log.exception("reading source %s failed", source.name)
+                failed = f"reading failed ({type(exc).__name__}); see the exporter's log"
             self.self_metrics.read_seconds.labels(source.name).set(time.perf_counter() - began)
             status = source.status()
+            if status is not None and failed is not None:  # not up, whatever it says
+                status = replace(status, up=False, error=failed)
             if status is not None:
                 statuses.append(self._with_last_success(status, timestamp))
             self._count_errors(source)
