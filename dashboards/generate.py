@@ -27,10 +27,13 @@ HERE = Path(__file__).resolve().parent
 SCHEMA_VERSION = 39
 TAG = "gpu-occupancy-exporter"
 EXPORTER_JOB = ".*gpu-occupancy-exporter.*"  # the chart's Service name, with any release prefix
+# The exporter's targets, as the rule files select them: the Helm chart replaces this exact
+# text with its prometheusRule.jobSelector in the dashboards as in the rules.
+EXPORTER_SELECTOR = f'job=~"{EXPORTER_JOB}"'
 DS: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 
 # Label filters, by the labels a series carries.
-NODE = 'node=~"$node", instance=~"$instance"'
+NODE = 'job=~"$job", node=~"$node", instance=~"$instance"'
 GPU = f'{NODE}, uuid=~"$gpu"'
 NS = f'{NODE}, namespace=~"$namespace"'
 POD = f'{GPU}, namespace=~"$namespace", pod=~"$pod"'
@@ -93,10 +96,17 @@ CONTAINER_SERIES = (
     '|gpu_unallocated_use_memory_bytes", ' + NODE
 )
 VARIABLES: dict[str, Json] = {
+    "job": query_variable(
+        "job",
+        "Job",
+        f"label_values(up{{{EXPORTER_SELECTOR}}}, job)",
+        "Prometheus job of the exporter's targets: the jobs matching the Helm chart's "
+        "prometheusRule.jobSelector. All also matches series without a job label.",
+    ),
     "node": query_variable(
         "node",
         "Node",
-        "label_values(gpu_info, node)",
+        'label_values(gpu_info{job=~"$job"}, node)',
         "Kubernetes node (the `node` label the Helm chart's ServiceMonitor adds). Empty "
         "without that relabelling: use Instance.",
     ),
@@ -500,7 +510,7 @@ def node_overview() -> Json:
         "GPU / Node overview",
         "Per-node GPU view: GPU-Util next to true SM activity, memory, power, "
         "temperature, health and schedulable capacity.",
-        ["node", "instance", "gpu"],
+        ["job", "node", "instance", "gpu"],
         [
             (
                 "Summary",
@@ -865,7 +875,7 @@ def pods() -> Json:
         "GPU / Pods",
         "Who uses the GPUs: per-namespace and per-pod memory and SM share on exclusive, "
         "time-sliced and MIG GPUs, idle allocations and isolation leaks.",
-        ["node", "instance", "gpu", "namespace", "pod"],
+        ["job", "node", "instance", "gpu", "namespace", "pod"],
         [
             (
                 "Namespaces",
@@ -1152,7 +1162,7 @@ def health_orphans() -> Json:
         "GPU / Health and orphaned memory",
         "XID errors, health verdicts and reasons, orphaned (zombie) GPU memory with its "
         "holders, and the exporter's own health.",
-        ["node", "instance", "gpu", "namespace", "pod"],
+        ["job", "node", "instance", "gpu", "namespace", "pod"],
         [
             (
                 "Summary",
@@ -1197,7 +1207,7 @@ def health_orphans() -> Json:
                     stat(
                         "Exporters up",
                         "Share of exporter targets Prometheus can scrape.",
-                        f'avg(up{{job=~"{EXPORTER_JOB}", {NODE}}})',
+                        f"avg(up{{{EXPORTER_SELECTOR}, {NODE}}})",
                         "percentunit",
                         thresholds=[(None, "red"), (1, "green")],
                     ),

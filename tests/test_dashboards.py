@@ -168,9 +168,9 @@ def test_everything_uses_the_datasource_variable(name: str, board: Json) -> None
 
 
 @pytest.mark.parametrize(("name", "board"), NODE_BOARDS, ids=[n for n, _ in NODE_BOARDS])
-def test_template_variables_cover_node_instance_and_gpu(name: str, board: Json) -> None:
+def test_template_variables_cover_job_node_instance_and_gpu(name: str, board: Json) -> None:
     names = [v["name"] for v in board["templating"]["list"]]
-    assert names[:4] == ["datasource", "node", "instance", "gpu"]
+    assert names[:5] == ["datasource", "job", "node", "instance", "gpu"]
     for v in board["templating"]["list"][1:]:
         # "All" must also match series without the label (no `node` relabelling)
         assert v["includeAll"] and v["allValue"] == ".*", v["name"]
@@ -200,7 +200,7 @@ def test_the_pod_dashboards_filter_by_namespace_and_pod() -> None:
     for name, board in BOARDS:
         if name in ("gpu-pods.json", "gpu-health-orphans.json"):
             names = [v["name"] for v in board["templating"]["list"]]
-            assert names[4:] == ["namespace", "pod"], name
+            assert names[5:] == ["namespace", "pod"], name
 
 
 @pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)

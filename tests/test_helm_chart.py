@@ -216,6 +216,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "pod-monitor-without-service": {"service": {"enabled": False}, "podMonitor": {"enabled": True}},
     "on-delete-updates": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}},
     "plain-cluster": {"driverUpgradeEviction": {"enabled": False}},
+    # -- platforms (tests/test_helm_chart_platforms.py checks what each one needs)
+    "platform-gke": {"platform": "gke"},
+    "platform-plain": {"platform": "plain"},
+    "gke-custom-driver": {
+        "platform": "gke",
+        "gke": {"driverHostPath": "/var/lib/nvidia", "driverMountPath": "/opt/nvidia"},
+    },
+    "gke-example": yaml.safe_load((CHART / "examples" / "gke-values.yaml").read_text()),
     "custom-eviction-label": {
         "driverUpgradeEviction": {"nodeLabel": "example.com/gpu-clients"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
@@ -1590,6 +1598,8 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         "/driverUpgradeEviction/nodeLabel",
     ),
     "mig-monitoring-not-a-bool": ({"migMonitoring": {"enabled": "yes"}}, "/migMonitoring/enabled"),
+    "platform-unknown": ({"platform": "eks"}, "/platform"),
+    "gke-relative-driver-path": ({"gke": {"driverHostPath": "home/nvidia"}}, "/gke/driverHostPath"),
     "operator-namespace": (
         {"dcgm": {"operatorNamespace": "GPU_Operator"}},
         "/dcgm/operatorNamespace",

@@ -1,0 +1,72 @@
+{{- /*
+platform (docs/install.md, "Platforms"): what reaches NVML and what schedules the pod
+differs between a GPU Operator cluster, GKE and a plain node with the NVIDIA container
+toolkit. Each helper below resolves one setting: an explicit value wins, null (the
+default in values.yaml) takes the platform's.
+
+  operator  RuntimeClass nvidia (created by the Operator), the driver-upgrade eviction
+            label nvidia.com/gpu.deploy.client (set by the Operator on its GPU nodes).
+  gke       no RuntimeClass and no NVIDIA runtime: GKE installs the driver under
+            /home/kubernetes/bin/nvidia; the chart mounts it read-only at
+            gke.driverMountPath, sets LD_LIBRARY_PATH to its lib64, and runs the
+            container privileged so it may open /dev/nvidia* (no device plugin hands
+            them to a pod that requests no GPU), as Google's own DCGM example does
+            (GoogleCloudPlatform/prometheus-engine, examples/nvidia-dcgm/exporter.yaml).
+            Nodes: also cloud.google.com/gke-accelerator. The priority-class
+            ResourceQuota, which GKE requires for system-node-critical outside
+            kube-system.
+  plain     no RuntimeClass (the node's default runtime is nvidia: `nvidia-ctk runtime
+            configure --set-as-default`), no eviction label.
+*/ -}}
+{{- define "gpu-occupancy-exporter.platform" -}}
+{{- $p := .Values.platform -}}
+{{- if not (has $p (list "operator" "gke" "plain")) -}}
+{{- fail (printf "platform %q is not one of operator, gke, plain (docs/install.md, \"Platforms\")" (toString $p)) -}}
+{{- end -}}
+{{- $p -}}
+{{- end -}}
+
+{{- /* The RuntimeClass name, empty for none. */ -}}
+{{- define "gpu-occupancy-exporter.runtimeClassName" -}}
+{{- $set := .Values.nvidia.runtimeClassName -}}
+{{- if kindIs "invalid" $set -}}
+{{- if eq (include "gpu-occupancy-exporter.platform" .) "operator" }}nvidia{{ end -}}
+{{- else -}}
+{{- $set -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" when the driver-upgrade eviction label goes into the nodeSelector. */ -}}
+{{- define "gpu-occupancy-exporter.driverUpgradeEviction" -}}
+{{- $set := .Values.driverUpgradeEviction.enabled -}}
+{{- if kindIs "invalid" $set -}}
+{{- if eq (include "gpu-occupancy-exporter.platform" .) "operator" }}true{{ end -}}
+{{- else if $set -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" when the priority-class ResourceQuota is rendered. */ -}}
+{{- define "gpu-occupancy-exporter.priorityClassQuota" -}}
+{{- $set := .Values.priorityClassQuota.enabled -}}
+{{- if kindIs "invalid" $set -}}
+{{- if and (eq (include "gpu-occupancy-exporter.platform" .) "gke") .Values.priorityClassName (ne .Release.Namespace "kube-system") }}true{{ end -}}
+{{- else if $set -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" on GKE: the host's driver directory, LD_LIBRARY_PATH, a privileged container. */ -}}
+{{- define "gpu-occupancy-exporter.gkeDriver" -}}
+{{- if eq (include "gpu-occupancy-exporter.platform" .) "gke" }}true{{ end -}}
+{{- end -}}
+
+{{- /* gpuNodeSelectorTerms, plus GKE's accelerator label on GKE. */ -}}
+{{- define "gpu-occupancy-exporter.nodeSelectorTerms" -}}
+{{- $terms := default list .Values.gpuNodeSelectorTerms -}}
+{{- if and $terms (include "gpu-occupancy-exporter.gkeDriver" .) -}}
+{{- $gke := dict "matchExpressions" (list (dict "key" "cloud.google.com/gke-accelerator" "operator" "Exists")) -}}
+{{- $terms = append $terms $gke -}}
+{{- end -}}
+{{- toJson $terms -}}
+{{- end -}}
