@@ -168,7 +168,11 @@ def simulation_start(exporter_log: str) -> float | None:
 
 
 def start_exporter(
-    scenario: Path, port: int, log_path: Path, secured: Secured | None = None
+    scenario: Path,
+    port: int,
+    log_path: Path,
+    secured: Secured | None = None,
+    interval_s: float = 1.0,
 ) -> Child:
     return Child(
         "exporter",
@@ -181,7 +185,7 @@ def start_exporter(
             "--listen",
             f"127.0.0.1:{port}",
             "--interval",
-            "1",
+            f"{interval_s:g}",
             "--orphan-cycles",
             "2",
             "--deleted-pod-grace",
