@@ -89,6 +89,9 @@ RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
 # rules the Helm chart renders with a price for the simulated GPUs' model (the
 # simulator's default name, exporter/sim/scenario.py): the waste board's cost panels read them.
 CHARGEBACK_RULES = ALERTS / "gpu-occupancy-exporter.chargeback.yaml"
+# The right-sizing rules, which the waste board's "Could run on" panel reads: their 7-day
+# ranges and 1m interval shrunk like the alerts' (shrink_rules.py, records=True).
+RIGHTSIZING_RULES = ALERTS / "gpu-occupancy-exporter.rightsizing.yaml"
 CHART = ROOT / "charts" / "gpu-occupancy-exporter"
 SIMULATED_MODEL = "NVIDIA H100 80GB HBM3"
 # dcgm-exporter's series rebuilt from ours (docs/migrating-from-dcgm-exporter.md), loaded
@@ -342,6 +345,10 @@ def chart_cost_rules_for_run(tmp: Path) -> Path:
     return path
 
 
+def rightsizing_rules_for_run(tmp: Path) -> Path:
+    return write_shrunk_rules(RIGHTSIZING_RULES, tmp / RIGHTSIZING_RULES.name, records=True)
+
+
 def recording_rules(*paths: Path) -> list[dict[str, Any]]:
     return [r for p in paths for g in load_yaml(p)["groups"] for r in g["rules"]]
 
@@ -505,7 +512,8 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     exporter_port, prom_port = free_port(), free_port()
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
     chargeback = [chargeback_rules_for_run(tmp), chart_cost_rules_for_run(tmp)]
-    main_rules = [*rules, compat_rules_for_run(tmp), *chargeback]
+    rightsizing = rightsizing_rules_for_run(tmp)
+    main_rules = [*rules, compat_rules_for_run(tmp), *chargeback, rightsizing]
     config = tmp / "prometheus.yml"
     secured = secure_main_exporter(tmp)
     write_prometheus_config(config, {NODE: exporter_port}, main_rules, secured)
@@ -588,7 +596,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
         run.recorded = {
             r["record"]: len(api.series(r["record"], run.main_end))
-            for r in recording_rules(RECORDING_RULES, COMPAT_RULES, *chargeback)
+            for r in recording_rules(RECORDING_RULES, COMPAT_RULES, *chargeback, rightsizing)
         }
         run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
         events = render_plots.load_events(SCENARIO)
@@ -732,8 +740,9 @@ def test_every_rule_evaluates_without_error(e2e: Run) -> None:
 
 
 def test_every_recording_rule_produces_series(e2e: Run) -> None:
-    """The project's recording rules, the chargeback rules and the chart's cost rules."""
-    project = recording_rules(RECORDING_RULES, CHARGEBACK_RULES)
+    """The project's recording rules, the chargeback and right-sizing rules and the
+    chart's cost rules."""
+    project = recording_rules(RECORDING_RULES, CHARGEBACK_RULES, RIGHTSIZING_RULES)
     names = {r["record"] for r in project} | CHART_RECORDED
     assert names <= set(e2e.recorded)
     empty = [name for name, count in e2e.recorded.items() if count == 0 and name in names]
