@@ -31,7 +31,7 @@ is the real one, so the scenario and the rules are scaled instead):
   shorter than a few duty periods swings with the phase: a 15 s window over the shipped
   50 s period goes from 0 to 100 % idle and would fire on every idle half-period
   however small the idle share. Production's 15m window spans 18 periods; the e2e's
-  30 s spans 3, which holds the idle share within ~57-60 % at every evaluation (the run
+  30 s spans 3, which held the idle share within 57-62 % in every run (the run
   prints the range it measured). 0.1 s sampling with the rules' usual scale was tried:
   it is at the simulated GPM's 0.1 s refresh, so samples that came early read no
   activity and the GPU read 71 % idle, an easier pass than the truth.
