@@ -68,6 +68,14 @@ CASES: tuple[Case, ...] = (
     Case("proc-pids-vanish-mid-read", "/proc", "pids vanishing mid-read"),
     Case("proc-50000-pids", "/proc", "50,000 pids"),
     Case("proc-fd-exhaustion", "/proc", "every read fails (file descriptors exhausted)"),
+    # -- the cgroup tree (--cgroup-root)
+    Case("cgroup-root-missing", "cgroups", "--cgroup-root missing, then mounted"),
+    Case("cgroup-huge-number", "cgroups", "a counter of hundreds of digits or Unicode digits"),
+    Case("cgroup-fifo", "cgroups", "a FIFO or a device where a cgroup file should be"),
+    Case("cgroup-permission-denied", "cgroups", "a pod directory or the root not searchable"),
+    Case("cgroup-long-path", "cgroups", "a GPU process's cgroup path longer than PATH_MAX"),
+    Case("cgroup-counter-reset", "cgroups", "counters going back (container restarted)"),
+    Case("cgroup-over-the-cap", "cgroups", "1,030 GPU containers, over the 1,024 read a cycle"),
     # -- HTTP
     Case("http-200-concurrent-scrapers", "HTTP", "200 concurrent scrapers"),
     Case("http-2000-idle-connections", "HTTP", "2,000 idle or half-sent connections held open"),
