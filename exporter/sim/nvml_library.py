@@ -23,6 +23,7 @@ one refresh period hold the same counters, so metrics between them read 0.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import itertools
@@ -181,6 +182,7 @@ class SimNvmlLibrary:
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._generation: dict[int, int] = {}  # GPU index -> times it came back
         self._seen_lost: set[int] = set()
+        self.calls = CallCount(self)  # every call pynvml makes, counted by install()
 
     # -- handles ----------------------------------------------------------------------
 
@@ -1012,11 +1014,58 @@ def _missing(name: str) -> property:
     return property(lookup)
 
 
+class CallCount:
+    """NVML calls as the driver would see them: every entry point pynvml resolves on the
+    library object and calls, by name and by the GPU its handle names (None: a call
+    without a GPU handle, such as nvmlGpmMetricsGet or nvmlInit). What ``benchmarks/calls.py``
+    reports; on a real node each of these is one ioctl into the driver or more."""
+
+    def __init__(self, library: SimNvmlLibrary) -> None:
+        self._library = library
+        self.by_function: collections.Counter[str] = collections.Counter()
+        self.by_gpu: collections.Counter[int | None] = collections.Counter()
+
+    def record(self, name: str, args: tuple[Any, ...]) -> None:
+        self.by_function[name] += 1
+        gpu = None
+        if args and isinstance(args[0], pynvml.c_nvmlDevice_t):
+            resolved = self._library.resolve(_address(args[0]))
+            gpu = None if resolved is None else resolved[0].index
+        self.by_gpu[gpu] += 1
+
+    def snapshot(self) -> tuple[dict[str, int], dict[int | None, int]]:
+        """The counts so far, copied: subtract two snapshots to count a stretch."""
+        return dict(self.by_function), dict(self.by_gpu)
+
+
+class _Counted:
+    """What pynvml holds as ``nvmlLib``: the simulated library, each entry point it
+    resolves wrapped to count the call first. pynvml caches what it resolves
+    (``_nvmlGetFunctionPointer_cache``), so the count is at the C boundary, where a
+    real library would be entered."""
+
+    def __init__(self, library: SimNvmlLibrary) -> None:
+        self._library = library
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._library, name)
+        if not callable(target):
+            return target
+        record = self._library.calls.record
+
+        def entry(*args: Any) -> Any:
+            record(name, args)
+            return target(*args)
+
+        return entry
+
+
 def install(node: SimNode) -> SimNvmlLibrary:
     """Make pynvml use the simulated library from now on (process-wide, like dlopen).
 
     Entry points the scenario's driver lacks are hidden by a subclass whose attributes
-    of those names raise AttributeError, as a missing symbol would.
+    of those names raise AttributeError, as a missing symbol would. Every call pynvml
+    makes is counted (``SimNvmlLibrary.calls``).
     """
     missing = sorted(node.scenario.missing_functions)
     cls: type[SimNvmlLibrary] = SimNvmlLibrary
@@ -1028,6 +1077,6 @@ def install(node: SimNode) -> SimNvmlLibrary:
         )
     library = cls(node)
     with pynvml.libLoadLock:
-        pynvml.nvmlLib = library
+        pynvml.nvmlLib = _Counted(library)
         pynvml._nvmlGetFunctionPointer_cache.clear()
     return library
