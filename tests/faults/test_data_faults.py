@@ -177,6 +177,7 @@ async def test_data_lost_gpu_not_fresh(record_fault: RecordFault) -> None:
             "gpu_container_idle_allocated_seconds_total",
             # the ledger's counters stay (cumulative): the time held goes on, as unhealthy
             "gpu_container_allocated_gpu_seconds_total",
+            "gpu_container_idle_gpu_seconds_total",  # the idle part by cause, kept as counted
             "gpu_container_energy_joules_total",
         }
         held = lost.find("gpu_container_allocated_gpu_seconds_total", pod="a")
