@@ -91,7 +91,14 @@ async def simulated_agent(
         assert paths.kubeconfig is not None
         config = parse_config(["--listen=127.0.0.1:0", *paths.flags()], env={})
         wall_start = time.time()
-        agent = build_agent(config, MetricsCache(), wall_clock=lambda: wall_start + clock())
+        # Sources measure intervals (the NVML slow tier, --slow-interval) on the
+        # simulated clock, as tests/harness.py does.
+        agent = build_agent(
+            config,
+            MetricsCache(),
+            wall_clock=lambda: wall_start + clock(),
+            source_monotonic=env.node.now,
+        )
         # Background threads start, no refresh task: step() decides when PodResources
         # is refreshed, as tests/harness.py does.
         for source in agent.sources:

@@ -38,6 +38,7 @@ from exporter.model.vocabulary import (
     SIMULATE_START_MAX_S,
 )
 from exporter.model.xid_classes import parse_overrides
+from exporter.sources.nvml_cadence import DEFAULT_SLOW_INTERVAL_S
 
 ENV_PREFIX = "GPU_EXPORTER_"
 # The host engine dcgm-exporter is pointed at (its -r flag's variable); the GPU Operator
@@ -102,6 +103,7 @@ class Config:
     why_idle_pressure_ratio: float = 0.2
     simulate_start_s: float = 0.0  # --simulate-start: the simulated clock's first reading
     simulate_speed: float = 1.0  # --simulate-speed: simulated seconds per real second
+    slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S  # --slow-interval (nvml_cadence.py)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,6 +148,7 @@ SERVER_ONLY_FLAGS = frozenset(
     {
         "--listen",
         "--interval",
+        "--slow-interval",
         "--liveness-cycles",
         "--web-config-file",
         "--http-header-timeout",
@@ -237,6 +240,17 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "--interval",
         "Seconds between sample cycles.",
         default="5",
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    )
+    add(
+        "--slow-interval",
+        "Seconds between reads of the NVML facts that change once in days or weeks (ECC "
+        "and row-remap counters, retired pages, PCIe replays and best link, NVLink states "
+        "and error counters, fans, power limit) and re-reads of the MIG layout; served as "
+        "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
+        "least --interval.",
+        default=_plain(DEFAULT_SLOW_INTERVAL_S),
         metavar="SECONDS",
         bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
     )
@@ -711,6 +725,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
             "whole simulated node in this process)"
         )
     _check_simulated_clock(args)
+    if args.slow_interval < args.interval:
+        raise ConfigError(
+            f"--slow-interval {_plain(args.slow_interval)} is shorter than --interval "
+            f"{_plain(args.interval)}: the slow tier is read at most once per cycle; give "
+            f"--slow-interval {_plain(args.interval)} or more"
+        )
     host, port = parse_host_port(args.listen)
     try:
         classes = args.xid_class or args.xid_severity  # the new name wins
@@ -738,6 +758,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         listen_port=port,
         # numbers: parsed and range-checked by their flags' Bounds (build_parser)
         interval_s=args.interval,
+        slow_interval_s=args.slow_interval,
         http_header_timeout_s=args.http_header_timeout,
         http_max_connections=args.http_max_connections,
         liveness_cycles=args.liveness_cycles,

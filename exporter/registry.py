@@ -46,7 +46,7 @@ def build_sources(
             "only (use --kubeconfig, or run in-cluster)"
         )
     sources: list[Source | None] = [
-        NvmlSource(),
+        NvmlSource(clock=monotonic, slow_interval_s=config.slow_interval_s),
         dcgm_source(config) if config.dcgm.kind != "off" else None,
         ProcessReader(config.proc_root),
         HolderScanSource(config.proc_root),

@@ -98,6 +98,24 @@ _NVLINK_ERRORS = {
     pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
     pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
 }
+# nvml.h's per-link error counter fields (links 0-11): id -> (link, counter name).
+_NVLINK_ERROR_FIELDS = {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}"): (link, name)
+    for kind, name in (
+        ("CRC_FLIT", "crc_flit"),
+        ("CRC_DATA", "crc_data"),
+        ("REPLAY", "replay"),
+        ("RECOVERY", "recovery"),
+    )
+    for link in range(12)
+}
+# Fields that answer what an entry point answers: a GPU that lists the entry point as
+# unsupported does not support the field either.
+_FIELD_CALLS = {
+    pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: "nvmlDeviceGetTotalEnergyConsumption",
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "nvmlDeviceGetPcieReplayCounter",
+    **{fid: "nvmlDeviceGetNvLinkErrorCounter" for fid in _NVLINK_ERROR_FIELDS},
+}
 ENGINE_SAMPLING_US = 167_000  # the sampling period the engine utilisation calls report
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
@@ -398,9 +416,12 @@ class SimNvmlLibrary:
 
     @device_call
     def nvmlDeviceGetTotalEnergyConsumption(self, gpu: SimGpu, mig: SimMig | None, out: Any) -> int:
-        # energy grows with power over simulated time, like the real counter
-        _out(out).value = gpu.energy_mj + int(gpu.power_mw * self.node.now())
+        _out(out).value = self._energy_mj(gpu)
         return SUCCESS
+
+    def _energy_mj(self, gpu: SimGpu) -> int:
+        """Energy grows with power over simulated time, like the real counter."""
+        return gpu.energy_mj + int(gpu.power_mw * self.node.now())
 
     @device_call
     def nvmlDeviceGetClockInfo(self, gpu: SimGpu, mig: SimMig | None, clock: Any, out: Any) -> int:
@@ -473,6 +494,8 @@ class SimNvmlLibrary:
         fid, scope = entry.fieldId, entry.scopeId
         if _FIELD_NAMES.get(fid, set()) & gpu.unsupported:
             return NOT_SUPPORTED
+        if _FIELD_CALLS.get(fid) in gpu.unsupported:
+            return NOT_SUPPORTED
         if self._driver_branch() < FIELDS_ADDED_IN_DRIVER.get(fid, 0):
             return NOT_SUPPORTED
         now = self.node.now()
@@ -490,6 +513,15 @@ class SimNvmlLibrary:
             return _set_ull(entry, gpu.pcie_tx_bytes_per_s * now)
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
             return _set_ull(entry, gpu.pcie_rx_bytes_per_s * now)
+        if fid == pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+            return _set_ull(entry, self._energy_mj(gpu))
+        if fid == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            return _set_uint(entry, gpu.pcie_replay)
+        if fid in _NVLINK_ERROR_FIELDS:
+            link, name = _NVLINK_ERROR_FIELDS[fid]
+            if not 0 <= link < gpu.nvlink_links:
+                return NOT_SUPPORTED
+            return _set_ull(entry, gpu.nvlink_errors.get(link, {}).get(name, 0))
         if fid == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT and gpu.nvlink_links:
             return _set_uint(entry, gpu.nvlink_links)
         if fid in (

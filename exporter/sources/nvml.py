@@ -43,6 +43,7 @@ from exporter.model import (
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
+from exporter.sources.nvml_cadence import SlowSchedule
 from exporter.sources.nvml_codes import GPU_FAILED, UNSUPPORTED, error_name, instance_id
 from exporter.sources.nvml_mig_profiles import ProfileCache
 
@@ -94,6 +95,44 @@ class _GpmState:
     retry_at: float = 0.0  # source clock
 
 
+@dataclass(frozen=True)
+class _Slow:
+    """What the slow tier read (exporter/sources/nvml_cadence.py), served as read until
+    the next slow read: counters and states that move once in days or weeks."""
+
+    power_limit_milliwatts: int | None
+    pcie_replay_count: int | None
+    ecc_corrected_total: int | None
+    ecc_uncorrected_total: int | None
+    ecc_uncorrected_volatile: int | None
+    retired_pages: int | None
+    remapped_rows: RemappedRows | None
+    fan_speeds_percent: tuple[tuple[int, int], ...]
+    pcie_max: tuple[int | None, int | None]  # generation, width
+    nvlinks: nvml_links.LinkStates
+
+
+@dataclass(frozen=True)
+class _MigDevice:
+    """One MIG device (compute instance) as the layout read found it."""
+
+    index: int
+    handle: Any
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    profile: str
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """MIG mode and MIG devices: read on change (a new handle) and at each slow read."""
+
+    mig_mode: Any  # nvmlDeviceGetMigMode's [current, pending], None when not reported
+    devices: tuple[_MigDevice, ...]
+    complete: bool  # False: a read failed, so it is read again next cycle
+
+
 @dataclass
 class _Device:
     """What does not change while the driver is loaded: handle and identity."""
@@ -112,6 +151,10 @@ class _Device:
     nvlinks_seen_active: set[int] = field(default_factory=set)
     failed: bool = False  # re-open next cycle; the identity still labels the error sample
     mig_profiles: ProfileCache = field(default_factory=ProfileCache)  # per handle and mode
+    schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
+    slow: _Slow | None = None  # the last slow read; dropped with the handle
+    layout: _Layout | None = None  # None: read it this cycle
+    field_fallback: set[nvml_fields.FieldKey] = field(default_factory=set)  # NOT_SUPPORTED
 
 
 class NvmlSource(Source):
@@ -119,8 +162,14 @@ class NvmlSource(Source):
 
     name: ClassVar[SourceName] = "nvml"
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, slow_interval_s: float = 0.0
+    ) -> None:
+        """``slow_interval_s``: how often the slow tier is read (exporter/sources/
+        nvml_cadence.py); 0, the default for tools and tests, reads it every cycle. The
+        exporter passes ``--slow-interval`` and the clock its cycles are paced by."""
         self._clock = clock
+        self._slow_interval_s = slow_interval_s
         self._last: NvmlSnapshot | None = None
         self._errors_total = 0
         self._backoff = Backoff(initial_s=1.0, max_s=60.0)
@@ -257,28 +306,41 @@ class NvmlSource(Source):
             name=self._query("name", pynvml.nvmlDeviceGetName, handle),
             pci_bus_id=_decode(pci.busId) if pci is not None else None,
             minor_number=self._query("minor_number", pynvml.nvmlDeviceGetMinorNumber, handle),
+            schedule=SlowSchedule(self._slow_interval_s),
         )
 
     def _read(self, device: _Device) -> GpuSample:
         handle = device.handle
         total, used, free, reserved = self._memory(handle)
         util = self._query("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
-        mig_mode = self._query("mig_mode", pynvml.nvmlDeviceGetMigMode, handle)
+        now = self._clock()
+        slow_due = device.slow is None or device.schedule.due(now)
+        if device.nvlink_count is None:
+            device.nvlink_count = nvml_links.nvlink_count(self._query, handle, self._error)
+        nvlinks = device.nvlink_count or 0
+        if slow_due or device.layout is None or not device.layout.complete:
+            device.layout = self._layout(device)
+        layout = device.layout
+        mig_mode = layout.mig_mode
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-        remapped = self._query("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, handle)
         if mig_enabled:  # processes are listed per MIG instance, none for the whole GPU
-            mig_instances, processes_listed = self._mig_instances(device)
+            mig_instances, processes_listed = self._mig_instances(device, layout)
             processes: tuple[GpuProcess, ...] = ()
         else:
             mig_instances = ()
             processes, processes_listed = self._processes(handle)
-        if device.nvlink_count is None:
-            device.nvlink_count = nvml_links.nvlink_count(self._query, handle, self._error)
-        nvlinks = device.nvlink_count or 0
         branch = nvml_fields.driver_branch(self._versions[0])
         fields = nvml_fields.read(
-            self._query, handle, nvml_fields.requests(branch, nvlinks), self._error
+            self._query,
+            handle,
+            nvml_fields.requests(branch, nvlinks, device.field_fallback),
+            self._error,
+            device.field_fallback,
         )
+        if slow_due or device.slow is None:
+            device.slow = self._read_slow(device, nvlinks)
+            device.schedule.done(now)
+        slow = device.slow
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
@@ -295,12 +357,8 @@ class NvmlSource(Source):
                 "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
             ),
             power_milliwatts=self._query("power", pynvml.nvmlDeviceGetPowerUsage, handle),
-            power_limit_milliwatts=self._query(
-                "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle
-            ),
-            energy_millijoules=self._query(
-                "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, handle
-            ),
+            power_limit_milliwatts=slow.power_limit_milliwatts,
+            energy_millijoules=self._energy(device, fields),
             clock_sm_mhz=self._query(
                 "clock_sm", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
             ),
@@ -308,9 +366,52 @@ class NvmlSource(Source):
                 "clock_memory", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM
             ),
             clock_event_reasons=self._query("clock_event_reasons", _clock_event_reasons, handle),
-            pcie_replay_count=self._query(
-                "pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, handle
+            pcie_replay_count=slow.pcie_replay_count,
+            ecc_corrected_total=slow.ecc_corrected_total,
+            ecc_uncorrected_total=slow.ecc_uncorrected_total,
+            ecc_uncorrected_volatile=slow.ecc_uncorrected_volatile,
+            retired_pages=slow.retired_pages,
+            recovery_action=nvml_fields.recovery_action(fields),
+            remapped_rows=slow.remapped_rows,
+            memory_temperature_celsius=self._memory_temperature(fields),
+            fan_speeds_percent=slow.fan_speeds_percent,
+            encoder_utilization_percent=_percent(
+                self._query("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, handle)
             ),
+            decoder_utilization_percent=_percent(
+                self._query("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, handle)
+            ),
+            clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
+            pcie=nvml_links.pcie_link(self._query, handle, fields, slow.pcie_max),
+            nvlinks=nvml_links.nvlinks(nvlinks, fields, slow.nvlinks),
+            mig_enabled=mig_enabled,
+            processes=processes,
+            processes_listed=processes_listed,
+            process_utilization=() if mig_enabled else self._process_utilization(device),
+            mig_instances=mig_instances,
+            occupancy=None if mig_enabled else self._gpm(device, None),
+            mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
+        )
+
+    def _read_slow(self, device: _Device, nvlinks: int) -> _Slow:
+        """The slow tier, every ``slow_interval_s``: one field-values call (PCIe replays,
+        NVLink error counters) and the calls NVML has no field for. A failed read leaves
+        its value absent until the next slow read, never the previous value."""
+        handle = device.handle
+        states = nvml_links.nvlink_states(self._query, handle, nvlinks, device.nvlinks_seen_active)
+        keys = nvml_fields.slow_requests(
+            nvml_links.error_links(states, device.nvlinks_seen_active), device.field_fallback
+        )
+        fields = nvml_fields.read(self._query, handle, keys, self._error, device.field_fallback)
+        remapped = self._query("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, handle)
+        replay = fields.get((nvml_fields.PCIE_REPLAY_COUNTER, 0))
+        if (nvml_fields.PCIE_REPLAY_COUNTER, 0) in device.field_fallback:
+            replay = self._query("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, handle)
+        return _Slow(
+            power_limit_milliwatts=self._query(
+                "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle
+            ),
+            pcie_replay_count=None if replay is None else int(replay),
             ecc_corrected_total=self._query(
                 "ecc",
                 pynvml.nvmlDeviceGetTotalEccErrors,
@@ -333,33 +434,54 @@ class NvmlSource(Source):
                 pynvml.NVML_VOLATILE_ECC,
             ),
             retired_pages=self._retired_pages(handle),
-            recovery_action=self._recovery_action(handle),
             remapped_rows=RemappedRows(
                 remapped[0], remapped[1], bool(remapped[2]), bool(remapped[3])
             )
             if remapped is not None
             else None,
-            memory_temperature_celsius=self._memory_temperature(fields),
             fan_speeds_percent=self._fans(handle),
-            encoder_utilization_percent=_percent(
-                self._query("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, handle)
+            pcie_max=(
+                self._query("pcie_link", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+                self._query("pcie_link", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
             ),
-            decoder_utilization_percent=_percent(
-                self._query("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, handle)
+            nvlinks=nvml_links.link_errors(
+                self._query,
+                handle,
+                states,
+                device.nvlinks_seen_active,
+                fields,
+                device.field_fallback,
             ),
-            clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
-            pcie=nvml_links.pcie_link(self._query, handle, fields),
-            nvlinks=nvml_links.nvlinks(
-                self._query, handle, nvlinks, fields, device.nvlinks_seen_active
-            ),
-            mig_enabled=mig_enabled,
-            processes=processes,
-            processes_listed=processes_listed,
-            process_utilization=() if mig_enabled else self._process_utilization(device),
-            mig_instances=mig_instances,
-            occupancy=None if mig_enabled else self._gpm(device, None),
-            mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
         )
+
+    def _energy(
+        self, device: _Device, fields: dict[nvml_fields.FieldKey, int | float]
+    ) -> int | None:
+        """Millijoules since the driver loaded: the field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+        in the cycle's field values, the call where the driver does not support the field."""
+        if (nvml_fields.TOTAL_ENERGY, 0) in device.field_fallback:
+            return self._query("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, device.handle)
+        value = fields.get((nvml_fields.TOTAL_ENERGY, 0))
+        return None if value is None else int(value)
+
+    def _layout(self, device: _Device) -> _Layout:
+        """MIG mode and, in MIG mode, each MIG device's handle and identity: read when the
+        handle is new and at each slow read; again next cycle when a read failed."""
+        errors = len(self._errors)
+        mig_mode = self._query("mig_mode", pynvml.nvmlDeviceGetMigMode, device.handle)
+        devices: list[_MigDevice] = []
+        if mig_mode is not None and mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)
+            for i in range(count or 0):
+                mig = self._mig_handle(device, i)
+                identity = None if mig is None else self._mig_identity(mig)
+                if identity is None:
+                    continue
+                gi, ci, uuid = identity
+                name = self._query("name", pynvml.nvmlDeviceGetName, mig) or ""
+                profile = name.rpartition(" MIG ")[2] if " MIG " in name else "unknown"
+                devices.append(_MigDevice(i, mig, gi, ci, uuid, profile))
+        return _Layout(mig_mode, tuple(devices), complete=len(self._errors) == errors)
 
     def _mig_profiles(
         self, device: _Device, mig_capable: bool, mig_enabled: bool | None
@@ -422,19 +544,6 @@ class NvmlSource(Source):
         if v1 is None:
             return None, None, None, None
         return v1.total, v1.used, v1.free, None
-
-    def _recovery_action(self, handle: Any) -> int | None:
-        """What the driver says the GPU needs (raised with XID 154), from the field
-        ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``; None on drivers that lack the field."""
-        fields = self._query(
-            "recovery_action",
-            pynvml.nvmlDeviceGetFieldValues,
-            handle,
-            [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION],
-        )
-        if fields is None or fields[0].nvmlReturn != pynvml.NVML_SUCCESS:
-            return None
-        return int(fields[0].value.uiVal)
 
     def _memory_temperature(self, fields: dict[nvml_fields.FieldKey, int | float]) -> int | None:
         """HBM/GDDR temperature; a value DCGM would discard as garbage (> 200 C) is an
@@ -575,38 +684,36 @@ class NvmlSource(Source):
         )
         return device.last_utilization
 
-    def _mig_instances(self, device: _Device) -> tuple[tuple[MigInstance, ...], bool]:
-        """The GPU's MIG devices (one per compute instance), and whether every process
-        listing of every instance answered.
+    def _mig_instances(
+        self, device: _Device, layout: _Layout
+    ) -> tuple[tuple[MigInstance, ...], bool]:
+        """The GPU's MIG devices as the layout read found them (one per compute
+        instance), with this cycle's memory, processes and occupancy, and whether every
+        process listing of every instance answered.
 
-        A MIG device whose handle or identity cannot be read is left out this cycle and
-        counted as an error; only a whole-GPU failure fails the GPU. GPM measures a GPU
-        instance and wants more than 100 ms between two samples, so each GPU instance
-        is sampled once per cycle and its compute instances share the figures.
+        A MIG device whose handle or identity could not be read is left out (counted by
+        the layout read, which is tried again next cycle); only a whole-GPU failure
+        fails the GPU. GPM measures a GPU instance and wants more than 100 ms between
+        two samples, so each GPU instance is sampled once per cycle and its compute
+        instances share the figures.
         """
-        count = self._query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, device.handle)
         instances = []
         answered = True
         occupancy: dict[int, Occupancy | None] = {}  # per GPU instance, this cycle
-        for i in range(count or 0):
-            mig = self._mig_handle(device, i)
-            identity = None if mig is None else self._mig_identity(mig)
-            if identity is None:
-                continue
-            gi, ci, uuid = identity
-            name = self._query("name", pynvml.nvmlDeviceGetName, mig) or ""
-            total, used, _, _ = self._memory(mig)
+        for mig in layout.devices:
+            gi = mig.gpu_instance_id
+            total, used, _, _ = self._memory(mig.handle)
             if gi not in occupancy:
                 occupancy[gi] = self._gpm(device, gi)
-            processes, listed = self._processes(mig, (gi, ci))
+            processes, listed = self._processes(mig.handle, (gi, mig.compute_instance_id))
             answered = answered and listed
             instances.append(
                 MigInstance(
-                    mig_index=i,
-                    uuid=uuid,
+                    mig_index=mig.index,
+                    uuid=mig.uuid,
                     gpu_instance_id=gi,
-                    compute_instance_id=ci,
-                    profile=name.rpartition(" MIG ")[2] if " MIG " in name else "unknown",
+                    compute_instance_id=mig.compute_instance_id,
+                    profile=mig.profile,
                     memory_total_bytes=total,
                     memory_used_bytes=used,
                     processes=processes,

@@ -1,17 +1,22 @@
-"""NVML field values: one ``nvmlDeviceGetFieldValues`` call per GPU and cycle.
+"""NVML field values: one ``nvmlDeviceGetFieldValues`` call per GPU and cadence tier.
 
-It carries the scalar fields (memory temperature, time spent under each performance
-policy, PCIe byte counters) and, per NVLink, the byte counters (scope = the link). Which
-ids are asked depends on the driver branch: a field is only asked of drivers that define
-it, because ids have been renumbered (the clock-event durations moved in R580).
+Every cycle (``requests``): the scalar fields (memory temperature, time spent under each
+performance policy, PCIe byte counters, energy, the recovery action) and, per NVLink, the
+byte counters (scope = the link). The slow tier (``slow_requests``, exporter/sources/
+nvml_cadence.py): the PCIe replay counter and the NVLink error counters of links 0-11
+(nvml.h has a field id per link and counter only up to link 11). Which ids are asked
+depends on the driver branch: a field is only asked of drivers that define it, because
+ids have been renumbered (the clock-event durations moved in R580).
 
 Each entry has its own return code (``nvmlFieldValue_t.nvmlReturn``): NOT_SUPPORTED is
-"absent", anything else is an error of that field alone.
+"absent", anything else is an error of that field alone. A field that stands for a call
+of its own (``FALLBACK_FIELDS``) and answers NOT_SUPPORTED is noted per GPU handle and
+read through that call from then on, as drivers without the field need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import pynvml
@@ -60,6 +65,29 @@ NVLINK_BYTES_FIELDS = (
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
 )
 MEMORY_TEMPERATURE = pynvml.NVML_FI_DEV_MEMORY_TEMP
+# What the GPU needs after XID 154 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, nvml.h).
+RECOVERY_ACTION = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+# The same quantities as a call of their own, by nvml.h's field ids (pynvml.py 13.615.71
+# lines 610, 629, 543-576 and 633-662): "Total energy consumption for the GPU in mJ since
+# the driver was last reloaded" (83, nvmlDeviceGetTotalEnergyConsumption), the PCIe replay
+# counter (94, nvmlDeviceGetPcieReplayCounter), and per NVLink 0-11 its flit CRC, data
+# CRC, replay and recovery error counters (32-59 and 96-119: one id per link and counter,
+# nvmlDeviceGetNvLinkErrorCounter's four counters).
+TOTAL_ENERGY = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+PCIE_REPLAY_COUNTER = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
+NVLINK_ERROR_FIELD_LINKS = 12  # links 0-11 have a field id per counter; later ones the call
+_NVLINK_ERROR_NAMES = {
+    "crc_flit": "CRC_FLIT",
+    "crc_data": "CRC_DATA",
+    "replay": "REPLAY",
+    "recovery": "RECOVERY",
+}
+NVLINK_ERROR_FIELDS: dict[tuple[int, str], int] = {
+    (link, counter): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{name}_ERROR_COUNT_L{link}")
+    for counter, name in _NVLINK_ERROR_NAMES.items()
+    for link in range(NVLINK_ERROR_FIELD_LINKS)
+}
+FALLBACK_FIELDS = frozenset({TOTAL_ENERGY, PCIE_REPLAY_COUNTER, *NVLINK_ERROR_FIELDS.values()})
 # DCGM discards memory temperatures above 200 C as garbage (DcgmCacheManager.cpp,
 # DCGM_FI_DEV_MEMORY_TEMP_CELSIUS).
 MAX_MEMORY_TEMPERATURE = 200
@@ -73,9 +101,14 @@ def driver_branch(version: str | None) -> int | None:
         return None
 
 
-def requests(branch: int | None, nvlinks: int) -> list[FieldKey]:
-    """The fields to ask this driver for, GPU-wide ones first, then per NVLink."""
-    keys: list[FieldKey] = [(MEMORY_TEMPERATURE, 0)]
+def requests(
+    branch: int | None, nvlinks: int, fallback: Collection[FieldKey] = ()
+) -> list[FieldKey]:
+    """The fields to ask this driver for every cycle, GPU-wide ones first, then per
+    NVLink; those in ``fallback`` are read through their own call instead."""
+    keys: list[FieldKey] = [(MEMORY_TEMPERATURE, 0), (RECOVERY_ACTION, 0)]
+    if (TOTAL_ENERGY, 0) not in fallback:
+        keys.append((TOTAL_ENERGY, 0))
     keys += [(fid, 0) for fid in POLICY_FIELDS.values()]
     if branch is not None and branch >= CLOCK_EVENT_FIELDS_SINCE:
         keys += [(fid, 0) for fid in CLOCK_EVENT_FIELDS.values()]
@@ -85,13 +118,35 @@ def requests(branch: int | None, nvlinks: int) -> list[FieldKey]:
     return keys
 
 
+def slow_requests(
+    error_links: Iterable[int], fallback: Collection[FieldKey] = ()
+) -> list[FieldKey]:
+    """The slow tier's fields: the PCIe replay counter and the NVLink error counters of
+    ``error_links`` that have a field id, less those read through their own call."""
+    keys = [(PCIE_REPLAY_COUNTER, 0)]
+    keys += [
+        (NVLINK_ERROR_FIELDS[(link, counter)], 0)
+        for link in error_links
+        if link < NVLINK_ERROR_FIELD_LINKS
+        for counter in _NVLINK_ERROR_NAMES
+    ]
+    return [key for key in keys if key not in fallback]
+
+
 def read(
-    query: Callable[..., Any], handle: Any, keys: Iterable[FieldKey], errors: Errors
+    query: Callable[..., Any],
+    handle: Any,
+    keys: Iterable[FieldKey],
+    errors: Errors,
+    fallback: set[FieldKey] | None = None,
 ) -> dict[FieldKey, int | float]:
     """The values NVML gave, by (field, scope); unsupported or failed fields are left out
     (failed ones counted). ``query`` is the source's one-query wrapper: a failure of the
-    whole call is counted there and reads as no values."""
+    whole call is counted there and reads as no values. A ``FALLBACK_FIELDS`` field that
+    answers NOT_SUPPORTED is added to ``fallback``: its own call is used from then on."""
     keys = list(keys)
+    if not keys:
+        return {}
     entries = query("field_values", pynvml.nvmlDeviceGetFieldValues, handle, keys)
     values: dict[FieldKey, int | float] = {}
     for key, entry in zip(keys, entries or (), strict=False):
@@ -101,7 +156,16 @@ def read(
                 values[key] = value
         elif entry.nvmlReturn != pynvml.NVML_ERROR_NOT_SUPPORTED:
             errors(_name(key[0]), error_name(pynvml.NVMLError(entry.nvmlReturn)))
+        elif fallback is not None and key[0] in FALLBACK_FIELDS:
+            fallback.add(key)
     return values
+
+
+def recovery_action(values: dict[FieldKey, int | float]) -> int | None:
+    """What the driver says the GPU needs (raised with XID 154); None on drivers that
+    lack the field."""
+    value = values.get((RECOVERY_ACTION, 0))
+    return None if value is None else int(value)
 
 
 def clock_event_durations(values: dict[FieldKey, int | float]) -> tuple[tuple[str, int], ...]:
@@ -121,7 +185,18 @@ def _name(field_id: int) -> str:
         return "pcie_bytes"
     if field_id in NVLINK_BYTES_FIELDS:
         return "nvlink_bytes"
+    if field_id == RECOVERY_ACTION:
+        return "recovery_action"
+    if field_id == TOTAL_ENERGY:
+        return "energy"
+    if field_id == PCIE_REPLAY_COUNTER:
+        return "pcie_replay"
+    if field_id in _NVLINK_ERROR_IDS:
+        return "nvlink_errors"
     return "clock_event_time"
+
+
+_NVLINK_ERROR_IDS = frozenset(NVLINK_ERROR_FIELDS.values())
 
 
 def _decode(entry: Any) -> int | float | None:

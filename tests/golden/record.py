@@ -52,6 +52,12 @@ REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "
 # arrives a cycle after the one that asked for it.
 CYCLES = 32
 STEP_S = 5.0
+# The NVML slow tier (exporter/sources/nvml_cadence.py) is read at the first cycle (0 s)
+# and then every --slow-interval: with 40 s the last cycle (160 s) is one of its reads,
+# so what is compared is what every cycle read before the tiers existed. Between two
+# reads slow facts are served as last read (docs/metrics.md, "Cadence").
+SLOW_INTERVAL_S = 40.0
+assert (CYCLES * STEP_S) % SLOW_INTERVAL_S == 0, "the last cycle must be a slow-tier read"
 
 # Families whose values depend on how fast this machine ran the cycle, or on when a
 # background thread last woke (a source's last success; the Kubernetes writer's counts):
@@ -168,7 +174,7 @@ async def served_text(scenario: str) -> str:
     """The /metrics text after the fixed schedule."""
     from tests.harness import simulated_exporter
 
-    async with simulated_exporter(scenario) as h:
+    async with simulated_exporter(scenario, argv=["--slow-interval", f"{SLOW_INTERVAL_S:g}"]) as h:
         async for _ in on_schedule(h):
             pass
         async with h.session.get(h.url + "/metrics") as response:

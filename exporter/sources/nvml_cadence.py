@@ -1,0 +1,115 @@
+"""How often each NVML fact is read: the one place that says so.
+
+On a real node every NVML call is an ioctl into the driver, some of them milliseconds
+long, so a fact is read as often as it changes, not every cycle (issue 26):
+
+- ``cycle``: every sample cycle. What a scrape should see move: utilization, memory,
+  power and energy, temperatures, clocks and why they are held down, the current PCIe
+  link, traffic counters, processes and their samples, GPM occupancy, the recovery action.
+- ``slow``: every ``--slow-interval`` seconds (default 30, never faster than the cycle).
+  Counters and states that move once in days or weeks: ECC totals, row remapping,
+  retired pages, the PCIe link's best generation and width and its replay counter,
+  NVLink state and error counters, fans, the enforced power limit.
+- ``change``: read when the GPU's handle is (re)opened (start, a GPU back from being
+  lost), and the MIG layout also at every slow read (``nvidia-smi mig -cgi`` changes it
+  without an XID or a new handle), so a reconfiguration shows within ``--slow-interval``.
+
+Between two slow reads the last values are served as they were read: never reset, never
+re-read in between. A slow read that fails leaves that value absent until the next slow
+read (as a failed read did before: no series, the error counted), so a carried value is
+never the answer to a read that failed. A GPU that fails as a whole drops its carried
+values with its handle: the next handle starts with a fresh slow read.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Tier = Literal["cycle", "slow", "change"]
+
+DEFAULT_SLOW_INTERVAL_S = 30.0
+
+# Every NVML read of the source, by the query name its errors are counted under
+# (gpu_exporter_errors_total's reason aside, the names of exporter/sources/nvml.py).
+READS: dict[str, Tier] = {
+    # every cycle
+    "memory": "cycle",
+    "utilization": "cycle",
+    "temperature": "cycle",
+    "power": "cycle",  # field NVML_FI_DEV_POWER_AVERAGE / _INSTANT, else the call
+    "energy": "cycle",  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, else the call
+    "clock_sm": "cycle",
+    "clock_memory": "cycle",
+    "clock_event_reasons": "cycle",
+    "clock_event_time": "cycle",  # field values
+    "memory_temperature": "cycle",  # field value
+    "pcie_bytes": "cycle",  # field values
+    "nvlink_bytes": "cycle",  # field values, per link
+    "recovery_action": "cycle",  # field value
+    "pcie_link": "cycle",  # current generation and width (idle power management moves them)
+    "encoder_utilization": "cycle",
+    "decoder_utilization": "cycle",
+    "nvmlDeviceGetComputeRunningProcesses": "cycle",
+    "nvmlDeviceGetGraphicsRunningProcesses": "cycle",
+    "nvmlDeviceGetMPSComputeRunningProcesses": "cycle",
+    "process_utilization": "cycle",
+    "gpm": "cycle",
+    "gpm_metrics": "cycle",
+    # the slow tier
+    "ecc": "slow",
+    "remapped_rows": "slow",
+    "retired_pages": "slow",
+    "pcie_link_max": "slow",
+    "pcie_replay": "slow",  # field NVML_FI_DEV_PCIE_REPLAY_COUNTER, else the call
+    "nvlink_state": "slow",
+    "nvlink_errors": "slow",  # per-link fields (links 0-11), else the call
+    "fans": "slow",
+    "fan_speed": "slow",
+    "power_limit": "slow",
+    # on change
+    "pci_info": "change",
+    "name": "change",
+    "minor_number": "change",
+    "nvlink_count": "change",
+    "mig_mode": "change",
+    "mig_count": "change",
+    "mig_handle": "change",
+    "mig_identity": "change",
+    "mig_profiles": "change",
+}
+
+# The served families whose values come from slow or on-change reads, and so may be as
+# old as --slow-interval (docs/metrics.md states it in each row; tests hold the two equal).
+FAMILY_TIERS: dict[str, Tier] = {
+    "gpu_ecc_errors": "slow",
+    "gpu_remapped_rows": "slow",
+    "gpu_row_remap_pending": "slow",
+    "gpu_row_remap_failed": "slow",
+    "gpu_retired_pages": "slow",
+    "gpu_pcie_link_max_generation": "slow",
+    "gpu_pcie_link_max_width": "slow",
+    "gpu_pcie_replays": "slow",
+    "gpu_nvlink_active": "slow",
+    "gpu_nvlink_errors": "slow",
+    "gpu_fan_speed_ratio": "slow",
+    "gpu_power_limit_watts": "slow",
+    "gpu_info": "change",
+    "gpu_mig_mode_enabled": "change",
+    "gpu_mig_info": "change",
+    "gpu_mig_profile_info": "change",
+}
+
+
+class SlowSchedule:
+    """When a GPU's slow tier is next due: at its first read, then ``interval_s`` after
+    the last one (0: every cycle)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._read_at: float | None = None
+
+    def due(self, now: float) -> bool:
+        return self._read_at is None or now - self._read_at >= self.interval_s
+
+    def done(self, now: float) -> None:
+        self._read_at = now
