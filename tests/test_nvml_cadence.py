@@ -1,0 +1,235 @@
+"""The NVML cadence tiers (exporter/sources/nvml_cadence.py) and the field-value batch,
+read through the real pynvml over the simulated libnvidia-ml, whose call counts
+(``SimNvmlLibrary.calls``) say what reached the driver.
+
+A slow fact keeps its last value between reads, is never re-read in between, is absent
+(not carried) after a failed read, and goes with the handle of a GPU that was lost.
+Fields that stand for a call of their own fall back to it on drivers that answer
+NOT_SUPPORTED for the field.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.config import ConfigError, parse_config
+from exporter.model import GpuSample
+from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.nvml_library import SimNvmlLibrary, install
+from exporter.sim.scenario import parse_scenario
+from exporter.sources import nvml_cadence
+from exporter.sources.nvml import NvmlSource
+from tests.bench_scripts import load
+
+SLOW_S = 30.0
+R580 = {"driver_version": "580.65.06", "nvml_version": "13.580.65.06"}
+SLOW_CALLS = (
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+)
+
+
+@pytest.fixture
+def sources() -> Iterator[list[NvmlSource]]:
+    made: list[NvmlSource] = []
+    yield made
+    for source in made:
+        source.close()
+
+
+class Node:
+    def __init__(
+        self, scenario: dict[str, object], made: list[NvmlSource], slow_s: float = SLOW_S
+    ) -> None:
+        self.clock = ManualClock()
+        self.sim = SimNode(parse_scenario({**R580, **scenario}, "test"), self.clock)
+        self.library: SimNvmlLibrary = install(self.sim)
+        self.source = NvmlSource(clock=self.clock, slow_interval_s=slow_s)
+        made.append(self.source)
+
+    def at(self, t: float) -> tuple[GpuSample, ...]:
+        """One cycle at simulated time ``t``; the calls it made in ``self.calls``."""
+        self.clock.now = t
+        before = Counter(self.library.calls.by_function)
+        snapshot = self.source.sample()
+        self.calls = Counter(self.library.calls.by_function) - before
+        assert snapshot.ok
+        self.errors = snapshot.errors
+        return snapshot.gpus
+
+
+def test_a_slow_counter_keeps_its_last_value_until_the_next_slow_read(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node(
+        {
+            "gpus": [{"ecc_corrected": 1, "nvlink_links": 2}],
+            "timeline": [{"at": 10, "set": {"gpu": 0, "ecc_corrected": 9}}],
+        },
+        sources,
+    )
+    assert node.at(0.0)[0].ecc_corrected_total == 1
+    assert all(node.calls[c] for c in SLOW_CALLS)  # the first cycle reads every tier
+
+    carried = node.at(10.0)[0]
+    assert carried.ecc_corrected_total == 1  # as last read: not reset, not re-read
+    assert not any(node.calls[c] for c in SLOW_CALLS)
+    assert node.calls["nvmlDeviceGetMigMode"] == 0  # the layout is read on change only
+    assert node.at(29.0)[0].ecc_corrected_total == 1
+
+    assert node.at(30.0)[0].ecc_corrected_total == 9  # the next slow read
+    assert all(node.calls[c] for c in SLOW_CALLS)
+
+
+def test_a_failed_slow_read_is_absent_until_the_next_one_never_the_carried_value(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node(
+        {
+            "gpus": [{"ecc_corrected": 4}],
+            "call_errors": [
+                {
+                    "call": "nvmlDeviceGetTotalEccErrors",
+                    "error": "NO_PERMISSION",
+                    "from": 25,
+                    "until": 35,
+                }
+            ],
+        },
+        sources,
+    )
+    assert node.at(0.0)[0].ecc_corrected_total == 4
+    failed = node.at(30.0)[0]
+    assert failed.ecc_corrected_total is None  # no series, not the value read at 0 s
+    assert ("ecc", "NoPermission") in node.errors
+    assert node.at(40.0)[0].ecc_corrected_total is None  # not re-read before its time
+    assert node.at(60.0)[0].ecc_corrected_total == 4
+
+
+def test_a_lost_gpu_drops_its_slow_values_and_its_new_handle_reads_them_afresh(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node(
+        {
+            "gpus": [{}, {"ecc_corrected": 2}],
+            "timeline": [
+                {"at": 5, "lose": 1},
+                {"at": 8, "set": {"gpu": 1, "lost": False, "ecc_corrected": 7}},
+            ],
+        },
+        sources,
+    )
+    assert node.at(0.0)[1].ecc_corrected_total == 2
+    lost = node.at(5.0)[1]
+    assert lost.error == "GpuIsLost" and lost.ecc_corrected_total is None
+    back = node.at(10.0)[1]  # re-opened: a fresh slow read, not the old handle's values
+    assert back.error is None and back.ecc_corrected_total == 7
+    assert node.calls["nvmlDeviceGetTotalEccErrors"] and node.calls["nvmlDeviceGetMigMode"]
+
+
+def test_nvlink_error_counters_come_from_fields_for_links_0_to_11_and_calls_beyond(
+    sources: list[NvmlSource],
+) -> None:
+    errors = {1: {"crc_flit": 7, "replay": 2}, 14: {"crc_data": 3, "recovery": 1}}
+    node = Node({"gpus": [{"nvlink_links": 18, "nvlink_errors": errors}]}, sources)
+    links = {link.link: dict(link.errors) for link in node.at(0.0)[0].nvlinks}
+
+    assert links[1] == {"crc_flit": 7, "crc_data": 0, "replay": 2, "recovery": 0}
+    assert links[14] == {"crc_flit": 0, "crc_data": 3, "replay": 0, "recovery": 1}
+    # 18 links x 4 counters: the 48 of links 0-11 in the slow field values, 24 by call
+    assert node.calls["nvmlDeviceGetNvLinkErrorCounter"] == 6 * 4
+    assert node.errors == ()
+
+
+def test_a_field_the_driver_does_not_support_falls_back_to_its_own_call(
+    sources: list[NvmlSource],
+) -> None:
+    unsupported = [
+        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+        "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0",
+    ]
+    gpu = {"energy_mj": 1000, "power_mw": 100_000, "pcie_replay": 3, "nvlink_links": 1}
+    node = Node(
+        {"gpus": [{**gpu, "nvlink_errors": {0: {"crc_flit": 5}}, "unsupported": unsupported}]},
+        sources,
+    )
+    first = node.at(0.0)[0]  # each field answers NOT_SUPPORTED once, then its call answers
+    assert first.energy_millijoules == 1000
+    assert first.pcie_replay_count == 3
+    assert dict(first.nvlinks[0].errors)["crc_flit"] == 5
+
+    second = node.at(30.0)[0]
+    assert second.energy_millijoules == 1000 + 100_000 * 30  # through the call from now on
+    assert node.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+    assert node.calls["nvmlDeviceGetPcieReplayCounter"] == 1
+    assert node.calls["nvmlDeviceGetNvLinkErrorCounter"] == 1
+    assert second.pcie_replay_count == 3 and dict(second.nvlinks[0].errors)["crc_flit"] == 5
+    assert node.errors == ()
+
+
+def test_energy_comes_from_the_field_where_the_driver_supports_it(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node({"gpus": [{"energy_mj": 1000, "power_mw": 100_000}]}, sources)
+    node.at(0.0)  # reads every tier: the link count, the slow and the cycle's fields
+    assert node.calls["nvmlDeviceGetFieldValues"] == 3
+    assert node.at(10.0)[0].energy_millijoules == 1000 + 100_000 * 10
+    assert node.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+    assert node.calls["nvmlDeviceGetFieldValues"] == 1  # one per GPU and cycle
+
+
+def _process_calls(processes: int, made: list[NvmlSource]) -> int:
+    procs = [{"gpu": 0, "memory": "100MiB", "sm": 5} for _ in range(processes)]
+    pods = [
+        {
+            "namespace": "t",
+            "name": "p",
+            "containers": [
+                {"name": "c", "devices": {"nvidia.com/gpu": ["gpu0"]}, "processes": procs}
+            ],
+        }
+    ]
+    node = Node({"gpus": [{}, {}], "pods": pods}, made)
+    node.at(0.0)
+    node.at(1.0)
+    load_calls = load("calls")
+    return sum(n for name, n in node.calls.items() if name in load_calls.PROCESS_CALLS)
+
+
+def test_process_calls_grow_with_gpus_not_with_processes(sources: list[NvmlSource]) -> None:
+    # pynvml asks each listing's size, then reads it: two calls per listing and GPU
+    # whatever the number of processes in it
+    assert _process_calls(4, sources) == _process_calls(64, sources)
+
+
+def test_slow_interval_shorter_than_the_cycle_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="--slow-interval 2 is shorter than --interval 5"):
+        parse_config(["--interval", "5", "--slow-interval", "2"], env={})
+    config = parse_config(["--interval", "5"], env={})
+    assert config.slow_interval_s == nvml_cadence.DEFAULT_SLOW_INTERVAL_S == 30.0
+
+
+def test_the_schedule_is_due_at_first_then_every_interval() -> None:
+    schedule = nvml_cadence.SlowSchedule(30.0)
+    assert schedule.due(0.0)
+    schedule.done(0.0)
+    assert not schedule.due(29.9) and schedule.due(30.0)
+
+
+def test_node_8gpu_makes_at_most_40_percent_of_the_calls_before_the_tiers() -> None:
+    import asyncio
+    import json
+
+    calls = load("calls")
+    before = json.loads(calls.BEFORE.read_text())
+    now = asyncio.run(calls.count_calls(calls.load_scenario("node-8gpu"), cycles=30, warmup=1))
+    assert now["per_cycle"] <= calls.TARGET_SHARE * before["per_cycle"], now["by_function"]
+    assert now["by_function"].get("nvmlDeviceGetNvLinkErrorCounter", 0) < 2
