@@ -118,3 +118,21 @@ def test_a_deprecated_family_names_its_replacement() -> None:
     for name, text in served_help().items():
         if stability(text) == "deprecated":
             assert re.search(r"\buse gpu_[a-z_]+", text, re.IGNORECASE), name
+
+
+CADENCE = re.compile(r"Cadence: (slow tier|on change)\b")
+
+
+def test_every_row_states_the_cadence_of_its_nvml_reads() -> None:
+    """A family read in the slow or on-change tier (exporter/sources/nvml_cadence.py)
+    says so in its row, and so how old it can be; no other row claims a tier."""
+    from exporter.sources.nvml_cadence import FAMILY_TIERS
+
+    words = {"slow tier": "slow", "on change": "change"}
+    found: dict[str, str] = {}
+    for line in ROW_LINE.finditer(DOC.read_text(encoding="utf-8")):
+        name, kind = line.group(1), line.group(2)
+        tier = CADENCE.search(line.group(0))
+        if tier is not None:
+            found[family_name(name, kind)] = words[tier.group(1)]
+    assert found == FAMILY_TIERS

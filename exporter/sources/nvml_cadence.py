@@ -85,7 +85,6 @@ FAMILY_TIERS: dict[str, Tier] = {
     "gpu_remapped_rows": "slow",
     "gpu_row_remap_pending": "slow",
     "gpu_row_remap_failed": "slow",
-    "gpu_retired_pages": "slow",
     "gpu_pcie_link_max_generation": "slow",
     "gpu_pcie_link_max_width": "slow",
     "gpu_pcie_replays": "slow",
