@@ -119,6 +119,15 @@ async def count_calls(
     }
 
 
+async def measure(plan: Any = None) -> dict[str, Any]:
+    """run.py's section: node-8gpu's calls per cycle, with the figure before (if kept)."""
+    result = await count_calls(load_scenario(SCENARIO))
+    result["before_per_cycle"] = (
+        json.loads(BEFORE.read_text())["per_cycle"] if BEFORE.exists() else None
+    )
+    return result
+
+
 def markdown(after: dict[str, Any], before: dict[str, Any] | None, top: int = 10) -> str:
     """The figure against the one before, and the functions that make it up."""
     lines = [f"# NVML calls per sample cycle ({after['scenario']})", ""]

@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]  # run from a checkout without installing
 
+import calls  # noqa: E402
 import cycle  # noqa: E402
 import scaling  # noqa: E402
 import whole_process  # noqa: E402
@@ -74,6 +75,7 @@ SECTIONS: dict[str, Callable[[Any], Coroutine[Any, Any, Any]]] = {
     "cycle": cycle.measure_cycles,
     "profile": cycle.profile_cycles,
     "simulator_share": cycle.simulator_share,
+    "calls": calls.measure,
 }
 
 
@@ -204,6 +206,21 @@ def cycle_rows(r: dict[str, Any], simulator: dict[str, float]) -> list[Row]:
     return out
 
 
+def calls_rows(r: dict[str, Any]) -> list[Row]:
+    """NVML calls per cycle on node-8gpu (benchmarks/calls.py), against the figure before
+    the cadence tiers: the number that carries over to a real driver."""
+    before = r.get("before_per_cycle")
+    target = None if before is None else calls.TARGET_SHARE * before
+    what = "NVML calls per sample cycle" + ("" if before is None else f" (before: {before:.0f})")
+    return [
+        Row(what, r["per_cycle"], "", target),
+        Row("NVML calls per cycle per GPU", r["per_gpu"], ""),
+        Row(
+            "NVML process-scaled calls per process on the node", r["process_calls_per_process"], ""
+        ),
+    ]
+
+
 def table(rows_: list[Row]) -> str:
     header = ("figure", "value", "target", "result")
     cells = [header, *(r.cells() for r in rows_)]
@@ -269,12 +286,15 @@ def main() -> int:
     print(f"[3/3] sample cycle in-process over {cycle_plan.cycles} cycles", flush=True)
     results["cycle"] = in_fresh_process("cycle", cycle_plan)
     results["simulator_share"] = in_fresh_process("simulator_share", cycle_plan)
+    results["calls"] = in_fresh_process("calls", None)
     if args.profile:
         print(in_fresh_process("profile", cycle_plan))
     results["duration_s"] = time.monotonic() - started
 
-    rows_ = process_rows(results["process"]) + cycle_rows(
-        results["cycle"], results["simulator_share"]
+    rows_ = (
+        process_rows(results["process"])
+        + cycle_rows(results["cycle"], results["simulator_share"])
+        + calls_rows(results["calls"])
     )
     results["verdicts"] = [asdict(r) for r in rows_]
     curve = scaling.curve_markdown(results["scaling"])

@@ -330,6 +330,22 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def nvml_calls_per_cycle(scenario_path: Path, cycles: int = 30) -> float:
+    """NVML calls per cycle on this point's node, counted in-process at the simulated
+    library (benchmarks/calls.py) in a process of its own, over one slow-tier period."""
+    code = (
+        "import asyncio, json, logging, sys; logging.disable(logging.WARNING); "
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'benchmarks')!r}]; "
+        "import calls; from exporter.sim.scenario import load_scenario; "
+        f"r = asyncio.run(calls.count_calls(load_scenario({str(scenario_path)!r}), {cycles}, 1)); "
+        "print(json.dumps(r['per_cycle']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def measure_curve(quick: bool) -> dict[str, Any]:
     """Every point (quick: four of them, shorter windows), one after another."""
     plan = QUICK if quick else FULL
@@ -352,6 +368,7 @@ def measure_curve(quick: bool) -> dict[str, Any]:
         for i, (point, _) in enumerate(points, 1):
             print(f"[{i}/{len(points)}] {point.name}", flush=True)
             measured = measure_point(point.name, paths[point.name], plan)
+            measured["nvml_calls_per_cycle"] = nvml_calls_per_cycle(paths[point.name])
             results["points"].append({**asdict(point), **measured})
     results["duration_s"] = time.monotonic() - started
     results["growth"] = growth(results["points"])
@@ -424,14 +441,15 @@ def curve_markdown(results: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        "| point | GPUs | processes | pods | series | CPU ms/s | RSS MiB | p99 OM ms "
-        "| p99 text ms | verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| point | GPUs | processes | pods | series | NVML calls/cycle | CPU ms/s | RSS MiB "
+        "| p99 OM ms | p99 text ms | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in results["points"]:
         missed = ", ".join(p["missed"])
         lines.append(
             f"| {p['name']} | {p['gpus']} | {p['processes']} | {p['pods']} | {p['series']} "
+            f"| {p.get('nvml_calls_per_cycle', float('nan')):.0f} "
             f"| {p['cpu_ms_per_s']:.2f} | {p['rss_mib']:.1f} "
             f"| {p['scrape']['openmetrics']['ms']['p99']:.2f} "
             f"| {p['scrape']['text']['ms']['p99']:.2f} "
