@@ -177,6 +177,7 @@ def test_there_are_rule_files_and_unit_tests() -> None:
         "gpu-occupancy-exporter.recording.yaml",
         "gpu-occupancy-exporter.rightsizing.yaml",
         "gpu-occupancy-exporter.rules.yaml",
+        "compat/dcgm-exporter-4.9.recording.yaml",
         "compat/dcgm-exporter.recording.yaml",
     ]
     assert unit_test_files()

@@ -1306,10 +1306,11 @@ def test_prometheus_rule_holds_exactly_the_groups_of_the_alert_files() -> None:
 
 
 def test_dcgm_exporter_compat_rules_are_rendered_only_when_asked_for() -> None:
-    """alerts/compat/ (dcgm-exporter's series, docs/migrating-from-dcgm-exporter.md) comes
-    after the other groups with prometheusRule.dcgmExporterCompat, and not without."""
+    """alerts/compat/ (dcgm-exporter's series, docs/migrating-from-dcgm-exporter.md): both
+    generations, 4.5.3-4.8.2's names and 4.9's (which builds on the former), come after the
+    other groups with prometheusRule.dcgmExporterCompat, and not without."""
     compat = rule_groups(ROOT / "alerts" / "compat")
-    assert [g["name"] for g in compat] == ["dcgm-exporter-compat"]
+    assert sorted(g["name"] for g in compat) == ["dcgm-exporter-4.9-compat", "dcgm-exporter-compat"]
     (on,) = by_kind(VALUE_SETS["dcgm-exporter-compat"], "PrometheusRule")
     assert on["spec"]["groups"] == rule_groups(ROOT / "alerts") + compat
     (off,) = by_kind({"prometheusRule": {"enabled": True}}, "PrometheusRule")
