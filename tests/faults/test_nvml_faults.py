@@ -229,7 +229,10 @@ async def test_nvml_no_permission(record_fault: RecordFault) -> None:
             for c in refused
         ],
     }
-    async with simulated_exporter(scenario) as h:
+    # Every cycle a slow-tier read (exporter/sources/nvml_cadence.py), so every refused
+    # query is asked, refused and counted each cycle; with the default 30 s the slow facts
+    # read before the refusal would be served as last read until the next slow read.
+    async with simulated_exporter(scenario, argv=["--slow-interval", "5"]) as h:
         await h.advance(5)
         before = await h.scrape()
         full = gpu_series(before, "0")
