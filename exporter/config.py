@@ -249,7 +249,7 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "and row-remap counters, retired pages, PCIe replays and best link, NVLink states "
         "and error counters, fans, power limit) and re-reads of the MIG layout; served as "
         "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
-        "least --interval.",
+        "least --interval (the default follows a longer --interval).",
         default=_plain(DEFAULT_SLOW_INTERVAL_S),
         metavar="SECONDS",
         bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
@@ -725,6 +725,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
             "whole simulated node in this process)"
         )
     _check_simulated_clock(args)
+    slow_given = _env_name("--slow-interval") in env or any(
+        a == "--slow-interval" or a.startswith("--slow-interval=") for a in argv
+    )
+    if args.slow_interval < args.interval and not slow_given:
+        args.slow_interval = args.interval  # the default follows a longer --interval
     if args.slow_interval < args.interval:
         raise ConfigError(
             f"--slow-interval {_plain(args.slow_interval)} is shorter than --interval "

@@ -213,8 +213,12 @@ def test_process_calls_grow_with_gpus_not_with_processes(sources: list[NvmlSourc
 def test_slow_interval_shorter_than_the_cycle_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="--slow-interval 2 is shorter than --interval 5"):
         parse_config(["--interval", "5", "--slow-interval", "2"], env={})
+    with pytest.raises(ConfigError, match="--slow-interval 2 is shorter"):
+        parse_config(["--interval", "5"], env={"GPU_EXPORTER_SLOW_INTERVAL": "2"})
     config = parse_config(["--interval", "5"], env={})
     assert config.slow_interval_s == nvml_cadence.DEFAULT_SLOW_INTERVAL_S == 30.0
+    # not given: the default follows a longer cycle instead of refusing it
+    assert parse_config(["--interval", "60"], env={}).slow_interval_s == 60.0
 
 
 def test_the_schedule_is_due_at_first_then_every_interval() -> None:
