@@ -22,13 +22,11 @@ sees half a file.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Final
 
-from exporter.sim.proctree import kubepods_path
+from exporter.sim.proctree import kubepods_path, write_atomic
 from exporter.sim.scenario import SimCgroup, SimPod
 
 V1_CPU_DIR: Final = "cpu,cpuacct"
@@ -72,7 +70,7 @@ class CgroupTree:
         self._born: dict[Path, float] = {}  # container directory -> simulated time first shown
         root.mkdir(parents=True, exist_ok=True)
         if version == 2:
-            _write(root / "cgroup.controllers", _V2_CONTROLLERS)
+            write_atomic(root / "cgroup.controllers", _V2_CONTROLLERS)
             self.base = root
         else:
             self.base = root / V1_CPU_DIR
@@ -97,21 +95,12 @@ class CgroupTree:
 
     def _write_container(self, directory: Path, cgroup: SimCgroup, seconds: float) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        _write(directory / "cpu.stat", cpu_stat(cgroup, seconds, self.version))
+        write_atomic(directory / "cpu.stat", cpu_stat(cgroup, seconds, self.version))
         if self.version != 2 or not cgroup.psi:
             return
-        _write(directory / "cpu.pressure", pressure(cgroup.cpu_pressure, cgroup.full, seconds))
-        _write(directory / "io.pressure", pressure(cgroup.io_pressure, cgroup.full, seconds))
+        write_atomic(
+            directory / "cpu.pressure", pressure(cgroup.cpu_pressure, cgroup.full, seconds)
+        )
+        write_atomic(directory / "io.pressure", pressure(cgroup.io_pressure, cgroup.full, seconds))
         memory = pressure(cgroup.memory_pressure, cgroup.full, seconds)
-        _write(directory / "memory.pressure", memory)
-
-
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_atomic(directory / "memory.pressure", memory)

@@ -203,7 +203,9 @@ def start_time_of(proc_root: Path, pid: int) -> int | None:
     return int(fields[_START_TIME_FIELD]) if len(fields) > _START_TIME_FIELD else None
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a concurrent reader sees the old file or the new,
+    never a part (the simulated /proc and cgroup trees both use it)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -300,7 +302,7 @@ def write_process(
             if not pid_dir.is_dir():  # not a lost race with another writer
                 raise
     for name, text in files.items():
-        _write_atomic(pid_dir / name, text)
+        write_atomic(pid_dir / name, text)
     if fds is not None:
         _write_fds(pid_dir, fds)
 
