@@ -8,13 +8,16 @@ slower (thermal or power slowdown). Degraded GPUs stay schedulable.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from exporter.analysis.xid import recovery_action_name
-from exporter.model import GpuHealth, GpuSample, HealthReason
+from exporter.model import GpuHealth, GpuSample, HealthReason, RemappedRows
 
 UNHEALTHY, DEGRADED = "unhealthy", "degraded"
+_T = TypeVar("_T")
 # NVML clock-event bits that mean "slower because of heat or power", not "idle"
 THERMAL_BITS = 0x20 | 0x40  # sw / hw thermal slowdown
 POWER_BITS = 0x08 | 0x80  # hw slowdown / hw power brake
@@ -38,6 +41,77 @@ class HealthPolicy:
 
     xid_window_s: float = 3600.0
     retired_pages_limit: int = 60
+
+
+@dataclass(frozen=True, slots=True)
+class KnownFacts:
+    """A GPU's health facts as last read (None: never read). A slow-tier read that fails
+    (NoPermission, a timeout) answers nothing about the GPU, so its verdict stands on
+    what the last successful read said (docs/health.md)."""
+
+    ecc_uncorrected_volatile: int | None = None
+    remapped_rows: RemappedRows | None = None
+    retired_pages: int | None = None
+    recovery_action: int | None = None
+
+
+def _read(gpu: GpuSample) -> KnownFacts:
+    return KnownFacts(
+        gpu.ecc_uncorrected_volatile, gpu.remapped_rows, gpu.retired_pages, gpu.recovery_action
+    )
+
+
+def _merged(now: KnownFacts, before: KnownFacts) -> KnownFacts:
+    """What was read this cycle, and the last known value of what was not."""
+    return KnownFacts(
+        _first(now.ecc_uncorrected_volatile, before.ecc_uncorrected_volatile),
+        _first(now.remapped_rows, before.remapped_rows),
+        _first(now.retired_pages, before.retired_pages),
+        _first(now.recovery_action, before.recovery_action),
+    )
+
+
+def _first(value: _T | None, fallback: _T | None) -> _T | None:
+    return fallback if value is None else value
+
+
+def with_known_facts(
+    gpus: Sequence[GpuSample], known: Mapping[str, KnownFacts], *, nvml_ok: bool
+) -> tuple[tuple[GpuSample, ...], dict[str, KnownFacts]]:
+    """The GPUs to judge, each health fact that was not read this cycle (None) filled in
+    with its last known value, and the facts to carry on (GPU UUID -> facts).
+
+    Only the verdict uses the filled-in samples: the series of a fact not read stay absent.
+    A lost GPU is judged lost and keeps its facts for when it answers again; two GPUs under
+    one UUID carry nothing (no fact about either can hold); while NVML is down everything
+    is kept; a GPU that a working NVML no longer lists takes its facts with it."""
+    if not nvml_ok:
+        return tuple(gpus), dict(known)
+    seen = Counter(g.uuid for g in gpus)
+    judged: list[GpuSample] = []
+    carried: dict[str, KnownFacts] = {}
+    for gpu in gpus:
+        before = known.get(gpu.uuid)
+        if seen[gpu.uuid] > 1 or gpu.error:
+            judged.append(gpu)
+            if before is not None and seen[gpu.uuid] == 1:
+                carried[gpu.uuid] = before
+            continue
+        facts = _read(gpu) if before is None else _merged(_read(gpu), before)
+        if facts != KnownFacts():
+            carried[gpu.uuid] = facts
+        judged.append(
+            gpu
+            if before is None
+            else replace(
+                gpu,
+                ecc_uncorrected_volatile=facts.ecc_uncorrected_volatile,
+                remapped_rows=facts.remapped_rows,
+                retired_pages=facts.retired_pages,
+                recovery_action=facts.recovery_action,
+            )
+        )
+    return tuple(judged), carried
 
 
 def assess(

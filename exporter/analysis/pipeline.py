@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.cgroup_signals import cgroup_signals
-from exporter.analysis.health import HealthPolicy, assess
+from exporter.analysis.health import HealthPolicy, KnownFacts, assess, with_known_facts
 from exporter.analysis.idle import IdlePolicy, account_idle
 from exporter.analysis.ledger import account_ledger, listed
 from exporter.analysis.limits import container_limits
@@ -69,6 +69,9 @@ class CarriedState:
     # GPU uuid -> DCGM health systems failing, as DCGM last said: carried while DCGM is
     # down (a host engine restarting is no verdict of healthy)
     dcgm_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # GPU uuid -> health facts (ECC, row remapping, retired pages, recovery action) as
+    # last read: a slow read that fails says nothing, so the verdict stands on these
+    known_facts: Mapping[str, KnownFacts] = field(default_factory=dict)
     last_timestamp: float | None = None
 
 
@@ -90,8 +93,9 @@ def analyse(
     xid_events = (*snapshot.xid_events, *snapshot.kmsg_events)
     xids = state.xids.record(xid_events, now, bus_id_map(gpus))
     failing = dcgm_failures(snapshot.dcgm, state.dcgm_failures)
+    judged, known_facts = with_known_facts(gpus, state.known_facts, nvml_ok=snapshot.nvml.ok)
     health = assess(
-        gpus,
+        judged,
         recent_fatal_xids=xids.recent_fatal(now - policy.health.xid_window_s),
         dcgm_failures=failing,
         policy=policy.health,
@@ -185,6 +189,7 @@ def analyse(
         memory=memory,
         health=health_facts,
         dcgm_failures=failing,
+        known_facts=known_facts,
         last_timestamp=counted_to,
     )
     return analysis, state
