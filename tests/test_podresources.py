@@ -341,9 +341,9 @@ async def test_allocatable_unimplemented_keeps_the_snapshot_ok(
     assert snap.allocatable == ()
     assert snap.error is None
     assert len(snap.containers) == 5
-    # UNIMPLEMENTED is an answer, not a broken connection: the channel is kept.
-    assert again.ok is True
-    assert client.channels_created == 1
+    # UNIMPLEMENTED is an answer, not a broken connection: the next round is as good.
+    assert again.ok is True and again.allocatable_ok is False and again.error is None
+    assert client.channels_created == 2  # a channel per round (the client module says why)
 
 
 class _GateOffServicer(PodResourcesServicer):
@@ -410,9 +410,11 @@ async def test_stale_socket_left_by_a_crashed_kubelet_fails_then_recovers(
     assert len(recovered.containers) == 5
 
 
-async def test_one_channel_serves_many_fetches(
+async def test_each_fetch_opens_a_channel_and_closes_it_before_returning(
     start_server: ServerFactory, client: PodResourcesClient
 ) -> None:
+    """No channel is open between refreshes: gRPC core's threads run only while one is
+    (test_grpc_threads_end_between_refreshes); the kubelet counts calls, not channels."""
     calls = 0
 
     def provider() -> Allocations:
@@ -422,11 +424,27 @@ async def test_one_channel_serves_many_fetches(
 
     await start_server(provider)
 
-    snaps = [await client.fetch() for _ in range(25)]
+    snaps = []
+    for _ in range(25):
+        snaps.append(await client.fetch())
+        assert not client.channel_open
 
     assert all(s.ok and s.allocatable_ok for s in snaps)
     assert calls == 50  # every fetch really reached the server (List + Allocatable)
-    assert client.channels_created == 1
+    assert client.channels_created == 25
+
+
+async def test_a_failed_round_closes_its_channel_too(
+    client: PodResourcesClient, sock: Path
+) -> None:
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))  # bound, never listening: connect() is refused
+    stale.close()
+
+    failed = await client.fetch()
+
+    assert failed.ok is False and client.channels_created == 1
+    assert not client.channel_open
 
 
 async def test_close_then_fetch_opens_a_new_channel(
@@ -440,6 +458,7 @@ async def test_close_then_fetch_opens_a_new_channel(
 
     assert snap.ok is True
     assert client.channels_created == 2
+    assert not client.channel_open
 
 
 def _many_pods(count: int, gpu_pods: int) -> tuple[ContainerDevices, ...]:
@@ -769,3 +788,72 @@ async def test_prime_without_run_fetches_itself(
     source = PodResourcesSource(client)
     await source.prime(5.0)  # the test harness primes without a refresh task
     assert source.status().up
+
+
+# A client in a process of its own (no gRPC server or other channel in it), against the
+# simulated node's kubelet in another: which of gRPC core's threads (event_engine, the
+# global timer, lifeguard) are running after a refresh, and while a channel is held.
+_GRPC_THREADS_SCRIPT = """
+import asyncio, os, sys, time
+import grpc.aio
+from exporter.sources.podresources.client import PodResourcesClient
+
+def grpc_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{tid}/comm").read().strip())
+        except OSError:
+            pass
+    return sorted(n for n in names if n.startswith(("event_engine", "grpc_", "lifeguard")))
+
+def settled(want_none, within_s=10.0):
+    deadline = time.monotonic() + within_s
+    while (bool(grpc_threads()) == want_none) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return grpc_threads()
+
+async def main(sock, hold):
+    client = PodResourcesClient(sock)
+    snap = await client.fetch()
+    assert snap.ok, snap.error
+    if hold == "hold":  # the control: a channel left open keeps gRPC core's threads
+        channel = grpc.aio.insecure_channel(f"unix://{sock}")
+        await channel.channel_ready()
+        print(",".join(settled(want_none=False)))
+        await channel.close()
+    else:
+        print(",".join(settled(want_none=True)))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("hold", ["after-refresh", "hold"])
+def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
+    """The idle floor's known part: with a channel open, gRPC core's threads wake ~35
+    times a second (benchmarks/README.md); after a refresh none of them is left."""
+    import json
+    import subprocess
+    import sys
+
+    from exporter.sim.external import NodeProcess
+
+    node = NodeProcess("single-gpu", tmp_path, kube_api=False)
+    try:
+        sock = json.loads((tmp_path / "node.json").read_text())["pod_resources_socket"]
+        done = subprocess.run(
+            [sys.executable, "-c", _GRPC_THREADS_SCRIPT, sock, hold],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        node.stop()
+    assert done.returncode == 0, done.stderr
+    threads = [t for t in done.stdout.strip().split(",") if t]
+    if hold == "hold":
+        assert any(t.startswith("event_engine") for t in threads), threads
+    else:
+        assert threads == []

@@ -1,9 +1,16 @@
 """kubelet PodResources client: which container holds which GPU, and what the node advertises.
 
-Talks ``v1.PodResourcesLister`` over the kubelet's unix socket with one long-lived
-``grpc.aio`` channel: a connection per refresh would cost a handshake each time against
-a kubelet that rate-limits this API, so the channel is created on first use and
-replaced only after a call on it failed.
+Talks ``v1.PodResourcesLister`` over the kubelet's unix socket with a ``grpc.aio``
+channel of its own for each refresh, closed when the refresh is done. While any channel
+is open, gRPC core runs threads of its own (four event-engine pollers, a timer and a
+lifeguard) that wake ~35 times a second: ~1.4 ms/s of CPU on an idle node between
+refreshes, most of the exporter's idle floor (benchmarks/README.md, "Idle floor"). With
+no channel open those threads end. What a channel per refresh costs instead is a
+``connect()`` on a local socket and the HTTP/2 preface, ~1 ms of CPU every
+``--pod-resources-interval``; the kubelet does not count it, since its rate limit counts
+calls, not connections (a unary server interceptor, 100 calls/s with a burst of 10:
+kubernetes/kubernetes pkg/kubelet/apis/podresources/grpc/ratelimit.go). A refresh after
+a failed one starts afresh by construction, never waiting out gRPC's reconnect backoff.
 """
 
 from __future__ import annotations
@@ -150,8 +157,14 @@ class PodResourcesClient:
 
     @property
     def channels_created(self) -> int:
-        """How many channels (connections) this client has opened; 1 while all is well."""
+        """How many channels (connections) this client has opened: one per ``fetch()``
+        that reached the socket."""
         return self._channels_created
+
+    @property
+    def channel_open(self) -> bool:
+        """Whether a channel is open now: only during a ``fetch()``."""
+        return self._channel is not None
 
     async def fetch(self) -> PodResourcesSnapshot:
         """One ``List`` + ``GetAllocatableResources`` round; failures become ``ok=False``.
@@ -159,18 +172,22 @@ class PodResourcesClient:
         Each call has its own ``timeout_s`` deadline. If the allocatable call fails after
         ``List`` succeeded, the snapshot stays ``ok=True`` with ``allocatable_ok=False``;
         ``error`` then explains why unless the kubelet simply does not offer that call.
-        After any other failure the channel is closed, so the next ``fetch()`` connects
-        afresh instead of waiting out gRPC's own reconnect backoff.
+        The round's channel is closed when it returns, whatever happened (the module
+        says why), so the next ``fetch()`` connects afresh.
 
         Each answer is decoded in a worker thread, so probes and scrapes never wait on
         it. An answer over a ceiling of ``answer.py`` (GPU allocations in ``List``,
         advertised GPU ids in ``GetAllocatableResources``) fails the whole round: no
         allocations are handed over, as when the kubelet is down, rather than a part.
         """
-        timestamp = time.time()
+        try:
+            return await self._round(time.time())
+        finally:
+            await self._drop_channel()
+
+    async def _round(self, timestamp: float) -> PodResourcesSnapshot:
         missing = self._socket_problem()
         if missing is not None:
-            await self._drop_channel()
             return PodResourcesSnapshot(ok=False, timestamp=timestamp, error=missing)
 
         try:
@@ -188,17 +205,14 @@ class PodResourcesClient:
                 ok=False, timestamp=timestamp, error=f"PodResources List: {err}"
             )
         except grpc.aio.AioRpcError as err:
-            await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False, timestamp=timestamp, error=_rpc_error_text("List", err)
             )
         except Undecodable as err:
-            await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False, timestamp=timestamp, error=f"PodResources List: {err}"
             )
         except Exception as err:  # never raise into the agent: one readable line instead
-            await self._drop_channel()
             return PodResourcesSnapshot(
                 ok=False,
                 timestamp=timestamp,
@@ -226,14 +240,10 @@ class PodResourcesClient:
             )
         except grpc.aio.AioRpcError as err:
             if not _allocatable_unsupported(err):
-                # Unexpected: the connection may be broken, start afresh next time.
-                await self._drop_channel()
                 error = _rpc_error_text("GetAllocatableResources", err)
         except Undecodable as err:
-            await self._drop_channel()
             error = f"PodResources GetAllocatableResources: {err}"
         except Exception as err:
-            await self._drop_channel()
             error = one_line(f"PodResources GetAllocatableResources: {type(err).__name__}: {err}")
 
         return PodResourcesSnapshot(
@@ -247,7 +257,8 @@ class PodResourcesClient:
         )
 
     async def close(self) -> None:
-        """Close the channel; a later ``fetch()`` would open a new one."""
+        """Close a channel left open (a ``fetch()`` cancelled mid-round closes its own on
+        the way out; this is for shutdown's sake)."""
         await self._drop_channel()
 
     # -- internals ---------------------------------------------------------------------
