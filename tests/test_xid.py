@@ -44,7 +44,7 @@ from exporter.sources.kmsg import (
     parse_xid_attribution,
     parse_xid_message,
 )
-from exporter.sources.xid import XidListener
+from exporter.sources.xid import WAIT_TIMEOUT_MS, XidListener
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "xid.md"
 
@@ -879,3 +879,18 @@ def test_kmsg_reader_skips_a_line_without_end_in_bounded_time(
         assert reader.alive and reader.errors_total == 0
     finally:
         reader.stop()
+
+
+def test_the_default_wait_wakes_once_a_second_and_stop_returns_within_it(
+    listen: Callable[..., Listening],
+) -> None:
+    """The wait bounds stop() and sets the listener's share of the idle floor: each
+    timeout is a wake-up, so one a second, not two (benchmarks/README.md, idle floor)."""
+    assert WAIT_TIMEOUT_MS == 1000
+    sim_node()
+    got = listen(wait_timeout_ms=WAIT_TIMEOUT_MS)
+    assert eventually(lambda: got.listener.registered == (0, 1, 2))
+    started = time.monotonic()
+    got.listener.stop()
+    assert time.monotonic() - started < 2.5
+    assert not got.listener.alive

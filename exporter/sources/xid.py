@@ -2,10 +2,15 @@
 
 XIDs are events, not state: polling would miss one raised and cleared between two
 samples, and the kernel log is optional. So one daemon thread waits on
-``nvmlEventSetWait_v2`` with a short timeout (a timeout is the normal case and the
-moment to check the stop flag). Each XID is kept, under a lock, until the agent's next
-cycle takes it with ``read()`` (the agent constructs the listener without ``on_event``);
-a test may pass ``on_event`` to receive each XID on the listener's thread instead.
+``nvmlEventSetWait_v2`` with a timeout of ``WAIT_TIMEOUT_MS`` (a timeout is the normal
+case and the moment to check the stop flag, so it bounds how long ``stop()`` takes).
+Each timeout is a wake-up, part of the idle floor between cycles, so the wait is as long
+as a prompt stop allows: one a second, not two. (The simulated library also looks at its
+clock every 0.5 s inside a wait, ``EVENT_WAIT_STEP_S``, so there the thread still wakes
+twice a second; a driver sleeps until an interrupt or the timeout.) Each XID is kept,
+under a lock, until the agent's next cycle takes it with ``read()`` (the agent constructs
+the listener without ``on_event``); a test may pass ``on_event`` to receive each XID on
+the listener's thread instead.
 
 Failure isolation:
 - a GPU that cannot deliver events (NotSupported, FunctionNotFound, NoPermission) is
@@ -40,6 +45,7 @@ from exporter.sources.threaded import ThreadedSource
 log = logging.getLogger(__name__)
 
 XID_EVENT: int = pynvml.nvmlEventTypeXidCriticalError
+WAIT_TIMEOUT_MS = 1000
 
 
 def _address(handle: Any) -> int | None:
@@ -75,7 +81,7 @@ class XidListener(ThreadedSource):
         self,
         on_event: Callable[[XidEvent], None] | None = None,
         *,
-        wait_timeout_ms: int = 500,
+        wait_timeout_ms: int = WAIT_TIMEOUT_MS,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         rebuild_after_lost_s: float = 30.0,
