@@ -56,7 +56,11 @@ MAX_TRIES = 3
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 REQUEST_DEADLINE_S = 5.0
-IDLE_WAKE_S = 1.0  # a turn at least this often: series flushes and heartbeats come due
+IDLE_WAKE_S = 1.0  # a turn at least this often while anything waits to be sent
+# With nothing waiting, only the node condition's heartbeat (HEARTBEAT_S, 300 s), the
+# taint resync (TAINT_RESYNC_S) and the end of an inherited hold come due, each of them
+# late by this much at most; every wake-up is part of the idle floor between cycles.
+QUIET_WAKE_S = 10.0
 TAINT_RESYNC_S = 600.0  # re-list our DeviceTaintRules (someone may have deleted one)
 STOP_TIMEOUT_S = 2.0
 WRITE_KINDS = ("node_condition", "device_taint_rule")
@@ -111,6 +115,10 @@ class _Backoff:
 
     def active(self) -> bool:
         return self._clock() < self._until
+
+    def failing(self) -> bool:
+        """The last try failed: a retry comes due when the backoff runs out."""
+        return self._step > 0
 
     def failed(self) -> None:
         self._step = min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * self._step))
@@ -234,7 +242,7 @@ class KubeReporter:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(IDLE_WAKE_S)
+            self._wake.wait(self._wait_s())
             self._wake.clear()
             try:
                 self._turn()
@@ -245,6 +253,21 @@ class KubeReporter:
         client = self._client
         if client is not None:
             client.close()
+
+    def _wait_s(self) -> float:
+        """How long the thread sleeps unless ``offer()`` wakes it: ``IDLE_WAKE_S`` while
+        anything waits (an intent, an unsent count, a retry, a failed kind's backoff),
+        else ``QUIET_WAKE_S``."""
+        with self._lock:
+            handed = bool(self._intents or self._overflow)
+        backoffs = (self._event_backoff, self._condition_backoff, self._taint_backoff)
+        waiting = (
+            handed
+            or self._retry is not None
+            or self.recorder.pending() > 0
+            or any(b.failing() for b in backoffs)
+        )
+        return IDLE_WAKE_S if waiting else QUIET_WAKE_S
 
     def _turn(self) -> None:
         with self._lock:
