@@ -9,13 +9,21 @@ the real exporter on a simulated node (tests/harness.py) with the API stand-in.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml
 import pytest
 
 from exporter.analysis.health import KnownFacts, with_known_facts
 from exporter.model import GpuSample, RemappedRows
+from exporter.sources import nvml_fields, nvml_links
+from exporter.sources.nvml import NvmlSource
 from tests.harness import simulated_exporter
 from tests.test_kube_condition_taints import status_of
 from tests.test_kube_events import api, quiet, step, until_equal
+from tests.test_nvml_cadence import Node
 
 R580: dict[str, object] = {"driver_version": "580.65.06", "nvml_version": "13.580.65.06"}
 
@@ -88,3 +96,124 @@ async def test_a_failed_slow_read_of_a_health_fact_keeps_the_gpu_unhealthy(fact:
         await quiet(h)
         assert api(h).events("reason=GPUHealthy") == []
         assert len(api(h).events("reason=GPUUnhealthy")) == 1
+
+
+@pytest.fixture
+def sources() -> Iterator[list[NvmlSource]]:
+    made: list[NvmlSource] = []
+    yield made
+    for source in made:
+        source.close()
+
+
+# -- F2/F3: field answers that are garbage, out of order or missing ---------------------
+
+
+def _entry(fid: int, scope: int, value: float | int, value_type: int) -> Any:
+    entry = pynvml.c_nvmlFieldValue_t()
+    entry.fieldId, entry.scopeId, entry.nvmlReturn, entry.valueType = fid, scope, 0, value_type
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        entry.value.dVal = value
+    else:
+        entry.value.ullVal = int(value)
+    return entry
+
+
+def _read(entries: list[Any], keys: list[nvml_fields.FieldKey]) -> tuple[dict[Any, Any], list]:
+    errors: list[tuple[str, str]] = []
+    values = nvml_fields.read(
+        lambda *_: entries, None, keys, lambda q, e: errors.append((q, e)), set()
+    )
+    return values, errors
+
+
+ENERGY, REPLAY = nvml_fields.TOTAL_ENERGY, nvml_fields.PCIE_REPLAY_COUNTER
+RECOVERY_L0 = nvml_fields.NVLINK_ERROR_FIELDS[(0, "recovery")]
+ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_field_value_is_absent_and_counted(bad: float) -> None:
+    double = pynvml.NVML_VALUE_TYPE_DOUBLE
+    entries = [_entry(ENERGY, 0, bad, double), _entry(REPLAY, 0, 7, ULL)]
+    values, errors = _read(entries, [(ENERGY, 0), (REPLAY, 0)])
+    assert values == {(REPLAY, 0): 7}
+    assert errors == [("energy", nvml_fields.INVALID_VALUE)]
+
+
+def test_an_unknown_value_type_is_absent_and_counted() -> None:
+    values, errors = _read([_entry(REPLAY, 0, 7, 99)], [(REPLAY, 0)])
+    assert (values, errors) == ({}, [("pcie_replay", nvml_fields.INVALID_VALUE)])
+
+
+def test_answers_are_matched_by_field_and_scope_never_by_position() -> None:
+    keys = [(REPLAY, 0), (RECOVERY_L0, 0)]
+    entries = [_entry(RECOVERY_L0, 0, 0, ULL), _entry(REPLAY, 0, 7, ULL)]  # reversed
+    values, errors = _read(entries, keys)
+    assert values == {(REPLAY, 0): 7, (RECOVERY_L0, 0): 0}
+    assert errors == []
+
+
+def test_a_field_not_answered_is_absent_and_counted() -> None:
+    keys = [(REPLAY, 0), (RECOVERY_L0, 0)]
+    values, errors = _read([_entry(REPLAY, 0, 7, ULL)], keys)  # fewer entries than asked
+    assert values == {(REPLAY, 0): 7}
+    assert errors == [("nvlink_errors", nvml_fields.NOT_ANSWERED)]
+    values, errors = _read([_entry(REPLAY, 3, 7, ULL)], [(REPLAY, 0)])  # another scope
+    assert (values, errors) == ({}, [("pcie_replay", nvml_fields.NOT_ANSWERED)])
+
+
+def test_an_empty_answer_to_the_nvlink_count_is_unknown_and_counted() -> None:
+    errors: list[tuple[str, str]] = []
+    count = nvml_links.nvlink_count(lambda *_: [], None, lambda q, e: errors.append((q, e)))
+    assert count is None
+    assert errors == [("nvlink_count", nvml_fields.NOT_ANSWERED)]
+
+
+GARBLED = {"nvlink_links": 2, "pcie_replay": 7, "nvlink_errors": {1: {"recovery": 3}}}
+
+
+@pytest.mark.parametrize("mode", ["nan", "inf", "unknown_type"])
+def test_a_driver_answering_garbage_fields_fails_those_fields_not_the_sample(
+    mode: str, sources: list[NvmlSource]
+) -> None:
+    node = Node({"gpus": [{**GARBLED, "field_answers": mode}, GARBLED]}, sources)
+    for t in (0.0, 1.0):
+        bad, good = node.at(t)
+        assert bad.error is None and good.error is None
+        assert bad.energy_millijoules is None and bad.recovery_action is None
+        assert good.energy_millijoules is not None and good.recovery_action == 0
+        assert ("energy", nvml_fields.INVALID_VALUE) in node.errors
+    assert bad.pcie_replay_count is None and good.pcie_replay_count == 7  # slow, read at 0
+
+
+def test_answers_in_another_order_serve_each_counter_as_itself(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node({"gpus": [{**GARBLED, "field_answers": "reversed"}, GARBLED]}, sources)
+    reversed_gpu, plain = node.at(0.0)
+    assert reversed_gpu.pcie_replay_count == plain.pcie_replay_count == 7
+    assert reversed_gpu.nvlinks == plain.nvlinks
+    assert [link.errors for link in plain.nvlinks][1] == (
+        ("crc_flit", 0),
+        ("crc_data", 0),
+        ("replay", 0),
+        ("recovery", 3),
+    )
+    assert reversed_gpu.energy_millijoules == plain.energy_millijoules
+    assert node.errors == ()
+
+
+def test_an_exception_in_one_gpus_reads_fails_that_gpu_only(
+    sources: list[NvmlSource], caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPU 0's board name is not UTF-8, so pynvml's decode of it raises
+    UnicodeDecodeError: GPU 0 fails (counted every cycle, logged once), GPU 1 is read."""
+    node = Node({"gpus": [{"name": "NVIDIA H100 \udcff"}, {}]}, sources)
+    for t in (0.0, 1.0, 2.0):
+        broken, fine = node.at(t)
+        assert broken.error == "UnicodeDecodeError"
+        assert fine.error is None and fine.memory_used_bytes is not None
+        assert ("gpu", "UnicodeDecodeError") in node.errors
+    logged = [r for r in caplog.records if "UnicodeDecodeError" in r.getMessage()]
+    assert len(logged) == 1

@@ -27,6 +27,7 @@ import collections
 import ctypes
 import functools
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -332,7 +333,10 @@ class SimNvmlLibrary:
 
     @device_call
     def nvmlDeviceGetName(self, gpu: SimGpu, mig: SimMig | None, buf: Any, size: Any) -> int:
-        buf.value = (f"{gpu.name} MIG {mig.profile}" if mig else gpu.name).encode()
+        # surrogateescape: a scenario name with "\udcff" answers the byte 0xff, not UTF-8,
+        # as a corrupted board name would (pynvml's decode of it raises)
+        name = f"{gpu.name} MIG {mig.profile}" if mig else gpu.name
+        buf.value = name.encode("utf-8", "surrogateescape")
         return SUCCESS
 
     @device_call
@@ -484,6 +488,8 @@ class SimNvmlLibrary:
             entry = entries[i]
             entry.timestamp = stamp
             entry.nvmlReturn = self._field(gpu, entry)
+        if gpu.field_answers is not None:
+            _broken_field_answers(gpu.field_answers, [entries[i] for i in range(_value(count))])
         return SUCCESS
 
     def _driver_branch(self) -> int:
@@ -1090,6 +1096,26 @@ class _Counted:
             return target(*args)
 
         return entry
+
+
+def _broken_field_answers(mode: str, entries: list[Any]) -> None:
+    """Spoil answered field values the way ``mode`` (scenario.FIELD_ANSWERS) says."""
+    if mode == "reversed":
+        answers = [
+            (e.fieldId, e.scopeId, e.nvmlReturn, e.valueType, e.value.ullVal) for e in entries
+        ]
+        for entry, answer in zip(entries, reversed(answers), strict=True):
+            (entry.fieldId, entry.scopeId, entry.nvmlReturn, entry.valueType) = answer[:4]
+            entry.value.ullVal = answer[4]
+        return
+    for entry in entries:
+        if entry.nvmlReturn != SUCCESS or entry.fieldId == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            continue  # the memory temperature is read as uiVal whatever its type says
+        if mode == "unknown_type":
+            entry.valueType = 99
+        else:
+            entry.valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
+            entry.value.dVal = math.nan if mode == "nan" else math.inf
 
 
 def install(node: SimNode) -> SimNvmlLibrary:

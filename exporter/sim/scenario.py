@@ -187,6 +187,8 @@ class SimGpu:
     memory_temperature: int | None = None  # None: GPU temperature + 5 (HBM runs warmer)
     fans: list[int] = field(default_factory=list)  # percent per fan; []: no fans
     duty: SimDuty | None = None  # busy in bursts (why-idle); None: always as configured
+    # a broken driver's nvmlDeviceGetFieldValues (FIELD_ANSWERS); None: as a driver answers
+    field_answers: str | None = None
 
 
 @dataclass
@@ -352,7 +354,12 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "memory_temperature": None,
     "fans": [],
     "duty": None,
+    "field_answers": None,
 }
+# How a broken driver can answer nvmlDeviceGetFieldValues: every value a NaN or an
+# infinite double, an unknown nvmlValueType_t, or the answers in reverse order (each
+# entry's fieldId/scopeId naming the field it answers, as nvmlFieldValue_t carries them).
+FIELD_ANSWERS = ("nan", "inf", "unknown_type", "reversed")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
 _TIMELINE_ACTIONS = {
@@ -417,6 +424,10 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
             )
         )
     merged["unsupported"] = set(merged["unsupported"] or [])
+    if merged["field_answers"] not in (None, *FIELD_ANSWERS):
+        raise ScenarioError(
+            f"{where}.field_answers: {merged['field_answers']!r} is not one of {FIELD_ANSWERS}"
+        )
     if not isinstance(merged["process_memory_unavailable"], bool):
         raise ScenarioError(f"{where}.process_memory_unavailable: expected true or false")
     merged["gpm"] = {str(k): float(v) for k, v in (merged["gpm"] or {}).items()}

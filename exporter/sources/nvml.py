@@ -179,6 +179,9 @@ class NvmlSource(Source):
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._devices: list[_Device | None] = []
         self._errors: list[tuple[str, str]] = []
+        # (GPU index, exception class) already logged: an unexpected exception in one
+        # GPU's reads is logged once, then only counted
+        self._logged_failures: set[tuple[int, str]] = set()
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
 
     # -- lifecycle --------------------------------------------------------------------
@@ -280,21 +283,38 @@ class NvmlSource(Source):
         except pynvml.NVMLError as exc:
             # Any NVML error escaping one GPU's queries fails that GPU only, never the cycle.
             reason = error_name(exc)
-            self._errors.append(("gpu", reason))
             log.debug("GPU %d failed this cycle: %s", index, reason)
-            if device is None:
-                return GpuSample(index=index, uuid=f"unknown-gpu-{index}", error=reason)
-            # Re-open next cycle, so a GPU that comes back gets a fresh handle, but keep
-            # its last known identity: the lost GPU's series keep their uuid and model.
-            device.failed = True
-            return GpuSample(
-                index=index,
-                uuid=device.uuid,
-                name=device.name,
-                pci_bus_id=device.pci_bus_id,
-                minor_number=device.minor_number,
-                error=reason,
-            )
+            return self._failed(index, device, reason)
+        except Exception as exc:  # one GPU's garbage must not end the sample
+            # Anything else (a binding that cannot decode an answer, a value no reading
+            # can be made of) fails that GPU alike: counted, logged once per GPU and kind.
+            reason = type(exc).__name__
+            if (index, reason) not in self._logged_failures:
+                self._logged_failures.add((index, reason))
+                log.warning(
+                    "GPU %d: its NVML reading failed (%s), counted from now on",
+                    index,
+                    reason,
+                    exc_info=True,
+                )
+            return self._failed(index, device, reason)
+
+    def _failed(self, index: int, device: _Device | None, reason: str) -> GpuSample:
+        """The sample of a GPU whose reading failed as a whole (``reason`` counted)."""
+        self._errors.append(("gpu", reason))
+        if device is None:
+            return GpuSample(index=index, uuid=f"unknown-gpu-{index}", error=reason)
+        # Re-open next cycle, so a GPU that comes back gets a fresh handle, but keep
+        # its last known identity: the lost GPU's series keep their uuid and model.
+        device.failed = True
+        return GpuSample(
+            index=index,
+            uuid=device.uuid,
+            name=device.name,
+            pci_bus_id=device.pci_bus_id,
+            minor_number=device.minor_number,
+            error=reason,
+        )
 
     def _open(self, index: int) -> _Device:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)

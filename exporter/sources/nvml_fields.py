@@ -16,6 +16,7 @@ read through that call from then on, as drivers without the field need.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -25,6 +26,9 @@ from exporter.sources.nvml_codes import error_name
 
 FieldKey = tuple[int, int]  # (field id, scope id: the NVLink for per-link fields, else 0)
 Errors = Callable[[str, str], None]  # (query, error class): counted as NVML errors
+# Error classes of a field answer that NVML itself calls a success.
+NOT_ANSWERED = "NotAnswered"  # no entry names the field asked (absent, or another field's)
+INVALID_VALUE = "InvalidValue"  # an unknown value type, or a NaN or infinite double
 
 # Time clocks were held down, per NVML performance policy: nanoseconds since the driver
 # loaded (nvml.h "Perf Policy Counter"; DCGM maps DCGM_FI_DEV_POWER_VIOLATION, "Power
@@ -141,24 +145,42 @@ def read(
     fallback: set[FieldKey] | None = None,
 ) -> dict[FieldKey, int | float]:
     """The values NVML gave, by (field, scope); unsupported or failed fields are left out
-    (failed ones counted). ``query`` is the source's one-query wrapper: a failure of the
+    (failed ones counted, as are a field not answered and a value that is not a finite
+    number of a known type). ``query`` is the source's one-query wrapper: a failure of the
     whole call is counted there and reads as no values. A ``FALLBACK_FIELDS`` field that
     answers NOT_SUPPORTED is added to ``fallback``: its own call is used from then on."""
     keys = list(keys)
     if not keys:
         return {}
     entries = query("field_values", pynvml.nvmlDeviceGetFieldValues, handle, keys)
+    if entries is None:
+        return {}  # the whole call failed: counted by ``query``
+    answers = answered(entries)
     values: dict[FieldKey, int | float] = {}
-    for key, entry in zip(keys, entries or (), strict=False):
-        if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+    for key in keys:
+        entry = answers.get(key)
+        if entry is None:  # a driver that left the field out or answered another one
+            errors(_name(key[0]), NOT_ANSWERED)
+        elif entry.nvmlReturn == pynvml.NVML_SUCCESS:
             value = _decode(entry)
-            if value is not None:
+            if value is None:
+                errors(_name(key[0]), INVALID_VALUE)
+            else:
                 values[key] = value
         elif entry.nvmlReturn != pynvml.NVML_ERROR_NOT_SUPPORTED:
             errors(_name(key[0]), error_name(pynvml.NVMLError(entry.nvmlReturn)))
         elif fallback is not None and key[0] in FALLBACK_FIELDS:
             fallback.add(key)
     return values
+
+
+def answered(entries: Iterable[Any]) -> dict[FieldKey, Any]:
+    """The answers by the (field, scope) each names, never by position: an answer out of
+    order must not serve one counter as another (PCIe replays as NVLink recoveries)."""
+    out: dict[FieldKey, Any] = {}
+    for entry in entries:
+        out.setdefault((int(entry.fieldId), int(entry.scopeId)), entry)
+    return out
 
 
 def recovery_action(values: dict[FieldKey, int | float]) -> int | None:
@@ -200,14 +222,18 @@ _NVLINK_ERROR_IDS = frozenset(NVLINK_ERROR_FIELDS.values())
 
 
 def _decode(entry: Any) -> int | float | None:
-    """The value by its type, as nvitop's ``nvmlQueryFieldValues`` reads it. The memory
-    temperature is always ``uiVal``, as DCGM reads it: R545 drivers mark it a double
-    while writing an unsigned int (nvbugs/4300930, DcgmCacheManager.cpp
+    """The value by its type, as nvitop's ``nvmlQueryFieldValues`` reads it; None for an
+    unknown type or a double that is not finite (a NaN or infinite counter is no reading).
+    The memory temperature is always ``uiVal``, as DCGM reads it: R545 drivers mark it a
+    double while writing an unsigned int (nvbugs/4300930, DcgmCacheManager.cpp
     DCGM_FI_DEV_MEMORY_TEMP_CELSIUS)."""
     if entry.fieldId == MEMORY_TEMPERATURE:
         return int(entry.value.uiVal)
     member = _VALUE_MEMBERS.get(entry.valueType)
-    return None if member is None else getattr(entry.value, member)
+    if member is None:
+        return None
+    value: int | float = getattr(entry.value, member)
+    return value if isinstance(value, int) or math.isfinite(value) else None
 
 
 # nvmlValueType_t -> the c_nvmlValue_t member holding it (pynvml.py lines 289-295, 1514)

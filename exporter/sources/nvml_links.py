@@ -18,10 +18,12 @@ import pynvml
 from exporter.model import NvLink, PcieLink
 from exporter.sources.nvml_codes import error_name
 from exporter.sources.nvml_fields import (
+    NOT_ANSWERED,
     NVLINK_BYTES_FIELDS,
     NVLINK_ERROR_FIELDS,
     PCIE_BYTES_FIELDS,
     FieldKey,
+    answered,
 )
 
 Query = Callable[..., Any]  # the source's one-query wrapper: value, or None (error counted)
@@ -52,7 +54,10 @@ def nvlink_count(query: Query, handle: Any, errors: Callable[[str, str], None]) 
     )
     if entries is None:
         return None
-    entry = entries[0]
+    entry = answered(entries).get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
+    if entry is None:
+        errors("nvlink_count", NOT_ANSWERED)
+        return None
     if entry.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
         return 0
     if entry.nvmlReturn != pynvml.NVML_SUCCESS:
