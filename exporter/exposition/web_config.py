@@ -32,9 +32,10 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 # Go's crypto/tls constant names -> OpenSSL's names, TLS 1.2 and below.
 # (https://pkg.go.dev/crypto/tls#pkg-constants; OpenSSL's ciphers(1) name table.)
@@ -154,10 +155,12 @@ class WebConfig:
 def load_web_config(path: Path) -> WebConfig:
     """Read and check the file; relative file names are relative to the file's folder
     (as exporter-toolkit resolves them)."""
+    import yaml  # only where a web config is given (~1.7 MiB resident otherwise unused)
+
     text = _read_text(path)
     try:
         _check_depth(text, path)
-        raw = yaml.load(text, Loader=_Loader)  # a safe loader: plain data only
+        raw = yaml.load(text, Loader=_loader())  # a safe loader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -179,11 +182,13 @@ def bcrypt_cost(hashed: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# libyaml's parser (in PyYAML's wheels) is ~8x faster than the pure-Python one: a reload
-# parses on the event loop.
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_NESTING_STARTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
-_NESTING_ENDS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+def _loader() -> type[yaml.SafeLoader]:
+    """libyaml's parser (in PyYAML's wheels) is ~8x faster than the pure-Python one: a
+    reload parses on the event loop."""
+    import yaml
+
+    loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return loader
 
 
 def read_bounded(path: Path, limit: int, kind: str, too_big: str) -> bytes:
@@ -259,9 +264,13 @@ def mixed_cost_warning(users: Mapping[str, str]) -> str | None:
 def _check_depth(text: str, path: Path) -> None:
     """Refuse nesting deeper than MAX_DEPTH before building anything from it (PyYAML's
     composer recurses once per level)."""
+    import yaml
+
+    starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
     depth = 0
-    for event in yaml.parse(text, Loader=_Loader):
-        if isinstance(event, _NESTING_STARTS):
+    for event in yaml.parse(text, Loader=_loader()):
+        if isinstance(event, starts):
             depth += 1
             if depth > MAX_DEPTH:
                 line = event.start_mark.line + 1 if event.start_mark else 0
@@ -269,7 +278,7 @@ def _check_depth(text: str, path: Path) -> None:
                     f"{path}: line {line}: nested deeper than {MAX_DEPTH} levels; "
                     "a web config is at most three levels deep"
                 )
-        elif isinstance(event, _NESTING_ENDS):
+        elif isinstance(event, ends):
             depth -= 1
 
 
