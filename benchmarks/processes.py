@@ -61,13 +61,18 @@ def summarise(values: list[float]) -> dict[str, float]:
 
 def cpu_ns(pid: int) -> int:
     """Nanoseconds all live threads of ``pid`` have run (schedstat)."""
-    total = 0
+    return sum(thread_cpu_ns(pid).values())
+
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Nanoseconds each live thread of ``pid`` has run (schedstat), by thread id."""
+    out: dict[int, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            total += int((task / "schedstat").read_text().split()[0])
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0])
         except (OSError, ValueError, IndexError):  # a thread that just exited
             continue
-    return total
+    return out
 
 
 def cpu_ticks_s(pid: int) -> float:
@@ -160,18 +165,35 @@ class PeriodicScraper:
         self._thread.join()
 
 
+# How often cpu_per_second looks at each thread: a thread that starts and ends within the
+# window (gRPC core's, which run only while a PodResources refresh has a channel open) is
+# counted up to its last look, so at most this much of its life goes uncounted.
+THREAD_POLL_S = 0.05
+
+
 def cpu_per_second(pids: dict[str, int], seconds: float) -> dict[str, dict[str, float]]:
-    """CPU milliseconds per wall second of each process over the same ``seconds``."""
+    """CPU milliseconds per wall second of each process over the same ``seconds``: each
+    thread's schedstat, followed every ``THREAD_POLL_S`` so that threads which end within
+    the window still count (a sum over the threads alive at both ends would miss them)."""
     start = time.monotonic()
-    before = {name: (cpu_ns(pid), cpu_ticks_s(pid)) for name, pid in pids.items()}
-    time.sleep(seconds)
+    first = {name: thread_cpu_ns(pid) for name, pid in pids.items()}
+    ticks = {name: cpu_ticks_s(pid) for name, pid in pids.items()}
+    seen = {name: dict(threads) for name, threads in first.items()}
+    ended = dict.fromkeys(pids, 0)  # ns of threads whose id was reused by a new one
+    while (left := start + seconds - time.monotonic()) > 0:
+        time.sleep(min(THREAD_POLL_S, left))
+        for name, pid in pids.items():
+            for tid, ns in thread_cpu_ns(pid).items():
+                if ns < seen[name].get(tid, 0):  # a new thread under an old id
+                    ended[name] += seen[name][tid] - first[name].pop(tid, 0)
+                seen[name][tid] = ns
     elapsed = time.monotonic() - start
     out = {}
     for name, pid in pids.items():
-        ns, ticks = before[name]
+        ran = ended[name] + sum(ns - first[name].get(tid, 0) for tid, ns in seen[name].items())
         out[name] = {
-            "cpu_ms_per_s": (cpu_ns(pid) - ns) / 1e6 / elapsed,
-            "cpu_ms_per_s_stat": (cpu_ticks_s(pid) - ticks) * 1000 / elapsed,
+            "cpu_ms_per_s": ran / 1e6 / elapsed,
+            "cpu_ms_per_s_stat": (cpu_ticks_s(pid) - ticks[name]) * 1000 / elapsed,
         }
     return out
 

@@ -1,4 +1,4 @@
-"""Import nothing a configuration does not use (issue 26, "memory truth").
+"""Import nothing a configuration does not use: memory that is not the exporter's own.
 
 A package imported is resident whether or not it is used: the ``kubernetes`` client is
 ~33 MiB of RSS, PyYAML ~1.7, bcrypt ~0.3. So the DCGM bindings are imported only when
