@@ -217,3 +217,74 @@ def test_an_exception_in_one_gpus_reads_fails_that_gpu_only(
         assert ("gpu", "UnicodeDecodeError") in node.errors
     logged = [r for r in caplog.records if "UnicodeDecodeError" in r.getMessage()]
     assert len(logged) == 1
+
+
+# -- F4/F5: MIG layout changes and XIDs that change slow facts --------------------------
+
+TWO_MIGS = [
+    {"profile": "3g.40gb", "gpu_instance_id": 1, "memory_total": "40GiB"},
+    {"profile": "3g.40gb", "gpu_instance_id": 2, "memory_total": "40GiB"},
+]
+
+
+def test_a_destroyed_mig_instance_is_read_again_at_the_next_cycle(
+    sources: list[NvmlSource],
+) -> None:
+    """At 5 s one instance is destroyed (``nvidia-smi mig -dci -dgi``: no XID, same GPU
+    handle); at 40 s another is created. The first read of the gone instance answers
+    InvalidArgument, so the layout is read again at the next cycle, not at 30 s; a
+    created instance shows at the next slow read (60 s)."""
+    created = {"profile": "4g.40gb", "gpu_instance_id": 5, "uuid": "MIG-created"}
+    node = Node(
+        {
+            "gpus": [{"mig": TWO_MIGS}],
+            "timeline": [
+                {"at": 5, "set": {"gpu": 0, "mig": TWO_MIGS[:1]}},
+                {"at": 40, "set": {"gpu": 0, "mig": [TWO_MIGS[0], created]}},
+            ],
+        },
+        sources,
+    )
+    assert len(node.at(0.0)[0].mig_instances) == 2
+    (gpu,) = node.at(5.0)
+    assert ("memory", "InvalidArgument") in node.errors  # the one cycle that finds out
+    for t in (6.0, 7.0, 29.0, 30.0):
+        (gpu,) = node.at(t)
+        assert [m.gpu_instance_id for m in gpu.mig_instances] == [1], t
+        assert node.errors == (), t
+    for t in (41.0, 59.0):
+        assert [m.gpu_instance_id for m in node.at(t)[0].mig_instances] == [1]
+    (gpu,) = node.at(60.0)
+    assert [(m.gpu_instance_id, m.uuid) for m in gpu.mig_instances] == [
+        (1, gpu.mig_instances[0].uuid),
+        (5, "MIG-created"),
+    ]
+    assert gpu.mig_instances[1].memory_total_bytes is not None
+    assert node.errors == ()
+
+
+async def test_an_xid_that_changes_a_slow_fact_reads_the_slow_tier_at_the_next_cycle() -> None:
+    """XID 63 with a pending row remap on GPU 0 at 2 s, uncorrectable ECC without an XID
+    on GPU 1: GPU 0 is unhealthy by row_remap_pending within two cycles of the XID, GPU 1
+    only at the next slow read (30 s)."""
+    scenario: dict[str, object] = {
+        **R580,
+        "node_name": "sim-f5",
+        "gpus": [{}, {}],
+        "timeline": [
+            {"at": 2, "set": {"gpu": 0, "remapped_pending": True}},
+            {"at": 2, "xid": {"gpu": 0, "code": 63}},
+            {"at": 2, "set": {"gpu": 1, "ecc_uncorrected": 5}},
+        ],
+    }
+    argv = ["--interval", "1", "--slow-interval", "30", "--kube-events", "off"]
+    first: dict[tuple[int, str], float] = {}
+    async with simulated_exporter(scenario, argv=argv) as h:
+        while h.clock() < 31:
+            await h.advance(1)
+            assert h.agent.latest is not None
+            for health in h.agent.latest.health:
+                for reason in health.reasons:
+                    first.setdefault((health.gpu, reason.reason), h.clock())
+    assert first[(0, "row_remap_pending")] <= 4
+    assert first[(1, "uncorrectable_ecc")] == 30

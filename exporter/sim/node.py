@@ -28,6 +28,7 @@ from exporter.sim.scenario import (
     SimProcess,
     derived_container_id,
     derived_uuid,
+    parse_migs,
     parse_size,
 )
 
@@ -204,7 +205,14 @@ class SimNode:
         with self.lock:
             self.advance()
             self._integrate(self.clock())
-            return dict(self.gpm_integral[(gpu, gpu_instance)])
+            return dict(self._gpm_integral((gpu, gpu_instance)))
+
+    def _gpm_integral(self, key: tuple[int, int | None]) -> dict[str, float]:
+        """A GPU (instance)'s GPM counters; a MIG instance created mid-run starts at 0."""
+        if key not in self.gpm_integral:
+            self.gpm_integral[key] = dict.fromkeys(GPM_METRICS, 0.0)
+            self._rates_at = -1  # its rates are worked out from now on
+        return self.gpm_integral[key]
 
     def clock_event_time(self, gpu: int) -> dict[str, float]:
         """Nanoseconds the GPU's clocks were held down so far, per reason."""
@@ -567,6 +575,10 @@ class SimNode:
             for key, val in _fields(args, "gpu"):
                 if not hasattr(gpu, key):
                     raise ScenarioError(f"timeline set: GPU has no field {key!r}")
+                if key == "mig":  # nvidia-smi mig -dci/-dgi/-cgi: no XID, same GPU handle
+                    where = f"timeline set at {event.at}"
+                    gpu.mig = parse_migs(val, where, (self.scenario.node_name, "mig", event.at))
+                    continue
                 sized = key in {"memory_total", "memory_reserved", "unaccounted_memory"}
                 setattr(gpu, key, parse_size(val, f"timeline set {key}") if sized else val)
         elif event.action == "set_process":

@@ -404,25 +404,7 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
         merged[key] = parse_size(merged[key], f"{where}.{key}")
     uuid = merged.pop("uuid", None) or f"GPU-{derived_uuid(node, 'gpu', index)}"
     bus = merged.pop("pci_bus_id", None) or f"00000000:{0x18 + 0x10 * index:02X}:00.0"
-    migs = []
-    for m, raw in enumerate(merged.pop("mig") or []):
-        mig = _expect_mapping(raw, f"{where}.mig[{m}]")
-        _check_keys(
-            mig,
-            {"profile", "gpu_instance_id", "compute_instance_id", "memory_total", "uuid"},
-            f"{where}.mig[{m}]",
-        )
-        migs.append(
-            SimMig(
-                profile=str(mig.get("profile", "1g.10gb")),
-                gpu_instance_id=int(mig.get("gpu_instance_id", m + 1)),
-                compute_instance_id=int(mig.get("compute_instance_id", 0)),
-                memory_total=parse_size(
-                    mig.get("memory_total", "10GiB"), f"{where}.mig[{m}].memory_total"
-                ),
-                uuid=str(mig.get("uuid") or f"MIG-{derived_uuid(node, 'mig', index, m)}"),
-            )
-        )
+    migs = parse_migs(merged.pop("mig") or [], where, (node, "mig", index))
     merged["unsupported"] = set(merged["unsupported"] or [])
     if merged["field_answers"] not in (None, *FIELD_ANSWERS):
         raise ScenarioError(
@@ -438,6 +420,33 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
         )
     _check_links(merged, where)
     return SimGpu(index=index, uuid=uuid, minor=minor, pci_bus_id=bus, mig=migs, **merged)
+
+
+def parse_migs(raw: Any, where: str, uuid_parts: tuple[object, ...]) -> list[SimMig]:
+    """A GPU's ``mig:`` list (at start, or a timeline ``set`` that reconfigures it); an
+    instance without a ``uuid`` gets one derived from ``uuid_parts`` and its slot."""
+    if not isinstance(raw, list):
+        raise ScenarioError(f"{where}.mig: expected a list of MIG instances")
+    migs = []
+    for m, item in enumerate(raw):
+        mig = _expect_mapping(item, f"{where}.mig[{m}]")
+        _check_keys(
+            mig,
+            {"profile", "gpu_instance_id", "compute_instance_id", "memory_total", "uuid"},
+            f"{where}.mig[{m}]",
+        )
+        migs.append(
+            SimMig(
+                profile=str(mig.get("profile", "1g.10gb")),
+                gpu_instance_id=int(mig.get("gpu_instance_id", m + 1)),
+                compute_instance_id=int(mig.get("compute_instance_id", 0)),
+                memory_total=parse_size(
+                    mig.get("memory_total", "10GiB"), f"{where}.mig[{m}].memory_total"
+                ),
+                uuid=str(mig.get("uuid") or f"MIG-{derived_uuid(*uuid_parts, m)}"),
+            )
+        )
+    return migs
 
 
 def _check_links(gpu: dict[str, Any], where: str) -> None:

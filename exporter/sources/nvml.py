@@ -36,6 +36,7 @@ from exporter.model import (
     OccupancyField,
     ProcessKind,
     ProcessUtilization,
+    Readings,
     RemappedRows,
     SourceName,
     SourceStatus,
@@ -43,11 +44,13 @@ from exporter.model import (
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
-from exporter.sources.nvml_cadence import SlowSchedule
+from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id
 from exporter.sources.nvml_codes import GPU_FAILED, UNSUPPORTED, error_name, instance_id
 from exporter.sources.nvml_mig_profiles import ProfileCache
 
 log = logging.getLogger(__name__)
+# What NVML answers on a MIG device handle whose instance was destroyed meanwhile.
+_STALE_HANDLE = frozenset({"InvalidArgument", "NotFound"})
 T = TypeVar("T")
 
 SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
@@ -182,6 +185,7 @@ class NvmlSource(Source):
         # (GPU index, exception class) already logged: an unexpected exception in one
         # GPU's reads is logged once, then only counted
         self._logged_failures: set[tuple[int, str]] = set()
+        self._last_readings: Readings | None = None  # the last cycle's, for its XIDs
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
 
     # -- lifecycle --------------------------------------------------------------------
@@ -240,10 +244,33 @@ class NvmlSource(Source):
         cycle.readings.nvml = self.read(cycle)
 
     def read(self, cycle: Cycle) -> NvmlSnapshot:
+        if self._last_readings is not None:
+            self._reread_after_xids(self._last_readings)
+        # filled by the XID sources after this one, read at the next cycle
+        self._last_readings = cycle.readings
         snapshot = self.sample()
         self._last = snapshot
         self._errors_total += len(snapshot.errors) + (0 if snapshot.ok else 1)
         return snapshot
+
+    def _reread_after_xids(self, readings: Readings) -> None:
+        """Make the slow tier and MIG layout due at once on each GPU that raised an XID
+        in ``REREAD_XIDS`` (NVML names the GPU; the kernel log, its PCI bus)."""
+        events = [e for e in (*readings.xid_events, *readings.kmsg_events) if e.xid in REREAD_XIDS]
+        if not events:
+            return
+        for device in self._devices:
+            if device is None:
+                continue
+            bus = normalize_bus_id(device.pci_bus_id) if device.pci_bus_id else None
+            if any(
+                e.uuid == device.uuid
+                or (e.uuid is None and e.gpu == device.index)
+                or (bus is not None and e.pci_bus_id and normalize_bus_id(e.pci_bus_id) == bus)
+                for e in events
+            ):
+                device.schedule.expire()
+                device.layout = None
 
     def status(self) -> SourceStatus | None:
         last = self._last
@@ -722,11 +749,14 @@ class NvmlSource(Source):
         occupancy: dict[int, Occupancy | None] = {}  # per GPU instance, this cycle
         for mig in layout.devices:
             gi = mig.gpu_instance_id
+            errors = len(self._errors)
             total, used, _, _ = self._memory(mig.handle)
             if gi not in occupancy:
                 occupancy[gi] = self._gpm(device, gi)
             processes, listed = self._processes(mig.handle, (gi, mig.compute_instance_id))
             answered = answered and listed
+            if any(reason in _STALE_HANDLE for _, reason in self._errors[errors:]):
+                device.layout = None  # the instance was destroyed: read the layout again
             instances.append(
                 MigInstance(
                     mig_index=mig.index,

@@ -12,7 +12,14 @@ long, so a fact is read as often as it changes, not every cycle (issue 26):
   NVLink state and error counters, fans, the enforced power limit.
 - ``change``: read when the GPU's handle is (re)opened (start, a GPU back from being
   lost), and the MIG layout also at every slow read (``nvidia-smi mig -cgi`` changes it
-  without an XID or a new handle), so a reconfiguration shows within ``--slow-interval``.
+  without an XID or a new handle), so a reconfiguration shows within ``--slow-interval``;
+  sooner when a MIG device's read answers InvalidArgument or NotFound (its instance was
+  destroyed): the layout is read again at the next cycle.
+
+An XID in ``REREAD_XIDS`` (ECC, row remapping, page retirement) makes the GPU's slow tier
+and layout due at the next cycle after the XID source delivered it: the NVML source reads
+the XIDs the last cycle's readings carry (sources never import one another, and the XID
+sources are read after NVML in a cycle), so such a fault shows within two cycles.
 
 Between two slow reads the last values are served as they were read: never reset, never
 re-read in between. A slow read that fails leaves that value absent until the next slow
@@ -99,6 +106,24 @@ FAMILY_TIERS: dict[str, Tier] = {
 }
 
 
+# XIDs after which a GPU's slow tier and MIG layout are read again at the next cycle,
+# rather than up to --slow-interval later: each says that a slow fact just changed
+# (docs.nvidia.com/deploy/xid-errors, "XID catalog"): 48 double-bit ECC error, 63 ECC
+# page retirement or row remapping recorded, 64 ... failed, 92 high single-bit ECC
+# rate, 94 contained and 95 uncontained ECC error (on MIG, the instance is recovered).
+REREAD_XIDS = frozenset({48, 63, 64, 92, 94, 95})
+
+
+def normalize_bus_id(bus_id: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of "00000000:3B:00.0" (NVML) or "0000:3b:00" (kernel log)."""
+    parts = bus_id.strip().lower().removeprefix("pci:").split(".")[0].split(":")
+    try:
+        domain, bus, dev = (int(p, 16) for p in (["0", *parts] if len(parts) == 2 else parts))
+    except ValueError:
+        return None
+    return domain, bus, dev
+
+
 class SlowSchedule:
     """When a GPU's slow tier is next due: at its first read, then ``interval_s`` after
     the last one (0: every cycle)."""
@@ -112,3 +137,7 @@ class SlowSchedule:
 
     def done(self, now: float) -> None:
         self._read_at = now
+
+    def expire(self) -> None:
+        """Due at the next cycle (an XID in ``REREAD_XIDS`` named the GPU)."""
+        self._read_at = None
