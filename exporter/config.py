@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from exporter import __version__
 from exporter.model import (
     DCGM_HOSTENGINE_PORT,
+    DEFAULT_SLOW_INTERVAL_S,
     GPU_DRA_DRIVERS,
     GPU_OPERATOR_NAMESPACES,
     GPU_RESOURCE_NAMES,
@@ -38,7 +39,6 @@ from exporter.model.vocabulary import (
     SIMULATE_START_MAX_S,
 )
 from exporter.model.xid_classes import parse_overrides
-from exporter.sources.nvml_cadence import DEFAULT_SLOW_INTERVAL_S
 
 ENV_PREFIX = "GPU_EXPORTER_"
 # The host engine dcgm-exporter is pointed at (its -r flag's variable); the GPU Operator

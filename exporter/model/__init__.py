@@ -82,6 +82,7 @@ from exporter.model.state import (
 )
 from exporter.model.vocabulary import (
     DCGM_HOSTENGINE_PORT,
+    DEFAULT_SLOW_INTERVAL_S,
     GPU_DRA_DRIVERS,
     GPU_OPERATOR_NAMESPACES,
     GPU_RESOURCE_NAMES,
@@ -116,6 +117,7 @@ from exporter.model.vocabulary import (
 
 __all__ = [
     "DCGM_HOSTENGINE_PORT",
+    "DEFAULT_SLOW_INTERVAL_S",
     "DROPPED_LINE_REASONS",
     "GPU_DRA_DRIVERS",
     "GPU_OPERATOR_NAMESPACES",

@@ -23,6 +23,9 @@ GPU_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 
 # nv-hostengine's port (DCGM_HE_PORT_NUMBER), also the GPU Operator's nvidia-dcgm Service port.
 DCGM_HOSTENGINE_PORT: Final = 5555
+# The NVML slow tier's default period (--slow-interval; the tiers themselves are listed in
+# exporter/sources/nvml_cadence.py): facts that change in weeks, read twice a minute.
+DEFAULT_SLOW_INTERVAL_S: Final = 30.0
 # Where the GPU Operator is installed by default: its Helm chart's documented namespace,
 # and the one OperatorHub suggests on OpenShift (gpu-operator README.md, bundle CSV).
 GPU_OPERATOR_NAMESPACES: tuple[str, ...] = ("gpu-operator", "nvidia-gpu-operator")
