@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-Tier = Literal["cycle", "slow", "change"]
+# the default period is stated in model, where config reads it
+from exporter.model import DEFAULT_SLOW_INTERVAL_S as DEFAULT_SLOW_INTERVAL_S
 
-DEFAULT_SLOW_INTERVAL_S = 30.0
+Tier = Literal["cycle", "slow", "change"]
 
 # Every NVML read of the source, by the query name its errors are counted under
 # (gpu_exporter_errors_total's reason aside, the names of exporter/sources/nvml.py).
