@@ -54,7 +54,7 @@ MAX_MIG_DEVICES = 7
 SIM_EPOCH_S = 1_767_225_600  # simulated time 0 = 2026-01-01T00:00:00Z
 
 _GPU_BASE = 0x1000
-EVENT_WAIT_STEP_S = 0.5
+EVENT_WAIT_STEP_S = 1.0
 _GPU_STRIDE = 0x100  # a GPU's handle: _GPU_BASE + generation * _GPU_STRIDE + index
 # refresh time, (GPU, GPU instance or None), counters
 _GpmSample = tuple[float, tuple[int, int | None], dict[str, float]]
