@@ -13,12 +13,18 @@ NVML = {"source": "nvml"}
 async def test_a_device_count_that_fails_is_nvml_down_not_a_node_without_gpus() -> None:
     scenario = {
         "gpus": [{}, {}],
-        "call_errors": [{"call": "nvmlDeviceGetCount_v2", "error": "UNKNOWN", "until": 1}],
+        "call_errors": [{"call": "nvmlDeviceGetCount_v2", "error": "UNKNOWN", "until": 12}],
     }
     async with simulated_exporter(scenario) as h:
-        for _ in range(2):  # the next cycles too, until a retry counts the GPUs
+        # the retries (backoff 1, 2, 4 s on the source's clock, the simulated one here)
+        # at t = 5 and 10 fail too: down every cycle, never a node without GPUs
+        for _ in range(3):
             down = await h.scrape()
             assert down.get("gpu_exporter_source_up", **NVML) == 0
             assert down.get("gpu_exporter_nvml_up") == 0
             assert down.series("gpu_info") == {}
             await h.advance(5)
+        # t = 15: the count answers again, and the retry counts both GPUs
+        up = await h.scrape()
+        assert up.get("gpu_exporter_source_up", **NVML) == 1
+        assert len(up.series("gpu_info")) == 2
