@@ -474,17 +474,15 @@ def _add_ledger(out: FamilyBuilder, analysis: Analysis) -> None:
     so that rate() sees the first increase), and each holder's energy estimate. Their
     device labels are the rows' own (as NVML last listed the device), not this cycle's
     listing: a series keeps one identity while NVML is down."""
-    if out.wants("gpu_container_allocated_gpu_seconds"):
+    by_state = out.wants("gpu_container_allocated_gpu_seconds")
+    by_cause = out.wants("gpu_container_idle_gpu_seconds")
+    if by_state or by_cause:
         for entry in analysis.ledger:
             labels = _held(entry.container, entry.device, entry.mig)
             labels["device_id"] = entry.device_id
-            for state, seconds in entry.seconds:
+            for state, seconds in entry.seconds if by_state else ():
                 out.add("gpu_container_allocated_gpu_seconds", {**labels, "state": state}, seconds)
-    if out.wants("gpu_container_idle_gpu_seconds"):
-        for entry in analysis.ledger:
-            labels = _held(entry.container, entry.device, entry.mig)
-            labels["device_id"] = entry.device_id
-            for cause, seconds in entry.idle_causes:
+            for cause, seconds in entry.idle_causes if by_cause else ():
                 out.add("gpu_container_idle_gpu_seconds", {**labels, "cause": cause}, seconds)
     for energy in analysis.energy:
         labels = _held(energy.container, energy.device, energy.mig)
