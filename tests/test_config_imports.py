@@ -26,6 +26,7 @@ from pathlib import Path
 
 import bcrypt
 
+from tests.bench_scripts import load
 from tests.exporter_process import free_port, terminate, wait_for
 
 FAKE_BINDINGS = str(Path(__file__).parent / "fake_dcgm")
@@ -33,17 +34,10 @@ DCGM_BINDINGS = ("pydcgm", "dcgm_structs", "dcgm_fields", "dcgm_agent")
 OPTIONAL = ("kubernetes", "bcrypt", *DCGM_BINDINGS)
 USER, PASSWORD = "prometheus", "s3cret"
 
-
 # ``python -c MODULES_AT_EXIT ARGS...`` is ``python -m exporter ARGS...`` that writes the
-# names in sys.modules to $EXPORTER_MODULES_FILE (JSON) on its way out.
-MODULES_AT_EXIT = """
-import atexit, json, os, runpy, sys
-def _write():
-    with open(os.environ["EXPORTER_MODULES_FILE"], "w") as f:
-        json.dump(list(sys.modules), f)
-atexit.register(_write)
-runpy.run_module("exporter", run_name="__main__", alter_sys=True)
-"""
+# names in sys.modules to $EXPORTER_MODULES_FILE (JSON) on its way out: the same reading
+# the benchmark's import floor starts from.
+MODULES_AT_EXIT: str = load("memory_floor").MODULES_AT_EXIT
 
 
 def metrics(url: str, auth: bool) -> bytes:
