@@ -25,7 +25,12 @@ if mode == "heavy":
         for _ in range(20):
             c = a @ b
         torch.cuda.synchronize()
-elif mode == "tiny":        # one tiny kernel at a time: GPU-Util high, SMs idle
+elif mode == "spin":        # one one-thread kernel after another: a kernel always resident
+    while time.time() < end:
+        for _ in range(50):
+            torch.cuda._sleep(1_000_000)  # spins one thread ~0.5 ms at ~2 GHz
+        torch.cuda.synchronize()
+elif mode == "tiny":        # a 1-element kernel every ~2 ms: the GPU idle almost always
     while time.time() < end:
         x.add_(1)
         torch.cuda.synchronize()
