@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from exporter.sim.proctree import (
     remove_process,
     write_process,
 )
+from exporter.sources.holders import scan_device_holders
 from exporter.sources.procfs import ProcessReader, cgroup_location, parse_cgroup, read_process
 
 # Real-looking identities: RFC 4122 pod UIDs as the API server mints them, a static
@@ -612,6 +614,34 @@ def test_process_reader_identify_sorted_deduplicated_mixed(tmp_path: Path) -> No
     assert [p.alive for p in result] == [True, False, True]
     assert result[2].pod_uid == UID
     assert ProcessReader(tmp_path).identify([]) == ()
+
+
+def test_reading_pids_interns_none_of_their_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's pathlib interns every path component it parses: a Path per pid put
+    each new pid's name in the interpreter's interned-string table, which under process
+    churn grew once by ~1.9 MiB that the import floor never pays (benchmarks/README.md,
+    "RSS beside the import floor"). The pid readers build their per-pid paths as strings."""
+    pids = range(70001, 70041)
+    for pid in pids:
+        write_process(tmp_path, pid, comm="w", cgroup=kubepods_cgroup(UID, CID))
+        (tmp_path / str(pid) / "fd").mkdir()
+    interned: list[str] = []
+    real_intern = sys.intern
+
+    def recording(text: str) -> str:
+        interned.append(text)
+        return real_intern(text)
+
+    monkeypatch.setattr(sys, "intern", recording)  # the standard library's, not ours
+    reader = ProcessReader(tmp_path)
+    assert all(p.alive and p.pod_uid == UID for p in reader.identify(pids))
+    assert all(p.alive for p in reader.identify(pids))  # the cached path, stat only
+    assert read_process(tmp_path, 70001).alive
+    scan_device_holders(tmp_path, [0], exclude_pids=())
+    names = {str(pid) for pid in pids}
+    assert not names & set(interned), sorted(names & set(interned))[:5]
 
 
 def test_read_process_on_real_proc_self() -> None:

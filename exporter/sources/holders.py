@@ -73,7 +73,8 @@ def classify(comm: str | None, argv0: str | None = None) -> HolderRole:
 
 def _argv0(proc_root: Path, pid: int) -> str | None:
     try:
-        with (proc_root / str(pid) / "cmdline").open("rb") as handle:
+        # a string, not a Path: pathlib (3.11) interns each pid's name (procfs._pid_dir)
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as handle:
             data = handle.read(_CMDLINE_LIMIT)
     except OSError:
         return None
@@ -81,7 +82,7 @@ def _argv0(proc_root: Path, pid: int) -> str | None:
     return first or None
 
 
-def _held_minors(fd_dir: Path, wanted: Collection[int]) -> set[int]:
+def _held_minors(fd_dir: str, wanted: Collection[int]) -> set[int]:
     """Minors of ``wanted`` among the fd links; raises OSError if the dir is unreadable.
 
     Links are read relative to an open directory fd: a third faster than full paths,
@@ -152,7 +153,7 @@ def scan_device_holders(
             break
         scanned += 1
         try:
-            held = _held_minors(proc_root / str(pid) / "fd", wanted)
+            held = _held_minors(f"{proc_root}/{pid}/fd", wanted)
         except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
             continue  # exited meanwhile
         except OSError:
