@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import shutil
@@ -11,6 +12,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -29,6 +31,7 @@ from exporter.sources.backoff import Backoff
 from exporter.sources.podresources.client import (
     DEFAULT_DRA_DRIVERS,
     DEFAULT_RESOURCE_NAMES,
+    INLINE_DECODE_BYTES,
     MAX_RECEIVE_MESSAGE_BYTES,
     PodResourcesClient,
     resource_name_matches,
@@ -432,6 +435,46 @@ async def test_each_fetch_opens_a_channel_and_closes_it_before_returning(
     assert all(s.ok and s.allocatable_ok for s in snaps)
     assert calls == 50  # every fetch really reached the server (List + Allocatable)
     assert client.channels_created == 25
+
+
+class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's default executor (where asyncio.to_thread runs), counting."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_a_small_answer_is_decoded_on_the_loop_and_a_large_one_in_a_thread(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    """Handing a 2 KiB answer to a worker thread cost more wake-ups than decoding it
+    (the idle floor between cycles, benchmarks/README.md); an answer over
+    INLINE_DECODE_BYTES still goes to a thread, so the loop never decodes a big one."""
+    executor = _CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    answer: list[tuple[ContainerDevices, ...]] = [CONTAINERS]
+    await start_server(lambda: (answer[0], ALLOCATABLE))
+    small = api_pb2.ListPodResourcesResponse(pod_resources=build_pod_resources(CONTAINERS))
+    assert small.ByteSize() <= INLINE_DECODE_BYTES
+
+    snap = await client.fetch()
+
+    assert snap.ok and snap.allocatable_ok and len(snap.containers) == 5
+    assert executor.submitted == 0
+
+    answer[0] = _many_pods(200, gpu_pods=20)
+    big = api_pb2.ListPodResourcesResponse(pod_resources=build_pod_resources(answer[0]))
+    assert big.ByteSize() > INLINE_DECODE_BYTES
+
+    snap = await client.fetch()
+
+    assert snap.ok and len(snap.containers) == 20
+    assert executor.submitted == 1  # List; the allocatable answer is small
 
 
 async def test_a_failed_round_closes_its_channel_too(

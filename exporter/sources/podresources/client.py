@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -52,6 +53,14 @@ DEFAULT_DRA_DRIVERS = GPU_DRA_DRIVERS  # NVIDIA's driver; its MIG devices includ
 # A node with thousands of pods overflows gRPC's 4 MiB default receive limit; 16 MiB is
 # what Kubernetes' own podresources client helper allows.
 MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
+# Answers up to this size are decoded on the event loop: ~50 us per KiB (a node of
+# node-8gpu's size answers ~2 KiB, decoded in ~0.1 ms), less than handing the work to a
+# worker thread costs in wake-ups (~0.4 ms per hand-over on a small VM, two per refresh:
+# benchmarks/README.md, "Idle floor"). Larger answers go to a worker thread, so a 16 MiB
+# one never holds up a scrape or a probe.
+INLINE_DECODE_BYTES = 4096
+
+_Decoded = TypeVar("_Decoded")
 
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
@@ -88,6 +97,13 @@ def _answer_bytes(answer: object) -> bytes:
     if not isinstance(answer, bytes):
         raise Undecodable()
     return answer
+
+
+async def _decode(decode: Callable[..., _Decoded], answer: bytes, *args: object) -> _Decoded:
+    """``decode(answer, *args)``: here if the answer is small, else in a worker thread."""
+    if len(answer) <= INLINE_DECODE_BYTES:
+        return decode(answer, *args)
+    return await asyncio.to_thread(decode, answer, *args)
 
 
 def _rpc_error_text(method: str, err: grpc.aio.AioRpcError) -> str:
@@ -175,10 +191,12 @@ class PodResourcesClient:
         The round's channel is closed when it returns, whatever happened (the module
         says why), so the next ``fetch()`` connects afresh.
 
-        Each answer is decoded in a worker thread, so probes and scrapes never wait on
-        it. An answer over a ceiling of ``answer.py`` (GPU allocations in ``List``,
-        advertised GPU ids in ``GetAllocatableResources``) fails the whole round: no
-        allocations are handed over, as when the kubelet is down, rather than a part.
+        An answer over ``INLINE_DECODE_BYTES`` is decoded in a worker thread, so probes
+        and scrapes never wait on it; a small one is decoded here, in less time than the
+        hand-over to a thread costs. An answer over a ceiling of ``answer.py`` (GPU
+        allocations in ``List``, advertised GPU ids in ``GetAllocatableResources``) fails
+        the whole round: no allocations are handed over, as when the kubelet is down,
+        rather than a part.
         """
         try:
             return await self._round(time.time())
@@ -196,7 +214,7 @@ class PodResourcesClient:
                     api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s
                 )
             )
-            containers, claims = await asyncio.to_thread(
+            containers, claims = await _decode(
                 list_answer, listed, self._resource_names, self._dra_drivers, self._max_allocations
             )
             del listed  # up to 16 MiB: not held while GetAllocatableResources is asked
@@ -228,7 +246,7 @@ class PodResourcesClient:
                     api_pb2.AllocatableResourcesRequest(), timeout=self._timeout_s
                 )
             )
-            allocatable = await asyncio.to_thread(
+            allocatable = await _decode(
                 allocatable_answer, response, self._resource_names, self._max_advertised
             )
             allocatable_ok = True
