@@ -624,11 +624,17 @@ class SimNode:
         return self._last_start_time
 
     def _fork_orphan(self, args: Mapping[str, object], at: float) -> None:
-        """The parent dies after forking: it leaves /proc and NVML, its memory stays
-        (no listed process accounts for it) and the child keeps the device files open."""
+        """The parent dies after forking and the child keeps the device files open, so
+        the parent's memory stays. It leaves /proc; NVML either drops it too (its memory
+        then unaccounted) or, with ``parent_listed``, keeps listing the dead pid with its
+        memory, as an H200 on driver 580.159.04 did (docs/orphans.md)."""
         parent = self._process(args["pid"])
-        self.scenario.processes.remove(parent)
-        self.gpus[parent.gpu].unaccounted_memory += parent.memory
+        if args.get("parent_listed") is True:
+            parent.alive = False  # as `kill`: listed, memory held, no /proc entry
+            parent.sm = 0
+        else:
+            self.scenario.processes.remove(parent)
+            self.gpus[parent.gpu].unaccounted_memory += parent.memory
         self._pid_seq += 13
         self.scenario.processes.append(
             SimProcess(

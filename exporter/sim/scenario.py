@@ -689,8 +689,23 @@ def _event(raw: object, i: int) -> SimEvent:
     value = data[actions[0]]
     if actions[0] == "kmsg_overrun":
         _check_overrun(value, float(data["at"]), f"timeline[{i}]")
+    if actions[0] == "fork_orphan":
+        _check_fork(value, f"timeline[{i}].fork_orphan")
     args = value if isinstance(value, dict) else {"value": value}
     return SimEvent(at=float(data["at"]), action=actions[0], args=dict(args))
+
+
+def _check_fork(value: object, where: str) -> None:
+    """``fork_orphan: {pid, child_pid, comm, parent_listed}``: ``pid`` is required;
+    ``parent_listed`` is true or false (whether the driver keeps listing the dead parent)."""
+    data = _expect_mapping(value, where)
+    _check_keys(data, {"pid", "child_pid", "comm", "parent_listed"}, where)
+    if "pid" not in data:
+        raise ScenarioError(f"{where}: needs 'pid' (the parent that dies after forking)")
+    if not isinstance(data.get("parent_listed", False), bool):
+        raise ScenarioError(
+            f"{where}.parent_listed: {data['parent_listed']!r} is not true or false"
+        )
 
 
 def _check_overrun(value: object, at: float, where: str) -> None:
