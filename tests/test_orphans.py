@@ -601,9 +601,37 @@ def covering(gpus: Sequence[int], holders: Sequence[DeviceHolder] = (), **kw: ob
     )
 
 
-def test_no_scan_is_asked_for_without_unattributed_memory() -> None:
-    dead_only = (OrphanedMemory(0, uuid_of(0), KIND_DEAD_PROCESS, GIB, 1, T0),)
-    assert holder_request(node([gpu(0)]), dead_only) is None
+def dead_memory(*gpus: int) -> tuple[OrphanedMemory, ...]:
+    return tuple(OrphanedMemory(g, uuid_of(g), KIND_DEAD_PROCESS, GIB, 1, T0) for g in gpus)
+
+
+def test_no_scan_is_asked_for_stuck_or_deleted_pod_memory() -> None:
+    """Their processes are alive and listed: they hold the memory themselves."""
+    listed = (
+        OrphanedMemory(0, uuid_of(0), KIND_STUCK_PROCESS, GIB, 1, T0),
+        OrphanedMemory(1, uuid_of(1), KIND_DELETED_POD, GIB, 1, T0),
+    )
+    assert holder_request(node([gpu(0), gpu(1)]), listed) is None
+    assert holder_request(node([gpu(0)]), ()) is None
+
+
+def test_a_scan_is_asked_for_dead_process_memory() -> None:
+    """A dead pid's context lives on while anyone holds its device file, and a driver
+    may keep listing the dead pid meanwhile (an H200 on 580.159.04 did): who holds it
+    is what an operator must know."""
+    request = holder_request(node([gpu(0), gpu(1)]), dead_memory(1))
+    assert request is not None and request.gpus == ((1, uuid_of(1), 1),)
+
+
+def test_a_gpu_with_dead_and_unattributed_memory_is_asked_for_and_named_once() -> None:
+    both = (*dead_memory(3), *unattributed(3))
+    snapshot = replace(
+        node([gpu(3)]), holder_scan=covering([3], [DeviceHolder(5302, (3,), "python3", "holder")])
+    )
+    request = holder_request(snapshot, both)
+    assert request is not None and request.gpus == ((3, uuid_of(3), 3),)
+    assert [(r.gpu, r.pid) for r in orphan_holders(snapshot, both)] == [(3, 5302)]
+    assert driver_held(both, snapshot.holder_scan) == (DriverHeld(3, uuid_of(3), False),)
 
 
 def test_the_scan_request_names_every_flagged_gpu_with_its_minor() -> None:
@@ -633,10 +661,11 @@ def test_holders_are_named_from_the_pod_watch_per_gpu_they_hold() -> None:
     assert {r.uuid for r in rows} == {uuid_of(3), uuid_of(4)}
 
 
-def test_holders_are_shown_only_for_gpus_that_still_have_unattributed_memory() -> None:
-    scan = covering([3, 4], [DeviceHolder(1, (3, 4), "python3", "holder")])
-    snapshot = replace(node([gpu(3), gpu(4)]), holder_scan=scan)
+def test_holders_are_shown_only_for_gpus_that_still_have_dead_or_unattributed_memory() -> None:
+    scan = covering([3, 4, 5], [DeviceHolder(1, (3, 4, 5), "python3", "holder")])
+    snapshot = replace(node([gpu(3), gpu(4), gpu(5)]), holder_scan=scan)
     assert [r.gpu for r in orphan_holders(snapshot, unattributed(4))] == [4]
+    assert [r.gpu for r in orphan_holders(snapshot, dead_memory(5))] == [5]
     assert name_holders(None, None, [gpu(3)]) == ()
 
 
@@ -648,6 +677,18 @@ def test_memory_only_management_daemons_hold_is_driver_held() -> None:
         DriverHeld(3, uuid_of(3), False),
         DriverHeld(4, uuid_of(4), True),
     )
+
+
+def test_a_dead_pids_memory_nobody_but_the_daemons_holds_is_driver_held() -> None:
+    """The dead pid's context was never torn down and no live process keeps it: only a
+    reset frees it. A forked child holding the device makes it not driver-held."""
+    persistenced = DeviceHolder(812, (3, 4), "nvidia-persiste", "management")
+    child = DeviceHolder(601, (3,), "python3", "holder")
+    assert driver_held(dead_memory(3, 4), covering([3, 4], [persistenced, child])) == (
+        DriverHeld(3, uuid_of(3), False),
+        DriverHeld(4, uuid_of(4), True),
+    )
+    assert driver_held(dead_memory(4), covering([4], truncated=True)) == ()
 
 
 def test_no_driver_held_verdict_from_an_incomplete_scan_or_an_uncovered_gpu() -> None:

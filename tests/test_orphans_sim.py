@@ -10,6 +10,7 @@ from the scenario object.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -57,6 +58,7 @@ from exporter.sources.kube import PodWatcher
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
 from exporter.sources.procfs import ProcessReader
+from tests.harness import simulated_exporter
 
 STEP_S = 10
 END_S = 150
@@ -167,6 +169,16 @@ def event_args(scenario: Scenario, action: str) -> Mapping[str, object]:
     return next(e.args for e in scenario.timeline if e.action == action)
 
 
+def fork(scenario: Scenario, *, parent_listed: bool) -> Mapping[str, object]:
+    """The fork_orphan whose dead parent the driver keeps listing (GPU 0, as the H200
+    did), or the one whose parent it drops (GPU 3)."""
+    return next(
+        e.args
+        for e in scenario.timeline
+        if e.action == "fork_orphan" and bool(e.args.get("parent_listed")) is parent_listed
+    )
+
+
 def pod_uid(scenario: Scenario, key: str) -> str:
     return next(p.uid for p in scenario.pods if f"{p.namespace}/{p.name}" == key)
 
@@ -198,11 +210,11 @@ def expected(scenario: Scenario, epoch: float, t: int) -> dict[tuple[int, str], 
     Every kind dates from the cycle its condition was first seen (t=30), confirmation
     windows included.
     """
-    killed = process(scenario, int(str(event_args(scenario, "kill")["value"])))
+    killed = process(scenario, int(str(fork(scenario, parent_listed=True)["pid"])))
     deleted_key = str(event_args(scenario, "delete_pod")["value"])
     deleted = next(p for p in scenario.processes if p.pod == deleted_key)
     stuck = process(scenario, int(str(event_args(scenario, "set_process")["pid"])))
-    forked = process(scenario, int(str(event_args(scenario, "fork_orphan")["pid"])))
+    forked = process(scenario, int(str(fork(scenario, parent_listed=False)["pid"])))
     orphaned = process(scenario, int(str(event_args(scenario, "orphan")["value"])))
     at = 30  # every orphaning event of the scenario happens at t=30
     confirm = at + STEP_S * (POLICY.unattributed_cycles - 1)
@@ -267,23 +279,22 @@ def test_memory_on_mig_instances_is_fully_accounted(
     assert all(o.gpu not in mig_gpus for c in cycles.values() for o in c.orphans)
 
 
-def test_holders_are_scanned_once_unattributed_memory_is_confirmed_then_every_minute(
+def test_holders_are_scanned_for_dead_then_unattributed_memory_then_every_minute(
     with_kube: tuple[dict[int, Cycle], float],
 ) -> None:
     cycles, _ = with_kube
+    # dead_process is confirmed at once (t=30) and asks; the scan answers the next cycle
+    dead = 30 + STEP_S
+    # unattributed is confirmed later and asks for GPUs the first walk did not cover
     confirm = 30 + STEP_S * (POLICY.unattributed_cycles - 1)
-    # the cycle that confirms it asks; the holder scan source answers in the next one
     asked = confirm + STEP_S
-    assert [t for t, c in cycles.items() if c.scanned] == [asked, asked + 60]
+    assert [t for t, c in cycles.items() if c.scanned] == [dead, asked, asked + 60]
 
 
 def test_the_forked_child_is_named_and_the_daemons_are_management(
     with_kube: tuple[dict[int, Cycle], float], scenario: Scenario
 ) -> None:
     cycles, _ = with_kube
-    fork = event_args(scenario, "fork_orphan")
-    parent = process(scenario, int(str(fork["pid"])))
-    namespace, pod = str(parent.pod).split("/")
     orphaned_gpu = process(scenario, int(str(event_args(scenario, "orphan")["value"]))).gpu
     every_gpu = list(range(len(scenario.gpus)))
     daemons = {p.pid: p for p in scenario.processes if p.holds_devices == every_gpu}
@@ -293,9 +304,16 @@ def test_the_forked_child_is_named_and_the_daemons_are_management(
         (h.gpu, h.pid): (h.namespace, h.pod, h.container, h.comm, h.role)
         for h in cycles[END_S].holders
     }
-    child = (parent.gpu, int(str(fork["child_pid"])))
-    want = {child: (namespace, pod, parent.container, str(fork["comm"]), "holder")}
-    for gpu in (parent.gpu, orphaned_gpu):
+    want: dict[tuple[int | None, int], tuple[object, ...]] = {}
+    parents = []
+    for listed in (True, False):  # the dead parent still listed (GPU 0) or not (GPU 3)
+        forked = fork(scenario, parent_listed=listed)
+        parent = process(scenario, int(str(forked["pid"])))
+        namespace, pod = str(parent.pod).split("/")
+        child = (parent.gpu, int(str(forked["child_pid"])))
+        want[child] = (namespace, pod, parent.container, str(forked["comm"]), "holder")
+        parents.append(parent.gpu)
+    for gpu in (*parents, orphaned_gpu):
         for pid, daemon in daemons.items():
             named = (plugin_ns, plugin_pod, plugin.container) if daemon is plugin else (None,) * 3
             want[(gpu, pid)] = (*named, daemon.comm[:15], "management")
@@ -306,10 +324,12 @@ def test_memory_nobody_but_the_daemons_holds_is_driver_held(
     with_kube: tuple[dict[int, Cycle], float], scenario: Scenario
 ) -> None:
     cycles, _ = with_kube
-    forked = process(scenario, int(str(event_args(scenario, "fork_orphan")["pid"]))).gpu
+    dead = process(scenario, int(str(fork(scenario, parent_listed=True)["pid"]))).gpu
+    forked = process(scenario, int(str(fork(scenario, parent_listed=False)["pid"]))).gpu
     orphaned = process(scenario, int(str(event_args(scenario, "orphan")["value"]))).gpu
     uuids = {g.index: g.uuid for g in scenario.gpus}
     expected = [
+        DriverHeld(dead, uuids[dead], False),  # its forked child holds it
         DriverHeld(forked, uuids[forked], False),
         DriverHeld(orphaned, uuids[orphaned], True),
     ]
@@ -320,11 +340,12 @@ def test_without_the_pod_watch_holders_are_found_but_not_named(
     without_kube: tuple[dict[int, Cycle], float], scenario: Scenario
 ) -> None:
     cycles, _ = without_kube
-    child = int(str(event_args(scenario, "fork_orphan")["child_pid"]))
-    rows = [h for h in cycles[END_S].holders if h.pid == child]
-    assert [(h.namespace, h.pod, h.container, h.role) for h in rows] == [
-        (None, None, None, "holder")
-    ]
+    for listed in (True, False):
+        child = int(str(fork(scenario, parent_listed=listed)["child_pid"]))
+        rows = [h for h in cycles[END_S].holders if h.pid == child]
+        assert [(h.namespace, h.pod, h.container, h.role) for h in rows] == [
+            (None, None, None, "holder")
+        ]
 
 
 def test_a_deleted_pods_process_keeps_its_old_cgroup(
@@ -335,6 +356,48 @@ def test_a_deleted_pods_process_keeps_its_old_cgroup(
     pid = next(p.pid for p in scenario.processes if p.pod == key)
     assert cycles[END_S].identities[pid].alive
     assert cycles[END_S].identities[pid].pod_uid == pod_uid(scenario, key)
+
+
+async def test_the_exporter_names_the_child_holding_a_dead_but_listed_parents_memory(
+    scenario: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole exporter on GPU 0 of ``orphans``, the H200's behaviour: the driver keeps
+    listing the SIGKILLed parent, so the memory is dead_process; the live forked child is
+    served as its holder, the GPU is not driver-held, and the Event and the log line say
+    the dead pid is listed, not that it holds the memory."""
+    forked = fork(scenario, parent_listed=True)
+    parent = process(scenario, int(str(forked["pid"])))
+    child, gpu = str(forked["child_pid"]), str(parent.gpu)
+    caplog.set_level(logging.WARNING, logger="exporter.health")
+    async with simulated_exporter("orphans") as h:
+        for _ in range(4):  # t=40: the kill at 30, the scan it asked for at 40
+            await h.advance(10)
+        scrape = await h.scrape()
+        assert h.env.kube_api is not None
+        writes = h.env.kube_api.writes
+        note = ""
+        deadline = time.monotonic() + WATCH_TIMEOUT_S  # the writer is a thread
+        while not note and time.monotonic() < deadline:
+            notes = [e["note"] for e in writes.events("reason=GPUOrphanedMemory")]
+            note = next((n for n in notes if "(dead_process)" in n), "")
+            await asyncio.sleep(0.02)
+    dead = {"gpu": gpu, "kind": KIND_DEAD_PROCESS}
+    assert scrape.get("gpu_orphaned_memory_bytes", **dead) == parent.memory
+    # not unattributed as well: the listed dead pid accounts for the bytes
+    kinds = [labels["kind"] for labels, _ in scrape.find("gpu_orphaned_memory_bytes", gpu=gpu)]
+    assert kinds == [KIND_DEAD_PROCESS]
+    namespace, pod = str(parent.pod).split("/")
+    labels = {"gpu": gpu, "pid": child, "role": "holder", "namespace": namespace, "pod": pod}
+    assert scrape.get("gpu_orphaned_holder_info", **labels) == 1
+    assert scrape.get("gpu_orphaned_memory_driver_held", gpu=gpu) == 0
+    said = (
+        f"listed for dead pid {parent.pid}; held open by pid {child} {forked['comm']} "
+        f"(pod {parent.pod})"
+    )
+    assert said in note, note
+    assert f"held by pid {parent.pid}" not in note
+    logged = [r.getMessage() for r in caplog.records if "(dead_process)" in r.getMessage()]
+    assert len(logged) == 1 and said in logged[0], logged
 
 
 # ---------------------------------------------------------------------------
@@ -379,6 +442,43 @@ def test_fork_orphan_leaves_an_unlisted_child_holding_the_parents_gpu() -> None:
     assert child.pid != 10 and child.comm == "python3"
     assert node.gpus[1].unaccounted_memory == 3 * 1024**3
     assert node.listed_processes(1) == []
+
+
+def test_fork_orphan_with_parent_listed_keeps_the_dead_parent_in_nvmls_list() -> None:
+    """What an H200 on driver 580.159.04 did: the SIGKILLed parent stays listed with its
+    memory, gone from /proc, while the unlisted child holds the device file."""
+    scenario = parse_scenario(
+        {
+            "gpus": [{}, {}],
+            "host_processes": [{"pid": 10, "gpu": 1, "memory": "3GiB", "comm": "python3"}],
+            "timeline": [
+                {"at": 5, "fork_orphan": {"pid": 10, "child_pid": 11, "parent_listed": True}}
+            ],
+        },
+        "test",
+    )
+    clock = ManualClock()
+    node = SimNode(scenario, clock)
+    clock.advance(5)
+    node.advance()
+    parent, child = node.processes
+    assert (parent.pid, parent.alive, parent.listed, parent.memory) == (10, False, True, 3 * 2**30)
+    assert (child.pid, child.alive, child.listed, child.holds_devices) == (11, True, False, [1])
+    assert node.gpus[1].unaccounted_memory == 0  # the listed dead pid accounts for it
+    assert [p.pid for p in node.listed_processes(1)] == [10]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ({"pid": 10, "parent_listed": "yes"}, r"parent_listed: 'yes' is not true or false"),
+        ({"pid": 10, "keep_parent": True}, r"unknown key 'keep_parent'"),
+        ({"child_pid": 11}, r"needs 'pid'"),
+    ],
+)
+def test_fork_orphan_refuses_bad_arguments_in_one_line(args: dict[str, object], says: str) -> None:
+    with pytest.raises(ScenarioError, match=says):
+        parse_scenario({"gpus": [{}], "timeline": [{"at": 5, "fork_orphan": args}]}, "test")
 
 
 def test_terminate_pod_sets_the_deletion_deadline_to_request_time_plus_grace() -> None:

@@ -19,6 +19,8 @@ from exporter.model import (
     HealthFacts,
     HealthReason,
     HealthTransition,
+    HolderScan,
+    HolderScanRequest,
     MigInstance,
     NodeSnapshot,
     NvmlSnapshot,
@@ -98,6 +100,8 @@ def cycle(
     sources: dict[str, bool] | None = None,
     pod_meta: PodMetaSnapshot | None = POD_META,
     timestamp: float = NOW,
+    asks_scan: Iterable[str] = (),
+    scanned: Iterable[str] | None = None,
 ) -> Analysis:
     """One cycle's analysis, as the pipeline hands it to ``health_transitions``."""
     statuses = {**UP, "nvml": nvml_ok} if sources is None else sources
@@ -106,6 +110,7 @@ def cycle(
         nvml=NvmlSnapshot(ok=nvml_ok, timestamp=timestamp, gpus=GPUS if nvml_ok else ()),
         timestamp=timestamp,
         pod_meta=pod_meta,
+        holder_scan=None if scanned is None else scan_of(scanned),
         sources=tuple(
             SourceStatus(name, up, None if up else "refused") for name, up in statuses.items()
         ),
@@ -124,7 +129,20 @@ def cycle(
         xid_counts_before_start=tuple(xids_before_start),
         orphans=tuple(orphans),
         orphan_holders=tuple(holders),
+        holder_request=scan_request(asks_scan),
     )
+
+
+def scan_request(uuids: Iterable[str]) -> HolderScanRequest | None:
+    """What this cycle's analysis asks the next cycle's holder scan to cover."""
+    gpus = tuple((0, u, 0) for u in uuids)
+    return HolderScanRequest(gpus) if gpus else None
+
+
+def scan_of(uuids: Iterable[str]) -> HolderScan:
+    """The holder scan shown this cycle, covering ``uuids`` (what it found is in the
+    analysis's ``orphan_holders``)."""
+    return HolderScan(minors=(0,), gpus=tuple((0, u, 0) for u in uuids))
 
 
 def run(
@@ -365,7 +383,8 @@ def dead_pid(pid: int) -> AttributedProcess:
 DEAD = OrphanedMemory(0, "GPU-a", "dead_process", 2**30, 1, NOW - 30)
 
 
-def test_orphaned_memory_appearing_names_its_holders_and_clearing_is_told() -> None:
+def test_dead_process_memory_names_the_dead_pid_as_listed_and_clearing_is_told() -> None:
+    """The dead pid is what NVML lists, never a holder: it holds nothing."""
     (appeared, same, cleared), facts = run(
         cycle(orphans=[DEAD], processes=[dead_pid(4242)]),
         cycle(orphans=[DEAD], processes=[dead_pid(4242)]),
@@ -378,11 +397,27 @@ def test_orphaned_memory_appearing_names_its_holders_and_clearing_is_told() -> N
         "dead_process",
         2**30,
     )
-    assert [h.pid for h in t.holders] == [4242]
+    assert (t.dead_pids, t.holders) == ((4242,), ())
     assert same == ()
     assert kinds(cleared) == ["orphaned_memory_cleared"]
     assert (cleared[0].gpu, cleared[0].orphan_kind) == (0, "dead_process")
     assert facts.orphans == frozenset()
+
+
+def test_dead_process_memory_names_the_live_holder_the_scan_found() -> None:
+    """What an H200 on driver 580.159.04 showed: the killed parent stays listed, its
+    forked child keeps the device open; the child is the holder."""
+    child = OrphanHolder(0, "GPU-a", 601, None, None, None, "python3", "holder")
+    ((t,),), _ = run(
+        cycle(
+            orphans=[DEAD],
+            processes=[dead_pid(533)],
+            holders=[child],
+            asks_scan=["GPU-a"],
+            scanned=["GPU-a"],
+        )
+    )
+    assert (t.orphan_kind, t.dead_pids, t.holders) == ("dead_process", (533,), (child,))
 
 
 def test_orphaned_memory_is_not_cleared_while_procfs_is_down() -> None:
@@ -393,27 +428,55 @@ def test_orphaned_memory_is_not_cleared_while_procfs_is_down() -> None:
     assert facts.orphans == frozenset({("GPU-a", "dead_process")})
 
 
-def test_unattributed_orphaned_memory_waits_one_cycle_for_its_holders() -> None:
-    fresh = OrphanedMemory(0, "GPU-a", "unattributed", 2**30, 0, NOW)
-    (waiting, named), facts = run(
-        cycle(orphans=[fresh]), cycle(orphans=[fresh], timestamp=NOW + 10)
+FRESH = OrphanedMemory(0, "GPU-a", "unattributed", 2**30, 0, NOW - 20)  # confirmed now
+
+
+def test_orphaned_memory_waits_one_cycle_for_the_scan_it_asks_for() -> None:
+    """The scan this cycle asks for answers in the next one: an Event worth waiting for.
+    Dates do not matter (unattributed memory is confirmed cycles after it was first
+    seen); whether the scan shown has covered the GPU does."""
+    child = OrphanHolder(0, "GPU-a", 77, "ml", "gone", "main", "python", "holder")
+    for orphan in (FRESH, DEAD):
+        (waiting, named), facts = run(
+            cycle(orphans=[orphan], processes=[dead_pid(9)], asks_scan=["GPU-a"]),
+            cycle(
+                orphans=[orphan],
+                processes=[dead_pid(9)],
+                holders=[child],
+                asks_scan=["GPU-a"],
+                scanned=["GPU-a"],
+                timestamp=NOW + 10,
+            ),
+        )
+        assert waiting == ()
+        (t,) = named
+        assert (t.kind, t.orphan_kind, t.holders) == ("orphaned_memory", orphan.kind, (child,))
+        assert facts.orphans == frozenset({("GPU-a", orphan.kind)})
+
+
+def test_orphaned_memory_waits_only_once_and_not_for_a_gpu_no_scan_was_asked_for() -> None:
+    """A scan that does not come (its source failed) must not hold the Event back, nor
+    must a GPU the scan cannot cover (no minor number), nor one it covered already."""
+    (waiting, told), _ = run(
+        cycle(orphans=[FRESH], asks_scan=["GPU-a"]),
+        cycle(orphans=[FRESH], asks_scan=["GPU-a"], timestamp=NOW + 10),
     )
     assert waiting == ()
-    (t,) = named
-    assert (t.kind, t.orphan_kind, t.holders) == ("orphaned_memory", "unattributed", ())
-    assert facts.orphans == frozenset({("GPU-a", "unattributed")})
+    assert [(t.orphan_kind, t.holders) for t in told] == [("unattributed", ())]
+    ((t,),), _ = run(cycle(orphans=[FRESH]))
+    assert t.orphan_kind == "unattributed"
+    ((t,),), _ = run(cycle(orphans=[DEAD], asks_scan=["GPU-a"], scanned=["GPU-a"]))
+    assert t.orphan_kind == "dead_process"
 
 
 def test_unattributed_orphaned_memory_with_holders_found_is_named_at_once() -> None:
-    fresh = OrphanedMemory(0, "GPU-a", "unattributed", 2**30, 0, NOW)
     holder = OrphanHolder(0, "GPU-a", 77, "ml", "gone", "main", "python", "holder")
-    ((t,),), _ = run(cycle(orphans=[fresh], holders=[holder]))
+    ((t,),), _ = run(cycle(orphans=[FRESH], holders=[holder], asks_scan=["GPU-a"]))
     assert t.holders == (holder,)
 
 
 def test_unattributed_memory_that_goes_before_it_was_named_is_never_cleared() -> None:
-    fresh = OrphanedMemory(0, "GPU-a", "unattributed", 2**30, 0, NOW)
-    (waiting, gone), _ = run(cycle(orphans=[fresh]), cycle(timestamp=NOW + 10))
+    (waiting, gone), _ = run(cycle(orphans=[FRESH], asks_scan=["GPU-a"]), cycle(timestamp=NOW + 10))
     assert waiting == gone == ()
 
 

@@ -16,9 +16,9 @@ needs a different fix:
 
 A listed process counts in at most one kind (dead, then stuck, then deleted pod), so
 kinds add up. Pure: the clock is ``now`` and memory between cycles is ``OrphanState``.
-Who holds unattributed memory is found by the holder scan source: analysis asks for it
-(``holder_request``) and names what the scan it delivered found (``orphan_holders``,
-``driver_held``).
+Who keeps dead-process and unattributed memory alive is found by the holder scan
+source: analysis asks for it (``holder_request``) and names what the scan it delivered
+found (``orphan_holders``, ``driver_held``).
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ from exporter.model import (
 
 STUCK_STATES: Final = frozenset({"D", "Z"})  # uninterruptible sleep; exited, not reaped
 MIB: Final = 1024**2
+# Kinds whose memory may be kept alive by a live process NVML does not list, through the
+# device file it holds: a child forked after CUDA started, a process the fd was passed
+# to. A dead pid's context lives on while anyone has its /dev/nvidia<N> open, and a
+# driver may keep LISTING the dead pid meanwhile (an H200 on driver 580.159.04 did:
+# docs/orphans.md), so both kinds are scanned. Stuck and deleted-pod processes are
+# alive and listed: they hold their memory themselves.
+SCANNED_KINDS: Final = frozenset({KIND_DEAD_PROCESS, KIND_UNATTRIBUTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,14 +366,21 @@ def _unattributed_streaks(
 # ---------------------------------------------------------------------------
 
 
+def scanned_gpus(orphans: Iterable[OrphanedMemory]) -> dict[str, int]:
+    """GPU uuid -> index of each GPU with a kind the holder scan is asked about, once
+    per GPU however many such kinds it has: its holders are one set of rows."""
+    return {o.uuid: o.gpu for o in orphans if o.kind in SCANNED_KINDS}
+
+
 def holder_request(
     snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory]
 ) -> HolderScanRequest | None:
-    """The GPUs whose unattributed memory needs a holder named; None when there are none.
+    """The GPUs whose dead-process or unattributed memory needs a holder named; None
+    when there are none.
 
     One walk covers them all: it costs the same for one device minor as for eight.
     """
-    flagged = {o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED}
+    flagged = scanned_gpus(orphans)
     if not flagged:
         return None
     return HolderScanRequest(
@@ -383,7 +397,7 @@ def name_holders(
 ) -> tuple[OrphanHolder, ...]:
     """One row per (holder, GPU of ``gpus`` it holds), named from the pod watch.
 
-    A minor no GPU in ``gpus`` has is dropped: those GPUs have nothing unattributed.
+    A minor no GPU in ``gpus`` has is dropped: those GPUs have nothing to scan for.
     Without the watch (or for a pod it no longer lists) the pod labels stay empty.
     """
     if scan is None:
@@ -416,8 +430,9 @@ def name_holders(
 def orphan_holders(
     snapshot: NodeSnapshot, orphans: Iterable[OrphanedMemory]
 ) -> tuple[OrphanHolder, ...]:
-    """Holders of the GPUs that have unattributed memory now, from the last scan."""
-    flagged = {o.uuid for o in orphans if o.kind == KIND_UNATTRIBUTED}
+    """Holders of the GPUs that have dead-process or unattributed memory now, from the
+    last scan; a GPU with both kinds has its rows once."""
+    flagged = scanned_gpus(orphans)
     gpus = [g for g in snapshot.nvml.gpus if g.uuid in flagged]
     return name_holders(snapshot.holder_scan, snapshot.pod_meta, gpus)
 
@@ -425,20 +440,24 @@ def orphan_holders(
 def driver_held(
     orphans: Iterable[OrphanedMemory], scan: HolderScan | None
 ) -> tuple[DriverHeld, ...]:
-    """Per GPU with unattributed memory: whether only the driver holds it.
+    """Per GPU with dead-process or unattributed memory: whether only the driver holds it.
 
     True when a complete scan covering the GPU found no process but management daemons
-    with it open: nothing to kill, only a GPU reset frees the memory. A GPU the scan
-    did not cover, or covered incompletely, is left out: we do not know.
+    with it open: nothing to kill, only a GPU reset frees the memory. For a dead pid
+    that is the context whose teardown never finished; a forked child or any other live
+    holder makes it False. NVML-listed pids are not scanned (their own contexts hold the
+    device legitimately), so a holder that also made a context of its own is not seen.
+    A GPU the scan did not cover, or covered incompletely, is left out: we do not know.
+    One verdict per GPU, whichever kinds it has.
     """
     if scan is None or not scan.complete:
         return ()
     minors = {uuid: minor for _, uuid, minor in scan.gpus}
     verdicts = []
-    for orphan in orphans:
-        if orphan.kind != KIND_UNATTRIBUTED or orphan.uuid not in minors:
+    for uuid, gpu in scanned_gpus(orphans).items():
+        if uuid not in minors:
             continue
-        minor = minors[orphan.uuid]
+        minor = minors[uuid]
         held = any(h.role != ROLE_MANAGEMENT and minor in h.minors for h in scan.holders)
-        verdicts.append(DriverHeld(orphan.gpu, orphan.uuid, not held))
+        verdicts.append(DriverHeld(gpu, uuid, not held))
     return tuple(sorted(verdicts, key=lambda v: v.gpu))

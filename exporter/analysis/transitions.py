@@ -16,11 +16,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from exporter.analysis.orphans import SCANNED_KINDS
 from exporter.model import (
     KIND_DEAD_PROCESS,
     KIND_DELETED_POD,
     KIND_STUCK_PROCESS,
-    KIND_UNATTRIBUTED,
+    OWNER_DEAD,
     ROLE_HOLDER,
     Analysis,
     ContainerRef,
@@ -50,7 +51,7 @@ def health_transitions(
     xid_out, xid_counts = _fatal_xids(analysis, previous, pods)
     gpu_out, unhealthy = _verdicts(analysis, previous, pods)
     leak_out, leaks = _leaks(analysis, previous, pods, judged=nvml_ok and up.get("podresources"))
-    orphan_out, orphans = _orphans(analysis, previous, judged=nvml_ok and up.get("procfs"))
+    orphan_out, orphans, waiting = _orphans(analysis, previous, judged=nvml_ok and up.get("procfs"))
     source_out, sources_up = _sources(analysis.node.sources, previous.sources_up)
     out.extend((*source_out, *gpu_out, *xid_out, *leak_out, *orphan_out))
     facts = HealthFacts(
@@ -58,6 +59,7 @@ def health_transitions(
         unhealthy=unhealthy,
         leaks=leaks,
         orphans=orphans,
+        orphans_waiting=waiting,
         sources_up=sources_up,
     )
     return tuple(out), facts
@@ -219,14 +221,20 @@ def _leaks(
 
 def _orphans(
     analysis: Analysis, previous: HealthFacts, *, judged: bool | None
-) -> tuple[list[HealthTransition], frozenset[tuple[str, OrphanKind]]]:
-    """Orphaned memory that appeared, and (with NVML and /proc up) that cleared.
+) -> tuple[
+    list[HealthTransition], frozenset[tuple[str, OrphanKind]], frozenset[tuple[str, OrphanKind]]
+]:
+    """Orphaned memory that appeared, and (with NVML and /proc up) that cleared; and the
+    findings held back this cycle.
 
-    Memory no listed process accounts for is named a cycle late when need be: its
-    holders come from the holder scan that this cycle's finding asks for, and an Event
-    that says who holds the memory is worth one interval's wait."""
+    Dead-process and unattributed memory is named a cycle late when need be: its holders
+    come from the holder scan that this cycle's finding asks for, and an Event that says
+    who holds the memory is worth one interval's wait. A finding waits once, and only
+    for a GPU the scan was asked about and has not covered yet: a scan that does not
+    come (its source failed) must not hold the Event back for good."""
     out: list[HealthTransition] = []
     now = {(o.uuid, o.kind): o for o in analysis.orphans}
+    unscanned = _awaiting_scan(analysis)
     waiting: set[tuple[str, OrphanKind]] = set()
     for key, orphan in sorted(now.items()):
         if key in previous.orphans:
@@ -234,8 +242,9 @@ def _orphans(
         held = _holders(analysis, orphan.uuid, orphan.kind)
         if (
             not held
-            and orphan.kind == KIND_UNATTRIBUTED
-            and orphan.first_seen >= analysis.node.timestamp
+            and orphan.kind in SCANNED_KINDS
+            and orphan.uuid in unscanned
+            and key not in previous.orphans_waiting
         ):
             waiting.add(key)
             continue
@@ -248,11 +257,13 @@ def _orphans(
                 orphan_kind=orphan.kind,
                 count=orphan.processes,
                 holders=held,
+                dead_pids=_dead_pids(analysis, orphan.uuid, orphan.kind),
             )
         )
     keys = frozenset(now) - waiting
+    held_back = frozenset(waiting)
     if not judged:
-        return out, keys | previous.orphans
+        return out, keys | previous.orphans, held_back
     gpus = {g.uuid: g.index for g in analysis.node.nvml.gpus}
     for uuid, kind in sorted(previous.orphans - frozenset(now)):
         out.append(
@@ -260,16 +271,27 @@ def _orphans(
                 "orphaned_memory_cleared", gpu=gpus.get(uuid), uuid=uuid, orphan_kind=kind
             )
         )
-    return out, keys
+    return out, keys, held_back
+
+
+def _awaiting_scan(analysis: Analysis) -> frozenset[str]:
+    """GPUs this cycle asks the holder scan about that the scan shown has not covered."""
+    request = analysis.holder_request
+    if request is None:
+        return frozenset()
+    scan = analysis.node.holder_scan
+    covered = {uuid for _, uuid, _ in scan.gpus} if scan is not None else set()
+    return frozenset(uuid for _, uuid, _ in request.gpus if uuid not in covered)
 
 
 def _holders(analysis: Analysis, uuid: str, kind: OrphanKind) -> tuple[OrphanHolder, ...]:
-    """Who holds orphaned memory: the holder scan's finds for memory no listed process
-    accounts for, else the listed processes behind it (a dead pid, a deleted pod's)."""
-    if kind == KIND_UNATTRIBUTED:
+    """Who holds orphaned memory: for dead-process and unattributed memory, the live
+    processes the holder scan found with the device open (a dead pid holds nothing: its
+    context lives on through whoever still has the device file); else the listed
+    processes behind it (a stuck one, a deleted pod's)."""
+    if kind in SCANNED_KINDS:
         return tuple(h for h in analysis.orphan_holders if h.uuid == uuid)
     owners = {
-        KIND_DEAD_PROCESS: ("dead",),
         KIND_DELETED_POD: ("pod",),
         KIND_STUCK_PROCESS: ("pod", "host", "unknown"),
     }
@@ -278,6 +300,16 @@ def _holders(analysis: Analysis, uuid: str, kind: OrphanKind) -> tuple[OrphanHol
         for p in analysis.attribution.processes
         if p.uuid == uuid and p.owner in owners.get(kind, ())
     )[:MAX_HOLDERS_NAMED]
+
+
+def _dead_pids(analysis: Analysis, uuid: str, kind: OrphanKind) -> tuple[int, ...]:
+    """The dead pids NVML lists behind dead-process memory, lowest first."""
+    if kind != KIND_DEAD_PROCESS:
+        return ()
+    pids = {
+        p.pid for p in analysis.attribution.processes if p.uuid == uuid and p.owner == OWNER_DEAD
+    }
+    return tuple(sorted(pids))[:MAX_HOLDERS_NAMED]
 
 
 def _sources(

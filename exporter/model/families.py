@@ -262,14 +262,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "gpu_orphaned_holder_info": (
         GAUGE,
-        EXPERIMENTAL + "A process holding the device files of a GPU with unattributed memory; "
-        "role is holder or management (daemons that open every GPU).",
+        EXPERIMENTAL + "A process holding the device files of a GPU with dead-process or "
+        "unattributed memory; role is holder or management (daemons that open every GPU).",
     ),
     "gpu_orphaned_memory_driver_held": (
         GAUGE,
         EXPERIMENTAL + "1 when a complete scan found no process but management daemons holding "
-        "the GPU's unattributed memory (driver-held: reset the GPU); 0 when a holder "
-        "exists.",
+        "the GPU's dead-process or unattributed memory (driver-held: reset the GPU); 0 when a "
+        "holder exists.",
     ),
     # health and capacity
     "gpu_healthy": (GAUGE, STABLE + "1 when no 'unhealthy' health reason is active for the GPU."),

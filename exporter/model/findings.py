@@ -277,7 +277,8 @@ class OrphanedMemory:
 @dataclass(frozen=True, slots=True)
 class DriverHeld:
     """Whether a complete holder scan found only management daemons holding a GPU with
-    unattributed memory: then nothing can be killed, only a GPU reset frees it."""
+    dead-process or unattributed memory: then nothing can be killed, only a GPU reset
+    frees it."""
 
     gpu: int
     uuid: str
@@ -301,7 +302,8 @@ class OrphanHolder:
 @dataclass(frozen=True, slots=True)
 class HolderScanRequest:
     """A finding of analysis for the next cycle's holder scan: the GPUs whose
-    unattributed memory needs a holder named, as (gpu index, uuid, device minor)."""
+    dead-process or unattributed memory needs a holder named, as (gpu index, uuid,
+    device minor)."""
 
     gpus: tuple[tuple[int, str, int], ...]
 
@@ -411,6 +413,9 @@ class HealthTransition:
     memory_bytes: int | None = None
     orphan_kind: OrphanKind | None = None
     holders: tuple[OrphanHolder, ...] = ()
+    # dead_process: the dead pids NVML lists; the holders are the live processes found
+    # with the device open, never these
+    dead_pids: tuple[int, ...] = ()
     source: str | None = None
     detail: str = ""
 

@@ -60,6 +60,9 @@ class HealthFacts:
     """(container, GPU uuid, MIG uuid) using a device it was not allocated."""
     orphans: frozenset[tuple[str, OrphanKind]] = frozenset()
     """(GPU uuid, kind) with orphaned memory."""
+    orphans_waiting: frozenset[tuple[str, OrphanKind]] = frozenset()
+    """(GPU uuid, kind) whose transition waited a cycle for the holder scan; it waits
+    once."""
     sources_up: Mapping[str, bool] = field(default_factory=dict)
 
 

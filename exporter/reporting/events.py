@@ -105,8 +105,10 @@ def _reasons(t: HealthTransition) -> str:
 
 
 def _holders(t: HealthTransition) -> str:
+    """The holders, those that keep the memory before the management daemons that open
+    every GPU (tagged), so the process to act on comes first."""
     named = []
-    for h in t.holders:
+    for h in sorted(t.holders, key=lambda h: h.role != "holder"):
         who = f"pid {h.pid}"
         if h.comm:
             who += f" {one_line(h.comm, NAME_CHARS)}"
@@ -116,6 +118,18 @@ def _holders(t: HealthTransition) -> str:
             who += f" [{h.role}]"
         named.append(who)
     return ", ".join(named)
+
+
+def _dead_pids(t: HealthTransition) -> str:
+    """The listed dead pids as words (dead pid 533; dead pids 533, 534), with those not
+    named counted."""
+    if not t.dead_pids:
+        return "dead processes"
+    text = ("dead pid " if len(t.dead_pids) == 1 else "dead pids ") + ", ".join(
+        str(pid) for pid in t.dead_pids
+    )
+    more = t.count - len(t.dead_pids)
+    return f"{text} and {more} more" if more > 0 else text
 
 
 def describe(t: HealthTransition) -> tuple[str, EventType, str]:
@@ -151,8 +165,12 @@ def describe(t: HealthTransition) -> tuple[str, EventType, str]:
         return "GPUIsolationLeak", WARNING, note
     if t.kind == "orphaned_memory":
         holders = _holders(t)
-        held = f"held by {holders}" if holders else "no process holding it was found"
         size = _bytes(t.memory_bytes)
+        if t.orphan_kind == "dead_process":  # the dead pid is listed, never the holder
+            found = f"held open by {holders}" if holders else "no live process holding it was found"
+            held = f"listed for {_dead_pids(t)}; {found}"
+        else:
+            held = f"held by {holders}" if holders else "no process holding it was found"
         note = f"{size} of GPU memory on {gpu} is orphaned ({t.orphan_kind}): {held}."
         return "GPUOrphanedMemory", WARNING, note
     if t.kind == "orphaned_memory_cleared":

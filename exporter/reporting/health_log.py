@@ -55,5 +55,6 @@ def fields(t: HealthTransition, reason: str) -> dict[str, Any]:
         "source": t.source,
         "pods": [f"{p.namespace}/{p.name}" for p in t.pods][:PODS_NAMED] or None,
         "holder_pids": [h.pid for h in t.holders] or None,
+        "dead_pids": list(t.dead_pids) or None,
     }
     return {k: v for k, v in out.items() if v is not None}
