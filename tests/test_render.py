@@ -9,7 +9,12 @@ from collections.abc import Iterable
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest as generate_text
-from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.samples import Sample
 
@@ -86,3 +91,33 @@ def test_series_of_earlier_renders_are_not_kept() -> None:
         gauge.labels(f"job-{cycle}").set(1)  # every cycle a new pod, the old one gone
         assert renderer.text(registry) == generate_text(registry)
     assert len(renderer._series) == 1
+
+
+def _gauge(name: str, samples: dict[str, float], doc: str = "a gauge") -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=["pod"])
+    for pod, value in samples.items():
+        family.add_metric([pod], value)
+    return family
+
+
+def test_a_family_is_written_again_when_anything_in_it_changed() -> None:
+    """Unchanged families are written as last time; a changed value, label, series,
+    help text or type, and a family that comes or goes, are written anew."""
+    renders = [
+        [_gauge("a", {"p1": 1.0, "p2": 2.0}), _gauge("b", {"p1": 0.0})],
+        [_gauge("a", {"p1": 1.0, "p2": 2.0}), _gauge("b", {"p1": 0.0})],  # unchanged
+        [_gauge("a", {"p1": 1.0, "p2": 2.5}), _gauge("b", {"p1": 0.0})],  # a value
+        [_gauge("a", {"p1": 1.0, "p3": 2.5}), _gauge("b", {"p1": 0.0})],  # a label
+        [_gauge("a", {"p1": 1.0}), _gauge("b", {"p1": 0.0}, doc="new help")],
+        [_gauge("a", {"p1": 1.0}), CounterMetricFamily("b", "a gauge", value=0.0)],
+        [_gauge("a", {"p1": 1.0})],  # b gone
+        [_gauge("a", {"p1": 1.0}), _gauge("b", {"p1": 0.0}), _gauge("c", {"p1": 1.0})],
+        [_gauge("a", {"p1": float("nan")})],
+        [_gauge("a", {"p1": float("nan")})],  # NaN != NaN: written anew, the same bytes
+    ]
+    renderer = Renderer()
+    for metrics in renders:
+        families = Families(metrics)
+        assert renderer.text(families) == generate_text(families)  # type: ignore[arg-type]
+        assert renderer.openmetrics(families) == generate_openmetrics(families)  # type: ignore[arg-type]
+    assert set(renderer._written[True]) == {"a"}  # only the last render's families are kept
