@@ -31,9 +31,15 @@ pytestmark = [requires_gpu, requires_torch, pytest.mark.gpu]
 HELD_MIB = 2048
 
 
-async def test_forked_child_keeps_a_killed_parents_memory_and_is_named(
+def test_forked_child_keeps_a_killed_parents_memory_and_is_named(
     real_nvml: None, tmp_path: Path
 ) -> None:
+    # asyncio.run, not an async test: a GPU host's Python may lack pytest-asyncio (the
+    # H200's did)
+    asyncio.run(_fork_kill_and_name(tmp_path))
+
+
+async def _fork_kill_and_name(tmp_path: Path) -> None:
     script = tmp_path / "work.py"
     script.write_text(WORKLOAD)
     parent = subprocess.Popen(
