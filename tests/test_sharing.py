@@ -238,3 +238,23 @@ def test_a_zero_or_malformed_promise_is_no_limit() -> None:
     )
     rows = (ContainerGpuUsage(A, DEVICE, GIB, 0.5, 1),)
     assert container_limits(pods, rows, (), (H100,)) == ()
+
+
+def test_growth_is_use_now_minus_the_least_use_in_the_window_and_steady_use_keeps_one_sample() -> (
+    None
+):
+    """Against the definition, over a walk of ups, downs and plateaus: growth is the
+    use now minus the least use of the window (the last 300 s, now included)."""
+    policy = SharingPolicy()
+    uses = [5, 5, 7, 3, 3, 9, 9, 9, 4, 6, 6, 2, 8] * 40  # 520 cycles, 10 s apart
+    history = MemoryHistory()
+    for cycle, use in enumerate(uses):
+        now = cycle * 10.0
+        rows = (
+            ContainerGpuUsage(A, DEVICE, use * GIB, None, 1),
+            ContainerGpuUsage(B, DEVICE, GIB, None, 1),
+        )
+        _, shares, history = analyse_sharing(rows, (), (H100,), history, now=now, policy=policy)
+        window = [u for c, u in enumerate(uses[: cycle + 1]) if c * 10.0 > now - 300.0]
+        assert shares[0].memory_growth_bytes == (use - min(window)) * GIB
+    assert len(history.samples[(B, DEVICE.uuid)]) == 1  # B's use never moved

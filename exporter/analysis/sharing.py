@@ -45,8 +45,11 @@ class SharingPolicy:
 
 @dataclass(frozen=True)
 class MemoryHistory:
-    """(container, GPU uuid) -> its (timestamp, bytes) samples inside the growth window,
-    only for containers on shared GPUs: as small as the set of sharers."""
+    """(container, GPU uuid) -> its (timestamp, bytes) samples inside the growth window
+    that can still be the window's minimum, only for containers on shared GPUs: as small
+    as the set of sharers. A sample at or above a later one never is (the later one stays
+    in the window longer), so each kept sample is below every later one: memory that holds
+    steady keeps one sample, not one per cycle of the window."""
 
     samples: Mapping[_Key, tuple[tuple[float, int], ...]] = field(default_factory=dict)
 
@@ -117,9 +120,11 @@ def analyse_sharing(
             growth = None
             if row.memory_used_bytes is not None:
                 key = (row.container, uuid)
-                past = tuple(s for s in history.samples.get(key, ()) if s[0] > since)
-                kept[key] = (*past, (now, row.memory_used_bytes))
-                growth = row.memory_used_bytes - min(b for _, b in kept[key])
+                used = row.memory_used_bytes
+                samples = history.samples.get(key, ())
+                past = tuple(s for s in samples if s[0] > since and s[1] < used)
+                kept[key] = (*past, (now, used))
+                growth = used - min(b for _, b in kept[key])
             share, deviation = turns.get(row.container, (None, None))
             shares.append(ContainerShare(row.container, device, share, deviation, growth))
     return tuple(shared), tuple(shares), MemoryHistory(kept)
