@@ -24,6 +24,7 @@ run, with the window's highest beside it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,16 @@ def import_floor(modules: list[str]) -> dict[str, Any]:
     return result
 
 
+def malloc_setting() -> dict[str, str]:
+    """The glibc malloc settings the exporter ran under: the environment's, else the
+    exporter's own (exporter/allocator.py: two arenas, a 128 KiB mmap threshold, set by
+    mallopt at start-up). The floor process runs under the same environment."""
+    return {
+        name: os.environ.get(name, "unset: the exporter's mallopt default")
+        for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_")
+    }
+
+
 def measure(plan: FloorPlan) -> dict[str, Any]:
     """RSS of our exporter on churning node-8gpu, the import floor, and the distance."""
     with tempfile.TemporaryDirectory(prefix="gpusim-churn-") as tmp:
@@ -152,6 +163,7 @@ def measure(plan: FloorPlan) -> dict[str, Any]:
     return {
         "scenario": f"{SCENARIO} with churn",
         "plan": plan.__dict__,
+        "malloc": malloc_setting(),
         "running": last,
         "running_max_rss": max(s["rss"] for s in samples),
         "samples": samples,

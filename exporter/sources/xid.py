@@ -5,9 +5,11 @@ samples, and the kernel log is optional. So one daemon thread waits on
 ``nvmlEventSetWait_v2`` with a timeout of ``WAIT_TIMEOUT_MS`` (a timeout is the normal
 case and the moment to check the stop flag, so it bounds how long ``stop()`` takes).
 Each timeout is a wake-up, part of the idle floor between cycles, so the wait is as long
-as a prompt stop allows: one a second, not two. (The simulated library also looks at its
-clock every 0.5 s inside a wait, ``EVENT_WAIT_STEP_S``, so there the thread still wakes
-twice a second; a driver sleeps until an interrupt or the timeout.) Each XID is kept,
+as a prompt stop allows: one a second (~0.3-0.5 ms of CPU each on a small VM, almost all
+of it the wake-up itself: the timeout path runs ~10 us of Python). A longer wait would
+make ``stop()`` slower than docs/xid.md says; an XID is never delayed by the wait, which
+returns as soon as one is raised. (The simulated library looks at its clock once per
+``EVENT_WAIT_STEP_S``, 1 s, inside a wait, so it too wakes once a second.) Each XID is kept,
 under a lock, until the agent's next cycle takes it with ``read()`` (the agent constructs
 the listener without ``on_event``); a test may pass ``on_event`` to receive each XID on
 the listener's thread instead.
