@@ -186,6 +186,42 @@ def test_energy_comes_from_the_field_where_the_driver_supports_it(
     assert node.calls["nvmlDeviceGetFieldValues"] == 1  # one per GPU and cycle
 
 
+def test_power_comes_from_the_field_and_from_the_call_where_the_field_is_not_supported(
+    sources: list[NvmlSource],
+) -> None:
+    ampere = {"power_mw": 250_000}  # field 185 supported: no nvmlDeviceGetPowerUsage
+    ga100 = {"power_mw": 300_000, "unsupported": ["NVML_FI_DEV_POWER_AVERAGE"]}
+    timeline = [
+        {"at": 1, "set": {"gpu": i, "power_mw": mw}} for i, mw in enumerate((260_000, 310_000))
+    ]
+    node = Node({"gpus": [ampere, ga100], "timeline": timeline}, sources)
+    first = node.at(0.0)  # GA100 answers NOT_SUPPORTED once, and its call the same cycle
+    assert [g.power_milliwatts for g in first] == [250_000, 300_000]
+    assert node.calls["nvmlDeviceGetPowerUsage"] == 1
+    second = node.at(1.0)
+    assert [g.power_milliwatts for g in second] == [260_000, 310_000]
+    assert node.calls["nvmlDeviceGetPowerUsage"] == 1  # GA100's, through the call from now on
+    assert node.calls["nvmlDeviceGetFieldValues"] == 2  # one per GPU and cycle
+    assert node.errors == ()
+
+
+def test_power_is_the_call_on_drivers_older_than_the_field(sources: list[NvmlSource]) -> None:
+    node = Node({"driver_version": "515.105.01", "gpus": [{"power_mw": 90_000}]}, sources)
+    assert node.at(0.0)[0].power_milliwatts == 90_000
+    assert node.at(1.0)[0].power_milliwatts == 90_000
+    assert node.calls["nvmlDeviceGetPowerUsage"] == 1  # never asked as a field: R525 added it
+    assert node.errors == ()
+
+
+def test_a_power_field_that_fails_leaves_power_absent_and_counted(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node({"gpus": [{"power_mw": 250_000, "field_answers": "nan"}]}, sources)
+    gpu = node.at(0.0)[0]
+    assert gpu.power_milliwatts is None  # never the call's value standing in, never 0
+    assert ("power", "InvalidValue") in node.errors
+
+
 def _process_calls(processes: int, made: list[NvmlSource]) -> int:
     procs = [{"gpu": 0, "memory": "100MiB", "sm": 5} for _ in range(processes)]
     pods = [

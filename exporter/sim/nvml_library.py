@@ -114,6 +114,7 @@ _NVLINK_ERROR_FIELDS = {
 # unsupported does not support the field either.
 _FIELD_CALLS = {
     pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: "nvmlDeviceGetTotalEnergyConsumption",
+    pynvml.NVML_FI_DEV_POWER_AVERAGE: "nvmlDeviceGetPowerUsage",
     pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "nvmlDeviceGetPcieReplayCounter",
     **{fid: "nvmlDeviceGetNvLinkErrorCounter" for fid in _NVLINK_ERROR_FIELDS},
 }
@@ -521,6 +522,13 @@ class SimNvmlLibrary:
             return _set_ull(entry, gpu.pcie_rx_bytes_per_s * now)
         if fid == pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
             return _set_ull(entry, self._energy_mj(gpu))
+        if fid == pynvml.NVML_FI_DEV_POWER_AVERAGE:
+            # the GPU's own power (scope NVML_POWER_SCOPE_GPU), what nvmlDeviceGetPowerUsage
+            # answers; the module and memory scopes are not simulated (an H200 on x86 has
+            # no module scope either)
+            if scope != pynvml.NVML_POWER_SCOPE_GPU:
+                return NOT_SUPPORTED
+            return _set_uint(entry, gpu.power_mw)
         if fid == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
             return _set_uint(entry, gpu.pcie_replay)
         if fid in _NVLINK_ERROR_FIELDS:

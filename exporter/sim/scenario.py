@@ -52,7 +52,8 @@ ADDED_IN_DRIVER = {"nvmlDeviceGetCurrentClocksEventReasons": 535}
 # Field ids newer than some drivers (NVML change log): an older driver answers the entry
 # NOT_SUPPORTED. PCIe byte counters came with R555; the per-reason clock-event durations
 # with R575, renumbered to 269-271 in R580 (the simulated drivers below 580 lack them).
-FIELDS_ADDED_IN_DRIVER = {197: 555, 198: 555, 269: 580, 270: 580, 271: 580}
+# The power fields 185/186 first appear in nvidia-ml-py 11.525 (11.515 ends at 160).
+FIELDS_ADDED_IN_DRIVER = {185: 525, 186: 525, 197: 555, 198: 555, 269: 580, 270: 580, 271: 580}
 
 
 class ScenarioError(ValueError):

@@ -403,7 +403,7 @@ class NvmlSource(Source):
             temperature_celsius=self._query(
                 "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
             ),
-            power_milliwatts=self._query("power", pynvml.nvmlDeviceGetPowerUsage, handle),
+            power_milliwatts=self._power(device, fields, branch),
             power_limit_milliwatts=slow.power_limit_milliwatts,
             energy_millijoules=self._energy(device, fields),
             clock_sm_mhz=self._query(
@@ -510,6 +510,17 @@ class NvmlSource(Source):
             return self._query("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, device.handle)
         value = fields.get((nvml_fields.TOTAL_ENERGY, 0))
         return None if value is None else int(value)
+
+    def _power(
+        self, device: _Device, fields: dict[nvml_fields.FieldKey, int | float], branch: int | None
+    ) -> int | None:
+        """Milliwatts as nvmlDeviceGetPowerUsage answers them: the field NVML_FI_DEV_POWER_
+        AVERAGE in the cycle's field values where the driver has it and the GPU supports
+        it (the same value: exporter/sources/nvml_fields.py), else the call."""
+        if nvml_fields.power_asked(branch, device.field_fallback):
+            value = fields.get((nvml_fields.POWER_AVERAGE, 0))
+            return None if value is None else int(value)
+        return self._query("power", pynvml.nvmlDeviceGetPowerUsage, device.handle)
 
     def _layout(self, device: _Device) -> _Layout:
         """MIG mode and, in MIG mode, each MIG device's handle and identity: read when the

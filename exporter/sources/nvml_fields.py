@@ -1,17 +1,22 @@
 """NVML field values: one ``nvmlDeviceGetFieldValues`` call per GPU and cadence tier.
 
-Every cycle (``requests``): the scalar fields (memory temperature, time spent under each
-performance policy, PCIe byte counters, energy, the recovery action) and, per NVLink, the
-byte counters (scope = the link). The slow tier (``slow_requests``, exporter/sources/
-nvml_cadence.py): the PCIe replay counter and the NVLink error counters of links 0-11
-(nvml.h has a field id per link and counter only up to link 11). Which ids are asked
-depends on the driver branch: a field is only asked of drivers that define it, because
-ids have been renumbered (the clock-event durations moved in R580).
+Every cycle (``requests``): the scalar fields (memory temperature, PCIe byte counters,
+power, the recovery action) and, per NVLink, the byte counters (scope = the link). The
+slow tier (``slow_requests``, exporter/sources/nvml_cadence.py): energy and the time
+spent under each performance policy and clock-event reason (on an H200, driver
+580.159.04, field 83 took 3.2 ms a read and 75, 270 and 271 0.66-0.79 ms each, against
+~4 us for a cheap field: /work/notes/real-gpu-findings.md, benchmarks/real_nvml_fields.py),
+the PCIe replay counter and the NVLink error counters of links 0-11 (nvml.h has a field
+id per link and counter only up to link 11). Which ids are asked depends on the driver
+branch: a field is only asked of drivers that define it, because ids have been
+renumbered (the clock-event durations moved in R580).
 
 Each entry has its own return code (``nvmlFieldValue_t.nvmlReturn``): NOT_SUPPORTED is
 "absent", anything else is an error of that field alone. A field that stands for a call
 of its own (``FALLBACK_FIELDS``) and answers NOT_SUPPORTED is noted per GPU handle and
-read through that call from then on, as drivers without the field need.
+read through that call from then on, as drivers without the field need. A counter that
+must be 64 bits wide (``WIDE_ONLY``) and answers a narrower type is never served: it is
+noted per GPU handle (``narrow``) and not asked again.
 """
 
 from __future__ import annotations
@@ -61,6 +66,19 @@ PCIE_BYTES_FIELDS = (
     pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
 )
 PCIE_BYTES_SINCE = 555
+# nvmlValueType_t of 64 bits (nvml.h: 2 unsigned long, 3 unsigned long long, 4 signed
+# long long; pynvml.py lines 289-295). Driver 580.159.04 on an H200 answers the PCIe byte
+# counters as 1, an unsigned int, which under a ~32 GB/s copy wraps every ~130 ms
+# (/work/notes/real-gpu-findings.md): no scrape interval can tell such a counter's wraps
+# from its resets, so a counter in ``WIDE_ONLY`` is only served from a 64-bit answer.
+WIDE_TYPES = frozenset(
+    {
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG,
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
+    }
+)
+WIDE_ONLY = frozenset(PCIE_BYTES_FIELDS)
 # Per-link NVLink data bytes (KiB, cumulative; pynvml.py line 689), scope = link; what
 # nvitop (api/device.py nvlink_throughput) and DCGM (DcgmCacheManager.cpp
 # ReadAndCacheNvLinkBandwidth, "only supported for r445 or newer") read.
@@ -78,6 +96,21 @@ RECOVERY_ACTION = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 # CRC, replay and recovery error counters (32-59 and 96-119: one id per link and counter,
 # nvmlDeviceGetNvLinkErrorCounter's four counters).
 TOTAL_ENERGY = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+# Power, what nvmlDeviceGetPowerUsage answers: "On Ampere (except GA100) or newer GPUs,
+# the API returns power averaged over 1 sec interval. On GA100 and older architectures,
+# instantaneous power is returned" (docs.nvidia.com/deploy/nvml-api/
+# group__nvmlDeviceQueries.html, nvmlDeviceGetPowerUsage). Field 185, NVML_FI_DEV_POWER_
+# AVERAGE (pynvml.py 13.615.71 line 751), is "GPU power averaged over 1 sec interval,
+# supported on Ampere (except GA100) or newer architectures" (nvml.h), so where the field
+# answers it is the call's value, and where it does not (GA100 and older: NOT_SUPPORTED)
+# the call is read as before. Field 186, NVML_FI_DEV_POWER_INSTANT, is another quantity
+# on those GPUs and is never asked in its place. Scope 0 is NVML_POWER_SCOPE_GPU
+# (pynvml.py line 7363). On an H200 (driver 580.159.04) field 185 at scope 0 equalled the
+# call in 80 of 80 back-to-back reads, idle and under load; 186 in none
+# (benchmarks/results/real-power-fields-h200.json). nvidia-ml-py 11.525 is the first to
+# define the id (11.515's NVML_FI_MAX is 161), so it is asked of R525 and newer only.
+POWER_AVERAGE = pynvml.NVML_FI_DEV_POWER_AVERAGE
+POWER_FIELDS_SINCE = 525
 PCIE_REPLAY_COUNTER = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
 NVLINK_ERROR_FIELD_LINKS = 12  # links 0-11 have a field id per counter; later ones the call
 _NVLINK_ERROR_NAMES = {
@@ -91,7 +124,9 @@ NVLINK_ERROR_FIELDS: dict[tuple[int, str], int] = {
     for counter, name in _NVLINK_ERROR_NAMES.items()
     for link in range(NVLINK_ERROR_FIELD_LINKS)
 }
-FALLBACK_FIELDS = frozenset({TOTAL_ENERGY, PCIE_REPLAY_COUNTER, *NVLINK_ERROR_FIELDS.values()})
+FALLBACK_FIELDS = frozenset(
+    {TOTAL_ENERGY, POWER_AVERAGE, PCIE_REPLAY_COUNTER, *NVLINK_ERROR_FIELDS.values()}
+)
 # DCGM discards memory temperatures above 200 C as garbage (DcgmCacheManager.cpp,
 # DCGM_FI_DEV_MEMORY_TEMP_CELSIUS).
 MAX_MEMORY_TEMPERATURE = 200
@@ -106,28 +141,40 @@ def driver_branch(version: str | None) -> int | None:
 
 
 def requests(
-    branch: int | None, nvlinks: int, fallback: Collection[FieldKey] = ()
+    branch: int | None,
+    nvlinks: int,
+    fallback: Collection[FieldKey] = (),
+    narrow: Collection[FieldKey] = (),
 ) -> list[FieldKey]:
     """The fields to ask this driver for every cycle, GPU-wide ones first, then per
-    NVLink; those in ``fallback`` are read through their own call instead."""
+    NVLink; those in ``fallback`` are read through their own call instead, and counters
+    the driver answered too narrow (``narrow``) are not asked again."""
     keys: list[FieldKey] = [(MEMORY_TEMPERATURE, 0), (RECOVERY_ACTION, 0)]
-    if (TOTAL_ENERGY, 0) not in fallback:
-        keys.append((TOTAL_ENERGY, 0))
-    keys += [(fid, 0) for fid in POLICY_FIELDS.values()]
-    if branch is not None and branch >= CLOCK_EVENT_FIELDS_SINCE:
-        keys += [(fid, 0) for fid in CLOCK_EVENT_FIELDS.values()]
+    if power_asked(branch, fallback):
+        keys.append((POWER_AVERAGE, 0))
     if branch is not None and branch >= PCIE_BYTES_SINCE:
-        keys += [(fid, 0) for fid in PCIE_BYTES_FIELDS]
+        keys += [(fid, 0) for fid in PCIE_BYTES_FIELDS if (fid, 0) not in narrow]
     keys += [(fid, link) for link in range(nvlinks) for fid in NVLINK_BYTES_FIELDS]
     return keys
 
 
+def power_asked(branch: int | None, fallback: Collection[FieldKey]) -> bool:
+    """Whether power is a field of this driver's every-cycle request (else the call)."""
+    return (
+        branch is not None and branch >= POWER_FIELDS_SINCE and (POWER_AVERAGE, 0) not in fallback
+    )
+
+
 def slow_requests(
-    error_links: Iterable[int], fallback: Collection[FieldKey] = ()
+    branch: int | None, error_links: Iterable[int], fallback: Collection[FieldKey] = ()
 ) -> list[FieldKey]:
-    """The slow tier's fields: the PCIe replay counter and the NVLink error counters of
-    ``error_links`` that have a field id, less those read through their own call."""
-    keys = [(PCIE_REPLAY_COUNTER, 0)]
+    """The slow tier's fields: energy, the time under each performance policy (and on
+    R580+ each clock-event reason), the PCIe replay counter and the NVLink error counters
+    of ``error_links`` that have a field id, less those read through their own call."""
+    keys = [(TOTAL_ENERGY, 0), *((fid, 0) for fid in POLICY_FIELDS.values())]
+    if branch is not None and branch >= CLOCK_EVENT_FIELDS_SINCE:
+        keys += [(fid, 0) for fid in CLOCK_EVENT_FIELDS.values()]
+    keys.append((PCIE_REPLAY_COUNTER, 0))
     keys += [
         (NVLINK_ERROR_FIELDS[(link, counter)], 0)
         for link in error_links
@@ -211,6 +258,8 @@ def _name(field_id: int) -> str:
         return "recovery_action"
     if field_id == TOTAL_ENERGY:
         return "energy"
+    if field_id == POWER_AVERAGE:
+        return "power"
     if field_id == PCIE_REPLAY_COUNTER:
         return "pcie_replay"
     if field_id in _NVLINK_ERROR_IDS:

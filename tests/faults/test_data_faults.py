@@ -91,7 +91,7 @@ async def test_data_xid_during_slow_cycle(record_fault: RecordFault) -> None:
         "gpus": [{"power_mw": 250_000}],
         # from t=10 one NVML query takes 1.2 s, as a driver busy with a GPU in trouble
         "call_errors": [
-            {"call": "nvmlDeviceGetPowerUsage", "delay_s": 1.2, "from": 10, "until": 11}
+            {"call": "nvmlDeviceGetTemperature", "delay_s": 1.2, "from": 10, "until": 11}
         ],
         "timeline": [{"at": 12, "xid": {"gpu": 0, "code": 94}}],
     }

@@ -185,9 +185,10 @@ async def test_nvml_hung_call(caplog: pytest.LogCaptureFixture, record_fault: Re
     limit_s = interval_s * cycles
     scenario: dict[str, object] = {
         "gpus": [{"power_mw": 250_000}],
-        # from t=10 (simulated) the power query blocks, as a driver wedged on a GPU does
+        # from t=10 (simulated) the temperature query blocks, as a driver wedged on a GPU
+        # does (power is a field value now: nvmlDeviceGetFieldValues)
         "call_errors": [
-            {"call": "nvmlDeviceGetPowerUsage", "delay_s": hang_s, "from": 10, "until": 11}
+            {"call": "nvmlDeviceGetTemperature", "delay_s": hang_s, "from": 10, "until": 11}
         ],
     }
     caplog.set_level(logging.INFO, logger="exporter.exposition.liveness")
@@ -198,7 +199,7 @@ async def test_nvml_hung_call(caplog: pytest.LogCaptureFixture, record_fault: Re
             await wait_until(lambda: h.agent.cache.cycles >= 3, "the sample loop to run")
             assert await _status(h, "/healthz") == (200, "ok\n")
             assert (await _status(h, "/readyz"))[0] == 200
-            h.clock.now = 10.0  # the next cycle's power query blocks for hang_s
+            h.clock.now = 10.0  # the next cycle's temperature query blocks for hang_s
             hung_at = time.monotonic()
             rendered = h.agent.cache.cycles
             codes: list[tuple[float, int, str]] = []
