@@ -15,8 +15,8 @@ lint:  ## ruff, formatting, strict types for exporter/, benchmarks/ and dashboar
 test-fast:  ## everything but the e2e and slow tiers (about a minute)
 	$(BIN)/pytest -m "not e2e and not slow"
 
-test:  ## every test, as CI runs them
-	$(BIN)/pytest
+test:  ## every test, as CI runs them: one worker per core, each file on one worker
+	$(BIN)/pytest -n auto --dist loadfile
 
 e2e:  ## the end-to-end tier: a real Prometheus against the simulated node (minutes)
 	$(BIN)/pytest -m e2e
