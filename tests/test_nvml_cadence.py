@@ -10,8 +10,10 @@ NOT_SUPPORTED for the field.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -262,6 +264,76 @@ def test_the_schedule_is_due_at_first_then_every_interval() -> None:
     assert schedule.due(0.0)
     schedule.done(0.0)
     assert not schedule.due(29.9) and schedule.due(30.0)
+
+
+def test_the_schedule_with_an_offset_is_due_on_its_own_grid_never_later_than_the_interval() -> None:
+    schedule = nvml_cadence.SlowSchedule(30.0, offset_s=nvml_cadence.offset(30.0, 1, 4, 100.0))
+    assert schedule.offset_s == 107.5
+    assert schedule.due(100.0)  # a new handle reads at once
+    schedule.done(100.0)
+    assert not schedule.due(107.4) and schedule.due(107.5)  # then at its place: 7.5 s later
+    schedule.done(108.0)  # read at the first cycle past it
+    assert not schedule.due(137.4) and schedule.due(137.5)  # the grid, not 108 + 30
+    schedule.expire()  # an XID: due at once, and the grid goes on after it
+    assert schedule.due(140.0)
+    schedule.done(140.0)
+    assert not schedule.due(167.4) and schedule.due(167.5)
+
+
+def test_the_slow_reads_are_spread_over_the_interval_one_gpu_a_cycle(
+    sources: list[NvmlSource],
+) -> None:
+    node = Node({"gpus": [{}, {}, {}, {}]}, sources, slow_s=4.0)
+    node.at(0.0)
+    assert node.calls["nvmlDeviceGetRemappedRows"] == 4  # every GPU reads every tier at start
+    read_at: dict[int, list[float]] = {i: [0.0] for i in range(4)}
+    for t in range(1, 13):
+        node.at(float(t))
+        # GPU i of 4 reads at i s past each 4 s: one GPU's slow reads a cycle, not four
+        # in one cycle of four and none in the others
+        assert node.calls["nvmlDeviceGetRemappedRows"] == 1, t
+        read_at[t % 4].append(float(t))
+    for times in read_at.values():  # never older than the interval
+        assert all(b - a <= 4.0 for a, b in itertools.pairwise(times))
+
+
+# Scenario keys that only slow (or layout) reads show (exporter/sim/scenario.py SimGpu).
+SLOW_SCENARIO_KEYS = {
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "remapped_correctable",
+    "remapped_uncorrectable",
+    "remapped_pending",
+    "remapped_failure",
+    "retired_pages_sbe",
+    "retired_pages_dbe",
+    "pcie_replay",
+    "pcie_max_generation",
+    "pcie_max_width",
+    "nvlink_inactive",
+    "nvlink_errors",
+    "fans",
+    "power_limit_mw",
+    "mig",
+}
+
+
+def test_the_golden_schedule_shows_every_slow_fact_the_shipped_timelines_set() -> None:
+    """tests/golden/record.py compares /metrics at 160 s; with staggered slow reads each
+    GPU last read its slow tier somewhere in the last --slow-interval, so a slow fact set
+    later than that before the end would be compared as carried, not as read."""
+    import yaml
+
+    from tests.golden import record
+
+    end = record.CYCLES * record.STEP_S
+    scenarios = Path(nvml_cadence.__file__).parents[1] / "sim" / "scenarios"
+    for path in sorted(scenarios.glob("*.yaml")):
+        timeline = yaml.safe_load(path.read_text()).get("timeline") or []
+        for event in timeline:
+            keys = set(event.get("set") or {}) & SLOW_SCENARIO_KEYS
+            if keys and event["at"] <= end:
+                assert event["at"] <= end - record.SLOW_INTERVAL_S, (path.name, event)
 
 
 def test_node_8gpu_makes_at_most_40_percent_of_the_calls_before_the_tiers() -> None:

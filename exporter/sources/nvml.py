@@ -44,7 +44,7 @@ from exporter.model import (
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
-from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id
+from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id, offset
 from exporter.sources.nvml_codes import GPU_FAILED, UNSUPPORTED, error_name, instance_id
 from exporter.sources.nvml_mig_profiles import ProfileCache
 
@@ -187,6 +187,7 @@ class NvmlSource(Source):
         self._logged_failures: set[tuple[int, str]] = set()
         self._last_readings: Readings | None = None  # the last cycle's, for its XIDs
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
+        self._slow_epoch: float | None = None  # when NVML first initialised: the slow grid's 0
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -214,6 +215,8 @@ class NvmlSource(Source):
             self._cuda_version(),
         )
         self._devices = [None] * count
+        if self._slow_epoch is None:
+            self._slow_epoch = self._clock()
         log.info("NVML initialised: %d GPU(s), driver %s", count, self._versions[0])
         return True
 
@@ -353,7 +356,10 @@ class NvmlSource(Source):
             name=self._query("name", pynvml.nvmlDeviceGetName, handle),
             pci_bus_id=_decode(pci.busId) if pci is not None else None,
             minor_number=self._query("minor_number", pynvml.nvmlDeviceGetMinorNumber, handle),
-            schedule=SlowSchedule(self._slow_interval_s),
+            schedule=SlowSchedule(
+                self._slow_interval_s,
+                offset(self._slow_interval_s, index, len(self._devices), self._slow_epoch or 0.0),
+            ),
         )
 
     def _read(self, device: _Device) -> GpuSample:

@@ -9,7 +9,10 @@ long, so a fact is read as often as it changes, not every cycle (issue 26):
 - ``slow``: every ``--slow-interval`` seconds (default 30, never faster than the cycle).
   Counters and states that move once in days or weeks: ECC totals, row remapping,
   retired pages, the PCIe link's best generation and width and its replay counter,
-  NVLink state and error counters, fans, the enforced power limit.
+  NVLink state and error counters, fans, the enforced power limit. Every GPU reads them
+  at its first cycle; after that GPU i of N reads them at i/N of the interval
+  (``SlowSchedule``), so the slow reads are spread over the cycles of the interval
+  rather than all paid in one cycle, and no GPU's are older than the interval.
 - ``change``: read when the GPU's handle is (re)opened (start, a GPU back from being
   lost), and the MIG layout also at every slow read (``nvidia-smi mig -cgi`` changes it
   without an XID or a new handle), so a reconfiguration shows within ``--slow-interval``;
@@ -30,6 +33,7 @@ values with its handle: the next handle starts with a fresh slow read.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 # the default period is stated in model, where config reads it
@@ -126,19 +130,38 @@ def normalize_bus_id(bus_id: str) -> tuple[int, int, int] | None:
 
 
 class SlowSchedule:
-    """When a GPU's slow tier is next due: at its first read, then ``interval_s`` after
-    the last one (0: every cycle)."""
+    """When a GPU's slow tier is due: at its first read (a new handle), then at each point
+    of its own grid, ``offset_s`` + k * ``interval_s`` on the source's clock, at the first
+    cycle that reaches it (``interval_s`` 0: every cycle).
 
-    def __init__(self, interval_s: float) -> None:
+    The NVML source gives GPU i of N the offset i * interval / N (``offset``), so the slow
+    reads are spread over the interval: each cycle pays for about N * cycle / interval
+    GPUs' slow reads instead of one cycle in interval / cycle paying for all of them. Two
+    reads of a GPU are never further apart than ``interval_s`` plus the cycle that reaches
+    the grid point, as with a period counted from the last read: the first gap after a
+    new handle and the gap after an XID's re-read (``expire``) are shorter, never longer.
+    """
+
+    def __init__(self, interval_s: float, offset_s: float = 0.0) -> None:
         self.interval_s = interval_s
-        self._read_at: float | None = None
+        self.offset_s = offset_s
+        self._next_at: float | None = None  # None: due at the next cycle
 
     def due(self, now: float) -> bool:
-        return self._read_at is None or now - self._read_at >= self.interval_s
+        return self.interval_s <= 0 or self._next_at is None or now >= self._next_at
 
     def done(self, now: float) -> None:
-        self._read_at = now
+        """Read at ``now``: next due at the first grid point after it."""
+        if self.interval_s > 0:
+            periods = math.floor((now - self.offset_s) / self.interval_s) + 1
+            self._next_at = self.offset_s + periods * self.interval_s
 
     def expire(self) -> None:
         """Due at the next cycle (an XID in ``REREAD_XIDS`` named the GPU)."""
-        self._read_at = None
+        self._next_at = None
+
+
+def offset(interval_s: float, index: int, count: int, epoch_s: float = 0.0) -> float:
+    """GPU ``index`` of ``count``'s place in the slow interval: ``index`` / ``count`` of
+    it after ``epoch_s`` (when the source first initialised)."""
+    return epoch_s + interval_s * index / max(count, 1)

@@ -53,11 +53,13 @@ REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "
 CYCLES = 32
 STEP_S = 5.0
 # The NVML slow tier (exporter/sources/nvml_cadence.py) is read at the first cycle (0 s)
-# and then every --slow-interval: with 40 s the last cycle (160 s) is one of its reads,
-# so what is compared is what every cycle read before the tiers existed. Between two
-# reads slow facts are served as last read (docs/metrics.md, "Cadence").
+# and then, GPU i of N, at i/N of every --slow-interval (the reads are staggered): with
+# 40 s every GPU reads it once in the last 40 s (GPU 0 at 160 s, GPU 1 of 8 at 125 s),
+# so a slow fact the shipped timelines set by 120 s is served as every cycle would read
+# it (tests/test_nvml_cadence.py checks the timelines). Between two reads slow facts are
+# served as last read (docs/metrics.md, "Cadence").
 SLOW_INTERVAL_S = 40.0
-assert (CYCLES * STEP_S) % SLOW_INTERVAL_S == 0, "the last cycle must be a slow-tier read"
+assert (CYCLES * STEP_S) % SLOW_INTERVAL_S == 0, "the last cycle is GPU 0's slow-tier read"
 
 # Families whose values depend on how fast this machine ran the cycle, or on when a
 # background thread last woke (a source's last success; the Kubernetes writer's counts):
