@@ -183,9 +183,11 @@ def test_energy_comes_from_the_field_where_the_driver_supports_it(
     node = Node({"gpus": [{"energy_mj": 1000, "power_mw": 100_000}]}, sources)
     node.at(0.0)  # reads every tier: the link count, the slow and the cycle's fields
     assert node.calls["nvmlDeviceGetFieldValues"] == 3
-    assert node.at(10.0)[0].energy_millijoules == 1000 + 100_000 * 10
-    assert node.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+    assert node.at(10.0)[0].energy_millijoules == 1000  # the slow tier's, as read at 0 s
     assert node.calls["nvmlDeviceGetFieldValues"] == 1  # one per GPU and cycle
+    assert node.at(30.0)[0].energy_millijoules == 1000 + 100_000 * 30
+    assert node.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+    assert node.calls["nvmlDeviceGetFieldValues"] == 2  # the cycle's and the slow tier's
 
 
 def test_power_comes_from_the_field_and_from_the_call_where_the_field_is_not_supported(
@@ -251,8 +253,18 @@ def test_process_calls_grow_with_gpus_not_with_processes(sources: list[NvmlSourc
 def test_slow_interval_shorter_than_the_cycle_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="--slow-interval 2 is shorter than --interval 5"):
         parse_config(["--interval", "5", "--slow-interval", "2"], env={})
-    with pytest.raises(ConfigError, match="--slow-interval 2 is shorter"):
+    # given through the environment: the error names the variable to change, not the flag
+    with pytest.raises(
+        ConfigError,
+        match=r"^GPU_EXPORTER_SLOW_INTERVAL=2 is shorter than --interval 5: .* give "
+        r"GPU_EXPORTER_SLOW_INTERVAL=5 or more$",
+    ):
         parse_config(["--interval", "5"], env={"GPU_EXPORTER_SLOW_INTERVAL": "2"})
+    env = {"GPU_EXPORTER_INTERVAL": "60", "GPU_EXPORTER_SLOW_INTERVAL": "30"}
+    with pytest.raises(ConfigError, match="=30 is shorter than GPU_EXPORTER_INTERVAL=60"):
+        parse_config([], env=env)
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_SLOW_INTERVAL: 'abc' is not a number"):
+        parse_config([], env={"GPU_EXPORTER_SLOW_INTERVAL": "abc"})
     config = parse_config(["--interval", "5"], env={})
     assert config.slow_interval_s == nvml_cadence.DEFAULT_SLOW_INTERVAL_S == 30.0
     # not given: the default follows a longer cycle instead of refusing it

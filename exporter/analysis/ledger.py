@@ -67,6 +67,7 @@ from exporter.model import (
     ContainerGpuUsage,
     ContainerRef,
     DeviceRef,
+    EnergyWindow,
     GpuHealth,
     GpuSample,
     IdleCause,
@@ -268,7 +269,8 @@ def account_ledger(
     readings = _readings(gpus)
     if not listed(pod_resources):
         carried = tuple(_advance(p, p, "unknown", step) for p in previous.allocations)
-        return LedgerState(carried, previous.energy, readings, previous.advertised)
+        windows = _restarted(gpus, readings)  # nobody knows who held what this cycle
+        return LedgerState(carried, previous.energy, windows, previous.advertised)
     assert pod_resources is not None
     allocations = distinct_allocations(allocations)
     by_uuid = {g.uuid: g for g in gpus}
@@ -294,8 +296,8 @@ def account_ledger(
         state = state_of(a, usage, by_uuid, unhealthy, policy.threshold_ratio)
         cause = (causes or {}).get(a.container, "unknown")
         ledger.append(_advance(prior, row, state, step, cause))
-    energy = account_energy(previous, ledger, containers, gpus, readings, step_s=step)
-    return LedgerState(tuple(ledger), energy, readings, advertised)
+    energy, windows = account_energy(previous, ledger, containers, gpus, readings, step_s=step)
+    return LedgerState(tuple(ledger), energy, windows, advertised)
 
 
 # -- energy ----------------------------------------------------------------------------
@@ -318,13 +320,17 @@ def account_energy(
     readings: Mapping[str, int],
     *,
     step_s: float,
-) -> tuple[ContainerEnergy, ...]:
+) -> tuple[tuple[ContainerEnergy, ...], dict[str, EnergyWindow]]:
     """Each holder's joules so far: the rows of ``ledger`` (this cycle's, their devices
-    as NVML last listed them) are the holders.
+    as NVML last listed them) are the holders; and each GPU's energy window carried on.
 
+    The counter is read in the NVML slow tier: a cycle that did not read it
+    (``GpuSample.slow_read`` False, its value carried) adds its split to the GPU's window;
+    the cycle that reads it again splits the delta since the last read by the window
+    (``EnergyWindow``). Read every cycle, that is each cycle's delta by its own split.
     A holder's series exists from the first cycle its GPU reports an energy counter; it
     ends when the container no longer holds the device. ``step_s`` 0 (the first cycle, a
-    gap): no delta is split.
+    gap): the window ends, and no delta is split until a read after it.
     """
     usage = usage_index(containers)
     totals: dict[_EnergyKey, ContainerEnergy] = {
@@ -334,24 +340,79 @@ def account_energy(
     }
     held = _holders(ledger)
     out: dict[_EnergyKey, ContainerEnergy] = {}
+    windows: dict[str, EnergyWindow] = {}
     for gpu in gpus:
         mine = {k: row for k, row in held.items() if k[1] == gpu.uuid}
-        if not mine:
-            continue
-        delta = _delta(gpu, readings, previous.energy_readings, step_s) if step_s > 0 else None
-        shares = split_energy(gpu, mine, usage) if delta is not None else None
+        window = previous.energy_windows.get(gpu.uuid) if step_s > 0 else None
+        parts: dict[_EnergyKey, float] | None = None
+        if gpu.uuid in readings:
+            if window is not None:
+                shares = split_energy(gpu, mine, usage) if mine else None
+                window = _widened(window, step_s, gpu.power_milliwatts, shares)
+            if gpu.slow_read:
+                parts = _parts(gpu, window, readings[gpu.uuid]) if window is not None else None
+                window = EnergyWindow(readings[gpu.uuid])
+            if window is not None:
+                windows[gpu.uuid] = window
         for key, row in mine.items():
             prior = totals.get(key)
             if prior is None and gpu.uuid not in readings:
                 continue  # this GPU has no energy counter (yet): no series, not 0
             joules = (prior.joules_total if prior is not None else 0.0) + (
-                delta * shares.get(key, 0.0) / 1000.0 if delta is not None and shares else 0.0
+                parts.get(key, 0.0) / 1000.0 if parts else 0.0
             )
             out[key] = ContainerEnergy(key[0], row.device, joules, row.mig)
     for key, prior in totals.items():  # held, but its GPU is not listed this cycle
         if key not in out and key in held:
             out[key] = ContainerEnergy(key[0], held[key].device, prior.joules_total, held[key].mig)
-    return tuple(out[k] for k in sorted(out, key=_sort_key))
+    return tuple(out[k] for k in sorted(out, key=_sort_key)), windows
+
+
+def _restarted(gpus: Iterable[GpuSample], readings: Mapping[str, int]) -> dict[str, EnergyWindow]:
+    """A window from this cycle's reading on each GPU whose counter it read, none
+    elsewhere: what went before this cycle cannot be split."""
+    return {
+        g.uuid: EnergyWindow(readings[g.uuid]) for g in gpus if g.slow_read and g.uuid in readings
+    }
+
+
+def _widened(
+    window: EnergyWindow,
+    step_s: float,
+    power_mw: int | None,
+    shares: Mapping[_EnergyKey, float] | None,
+) -> EnergyWindow:
+    """``window`` with one more cycle of ``step_s``: each holder's ``shares`` of it (None:
+    it cannot be split, so it only adds to the total)."""
+    by_power, by_time = dict(window.by_power), dict(window.by_time)
+    power = float(power_mw) if power_mw is not None else 0.0
+    for key, share in (shares or {}).items():
+        by_power[key] = by_power.get(key, 0.0) + share * power * step_s
+        by_time[key] = by_time.get(key, 0.0) + share * step_s
+    return EnergyWindow(
+        window.millijoules,
+        window.elapsed_s + step_s,
+        window.power_total + power * step_s,
+        window.power_known and power_mw is not None,
+        by_power,
+        by_time,
+    )
+
+
+def _parts(gpu: GpuSample, window: EnergyWindow, now_mj: int) -> dict[_EnergyKey, float] | None:
+    """Each holder's mJ of the delta since the window's read; None when there is no delta
+    to split: no time counted, the counter went back (a driver reload resets it), or it
+    rose by more than the GPU could draw in that time (a corrupt reading is no meter).
+    By power x step where every cycle's power was read, else by step."""
+    delta = now_mj - window.millijoules
+    limit_mw = gpu.power_limit_milliwatts or ENERGY_BOUND_W * 1000.0
+    if window.elapsed_s <= 0 or delta < 0 or delta > 2 * limit_mw * window.elapsed_s:
+        return None  # mW x s = mJ
+    if window.power_known and window.power_total > 0:
+        weights, total = window.by_power, window.power_total
+    else:
+        weights, total = window.by_time, window.elapsed_s
+    return {key: delta * weight / total for key, weight in weights.items()}
 
 
 def _sort_key(key: _EnergyKey) -> tuple[ContainerRef, str, str]:
@@ -366,21 +427,6 @@ def _holders(ledger: Iterable[AllocationLedger]) -> dict[_EnergyKey, AllocationL
         if row.device.uuid is not None:
             out.setdefault((row.container, row.device.uuid, row.device.mig_uuid), row)
     return out
-
-
-def _delta(
-    gpu: GpuSample, now: Mapping[str, int], before: Mapping[str, int], step_s: float
-) -> int | None:
-    """The GPU's energy delta in mJ since the last cycle; None without two readings, when
-    the counter went back (a driver reload resets it: that delta is unknown) or when it
-    rose by more than the GPU could draw in the step (a corrupt reading is no meter)."""
-    if gpu.uuid not in now or gpu.uuid not in before:
-        return None
-    delta = now[gpu.uuid] - before[gpu.uuid]
-    limit_mw = gpu.power_limit_milliwatts or ENERGY_BOUND_W * 1000.0
-    if delta < 0 or delta > 2 * limit_mw * step_s:  # mW x s = mJ
-        return None
-    return delta
 
 
 def split_energy(

@@ -74,6 +74,7 @@ from exporter.model.readings import (
     XidEvent,
 )
 from exporter.model.state import (
+    EnergyWindow,
     HealthFacts,
     LedgerState,
     OrphanState,
@@ -163,6 +164,7 @@ __all__ = [
     "DeviceHolder",
     "DeviceRef",
     "DriverHeld",
+    "EnergyWindow",
     "GpuHealth",
     "GpuProcess",
     "GpuSample",

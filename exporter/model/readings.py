@@ -135,6 +135,10 @@ class GpuSample:
     power_milliwatts: int | None = None
     power_limit_milliwatts: int | None = None
     energy_millijoules: int | None = None
+    # False: this cycle did not read the NVML slow tier (exporter/sources/nvml_cadence.py),
+    # so its values (energy, clock-event time, ECC, ...) are the last slow read's, carried
+    # as read; the energy ledger splits a delta only when the counter was read again.
+    slow_read: bool = True
     clock_sm_mhz: int | None = None
     clock_memory_mhz: int | None = None
     clock_event_reasons: int | None = None  # NVML bitmask

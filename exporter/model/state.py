@@ -67,15 +67,36 @@ class HealthFacts:
 
 
 @dataclass(frozen=True, slots=True)
+class EnergyWindow:
+    """A GPU's energy counter as last read, and what its next delta is split by.
+
+    NVML's energy counter is read in the slow tier (it costs ~3 ms a read on an H200), so
+    one delta spans many cycles. Each cycle since the read adds, per holder, its share of
+    that cycle's energy as estimated from power x step (``by_power``) and from step alone
+    (``by_time``, used where a cycle's power was not read), and the whole cycle's estimate
+    to ``power_total`` / ``elapsed_s``, whether it could be split or not: the next read's
+    delta goes to each holder by its sum over the total, so a part that could not be
+    split is not counted, as when the counter was read every cycle."""
+
+    millijoules: int
+    elapsed_s: float = 0.0
+    power_total: float = 0.0  # mW x s
+    power_known: bool = True  # every cycle since the read had a power reading
+    by_power: Mapping[tuple[ContainerRef, str, str | None], float] = field(default_factory=dict)
+    by_time: Mapping[tuple[ContainerRef, str, str | None], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerState:
     """What the GPU-hour ledger carries from one cycle to the next: the running totals of
     the allocations that still exist (an allocation that disappears takes its counters
-    with it) and each GPU's energy counter as last read (mJ; a GPU that did not report
-    one this cycle has none, so a delta only ever spans two consecutive cycles)."""
+    with it) and each GPU's energy counter as last read with the split accumulated since
+    (a GPU that did not report one, a gap or a cycle without a PodResources listing ends
+    its window: the next read starts one, so a delta never spans a cycle nobody saw)."""
 
     allocations: tuple[AllocationLedger, ...] = ()
     energy: tuple[ContainerEnergy, ...] = ()
-    energy_readings: Mapping[str, int] = field(default_factory=dict)
+    energy_windows: Mapping[str, EnergyWindow] = field(default_factory=dict)
     advertised: Mapping[tuple[str, str | None], int] = field(default_factory=dict)
     """(GPU uuid, MIG uuid) -> replica ids the kubelet last advertised for that device:
     kept while GetAllocatableResources fails, so a weight does not change with it."""

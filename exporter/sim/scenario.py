@@ -268,6 +268,9 @@ class Scenario:
     allocator: str = "nvidia"
     call_errors: list[SimCallError] = field(default_factory=list)
     process_info_layout: str = "v2"  # "r535_early": _v3 listings write 32-byte entries
+    # 32: the PCIe byte counter fields come as unsigned int, modulo 2**32 (driver
+    # 580.159.04 on an H200 did); 64: unsigned long long
+    pcie_counter_bits: int = 64
     kernel_log: SimKernelLog = field(default_factory=SimKernelLog)
     cgroup_version: int = 2  # the node's cgroup hierarchy: /proc/<pid>/cgroup and the tree
 
@@ -733,6 +736,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "missing_functions",
             "nvml_init_error",
             "process_info_layout",
+            "pcie_counter_bits",
             "call_errors",
             "gpu_defaults",
             "gpus",
@@ -807,6 +811,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         timeline=timeline,
         allocator=str(allocator),
         process_info_layout=_process_info_layout(root.get("process_info_layout", "v2")),
+        pcie_counter_bits=_pcie_counter_bits(root.get("pcie_counter_bits", 64)),
         call_errors=[
             _call_error(_expect_mapping(e, f"call_errors[{i}]"), f"call_errors[{i}]", gpus)
             for i, e in enumerate(root.get("call_errors") or [])
@@ -824,6 +829,13 @@ def _cgroup_version(value: object) -> int:
 
 
 PROCESS_INFO_LAYOUTS = ("v2", "r535_early")
+
+
+def _pcie_counter_bits(value: object) -> int:
+    """How wide the driver answers the PCIe byte counter fields: 64 or 32 bits."""
+    if value not in (32, 64) or isinstance(value, bool):
+        raise ScenarioError(f"pcie_counter_bits: {value!r} is not 32 or 64")
+    return int(value)
 
 
 def _churn_timeline(

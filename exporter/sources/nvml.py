@@ -101,8 +101,11 @@ class _GpmState:
 @dataclass(frozen=True)
 class _Slow:
     """What the slow tier read (exporter/sources/nvml_cadence.py), served as read until
-    the next slow read: counters and states that move once in days or weeks."""
+    the next slow read: counters and states that move once in days or weeks, and the
+    counters that cost milliseconds a read (energy, time under some clock-event reasons)."""
 
+    energy_millijoules: int | None
+    clock_event_durations_ns: tuple[tuple[str, int], ...]
     power_limit_milliwatts: int | None
     pcie_replay_count: int | None
     ecc_corrected_total: int | None
@@ -158,6 +161,9 @@ class _Device:
     slow: _Slow | None = None  # the last slow read; dropped with the handle
     layout: _Layout | None = None  # None: read it this cycle
     field_fallback: set[nvml_fields.FieldKey] = field(default_factory=set)  # NOT_SUPPORTED
+    # counters the driver answers narrower than 64 bits (field -> its value type): not
+    # served, not asked again on this handle (nvml_fields.WIDE_ONLY)
+    narrow_fields: dict[nvml_fields.FieldKey, int] = field(default_factory=dict)
 
 
 class NvmlSource(Source):
@@ -185,6 +191,7 @@ class NvmlSource(Source):
         # (GPU index, exception class) already logged: an unexpected exception in one
         # GPU's reads is logged once, then only counted
         self._logged_failures: set[tuple[int, str]] = set()
+        self._narrow_logged: set[int] = set()  # GPU indices whose narrow counters were logged
         self._last_readings: Readings | None = None  # the last cycle's, for its XIDs
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
         self._slow_epoch: float | None = None  # when NVML first initialised: the slow grid's 0
@@ -386,14 +393,18 @@ class NvmlSource(Source):
         fields = nvml_fields.read(
             self._query,
             handle,
-            nvml_fields.requests(branch, nvlinks, device.field_fallback),
+            nvml_fields.requests(branch, nvlinks, device.field_fallback, device.narrow_fields),
             self._error,
             device.field_fallback,
+            device.narrow_fields,
         )
-        if slow_due or device.slow is None:
-            device.slow = self._read_slow(device, nvlinks)
+        if device.narrow_fields and device.index not in self._narrow_logged:
+            self._log_narrow(device)
+        if slow_due:
+            device.slow = self._read_slow(device, nvlinks, branch)
             device.schedule.done(now)
         slow = device.slow
+        assert slow is not None  # read above when there was none
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
@@ -411,7 +422,8 @@ class NvmlSource(Source):
             ),
             power_milliwatts=self._power(device, fields, branch),
             power_limit_milliwatts=slow.power_limit_milliwatts,
-            energy_millijoules=self._energy(device, fields),
+            energy_millijoules=slow.energy_millijoules,
+            slow_read=slow_due,
             clock_sm_mhz=self._query(
                 "clock_sm", pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM
             ),
@@ -434,26 +446,31 @@ class NvmlSource(Source):
             decoder_utilization_percent=_percent(
                 self._query("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, handle)
             ),
-            clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
+            clock_event_durations_ns=slow.clock_event_durations_ns,
             pcie=nvml_links.pcie_link(self._query, handle, fields, slow.pcie_max),
             nvlinks=nvml_links.nvlinks(nvlinks, fields, slow.nvlinks),
             mig_enabled=mig_enabled,
             processes=processes,
             processes_listed=processes_listed,
-            process_utilization=() if mig_enabled else self._process_utilization(device),
+            process_utilization=()
+            if mig_enabled
+            else self._process_utilization(device, processes_listed and not processes),
             mig_instances=mig_instances,
             occupancy=None if mig_enabled else self._gpm(device, None),
             mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
         )
 
-    def _read_slow(self, device: _Device, nvlinks: int) -> _Slow:
-        """The slow tier, every ``slow_interval_s``: one field-values call (PCIe replays,
-        NVLink error counters) and the calls NVML has no field for. A failed read leaves
-        its value absent until the next slow read, never the previous value."""
+    def _read_slow(self, device: _Device, nvlinks: int, branch: int | None) -> _Slow:
+        """The slow tier, every ``slow_interval_s``: one field-values call (energy,
+        clock-event time, PCIe replays, NVLink error counters) and the calls NVML has no
+        field for. A failed read leaves its value absent until the next slow read, never
+        the previous value."""
         handle = device.handle
         states = nvml_links.nvlink_states(self._query, handle, nvlinks, device.nvlinks_seen_active)
         keys = nvml_fields.slow_requests(
-            nvml_links.error_links(states, device.nvlinks_seen_active), device.field_fallback
+            branch,
+            nvml_links.error_links(states, device.nvlinks_seen_active),
+            device.field_fallback,
         )
         fields = nvml_fields.read(self._query, handle, keys, self._error, device.field_fallback)
         remapped = self._query("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, handle)
@@ -461,6 +478,8 @@ class NvmlSource(Source):
         if (nvml_fields.PCIE_REPLAY_COUNTER, 0) in device.field_fallback:
             replay = self._query("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, handle)
         return _Slow(
+            energy_millijoules=self._energy(device, fields),
+            clock_event_durations_ns=nvml_fields.clock_event_durations(fields),
             power_limit_milliwatts=self._query(
                 "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, handle
             ),
@@ -511,7 +530,8 @@ class NvmlSource(Source):
         self, device: _Device, fields: dict[nvml_fields.FieldKey, int | float]
     ) -> int | None:
         """Millijoules since the driver loaded: the field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
-        in the cycle's field values, the call where the driver does not support the field."""
+        in the slow tier's field values, the call where the driver does not support the
+        field (3.1 ms on an H200 either way, hence the slow tier)."""
         if (nvml_fields.TOTAL_ENERGY, 0) in device.field_fallback:
             return self._query("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, device.handle)
         value = fields.get((nvml_fields.TOTAL_ENERGY, 0))
@@ -710,14 +730,27 @@ class NvmlSource(Source):
             log.debug("NVML process listings: the %s entry points", self._listing)
         return self._listing
 
-    def _process_utilization(self, device: _Device) -> tuple[ProcessUtilization, ...]:
+    def _process_utilization(
+        self, device: _Device, no_processes: bool
+    ) -> tuple[ProcessUtilization, ...]:
         """Per-process SM samples newer than the last ones seen, averaged per pid.
 
         NotFound means the driver has no sample newer than the last one we read (two
         reads within one driver sample period, or a quiet GPU): the previous samples
         stand for up to ``SAMPLE_REUSE_S``, so the per-container SM series do not flap
         on short intervals, and then drop out.
+
+        ``no_processes``: every listing of this cycle answered, and none listed a process.
+        Then there is nothing to attribute and the read is skipped: on an H200 it took
+        1.3-2.4 ms even idle, answering NotFound (/work/notes/real-gpu-findings.md). The
+        samples that stood in are dropped (the processes they describe are gone), while
+        the last timestamp seen is kept, so the next read returns only samples taken
+        since: a process that starts later is averaged over its own samples alone. A
+        listing that failed is no evidence of an empty GPU: the read goes ahead.
         """
+        if no_processes:
+            device.last_utilization = ()
+            return ()
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(
                 device.handle, device.last_utilization_ts
@@ -747,6 +780,20 @@ class NvmlSource(Source):
             for pid, group in sorted(per_pid.items())
         )
         return device.last_utilization
+
+    def _log_narrow(self, device: _Device) -> None:
+        """Say once per GPU why its PCIe byte counters are not served."""
+        self._narrow_logged.add(device.index)
+        log.warning(
+            "GPU %d: driver %s answers the PCIe byte counters (NVML fields %s) as value type "
+            "%s, not 64 bits: such a counter wraps within a second at link speed, so "
+            "gpu_pcie_transmitted_bytes_total and gpu_pcie_received_bytes_total are not "
+            "served for this GPU and NVML is not asked for them again",
+            device.index,
+            self._versions[0],
+            "/".join(str(fid) for fid, _ in sorted(device.narrow_fields)),
+            "/".join(sorted({str(t) for t in device.narrow_fields.values()})),
+        )
 
     def _mig_instances(
         self, device: _Device, layout: _Layout

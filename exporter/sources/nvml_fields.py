@@ -190,12 +190,16 @@ def read(
     keys: Iterable[FieldKey],
     errors: Errors,
     fallback: set[FieldKey] | None = None,
+    narrow: dict[FieldKey, int] | None = None,
 ) -> dict[FieldKey, int | float]:
     """The values NVML gave, by (field, scope); unsupported or failed fields are left out
     (failed ones counted, as are a field not answered and a value that is not a finite
     number of a known type). ``query`` is the source's one-query wrapper: a failure of the
     whole call is counted there and reads as no values. A ``FALLBACK_FIELDS`` field that
-    answers NOT_SUPPORTED is added to ``fallback``: its own call is used from then on."""
+    answers NOT_SUPPORTED is added to ``fallback``: its own call is used from then on. A
+    ``WIDE_ONLY`` counter answered in fewer than 64 bits is left out, not counted as an
+    error (it is what the driver does, every time), and noted in ``narrow`` with the
+    value type it came as."""
     keys = list(keys)
     if not keys:
         return {}
@@ -209,6 +213,10 @@ def read(
         if entry is None:  # a driver that left the field out or answered another one
             errors(_name(key[0]), NOT_ANSWERED)
         elif entry.nvmlReturn == pynvml.NVML_SUCCESS:
+            if key[0] in WIDE_ONLY and entry.valueType not in WIDE_TYPES:
+                if narrow is not None:
+                    narrow[key] = int(entry.valueType)
+                continue
             value = _decode(entry)
             if value is None:
                 errors(_name(key[0]), INVALID_VALUE)
