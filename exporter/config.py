@@ -114,6 +114,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.from_env: dict[str, Callable[[_FromEnv], object]] = {}
+        self.given_by_env: dict[str, str] = {}  # dest -> the variable its value came from
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see --help)")
@@ -125,6 +126,14 @@ class _Parser(argparse.ArgumentParser):
             value = getattr(args, dest, None)
             if isinstance(value, _FromEnv):
                 setattr(args, dest, parse(value))
+                self.given_by_env[dest] = value.variable
+
+    def shown(self, flag: str, value: object) -> str:
+        """``flag`` and ``value`` as the operator gave them: ``--flag 2`` from the command
+        line or the default, ``GPU_EXPORTER_FLAG=2`` from the environment, so an error
+        about values checked together names what to change."""
+        variable = self.given_by_env.get(flag.lstrip("-").replace("-", "_"))
+        return f"{flag} {value}" if variable is None else f"{variable}={value}"
 
 
 @dataclass(frozen=True)
@@ -732,9 +741,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         args.slow_interval = args.interval  # the default follows a longer --interval
     if args.slow_interval < args.interval:
         raise ConfigError(
-            f"--slow-interval {_plain(args.slow_interval)} is shorter than --interval "
-            f"{_plain(args.interval)}: the slow tier is read at most once per cycle; give "
-            f"--slow-interval {_plain(args.interval)} or more"
+            f"{parser.shown('--slow-interval', _plain(args.slow_interval))} is shorter than "
+            f"{parser.shown('--interval', _plain(args.interval))}: the slow tier is read at "
+            f"most once per cycle; give "
+            f"{parser.shown('--slow-interval', _plain(args.interval))} or more"
         )
     host, port = parse_host_port(args.listen)
     try:
