@@ -30,7 +30,7 @@ import yaml
 
 from exporter.config import parse_config
 from exporter.exposition.server import MetricsCache, build_app
-from exporter.model import DcgmMode
+from exporter.model import DEFAULT_SLOW_INTERVAL_S, DcgmMode
 from exporter.model.families import select_families
 from tests.test_alert_rules import CHART_RECORDED, run_promtool
 
@@ -109,6 +109,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "registry-creds"}],
         "port": 9500,
         "interval": 2.5,
+        "slowInterval": 60,
         "livenessCycles": 20,
         "podResourcesInterval": 30,
         "perProcessMetrics": True,
@@ -736,6 +737,9 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     else:
         assert config.listen_host == "" and config.listen_port == merged["port"]
     assert config.interval_s == merged["interval"]
+    # an empty slowInterval passes no flag: the exporter's default, or a longer interval
+    slow = merged["slowInterval"] or max(DEFAULT_SLOW_INTERVAL_S, merged["interval"])
+    assert config.slow_interval_s == slow
     assert config.liveness_cycles == merged["livenessCycles"]
     assert config.pod_resources_interval_s == merged["podResourcesInterval"]
     assert str(config.proc_root) == merged["hostProc"]["mountPath"]
@@ -759,6 +763,16 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     assert str(config.pod_resources_socket.parent) in mounts
     if merged["resourceNames"]:
         assert list(config.resource_names) == merged["resourceNames"]
+
+
+def test_slow_interval_is_passed_when_set_and_refused_below_the_interval() -> None:
+    assert not any(a.startswith("--slow-interval") for a in container({})["args"])
+    assert "--slow-interval=5" in container({"slowInterval": 5})["args"]
+    with pytest.raises(
+        helm.HelmRenderError,
+        match=r"slowInterval 2 is shorter than interval 5: .* set slowInterval to 5 or more",
+    ):
+        render({"slowInterval": 2, "interval": 5})
 
 
 def test_extra_args_come_last_and_extra_env_is_passed() -> None:
@@ -1575,6 +1589,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "interval-too-small": ({"interval": 0.01}, "/interval"),
     "liveness-cycles-too-few": ({"livenessCycles": 1}, "/livenessCycles"),
     "interval-too-large": ({"interval": 7200}, "/interval"),
+    "slow-interval-not-a-number": ({"slowInterval": "slow"}, "/slowInterval"),
+    "slow-interval-too-small": ({"slowInterval": 0.01}, "/slowInterval"),
+    "slow-interval-too-large": ({"slowInterval": 7200}, "/slowInterval"),
     "pod-resources-interval-too-large": ({"podResourcesInterval": 86400}, "/podResources"),
     "unknown-top-level-key": ({"intervall": 5}, "intervall"),
     "unknown-nested-key": ({"serviceMonitor": {"enable": True}}, "enable"),

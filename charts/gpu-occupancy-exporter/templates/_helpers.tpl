@@ -90,6 +90,12 @@ TokenReviews and SubjectAccessReviews. */}}
 - {{ printf "--web-config-file=%s" (include "gpu-occupancy-exporter.webConfig.path" .) | quote }}
 {{- end }}
 - {{ printf "--interval=%v" .Values.interval | quote }}
+{{- with .Values.slowInterval }}
+{{- if lt (float64 .) (float64 $.Values.interval) }}
+{{- fail (printf "slowInterval %v is shorter than interval %v: the slow tier is read at most once per cycle; set slowInterval to %v or more, or leave it empty" . $.Values.interval $.Values.interval) }}
+{{- end }}
+- {{ printf "--slow-interval=%v" . | quote }}
+{{- end }}
 - {{ printf "--liveness-cycles=%v" .Values.livenessCycles | quote }}
 - {{ printf "--pod-resources-interval=%v" .Values.podResourcesInterval | quote }}
 - {{ printf "--proc-root=%s" .Values.hostProc.mountPath | quote }}
