@@ -396,6 +396,8 @@ def _widened(
         window.power_known and power_mw is not None,
         by_power,
         by_time,
+        window.cycles + 1,
+        dict(shares or {}),
     )
 
 
@@ -408,6 +410,8 @@ def _parts(gpu: GpuSample, window: EnergyWindow, now_mj: int) -> dict[_EnergyKey
     limit_mw = gpu.power_limit_milliwatts or ENERGY_BOUND_W * 1000.0
     if window.elapsed_s <= 0 or delta < 0 or delta > 2 * limit_mw * window.elapsed_s:
         return None  # mW x s = mJ
+    if window.cycles == 1:  # that cycle's own split, to the bit (not share x w / w)
+        return {key: delta * share for key, share in window.last_shares.items()}
     if window.power_known and window.power_total > 0:
         weights, total = window.by_power, window.power_total
     else:

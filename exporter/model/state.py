@@ -84,6 +84,10 @@ class EnergyWindow:
     power_known: bool = True  # every cycle since the read had a power reading
     by_power: Mapping[tuple[ContainerRef, str, str | None], float] = field(default_factory=dict)
     by_time: Mapping[tuple[ContainerRef, str, str | None], float] = field(default_factory=dict)
+    cycles: int = 0  # cycles since the read
+    last_shares: Mapping[tuple[ContainerRef, str, str | None], float] = field(
+        default_factory=dict
+    )  # the last cycle's split, used as such when the window is that one cycle
 
 
 @dataclass(frozen=True, slots=True)

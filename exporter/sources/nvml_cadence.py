@@ -4,12 +4,19 @@ On a real node every NVML call is an ioctl into the driver, some of them millise
 long, so a fact is read as often as it changes, not every cycle (issue 26):
 
 - ``cycle``: every sample cycle. What a scrape should see move: utilization, memory,
-  power and energy, temperatures, clocks and why they are held down, the current PCIe
-  link, traffic counters, processes and their samples, GPM occupancy, the recovery action.
+  power, temperatures, clocks and why they are held down, the current PCIe link, traffic
+  counters, processes and their samples, GPM occupancy, the recovery action.
 - ``slow``: every ``--slow-interval`` seconds (default 30, never faster than the cycle).
   Counters and states that move once in days or weeks: ECC totals, row remapping,
   retired pages, the PCIe link's best generation and width and its replay counter,
-  NVLink state and error counters, fans, the enforced power limit. Every GPU reads them
+  NVLink state and error counters, fans, the enforced power limit. And counters that
+  cost milliseconds a read, measured on an H200 (driver 580.159.04;
+  benchmarks/real_nvml_fields.py): total energy (field 83 or
+  nvmlDeviceGetTotalEnergyConsumption, 3.2 ms) and the time under each performance
+  policy and clock-event reason (fields 74-79 and 269-271, read together; 75, 270 and
+  271 took 0.66-0.79 ms each). dcgm-exporter collects every field every 30 s by
+  default (NVIDIA/dcgm-exporter pkg/cmd/app.go: ``--collect-interval``/``-c``, Value
+  30000, "Unit is milliseconds"). Every GPU reads them
   at its first cycle; after that GPU i of N reads them at i/N of the interval
   (``SlowSchedule``), so the slow reads are spread over the cycles of the interval
   rather than all paid in one cycle, and no GPU's are older than the interval.
@@ -49,13 +56,11 @@ READS: dict[str, Tier] = {
     "utilization": "cycle",
     "temperature": "cycle",
     "power": "cycle",  # field NVML_FI_DEV_POWER_AVERAGE / _INSTANT, else the call
-    "energy": "cycle",  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, else the call
     "clock_sm": "cycle",
     "clock_memory": "cycle",
     "clock_event_reasons": "cycle",
-    "clock_event_time": "cycle",  # field values
     "memory_temperature": "cycle",  # field value
-    "pcie_bytes": "cycle",  # field values
+    "pcie_bytes": "cycle",  # field values; never again on a GPU that answers them in 32 bits
     "nvlink_bytes": "cycle",  # field values, per link
     "recovery_action": "cycle",  # field value
     "pcie_link": "cycle",  # current generation and width (idle power management moves them)
@@ -68,6 +73,8 @@ READS: dict[str, Tier] = {
     "gpm": "cycle",
     "gpm_metrics": "cycle",
     # the slow tier
+    "energy": "slow",  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, else the call
+    "clock_event_time": "slow",  # field values
     "ecc": "slow",
     "remapped_rows": "slow",
     "retired_pages": "slow",
@@ -93,6 +100,8 @@ READS: dict[str, Tier] = {
 # The served families whose values come from slow or on-change reads, and so may be as
 # old as --slow-interval (docs/metrics.md states it in each row; tests hold the two equal).
 FAMILY_TIERS: dict[str, Tier] = {
+    "gpu_energy_joules": "slow",
+    "gpu_clock_event_seconds": "slow",
     "gpu_ecc_errors": "slow",
     "gpu_remapped_rows": "slow",
     "gpu_row_remap_pending": "slow",

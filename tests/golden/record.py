@@ -53,13 +53,17 @@ REQUIRED = ("single-gpu", "node-8gpu", "no-gpu", "orphans", "gke-timesharing", "
 CYCLES = 32
 STEP_S = 5.0
 # The NVML slow tier (exporter/sources/nvml_cadence.py) is read at the first cycle (0 s)
-# and then, GPU i of N, at i/N of every --slow-interval (the reads are staggered): with
-# 40 s every GPU reads it once in the last 40 s (GPU 0 at 160 s, GPU 1 of 8 at 125 s),
-# so a slow fact the shipped timelines set by 120 s is served as every cycle would read
-# it (tests/test_nvml_cadence.py checks the timelines). Between two reads slow facts are
-# served as last read (docs/metrics.md, "Cadence").
-SLOW_INTERVAL_S = 40.0
-assert (CYCLES * STEP_S) % SLOW_INTERVAL_S == 0, "the last cycle is GPU 0's slow-tier read"
+# and then, GPU i of N, at i/N of every --slow-interval (the reads are staggered). It
+# also holds counters that move every cycle (energy, time under each clock-event reason:
+# milliseconds a read on an H200), which a GPU whose last read was earlier serves as of
+# that read. The golden compares the values at the slow tier's boundary of every GPU,
+# i.e. what every cycle read before the tiers existed; with staggered reads the one
+# schedule on which every GPU is at its boundary at the last cycle is a read every cycle:
+# --slow-interval = STEP_S (each cycle then reaches every GPU's next grid point). Values
+# carried between reads are held by tests/test_nvml_cadence.py and
+# tests/test_nvml_cost_tiers.py (docs/metrics.md, "Cadence").
+SLOW_INTERVAL_S = STEP_S
+assert (CYCLES * STEP_S) % SLOW_INTERVAL_S == 0, "the last cycle is every GPU's slow-tier read"
 
 # Families whose values depend on how fast this machine ran the cycle, or on when a
 # background thread last woke (a source's last success; the Kubernetes writer's counts):
