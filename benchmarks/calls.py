@@ -12,8 +12,10 @@ reads in their true share. Calls of the XID listener's thread (``nvmlEvent*``: i
 on an event set, outside the cycle) are counted apart.
 
 Printed and written to ``benchmarks/results/calls.{json,md}``: calls per cycle in all,
-per GPU, by function, the least and most in one cycle, and for the calls that list or
-sample processes the calls per process on the node. ``benchmarks/results/calls-before.json``
+per GPU, by function, the least and most in one cycle, the slow tier's calls (``SLOW_CALLS``
+and its field-values call) per cycle and the most in any one cycle (the slow tier is
+staggered over the GPUs, so one cycle never pays for all of them), and for the calls that
+list or sample processes the calls per process on the node. ``benchmarks/results/calls-before.json``
 holds the figure before the call budget (issue 26), printed beside it.
 
 Usage: ``python benchmarks/calls.py [--scenario NAME] [--record-before]``.
@@ -62,6 +64,41 @@ PROCESS_CALLS = frozenset(
 )
 
 
+# Entry points only the slow tier and the MIG layout read (exporter/sources/nvml_cadence.py:
+# READS "slow", and the layout re-read at each slow read); the slow tier's one
+# nvmlDeviceGetFieldValues per GPU is counted as the field-values calls beyond one per GPU.
+SLOW_CALLS = frozenset(
+    {
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPages_v2",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkErrorCounter",
+        "nvmlDeviceGetNumFans",
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetFanSpeed_v2",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+    }
+)
+
+
+def slow_calls(delta: Counter[str], gpus: int) -> int:
+    """The slow tier's calls among one cycle's: its entry points, and its field-values
+    call (those beyond the every-cycle one per GPU)."""
+    fields = max(0, delta.get("nvmlDeviceGetFieldValues", 0) - gpus)
+    return fields + sum(n for name, n in delta.items() if name in SLOW_CALLS)
+
+
 async def count_calls(
     scenario: Scenario, cycles: int = WINDOW_CYCLES, warmup: int = WARMUP_CYCLES
 ) -> dict[str, Any]:
@@ -72,6 +109,8 @@ async def count_calls(
         for _ in range(warmup):
             await sim.step()
         per_cycle: list[int] = []
+        slow_per_cycle: list[int] = []
+        gpu_count = len(sim.env.node.gpus)
         by_function: Counter[str] = Counter()
         by_gpu: Counter[int | None] = Counter()
         outside: Counter[str] = Counter()
@@ -89,11 +128,11 @@ async def count_calls(
                     by_function[name] += n
                     in_cycle += n
             per_cycle.append(in_cycle)
+            slow_per_cycle.append(slow_calls(delta, gpu_count))
             for gpu, n in after_gpus.items():
                 by_gpu[gpu] += n - gpus.get(gpu, 0)
         assert sim.agent.latest is not None
         processes = len(sim.agent.latest.node.processes)
-        gpu_count = len(sim.env.node.gpus)
     process_calls = sum(n for name, n in by_function.items() if name in PROCESS_CALLS)
     return {
         "scenario": scenario.name,
@@ -104,6 +143,9 @@ async def count_calls(
         "least_in_a_cycle": min(per_cycle),
         "most_in_a_cycle": max(per_cycle),
         "per_gpu": sum(per_cycle) / cycles / max(gpu_count, 1),
+        "slow_per_cycle": sum(slow_per_cycle) / cycles,
+        "slow_most_in_a_cycle": max(slow_per_cycle),
+        "slow_cycles": sum(1 for n in slow_per_cycle if n),
         "by_gpu": {
             str(gpu): by_gpu[gpu] / cycles
             for gpu in sorted(by_gpu, key=lambda g: -1 if g is None else g)
@@ -140,13 +182,16 @@ def markdown(after: dict[str, Any], before: dict[str, Any] | None, top: int = 10
     lines += ["| figure | before | now |", "|---|---:|---:|"]
 
     def row(label: str, key: str) -> None:
-        old = "—" if before is None else f"{before[key]:.1f}"
+        old = "—" if before is None or key not in before else f"{before[key]:.1f}"
         lines.append(f"| {label} | {old} | {after[key]:.1f} |")
 
     row("calls per cycle (mean)", "per_cycle")
     row("least in one cycle", "least_in_a_cycle")
     row("most in one cycle", "most_in_a_cycle")
     row("per GPU per cycle", "per_gpu")
+    row("slow-tier calls per cycle (mean)", "slow_per_cycle")
+    row("slow-tier calls, most in one cycle", "slow_most_in_a_cycle")
+    row(f"cycles of {after['cycles']} with slow-tier calls", "slow_cycles")
     row("process-scaled calls per cycle", "process_calls_per_cycle")
     row("process-scaled calls per process on the node", "process_calls_per_process")
     if before is not None:
