@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import ctypes
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -200,7 +201,7 @@ async def _run(cycles: int, interval: float, argv: list[str], book: _Book) -> di
         functions[name] = {
             "calls_per_cycle": by_function[name] / cycles,
             "median_us": statistics.median(samples) / 1e3,
-            "p99_us": samples[max(0, int(len(samples) * 0.99) - 1)] / 1e3,
+            "p99_us": samples[math.ceil(len(samples) * 0.99) - 1] / 1e3,  # nearest rank
             "ms_per_cycle": ns_by_function[name] / cycles / 1e6,
         }
     return {

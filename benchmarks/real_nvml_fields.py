@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def _time(fn: Callable[[], Any], repeat: int) -> dict[str, Any]:
     times.sort()
     return {
         "median_us": statistics.median(times),
-        "p90_us": times[max(0, int(len(times) * 0.9) - 1)],
+        "p90_us": times[math.ceil(len(times) * 0.9) - 1],  # nearest rank
         "outcome": outcome,
     }
 
