@@ -55,7 +55,7 @@ READS: dict[str, Tier] = {
     "memory": "cycle",
     "utilization": "cycle",
     "temperature": "cycle",
-    "power": "cycle",  # field NVML_FI_DEV_POWER_AVERAGE / _INSTANT, else the call
+    "power": "cycle",  # field NVML_FI_DEV_POWER_AVERAGE (R525+), else the call (never _INSTANT)
     "clock_sm": "cycle",
     "clock_memory": "cycle",
     "clock_event_reasons": "cycle",
