@@ -123,7 +123,7 @@ def measure(repeat: int) -> dict[str, Any]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         branch = nvml_fields.driver_branch(pynvml.nvmlSystemGetDriverVersion())
         every_cycle = nvml_fields.requests(branch, 0)
-        slow = nvml_fields.slow_requests([0])
+        slow = nvml_fields.slow_requests(branch, [0])
         fields = {f"{fid}": _field(handle, fid, repeat) for fid, _ in every_cycle + slow}
         fields |= {
             f"{fid} ({name})": _field(handle, fid, repeat) for name, fid in POWER_FIELDS.items()
