@@ -15,7 +15,9 @@ Printed and written to ``benchmarks/results/calls.{json,md}``: calls per cycle i
 per GPU, by function, the least and most in one cycle, the slow tier's calls (``SLOW_CALLS``
 and its field-values call) per cycle and the most in any one cycle (the slow tier is
 staggered over the GPUs, so one cycle never pays for all of them), and for the calls that
-list or sample processes the calls per process on the node. ``benchmarks/results/calls-before.json``
+list or sample processes the calls per process on the node and per GPU with and without
+processes (a GPU whose listings all answered empty is not asked for per-process samples:
+on an H200 that read took 1.3-2.4 ms even idle). ``benchmarks/results/calls-before.json``
 holds the figure before the call budget (issue 26), printed beside it.
 
 Usage: ``python benchmarks/calls.py [--scenario NAME] [--record-before]``.
@@ -30,6 +32,7 @@ import logging
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,7 @@ async def count_calls(
         by_function: Counter[str] = Counter()
         by_gpu: Counter[int | None] = Counter()
         outside: Counter[str] = Counter()
+        pairs_before = Counter(library.calls.by_gpu_function)
         for _ in range(cycles):
             functions, gpus = library.calls.snapshot()
             await sim.step()
@@ -131,9 +135,14 @@ async def count_calls(
             slow_per_cycle.append(slow_calls(delta, gpu_count))
             for gpu, n in after_gpus.items():
                 by_gpu[gpu] += n - gpus.get(gpu, 0)
+        pairs = Counter(library.calls.by_gpu_function)
+        pairs.subtract(pairs_before)
         assert sim.agent.latest is not None
         processes = len(sim.agent.latest.node.processes)
+        idle = {g.index for g in sim.env.node.gpus if not sim.env.node.listed_processes(g.index)}
     process_calls = sum(n for name, n in by_function.items() if name in PROCESS_CALLS)
+    per_gpu_process = _per_gpu(pairs, PROCESS_CALLS, gpu_count, cycles)
+    per_gpu_samples = _per_gpu(pairs, {"nvmlDeviceGetProcessUtilization"}, gpu_count, cycles)
     return {
         "scenario": scenario.name,
         "cycles": cycles,
@@ -157,8 +166,29 @@ async def count_calls(
         },
         "process_calls_per_cycle": process_calls / cycles,
         "process_calls_per_process": process_calls / cycles / max(processes, 1),
+        # GPUs with no process listed at the end of the window, and the mean per cycle
+        # of each kind of GPU (None: no GPU of that kind)
+        "idle_gpus": sorted(idle),
+        "process_calls_per_busy_gpu": _mean(per_gpu_process, set(range(gpu_count)) - idle),
+        "process_calls_per_idle_gpu": _mean(per_gpu_process, idle),
+        "process_sample_calls_per_idle_gpu": _mean(per_gpu_samples, idle),
         "outside_cycle": {name: n / cycles for name, n in outside.items()},
     }
+
+
+def _per_gpu(
+    pairs: Counter[tuple[int | None, str]], names: Collection[str], gpus: int, cycles: int
+) -> dict[int, float]:
+    """Calls of ``names`` per cycle, by GPU."""
+    return {
+        gpu: sum(n for (g, name), n in pairs.items() if g == gpu and name in names) / cycles
+        for gpu in range(gpus)
+    }
+
+
+def _mean(values: dict[int, float], gpus: Collection[int]) -> float | None:
+    picked = [values[gpu] for gpu in gpus]
+    return sum(picked) / len(picked) if picked else None
 
 
 async def measure(plan: Any = None) -> dict[str, Any]:
@@ -194,6 +224,16 @@ def markdown(after: dict[str, Any], before: dict[str, Any] | None, top: int = 10
     row(f"cycles of {after['cycles']} with slow-tier calls", "slow_cycles")
     row("process-scaled calls per cycle", "process_calls_per_cycle")
     row("process-scaled calls per process on the node", "process_calls_per_process")
+    for label, key in (
+        ("process-scaled calls per cycle, per GPU with processes", "process_calls_per_busy_gpu"),
+        ("process-scaled calls per cycle, per GPU without", "process_calls_per_idle_gpu"),
+        ("of which per-process samples, per GPU without", "process_sample_calls_per_idle_gpu"),
+    ):
+        old, now = (before or {}).get(key), after.get(key)
+        lines.append(
+            f"| {label} | {'—' if old is None else f'{old:.1f}'} | "
+            f"{'—' if now is None else f'{now:.1f}'} |"
+        )
     if before is not None:
         share = after["per_cycle"] / before["per_cycle"]
         verdict = "pass" if share <= TARGET_SHARE else "FAIL"

@@ -1079,6 +1079,7 @@ class CallCount:
         self._library = library
         self.by_function: collections.Counter[str] = collections.Counter()
         self.by_gpu: collections.Counter[int | None] = collections.Counter()
+        self.by_gpu_function: collections.Counter[tuple[int | None, str]] = collections.Counter()
         # field ids asked through nvmlDeviceGetFieldValues: on a real driver a field's cost
         # is its own (3.2 ms for energy on an H200, ~4 us for most), not the call's
         self.fields: collections.Counter[int] = collections.Counter()
@@ -1090,6 +1091,7 @@ class CallCount:
             resolved = self._library.resolve(_address(args[0]))
             gpu = None if resolved is None else resolved[0].index
         self.by_gpu[gpu] += 1
+        self.by_gpu_function[(gpu, name)] += 1
 
     def snapshot(self) -> tuple[dict[str, int], dict[int | None, int]]:
         """The counts so far, copied: subtract two snapshots to count a stretch."""
