@@ -257,4 +257,4 @@ def test_growth_is_use_now_minus_the_least_use_in_the_window_and_steady_use_keep
         _, shares, history = analyse_sharing(rows, (), (H100,), history, now=now, policy=policy)
         window = [u for c, u in enumerate(uses[: cycle + 1]) if c * 10.0 > now - 300.0]
         assert shares[0].memory_growth_bytes == (use - min(window)) * GIB
-X
+    assert len(history.samples[(B, "GPU-a")]) == 1  # B's use never moved
