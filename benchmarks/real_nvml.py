@@ -48,6 +48,7 @@ import pynvml  # noqa: E402
 from exporter.agent import build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import MetricsCache  # noqa: E402
+from tests.gpu.host import real_gpu_count  # noqa: E402
 
 OUTSIDE_CYCLE_PREFIX = "nvmlEvent"
 OFF_HOST = ["--kube-api", "off", "--dcgm", "off", "--pod-resources-socket", "/nonexistent.sock"]
@@ -105,19 +106,6 @@ class _TimedLibrary:
 
     def __getattr__(self, name: str) -> Any:
         return _Timed(name, getattr(self._library, name), self._book)
-
-
-def _gpu_count() -> int:
-    try:
-        library = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return 0
-    if library.nvmlInit_v2() != 0:
-        return 0
-    count = ctypes.c_uint(0)
-    ok = library.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
-    library.nvmlShutdown()
-    return count.value if ok else 0
 
 
 def _start_load(mode: str) -> subprocess.Popen[str] | None:
@@ -249,7 +237,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.cycles < 3:
         parser.error("--cycles must be at least 3 (the first cycle reads every tier)")
-    if _gpu_count() == 0:
+    if real_gpu_count() == 0:
         print("error: no NVIDIA GPU or libnvidia-ml.so.1 here; run on a GPU host", file=sys.stderr)
         return 2
     book = _Book()

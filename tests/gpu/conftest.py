@@ -25,23 +25,10 @@ import pynvml
 import pytest
 
 from exporter.sources.nvml_codes import error_name
+from tests.gpu.host import real_gpu_count
 from tests.gpu.workloads import WORKLOAD
 
-
-def _real_gpu_count() -> int:
-    try:
-        library = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return 0
-    if library.nvmlInit_v2() != 0:
-        return 0
-    count = ctypes.c_uint(0)
-    ok = library.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
-    library.nvmlShutdown()
-    return count.value if ok else 0
-
-
-GPU_COUNT = _real_gpu_count()
+GPU_COUNT = real_gpu_count()
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 NVIDIA_SMI = shutil.which("nvidia-smi")
 
