@@ -33,6 +33,7 @@ from exporter.model import (
     UnallocatedUse,
     XidCount,
 )
+from exporter.reporting.events import describe
 
 NOW = 1_000.0
 UP = {"nvml": True, "podresources": True, "procfs": True}
@@ -467,6 +468,32 @@ def test_orphaned_memory_waits_only_once_and_not_for_a_gpu_no_scan_was_asked_for
     assert t.orphan_kind == "unattributed"
     ((t,),), _ = run(cycle(orphans=[DEAD], asks_scan=["GPU-a"], scanned=["GPU-a"]))
     assert t.orphan_kind == "dead_process"
+
+
+def test_an_empty_holder_list_from_no_complete_scan_is_unknown_never_none_found() -> None:
+    """After its one wait the Event goes out without holders; it must not say that no
+    process holds the memory when no complete scan covered the GPU (none came, or the
+    walk stopped at its time or pid bound before reaching the holder): that is unknown.
+    A complete scan that covered the GPU and found nobody may say so."""
+    truncated = replace(scan_of(["GPU-a"]), truncated=True, resume_pid=4000)
+    for orphan in (FRESH, DEAD):
+        (_, (late,)), _ = run(
+            cycle(orphans=[orphan], processes=[dead_pid(9)], asks_scan=["GPU-a"]),
+            cycle(
+                orphans=[orphan], processes=[dead_pid(9)], asks_scan=["GPU-a"], timestamp=NOW + 10
+            ),
+        )
+        analysis = cycle(orphans=[orphan], processes=[dead_pid(9)], asks_scan=["GPU-a"])
+        analysis = replace(analysis, node=replace(analysis.node, holder_scan=truncated))
+        ((cut,),), _ = run(analysis)
+        for t in (late, cut):
+            note = describe(t)[2]
+            assert "holding it was found" not in note, note
+            assert "not known" in note, note
+        ((done,),), _ = run(
+            cycle(orphans=[orphan], processes=[dead_pid(9)], asks_scan=["GPU-a"], scanned=["GPU-a"])
+        )
+        assert "holding it was found" in describe(done)[2]
 
 
 def test_unattributed_orphaned_memory_with_holders_found_is_named_at_once() -> None:

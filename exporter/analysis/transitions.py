@@ -258,6 +258,7 @@ def _orphans(
                 count=orphan.processes,
                 holders=held,
                 dead_pids=_dead_pids(analysis, orphan.uuid, orphan.kind),
+                holders_scanned=orphan.kind not in SCANNED_KINDS or _scanned(analysis, orphan.uuid),
             )
         )
     keys = frozenset(now) - waiting
@@ -272,6 +273,13 @@ def _orphans(
             )
         )
     return out, keys, held_back
+
+
+def _scanned(analysis: Analysis, uuid: str) -> bool:
+    """Whether the holder scan shown covered ``uuid`` completely (every pid's fd table
+    read), so that finding nobody holding it is evidence, not a walk that never got there."""
+    scan = analysis.node.holder_scan
+    return scan is not None and scan.complete and any(u == uuid for _, u, _ in scan.gpus)
 
 
 def _awaiting_scan(analysis: Analysis) -> frozenset[str]:

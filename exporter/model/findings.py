@@ -416,6 +416,9 @@ class HealthTransition:
     # dead_process: the dead pids NVML lists; the holders are the live processes found
     # with the device open, never these
     dead_pids: tuple[int, ...] = ()
+    # dead_process / unattributed: whether a complete holder scan covered the GPU. False:
+    # an empty ``holders`` is unknown (no scan came, or it stopped at its bound), not none
+    holders_scanned: bool = True
     source: str | None = None
     detail: str = ""
 

@@ -166,11 +166,14 @@ def describe(t: HealthTransition) -> tuple[str, EventType, str]:
     if t.kind == "orphaned_memory":
         holders = _holders(t)
         size = _bytes(t.memory_bytes)
-        if t.orphan_kind == "dead_process":  # the dead pid is listed, never the holder
+        if not holders and not t.holders_scanned:  # no evidence either way: unknown
+            found = "its holders are not known (no complete scan of /proc covered this GPU)"
+        elif t.orphan_kind == "dead_process":
             found = f"held open by {holders}" if holders else "no live process holding it was found"
-            held = f"listed for {_dead_pids(t)}; {found}"
         else:
-            held = f"held by {holders}" if holders else "no process holding it was found"
+            found = f"held by {holders}" if holders else "no process holding it was found"
+        # the dead pid is what NVML lists, never the holder
+        held = f"listed for {_dead_pids(t)}; {found}" if t.orphan_kind == "dead_process" else found
         note = f"{size} of GPU memory on {gpu} is orphaned ({t.orphan_kind}): {held}."
         return "GPUOrphanedMemory", WARNING, note
     if t.kind == "orphaned_memory_cleared":
