@@ -256,7 +256,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "--slow-interval",
         "Seconds between reads of the NVML facts that change once in days or weeks (ECC "
         "and row-remap counters, retired pages, PCIe replays and best link, NVLink states "
-        "and error counters, fans, power limit) and re-reads of the MIG layout; served as "
+        "and error counters, fans, power limit), the counters that cost milliseconds a read "
+        "(energy, clock-event time) and re-reads of the MIG layout; served as "
         "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
         "least --interval (the default follows a longer --interval).",
         default=_plain(DEFAULT_SLOW_INTERVAL_S),

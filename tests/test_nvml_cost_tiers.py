@@ -247,3 +247,18 @@ def test_a_process_after_skipped_reads_gets_its_own_samples_never_the_gone_ones(
     (gpu,) = node.at(4.0)
     assert [(u.pid, u.sm_percent) for u in gpu.process_utilization] == [(600, 20)]
     assert node.errors == ()
+
+
+def test_the_slow_interval_help_names_every_family_it_makes_as_old(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An operator who sets --slow-interval 3600 learns from --help that energy and the
+    clock-event time are then up to an hour old, not only the counters of days or weeks."""
+    from exporter.config import parse_config
+
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps at -
+    start = text.index("--slow-interval SECONDS")
+    help_text = text[start : start + 700]
+    assert "energy" in help_text and "clock-event time" in help_text, help_text
