@@ -1,6 +1,6 @@
 """What a real GPU showed each NVML read to cost, and the cadence that follows from it.
 
-On an H200 (driver 580.159.04, /work/notes/real-gpu-findings.md) energy (field 83) took
+On an H200 (driver 580.159.04, docs/validation.md) energy (field 83) took
 3.2 ms a read and the thermal and hardware-slowdown durations (75, 270, 271) 0.66-0.79 ms
 each: they are read in the slow tier, carried as read in between. The PCIe byte counters
 (197/198) came as 32-bit values that wrap every ~130 ms under a copy: served only from a

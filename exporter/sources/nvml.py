@@ -742,7 +742,7 @@ class NvmlSource(Source):
 
         ``no_processes``: every listing of this cycle answered, and none listed a process.
         Then there is nothing to attribute and the read is skipped: on an H200 it took
-        1.3-2.4 ms even idle, answering NotFound (/work/notes/real-gpu-findings.md). The
+        1.3-2.4 ms even idle, answering NotFound (docs/validation.md). The
         samples that stood in are dropped (the processes they describe are gone), while
         the last timestamp seen is kept, so the next read returns only samples taken
         since: a process that starts later is averaged over its own samples alone. A

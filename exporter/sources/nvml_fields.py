@@ -5,8 +5,8 @@ power, the recovery action) and, per NVLink, the byte counters (scope = the link
 slow tier (``slow_requests``, exporter/sources/nvml_cadence.py): energy and the time
 spent under each performance policy and clock-event reason (on an H200, driver
 580.159.04, field 83 took 3.2 ms a read and 75, 270 and 271 0.66-0.79 ms each, against
-~4 us for a cheap field: /work/notes/real-gpu-findings.md, benchmarks/real_nvml_fields.py),
-the PCIe replay counter and the NVLink error counters of links 0-11 (nvml.h has a field
+~4 us for a cheap field: docs/validation.md, benchmarks/real_nvml_fields.py), the PCIe
+replay counter and the NVLink error counters of links 0-11 (nvml.h has a field
 id per link and counter only up to link 11). Which ids are asked depends on the driver
 branch: a field is only asked of drivers that define it, because ids have been
 renumbered (the clock-event durations moved in R580).
@@ -69,8 +69,8 @@ PCIE_BYTES_SINCE = 555
 # nvmlValueType_t of 64 bits (nvml.h: 2 unsigned long, 3 unsigned long long, 4 signed
 # long long; pynvml.py lines 289-295). Driver 580.159.04 on an H200 answers the PCIe byte
 # counters as 1, an unsigned int, which under a ~32 GB/s copy wraps every ~130 ms
-# (/work/notes/real-gpu-findings.md): no scrape interval can tell such a counter's wraps
-# from its resets, so a counter in ``WIDE_ONLY`` is only served from a 64-bit answer.
+# (docs/validation.md): no scrape interval can tell such a counter's wraps from its
+# resets, so a counter in ``WIDE_ONLY`` is only served from a 64-bit answer.
 WIDE_TYPES = frozenset(
     {
         pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG,
