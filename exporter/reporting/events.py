@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from exporter.analysis.xid import XID_DESCRIPTION
-from exporter.model import HealthTransition, PodRef
+from exporter.model import ROLE_HOLDER, HealthTransition, PodRef
 from exporter.text import one_line
 
 CONTROLLER = "gpu-occupancy-exporter"
@@ -108,7 +108,7 @@ def _holders(t: HealthTransition) -> str:
     """The holders, those that keep the memory before the management daemons that open
     every GPU (tagged), so the process to act on comes first."""
     named = []
-    for h in sorted(t.holders, key=lambda h: h.role != "holder"):
+    for h in sorted(t.holders, key=lambda h: h.role != ROLE_HOLDER):
         who = f"pid {h.pid}"
         if h.comm:
             who += f" {one_line(h.comm, NAME_CHARS)}"
