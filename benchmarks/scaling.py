@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from exporter.exposition.server import KEEP_RENDERING_CYCLES
+from exporter.exposition.scrape_demand import KEEP_RENDERING_CYCLES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # processes.py, machine.py
 

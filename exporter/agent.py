@@ -33,7 +33,7 @@ from exporter.analysis.orphans import OrphanPolicy
 from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.config import Config
-from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
+from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
 from exporter.model.families import EXPERIMENTAL, STABLE
@@ -186,12 +186,12 @@ class Agent:
         self.cache = cache
         self.sources = tuple(sources)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = SnapshotCollector()
+        self.options = ExpositionOptions(families=config.families)
+        self.collector = SnapshotCollector(self.options)
         self.registry.register(self.collector)
         self.self_metrics = SelfMetrics.register(self.registry)
         for name in (*(s.name for s in self.sources), AGENT):
             self.self_metrics.errors.labels(name)  # present from the start, at 0
-        self.options = ExpositionOptions(families=config.families)
         self.wall_clock = wall_clock
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_classes)
@@ -302,11 +302,14 @@ class Agent:
         started = time.perf_counter()
         timestamp = self.wall_clock()
         try:
-            snapshot = await asyncio.to_thread(self._read_sources, timestamp)
-            await asyncio.to_thread(self._analyse_and_render, snapshot, started)
+            # one hand-over to a worker thread per cycle: each costs a wake-up of the loop
+            await asyncio.to_thread(self._read_analyse_render, timestamp, started)
         except Exception:
             self.self_metrics.errors.labels(AGENT).inc()
             log.exception("sample cycle failed; the previous output stays served")
+
+    def _read_analyse_render(self, timestamp: float, started: float) -> None:
+        self._analyse_and_render(self._read_sources(timestamp), started)
 
     def _read_sources(self, timestamp: float) -> NodeSnapshot:
         """Read every source in registry order into one snapshot."""
@@ -368,7 +371,7 @@ class Agent:
         if self.reporter is not None:
             self.reporter.offer(analysis)  # never waits on the API server
             self._count_writes(self.reporter)
-        self.collector.set(build_families(analysis, self.options))
+        self.collector.set(analysis)  # families are built when a render collects them
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)
         self.latest = analysis

@@ -8,6 +8,7 @@ Unknown values (``None``) produce no sample at all: "not supported" must never r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import get_args
@@ -546,13 +547,26 @@ def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, s
 
 
 class SnapshotCollector(Collector):
-    """Serves the families of the latest cycle; replaced wholesale each cycle."""
+    """Serves the families of the latest cycle's analysis, replaced wholesale each cycle.
 
-    def __init__(self) -> None:
+    They are built on the first collect after ``set``, not at ``set``: a cycle whose
+    exposition no one asks for (exporter/exposition/scrape_demand.py) builds nothing.
+    Built once per analysis, under a lock: the cycle's render and a request's render
+    may collect at the same time."""
+
+    def __init__(self, options: ExpositionOptions | None = None) -> None:
+        self._options = options or ExpositionOptions()
+        self._analysis: Analysis | None = None
         self._families: list[Metric] = []
+        self._lock = threading.Lock()
 
-    def set(self, families: list[Metric]) -> None:
-        self._families = families
+    def set(self, analysis: Analysis) -> None:
+        with self._lock:
+            self._analysis, self._families = analysis, []
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
+        with self._lock:
+            if self._analysis is not None:
+                self._families = build_families(self._analysis, self._options)
+                self._analysis = None
+            return iter(self._families)

@@ -31,6 +31,7 @@ from exporter.exposition.connections import (
 )
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.render import Renderer
+from exporter.exposition.scrape_demand import ScrapeDemand
 from exporter.exposition.web_security import WebSecurity
 
 OPENMETRICS_MEDIA = "application/openmetrics-text"
@@ -48,25 +49,27 @@ class _Rendered:
 
 
 TEXT, OPENMETRICS = "text", "openmetrics"
-KEEP_RENDERING_CYCLES = 10  # a format nobody asked for in this many cycles is dropped
 
 
 class MetricsCache:
     """The latest cycle's exposition, in the formats scrapers actually ask for.
 
-    Each cycle renders, in its worker thread, every format requested within the last
-    ``KEEP_RENDERING_CYCLES`` cycles (text until anyone asks): Prometheus asks for
-    OpenMetrics, curl for text, and rendering both every cycle would double the cost.
-    A format not rendered this cycle is rendered once on its first request.
+    Each cycle renders, in its worker thread, the formats a request is expected for
+    before the next cycle (exporter/exposition/scrape_demand.py; text for the first
+    cycles, until anyone asks): Prometheus asks for OpenMetrics once per scrape interval,
+    curl for text, and rendering every format every cycle would render bodies no one
+    reads. A format not rendered this cycle is rendered once on its first request.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.cycles = 0
         self._clock = clock
         self._rendered_at: float | None = None
+        self._cycle_at: float | None = None
         self._registry: CollectorRegistry | None = None
         self._rendered: dict[str, _Rendered] = {}
-        self._last_wanted: dict[str, int] = {TEXT: 0}
+        # text until anyone asks: as if asked once when the exporter started
+        self._demand: dict[str, ScrapeDemand] = {TEXT: ScrapeDemand(last=clock())}
         self._lock = threading.Lock()
         # Renders asked for by a request run here, one at a time: never on the default
         # executor, where the sample cycle's reads run (a burst of first requests would
@@ -79,12 +82,14 @@ class MetricsCache:
         }
 
     def render(self, registry: CollectorRegistry) -> None:
-        """Render the wanted formats now; called once per sample cycle."""
-        rendered = {
-            fmt: _Rendered(self._renderers[fmt](registry))
-            for fmt, cycle in self._last_wanted.items()
-            if self.cycles - cycle < KEEP_RENDERING_CYCLES
-        }
+        """Take this cycle's registry, rendering now the formats a request is expected
+        for before the next cycle; called once per sample cycle."""
+        now = self._clock()
+        period = None if self._cycle_at is None else now - self._cycle_at
+        self._cycle_at = now
+        with self._lock:
+            due = [fmt for fmt, demand in self._demand.items() if demand.due(now, period)]
+        rendered = {fmt: _Rendered(self._renderers[fmt](registry)) for fmt in due}
         with self._lock:
             self._registry, self._rendered = registry, rendered
             self.cycles += 1
@@ -102,7 +107,7 @@ class MetricsCache:
     def cached(self, fmt: str) -> _Rendered | None:
         """This cycle's bytes in ``fmt`` if already rendered (cheap, for the event loop)."""
         with self._lock:
-            self._last_wanted[fmt] = self.cycles
+            self._demand.setdefault(fmt, ScrapeDemand()).asked(self._clock())
             return self._rendered.get(fmt)
 
     async def for_request(self, fmt: str, *, gzipped: bool) -> bytes:

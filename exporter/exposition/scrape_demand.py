@@ -1,0 +1,55 @@
+"""Whether a cycle's exposition in one format is likely to be asked for: render it then.
+
+A scraper asks at a steady rate: Prometheus scrapes each target once per
+``scrape_interval`` (15 s to 1 min in most set-ups, with a fixed offset per target), and
+the sample cycle runs every ``--interval`` (1 s by default). Rendering every format at
+every cycle would render a body no one reads several times over. So each format keeps
+the times of its last requests, and a cycle renders a format only when a request is
+expected before the next cycle's render: when ``last request + gap`` falls before
+``now + period x (1 + SLACK)``, ``gap`` being the shorter of the last two gaps between
+requests and ``period`` the time since the previous cycle. ``SLACK`` covers a scraper
+that comes a little early.
+
+This decides only how fast a request is answered, never what it gets: a request that
+finds this cycle unrendered (an unexpected client, a scraper that changed its interval)
+renders it once on demand, and that request is counted for the next prediction. A
+format asked for only once so far, or overdue, is rendered every cycle for
+``KEEP_RENDERING_CYCLES`` cycles, as before this module existed; a scraper gone that
+long costs nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KEEP_RENDERING_CYCLES = 10
+SLACK = 0.25
+
+
+@dataclass
+class ScrapeDemand:
+    """The requests seen for one exposition format (monotonic seconds)."""
+
+    last: float | None = None
+    gap: float | None = None  # the shorter of the last two gaps between requests
+    _last_gap: float | None = None
+
+    def asked(self, now: float) -> None:
+        if self.last is not None:
+            gap = max(0.0, now - self.last)
+            self.gap = gap if self._last_gap is None else min(gap, self._last_gap)
+            self._last_gap = gap
+        self.last = now
+
+    def due(self, now: float, period: float | None) -> bool:
+        """Whether a render at ``now`` is likely to be read before the next cycle's, the
+        cycle running every ``period`` seconds (None: not known yet, render)."""
+        if self.last is None:
+            return False
+        if period is None:
+            return True
+        keep = KEEP_RENDERING_CYCLES * period
+        if self.gap is None:  # asked once: keep rendering a while, as for a new scraper
+            return now - self.last < keep
+        expected = self.last + self.gap
+        return expected <= now + period * (1 + SLACK) and now - expected < keep

@@ -1,0 +1,145 @@
+"""A cycle renders a format only when a request is expected before the next cycle
+(exporter/exposition/scrape_demand.py), and a request never gets less for it: one that
+finds its cycle unrendered renders it on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from exporter.exposition.scrape_demand import KEEP_RENDERING_CYCLES, ScrapeDemand
+from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counting(Collector):
+    """One gauge whose value is the cycle it was set in; counts its collections."""
+
+    def __init__(self) -> None:
+        self.cycle = 0
+        self.collections = 0
+
+    def collect(self) -> Iterator[Metric]:
+        self.collections += 1
+        yield GaugeMetricFamily("gpu_example_cycle", "the cycle", value=self.cycle)
+
+
+def _node(clock: Clock) -> tuple[MetricsCache, Counting, CollectorRegistry]:
+    cache = MetricsCache(clock=clock)
+    collector = Counting()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return cache, collector, registry
+
+
+def _scrape(cache: MetricsCache, fmt: str) -> tuple[bytes, bool]:
+    """What a request gets, and whether it found the cycle already rendered."""
+    rendered = cache.cached(fmt)
+    if rendered is not None:
+        return rendered.body, True
+    return cache.render_now(fmt).body, False
+
+
+def test_a_steady_scraper_finds_every_cycle_it_asks_for_rendered_but_few_are() -> None:
+    """Cycles every 1 s, Prometheus every 5 s at an offset: after two scrapes have shown
+    the interval, each scrape finds the latest cycle already rendered, and at most two
+    cycles in five render OpenMetrics (five of five did before)."""
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    renders_before = 0
+    hits: list[bool] = []
+    for second in range(120):
+        collector.cycle = second
+        cache.render(registry)
+        if second == 20:
+            renders_before = collector.collections
+        clock.now += 0.6
+        if second % 5 == 2:  # a scrape 0.6 s after the cycle of second 2, 7, 12, ...
+            body, hit = _scrape(cache, OPENMETRICS)
+            assert f"gpu_example_cycle {second}.0".encode() in body
+            hits.append(hit)
+        clock.now += 0.4
+    assert all(hits[3:]), hits
+    renders = collector.collections - renders_before
+    assert renders <= 2 * (100 // 5), renders
+
+
+def test_a_scraper_faster_than_the_cycle_gets_every_cycle_rendered() -> None:
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    misses = 0
+    for second in range(40):
+        collector.cycle = second
+        cache.render(registry)
+        for _ in range(10):
+            clock.now += 0.1
+            _, hit = _scrape(cache, TEXT)
+            misses += not hit
+    assert misses <= 1, misses  # the first request, before any scraper was known
+
+
+def test_an_unexpected_request_gets_the_latest_cycle_rendered_on_demand() -> None:
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    for second in range(33):  # a scraper every 10 s, last at 30.5
+        collector.cycle = second
+        cache.render(registry)
+        clock.now += 0.5
+        if second % 10 == 0:
+            _scrape(cache, OPENMETRICS)
+        clock.now += 0.5
+    collector.cycle = 33
+    cache.render(registry)  # not due: the next scrape is expected at 40.5
+    clock.now += 0.5
+    assert cache.cached(OPENMETRICS) is None
+    body, hit = _scrape(cache, OPENMETRICS)
+    assert not hit and b"gpu_example_cycle 33.0" in body
+
+
+def test_a_scraper_that_went_away_costs_nothing_after_a_while() -> None:
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    for second in range(10):
+        cache.render(registry)
+        _scrape(cache, OPENMETRICS)
+        clock.now += 1.0
+    for _ in range(KEEP_RENDERING_CYCLES + 2):  # no more scrapes; text's start-up window is over too
+        cache.render(registry)
+        clock.now += 1.0
+    before = collector.collections
+    for _ in range(20):
+        cache.render(registry)
+        clock.now += 1.0
+    assert collector.collections == before
+
+
+def test_text_is_rendered_from_the_start_until_anyone_asks() -> None:
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    cache.render(registry)
+    assert cache.cached(TEXT) is not None
+
+
+def test_demand_due_follows_the_last_gaps() -> None:
+    demand = ScrapeDemand()
+    assert not demand.due(0.0, 1.0)  # never asked
+    demand.asked(0.0)
+    assert demand.due(5.0, 1.0) and not demand.due(KEEP_RENDERING_CYCLES + 1.0, 1.0)
+    demand.asked(15.0)  # every 15 s
+    assert not demand.due(20.0, 1.0)
+    assert demand.due(29.0, 1.0)  # the next is expected at 30: render at 29
+    assert demand.due(28.8, 1.0)  # a little early: SLACK
+    assert demand.due(33.0, 1.0)  # overdue: keep rendering
+    assert not demand.due(30.0 + KEEP_RENDERING_CYCLES + 1.0, 1.0)  # gone
+    demand.asked(17.0)  # a second client 2 s later: the shorter gap counts
+    assert demand.due(18.5, 1.0)
