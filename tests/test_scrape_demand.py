@@ -109,11 +109,12 @@ def test_an_unexpected_request_gets_the_latest_cycle_rendered_on_demand() -> Non
 def test_a_scraper_that_went_away_costs_nothing_after_a_while() -> None:
     clock = Clock()
     cache, collector, registry = _node(clock)
-    for second in range(10):
+    for _ in range(10):
         cache.render(registry)
         _scrape(cache, OPENMETRICS)
         clock.now += 1.0
-    for _ in range(KEEP_RENDERING_CYCLES + 2):  # no more scrapes; text's start-up window is over too
+    # no more scrapes; text's start-up window is over too
+    for _ in range(KEEP_RENDERING_CYCLES + 2):
         cache.render(registry)
         clock.now += 1.0
     before = collector.collections
@@ -125,7 +126,7 @@ def test_a_scraper_that_went_away_costs_nothing_after_a_while() -> None:
 
 def test_text_is_rendered_from_the_start_until_anyone_asks() -> None:
     clock = Clock()
-    cache, collector, registry = _node(clock)
+    cache, _, registry = _node(clock)
     cache.render(registry)
     assert cache.cached(TEXT) is not None
 
