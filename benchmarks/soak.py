@@ -63,6 +63,8 @@ from exporter import allocator  # noqa: E402
 from exporter.agent import Agent, build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import (  # noqa: E402
+    OPENMETRICS,
+    TEXT,
     MetricsCache,
     bound_port,
     build_app,
@@ -177,12 +179,25 @@ def measure() -> dict[str, Any]:
     }
 
 
+def render_every_format(agent: Agent) -> None:
+    """Render text and OpenMetrics from the latest cycle, where not yet rendered.
+
+    Each format keeps the families of its own last render (exporter/exposition/
+    render.py), and a format renders only when a request is expected (scrape_demand.py):
+    whether one last rendered this cycle or several cycles ago, so holding a second set
+    of families, would depend on timing. After this every format holds the current
+    output's families, and a measurement holds exactly one set."""
+    for fmt in (TEXT, OPENMETRICS):
+        agent.cache.render_now(fmt)
+
+
 def sample(cycle: int, agent: Agent, scraper: Scraper) -> dict[str, Any]:
     """``measure()`` and the cycle's facts. ``gc_objects`` leaves out the objects of the
     current output: its families are rebuilt every cycle, and their size follows the
     pods alive at that moment (a churned pod brings its ledger, energy and owner series,
     ~2 tracked objects a series: a sample and its labels), which is churn, not growth."""
     latest = agent.latest
+    render_every_format(agent)
     measured = measure()
     served = sum(1 + 2 * len(family.samples) for family in agent.collector.collect())
     return {
@@ -391,6 +406,7 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
             if plan.tracemalloc and cycle == plan.slope_from // 2:
                 tracemalloc.start(TRACE_FRAMES)
             if plan.tracemalloc and cycle in (plan.slope_from, half_way, plan.cycles):
+                render_every_format(agent)
                 gc.collect()
                 snapshots.append(tracemalloc.take_snapshot())
         tracemalloc.stop()

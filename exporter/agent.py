@@ -33,7 +33,7 @@ from exporter.analysis.orphans import OrphanPolicy
 from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.config import Config
-from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
+from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
 from exporter.model.families import EXPERIMENTAL, STABLE
@@ -187,7 +187,7 @@ class Agent:
         self.sources = tuple(sources)
         self.registry = CollectorRegistry(auto_describe=False)
         self.options = ExpositionOptions(families=config.families)
-        self.collector = SnapshotCollector(self.options)
+        self.collector = SnapshotCollector()
         self.registry.register(self.collector)
         self.self_metrics = SelfMetrics.register(self.registry)
         for name in (*(s.name for s in self.sources), AGENT):
@@ -371,7 +371,7 @@ class Agent:
         if self.reporter is not None:
             self.reporter.offer(analysis)  # never waits on the API server
             self._count_writes(self.reporter)
-        self.collector.set(analysis)  # families are built when a render collects them
+        self.collector.set(build_families(analysis, self.options))
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry)
         self.latest = analysis

@@ -8,7 +8,6 @@ Unknown values (``None``) produce no sample at all: "not supported" must never r
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import get_args
@@ -547,26 +546,17 @@ def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, s
 
 
 class SnapshotCollector(Collector):
-    """Serves the families of the latest cycle's analysis, replaced wholesale each cycle.
+    """Serves the families of the latest cycle; replaced wholesale each cycle.
 
-    They are built on the first collect after ``set``, not at ``set``: a cycle whose
-    exposition no one asks for (exporter/exposition/scrape_demand.py) builds nothing.
-    Built once per analysis, under a lock: the cycle's render and a request's render
-    may collect at the same time."""
+    Built by the cycle itself even when no format is rendered then: a build that fails
+    fails the cycle (counted, logged, the previous output served, liveness not renewed),
+    never a scrape."""
 
-    def __init__(self, options: ExpositionOptions | None = None) -> None:
-        self._options = options or ExpositionOptions()
-        self._analysis: Analysis | None = None
+    def __init__(self) -> None:
         self._families: list[Metric] = []
-        self._lock = threading.Lock()
 
-    def set(self, analysis: Analysis) -> None:
-        with self._lock:
-            self._analysis, self._families = analysis, []
+    def set(self, families: list[Metric]) -> None:
+        self._families = families
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            if self._analysis is not None:
-                self._families = build_families(self._analysis, self._options)
-                self._analysis = None
-            return iter(self._families)
+        return iter(self._families)

@@ -16,6 +16,12 @@ renders it once on demand, and that request is counted for the next prediction. 
 format asked for only once so far, or overdue, is rendered every cycle for
 ``KEEP_RENDERING_CYCLES`` cycles, as before this module existed; a scraper gone that
 long costs nothing more.
+
+Requests are not told apart by client. Two scrapers of one format (a Prometheus HA pair,
+a person with curl beside Prometheus) make the shorter gap the one between them: with
+near-identical offsets that gap is ~0, and the format renders every cycle for a while
+after each pair, what every cycle cost before; with offsets far apart, the first of the
+pair often finds its cycle unrendered and renders it on demand (~10 ms on node-8gpu).
 """
 
 from __future__ import annotations

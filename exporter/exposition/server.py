@@ -1,8 +1,10 @@
-"""aiohttp front end: serves bytes rendered once per sample cycle.
+"""aiohttp front end: serves bytes rendered at most once per sample cycle and format.
 
-A scrape never touches NVML or re-renders: it returns the cached text or OpenMetrics
-bytes (gzip-compressed once per cycle, on first demand), so scrape cost does not grow
-with GPU count and a slow driver never stalls Prometheus.
+A scrape never touches NVML: it returns the latest cycle's text or OpenMetrics bytes
+(gzip-compressed once per cycle, on first demand), rendered by the cycle itself when a
+request was expected before the next one (exporter/exposition/scrape_demand.py), else
+once by the first request that asks. Scrape cost does not grow with GPU count, and a slow
+driver never stalls Prometheus.
 """
 
 from __future__ import annotations
