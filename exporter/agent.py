@@ -33,7 +33,7 @@ from exporter.analysis.orphans import OrphanPolicy
 from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.config import Config
-from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector, build_families
+from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
 from exporter.model.families import EXPERIMENTAL, STABLE
@@ -187,7 +187,7 @@ class Agent:
         self.sources = tuple(sources)
         self.registry = CollectorRegistry(auto_describe=False)
         self.options = ExpositionOptions(families=config.families)
-        self.collector = SnapshotCollector()
+        self.collector = SnapshotCollector(self.options)
         self.registry.register(self.collector)
         self.self_metrics = SelfMetrics.register(self.registry)
         for name in (*(s.name for s in self.sources), AGENT):
@@ -196,6 +196,7 @@ class Agent:
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_classes)
         self._errors_seen: dict[str, int] = {}
+        self._failed_builds_seen = 0
         self._events_seen: dict[tuple[str, str], int] = {}
         self._writes_seen: dict[tuple[str, str], int] = {}
         if reporter is not None:  # present from the start, at 0
@@ -352,6 +353,14 @@ class Agent:
             self.self_metrics.errors.labels(source.name).inc(new)
             self._errors_seen[source.name] = total
 
+    def _count_failed_builds(self) -> None:
+        """Builds of the metric families that failed in a request (SnapshotCollector),
+        as errors of the agent, like a cycle that failed."""
+        new = self.collector.failed_builds - self._failed_builds_seen
+        if new > 0:
+            self.self_metrics.errors.labels(AGENT).inc(new)
+            self._failed_builds_seen += new
+
     def _count_writes(self, reporter: KubeReporter) -> None:
         """The writer thread's running totals, as increments of our counters."""
         for seen, totals, counter in (
@@ -371,9 +380,14 @@ class Agent:
         if self.reporter is not None:
             self.reporter.offer(analysis)  # never waits on the API server
             self._count_writes(self.reporter)
-        self.collector.set(build_families(analysis, self.options))
+        self._count_failed_builds()
+        formats = self.cache.due()
+        # Built here when rendered here, or while builds fail (a failing build fails the
+        # cycle); else by the first request that wants this cycle, if any does.
+        build_now = bool(formats) or self.collector.last_build_failed
+        self.collector.set(analysis, build_now=build_now)
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
-        self.cache.render(self.registry)
+        self.cache.render(self.registry, formats)
         self.latest = analysis
         if not self._frozen and self._settled():
             # Start-up is over: what is loaded now (kubernetes, pydantic,

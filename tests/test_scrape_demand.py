@@ -1,17 +1,23 @@
 """A cycle renders a format only when a request is expected before the next cycle
 (exporter/exposition/scrape_demand.py), and a request never gets less for it: one that
-finds its cycle unrendered renders it on demand."""
+finds its cycle unrendered renders it on demand. The families behind it are built only
+when something renders them (SnapshotCollector), and a build that fails costs a request
+nothing but freshness."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
+import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
 from exporter.exposition.scrape_demand import KEEP_RENDERING_CYCLES, ScrapeDemand
 from exporter.exposition.server import OPENMETRICS, TEXT, MetricsCache
+from exporter.model import Analysis
 
 
 class Clock:
@@ -144,3 +150,66 @@ def test_demand_due_follows_the_last_gaps() -> None:
     assert not demand.due(30.0 + KEEP_RENDERING_CYCLES + 1.0, 1.0)  # gone
     demand.asked(17.0)  # a second client 2 s later: the shorter gap counts
     assert demand.due(18.5, 1.0)
+
+
+# -- the families behind it: built only when rendered, a failed build never a scrape's --
+
+
+class Builds:
+    """A build of the families that counts its calls and fails while ``failing``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.failing = False
+
+    def __call__(self, analysis: object, options: ExpositionOptions) -> list[Metric]:
+        self.calls += 1
+        if self.failing:
+            raise ValueError("a bug in building the families")
+        return [GaugeMetricFamily("gpu_example_cycle", "the cycle", value=float(str(analysis)))]
+
+
+def _values(collector: SnapshotCollector) -> list[float]:
+    return [s.value for family in collector.collect() for s in family.samples]
+
+
+def test_families_are_built_once_per_cycle_and_only_when_collected() -> None:
+    builds = Builds()
+    collector = SnapshotCollector(build=builds)
+    collector.set(_analysis(1), build_now=False)
+    assert builds.calls == 0
+    assert _values(collector) == [1.0] and _values(collector) == [1.0]
+    assert builds.calls == 1
+    collector.set(_analysis(2), build_now=True)
+    assert builds.calls == 2 and _values(collector) == [2.0] and builds.calls == 2
+
+
+def test_a_build_failing_in_a_request_keeps_the_last_families_and_is_never_retried() -> None:
+    builds = Builds()
+    collector = SnapshotCollector(build=builds)
+    collector.set(_analysis(1))
+    builds.failing = True
+    collector.set(_analysis(2), build_now=False)
+    for _ in range(100):  # a flood of requests for the failing cycle: one build
+        assert _values(collector) == [1.0]
+    assert builds.calls == 2
+    assert collector.failed_builds == 1 and collector.last_build_failed
+
+
+def test_a_build_failing_in_the_cycle_fails_the_cycle() -> None:
+    builds = Builds()
+    collector = SnapshotCollector(build=builds)
+    collector.set(_analysis(1))
+    builds.failing = True
+    with pytest.raises(ValueError):
+        collector.set(_analysis(2), build_now=True)
+    assert _values(collector) == [1.0] and collector.last_build_failed
+    assert collector.failed_builds == 0  # the cycle counts its own failure
+    builds.failing = False
+    collector.set(_analysis(3), build_now=True)
+    assert _values(collector) == [3.0] and not collector.last_build_failed
+
+
+def _analysis(cycle: int) -> Analysis:
+    """What the injected build reads: only its cycle number."""
+    return cast(Analysis, cycle)

@@ -8,7 +8,9 @@ Unknown values (``None``) produce no sample at all: "not supported" must never r
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import get_args
 
@@ -35,6 +37,8 @@ from exporter.model import (
     XidCount,
 )
 from exporter.model.families import CATALOGUE, COUNTER
+
+log = logging.getLogger(__name__)
 
 # NVML clock-event reason bits, by the name used in the ``reason`` label.
 CLOCK_EVENT_REASONS = {
@@ -546,17 +550,58 @@ def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, s
 
 
 class SnapshotCollector(Collector):
-    """Serves the families of the latest cycle; replaced wholesale each cycle.
+    """Serves the families of the latest cycle's analysis; replaced wholesale each cycle.
 
-    Built by the cycle itself even when no format is rendered then: a build that fails
-    fails the cycle (counted, logged, the previous output served, liveness not renewed),
-    never a scrape."""
+    A cycle that renders no format (exporter/exposition/scrape_demand.py) builds nothing:
+    the families are built by the first collect after ``set``, once per analysis, under
+    a lock (the cycle's render and a request's may collect at once). The cycle builds
+    them itself (``build_now``) whenever it renders, and after any failed build until one
+    succeeds, so a build that keeps failing fails cycles: counted, logged, the liveness
+    probe not renewed. A build that fails in a request's collect is logged, counted in
+    ``failed_builds`` for the agent, never retried for that analysis (a flood of requests
+    costs one build), and the previous families stay served: their
+    gpu_exporter_last_sample_timestamp_seconds says how old they are.
+    """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        options: ExpositionOptions | None = None,
+        build: Callable[[Analysis, ExpositionOptions], list[Metric]] | None = None,
+    ) -> None:
+        self._options = options or ExpositionOptions()
+        self._build_families = build or build_families
         self._families: list[Metric] = []
+        self._pending: Analysis | None = None
+        self._lock = threading.Lock()
+        self.last_build_failed = False
+        self.failed_builds = 0  # builds that failed in a request's collect
 
-    def set(self, families: list[Metric]) -> None:
-        self._families = families
+    def set(self, analysis: Analysis, *, build_now: bool = True) -> None:
+        """The cycle's analysis; with ``build_now`` built here, raising what the build
+        raises."""
+        with self._lock:
+            self._pending = analysis
+            if build_now:
+                self._build()
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
+        with self._lock:
+            if self._pending is not None:
+                try:
+                    self._build()
+                except Exception:
+                    self.failed_builds += 1
+                    log.exception(
+                        "building the latest cycle's metrics failed; the previous ones stay served"
+                    )
+            return iter(self._families)
+
+    def _build(self) -> None:
+        analysis, self._pending = self._pending, None
+        assert analysis is not None
+        try:
+            self._families = self._build_families(analysis, self._options)
+        except Exception:
+            self.last_build_failed = True
+            raise
+        self.last_build_failed = False

@@ -83,14 +83,19 @@ class MetricsCache:
             OPENMETRICS: renderer.openmetrics,
         }
 
-    def render(self, registry: CollectorRegistry) -> None:
-        """Take this cycle's registry, rendering now the formats a request is expected
-        for before the next cycle; called once per sample cycle."""
+    def due(self) -> list[str]:
+        """The formats a request is expected for before the next cycle: what this
+        cycle's ``render`` renders. Called once per sample cycle, before ``render``."""
         now = self._clock()
         period = None if self._cycle_at is None else now - self._cycle_at
         self._cycle_at = now
         with self._lock:
-            due = [fmt for fmt, demand in self._demand.items() if demand.due(now, period)]
+            return [fmt for fmt, demand in self._demand.items() if demand.due(now, period)]
+
+    def render(self, registry: CollectorRegistry, formats: list[str] | None = None) -> None:
+        """Take this cycle's registry, rendering now ``formats`` (by default those
+        ``due()`` names); called once per sample cycle."""
+        due = self.due() if formats is None else formats
         rendered = {fmt: _Rendered(self._renderers[fmt](registry)) for fmt in due}
         with self._lock:
             self._registry, self._rendered = registry, rendered
