@@ -221,6 +221,7 @@ def cycle_rows(r: dict[str, Any], simulator: dict[str, float]) -> list[Row]:
     for fmt, cycles in r["by_format"].items():
         label = f"sample cycle in-process ({fmt} scraped), {cycles['cpu_ms']['n']} cycles"
         out.append(Row(f"{label}: CPU median", cycles["cpu_ms"]["p50"], "ms", TARGET_CYCLE_CPU_MS))
+        out.append(Row(f"{label}: CPU mean", cycles["cpu_ms"]["mean"], "ms"))
         out.append(Row(f"{label}: CPU p99", cycles["cpu_ms"]["p99"], "ms"))
     return out
 
