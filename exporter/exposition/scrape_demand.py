@@ -17,19 +17,26 @@ format asked for only once so far, or overdue, is rendered every cycle for
 ``KEEP_RENDERING_CYCLES`` cycles, as before this module existed; a scraper gone that
 long costs nothing more.
 
-Requests are not told apart by client. Two scrapers of one format (a Prometheus HA pair,
-a person with curl beside Prometheus) make the shorter gap the one between them: with
-near-identical offsets that gap is ~0, and the format renders every cycle for a while
-after each pair, what every cycle cost before; with offsets far apart, the first of the
-pair often finds its cycle unrendered and renders it on demand (~10 ms on node-8gpu).
+Requests are told apart by client (the peer's address, ``ClientDemands``): a Prometheus
+HA pair, or a person with curl beside Prometheus, is two scrapers, each with its own
+gaps, and a format is due when any of them is expected. At most ``MAX_CLIENTS`` clients
+are remembered per format, the most recent: a flood of new addresses evicts old ones and
+at worst renders the format every cycle, what every cycle cost before. Behind a proxy
+(kube-rbac-proxy) every request has the proxy's address, and two scrapers make the
+shorter gap the one between them: with near-identical offsets that gap is ~0, and the
+format renders every cycle for a while after each pair; with offsets far apart, the
+first of the pair may find its cycle unrendered and render it on demand (~10 ms on
+node-8gpu).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 KEEP_RENDERING_CYCLES = 10
 SLACK = 0.25
+MAX_CLIENTS = 8  # per format
 
 
 @dataclass
@@ -59,3 +66,20 @@ class ScrapeDemand:
             return now - self.last < keep
         expected = self.last + self.gap
         return expected <= now + period * (1 + SLACK) and now - expected < keep
+
+
+class ClientDemands:
+    """One format's demand, by client: the ``MAX_CLIENTS`` that asked most recently."""
+
+    def __init__(self) -> None:
+        self._by_client: OrderedDict[str, ScrapeDemand] = OrderedDict()
+
+    def asked(self, client: str, now: float) -> None:
+        demand = self._by_client.pop(client, None) or ScrapeDemand()
+        demand.asked(now)
+        self._by_client[client] = demand
+        while len(self._by_client) > MAX_CLIENTS:
+            self._by_client.popitem(last=False)
+
+    def due(self, now: float, period: float | None) -> bool:
+        return any(demand.due(now, period) for demand in self._by_client.values())

@@ -33,7 +33,7 @@ from exporter.exposition.connections import (
 )
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.render import Renderer
-from exporter.exposition.scrape_demand import ScrapeDemand
+from exporter.exposition.scrape_demand import ClientDemands
 from exporter.exposition.web_security import WebSecurity
 
 OPENMETRICS_MEDIA = "application/openmetrics-text"
@@ -71,7 +71,8 @@ class MetricsCache:
         self._registry: CollectorRegistry | None = None
         self._rendered: dict[str, _Rendered] = {}
         # text until anyone asks: as if asked once when the exporter started
-        self._demand: dict[str, ScrapeDemand] = {TEXT: ScrapeDemand(last=clock())}
+        self._demand: dict[str, ClientDemands] = {TEXT: ClientDemands()}
+        self._demand[TEXT].asked("", clock())
         self._lock = threading.Lock()
         # Renders asked for by a request run here, one at a time: never on the default
         # executor, where the sample cycle's reads run (a burst of first requests would
@@ -111,16 +112,17 @@ class MetricsCache:
         """When the last cycle was rendered (monotonic seconds); None before the first."""
         return self._rendered_at
 
-    def cached(self, fmt: str) -> _Rendered | None:
-        """This cycle's bytes in ``fmt`` if already rendered (cheap, for the event loop)."""
+    def cached(self, fmt: str, client: str = "") -> _Rendered | None:
+        """This cycle's bytes in ``fmt`` if already rendered (cheap, for the event loop);
+        ``client`` (the peer's address) asked for them."""
         with self._lock:
-            self._demand.setdefault(fmt, ScrapeDemand()).asked(self._clock())
+            self._demand.setdefault(fmt, ClientDemands()).asked(client, self._clock())
             return self._rendered.get(fmt)
 
-    async def for_request(self, fmt: str, *, gzipped: bool) -> bytes:
+    async def for_request(self, fmt: str, *, gzipped: bool, client: str = "") -> bytes:
         """This cycle's bytes in ``fmt`` for a request, rendering (and compressing) on
         the request executor when this cycle has not yet."""
-        rendered = self.cached(fmt)
+        rendered = self.cached(fmt, client)
         if rendered is None or (gzipped and rendered.gzipped is None):
             loop = asyncio.get_running_loop()
             rendered = await loop.run_in_executor(self._request_executor, self.render_now, fmt)
@@ -211,7 +213,8 @@ def build_app(
         gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
         if gzipped:
             headers["Content-Encoding"] = "gzip"
-        return web.Response(body=await cache.for_request(fmt, gzipped=gzipped), headers=headers)
+        body = await cache.for_request(fmt, gzipped=gzipped, client=request.remote or "")
+        return web.Response(body=body, headers=headers)
 
     def not_live() -> web.Response | None:
         problem = liveness.problem() if liveness is not None else None
