@@ -263,6 +263,45 @@ def test_a_build_failing_in_the_cycle_fails_the_cycle() -> None:
     assert _values(collector) == [3.0] and not collector.last_build_failed
 
 
+def test_a_failed_build_serves_the_last_completed_cycle_not_an_older_one() -> None:
+    """Cycles 2..5 were never rendered, so never built; cycle 6's build fails: a scrape
+    gets cycle 5, the latest completed, not cycle 1."""
+
+    def fails_for_six(analysis: object, options: ExpositionOptions) -> list[Metric]:
+        if analysis == 6:
+            raise ValueError("a bug in building the families")
+        return [GaugeMetricFamily("gpu_example_cycle", "the cycle", value=float(str(analysis)))]
+
+    collector = SnapshotCollector(build=fails_for_six)
+    collector.set(_analysis(1))
+    for cycle in range(2, 6):
+        collector.set(_analysis(cycle), build_now=False)
+    with pytest.raises(ValueError):
+        collector.set(_analysis(6), build_now=True)
+    assert _values(collector) == [5.0]
+
+
+def test_a_build_failing_with_no_scraper_still_fails_cycles_soon() -> None:
+    """Nothing asks for the exposition: the families are still built every
+    BUILD_AT_LEAST_EVERY cycles, so a build that keeps failing fails that cycle and
+    every one after it (the liveness probe's evidence), not never."""
+    builds = Builds()
+    collector = SnapshotCollector(build=builds)
+    every = SnapshotCollector.BUILD_AT_LEAST_EVERY
+    for cycle in range(1, 2 * every + 1):
+        collector.set(_analysis(cycle), build_now=False)
+    assert builds.calls == 2
+    builds.failing = True
+    failed = []
+    for cycle in range(2 * every + 1, 4 * every + 1):
+        try:
+            collector.set(_analysis(cycle), build_now=False)
+        except ValueError:
+            failed.append(cycle)
+    assert failed and failed[0] <= 3 * every
+    assert failed == list(range(failed[0], 4 * every + 1))
+
+
 def _analysis(cycle: int) -> Analysis:
     """What the injected build reads: only its cycle number."""
     return cast(Analysis, cycle)

@@ -8,6 +8,7 @@ Unknown values (``None``) produce no sample at all: "not supported" must never r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -552,16 +553,23 @@ def _process_labels(p: AttributedProcess, device: dict[str, str]) -> dict[str, s
 class SnapshotCollector(Collector):
     """Serves the families of the latest cycle's analysis; replaced wholesale each cycle.
 
-    A cycle that renders no format (exporter/exposition/scrape_demand.py) builds nothing:
-    the families are built by the first collect after ``set``, once per analysis, under
-    a lock (the cycle's render and a request's may collect at once). The cycle builds
-    them itself (``build_now``) whenever it renders, and after any failed build until one
-    succeeds, so a build that keeps failing fails cycles: counted, logged, the liveness
-    probe not renewed. A build that fails in a request's collect is logged, counted in
-    ``failed_builds`` for the agent, never retried for that analysis (a flood of requests
-    costs one build), and the previous families stay served: their
-    gpu_exporter_last_sample_timestamp_seconds says how old they are.
+    A cycle that renders no format (exporter/exposition/scrape_demand.py) need not build
+    them: they are built by the first collect after ``set``, once per analysis, under a
+    lock (the cycle's render and a request's may collect at once). ``set`` builds them at
+    once when the cycle renders (``build_now``), after any failed build until one
+    succeeds, and at least every ``BUILD_AT_LEAST_EVERY`` cycles: a build that keeps
+    failing fails cycles (counted, logged, the liveness probe not renewed) within that
+    many cycles of its start, scraped or not.
+
+    A failed build never costs a scrape. The analysis set before the failing one, if it
+    was never built, is built in its place (the latest completed cycle's data); else the
+    families built last stay served, and their
+    gpu_exporter_last_sample_timestamp_seconds says how old they are. A build that fails
+    in a request's collect is logged, counted in ``failed_builds`` for the agent, and
+    never retried for that analysis (a flood of requests costs one build).
     """
+
+    BUILD_AT_LEAST_EVERY = 10
 
     def __init__(
         self,
@@ -572,16 +580,23 @@ class SnapshotCollector(Collector):
         self._build_families = build or build_families
         self._families: list[Metric] = []
         self._pending: Analysis | None = None
+        self._unbuilt_before: Analysis | None = None  # replaced by _pending, never built
+        self._sets_since_build = 0
         self._lock = threading.Lock()
         self.last_build_failed = False
         self.failed_builds = 0  # builds that failed in a request's collect
 
     def set(self, analysis: Analysis, *, build_now: bool = True) -> None:
-        """The cycle's analysis; with ``build_now`` built here, raising what the build
-        raises."""
+        """The cycle's analysis; built here (raising what the build raises) with
+        ``build_now``, after a failed build, or when none was built for a while."""
         with self._lock:
-            self._pending = analysis
-            if build_now:
+            self._unbuilt_before, self._pending = self._pending, analysis
+            self._sets_since_build += 1
+            if (
+                build_now
+                or self.last_build_failed
+                or self._sets_since_build >= self.BUILD_AT_LEAST_EVERY
+            ):
                 self._build()
 
     def collect(self) -> Iterator[Metric]:
@@ -598,10 +613,15 @@ class SnapshotCollector(Collector):
 
     def _build(self) -> None:
         analysis, self._pending = self._pending, None
+        earlier, self._unbuilt_before = self._unbuilt_before, None
         assert analysis is not None
+        self._sets_since_build = 0
         try:
             self._families = self._build_families(analysis, self._options)
         except Exception:
             self.last_build_failed = True
+            if earlier is not None:  # the last completed cycle's, rather than older ones
+                with contextlib.suppress(Exception):
+                    self._families = self._build_families(earlier, self._options)
             raise
         self.last_build_failed = False
