@@ -73,6 +73,7 @@ from exporter.exposition.server import (  # noqa: E402
 from exporter.sim.external import NodeProcess, attach  # noqa: E402
 from exporter.sources.kmsg import KmsgReader  # noqa: E402
 from exporter.sources.podresources.source import PodResourcesSource  # noqa: E402
+from exporter.sources.xid import XidListener  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TARGET_SLOPE_MIB = 0.01  # RSS growth per 1,000 cycles after warm-up
@@ -83,6 +84,7 @@ EXPIRE_HISTORY_EVERY = 1000
 FLAP_GPU, FLAP_PERIOD_S = 5, 600
 TRACE_FRAMES = 30
 KMSG_WAIT_POLLS = 500  # 10 ms each: how long the driver waits for the kernel-log reader
+LISTENER_WAIT_POLLS = 100  # and then for the NVML event listener
 SCRAPE_EVERY = 5  # cycles: a 5 s scrape interval at --interval 1
 SCRAPES_PER_CONNECTION = 20
 PROMETHEUS_ACCEPT = (  # what Prometheus 2.x sends
@@ -379,6 +381,8 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
     assert isinstance(podresources, PodResourcesSource)
     kmsg = agent.source("kmsg")
     assert isinstance(kmsg, KmsgReader)
+    listener = agent.source("xid")
+    assert isinstance(listener, XidListener)
     samples = SampleLog(node.directory.parent / "samples.jsonl")
     snapshots: list[tracemalloc.Snapshot] = []
     half_way = plan.slope_from + (plan.cycles - plan.slope_from) // 2
@@ -390,7 +394,7 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
             raised = len(attached.library.node.xids)
             await agent.cycle()
             if len(attached.library.node.xids) > raised:
-                await kernel_log_caught_up(kmsg, len(attached.library.node.xids))
+                await xid_readers_caught_up(kmsg, listener, len(attached.library.node.xids))
             if cycle % SCRAPE_EVERY == 0:
                 await scraper.scrape()
             if cycle % POD_RESOURCES_EVERY == 0:
@@ -464,15 +468,23 @@ def _summary(
     }
 
 
-async def kernel_log_caught_up(kmsg: KmsgReader, xids: int) -> None:
-    """Wait (real time, simulated time standing still) until the kernel-log reader has
-    read the XIDs the node raised. It polls its file every 0.5 s of real time
-    (exporter/sources/kmsg.py, ``poll_interval_s``), tens of simulated seconds at the
-    soak's pace: without the wait it would stamp an XID that late, past the ledger's 5 s
-    window for matching it with NVML's copy, and count it twice, which at one cycle a
-    second cannot happen."""
+async def xid_readers_caught_up(kmsg: KmsgReader, listener: XidListener, xids: int) -> None:
+    """Wait (real time, simulated time standing still) until the kernel-log reader and
+    the NVML event listener have taken the XIDs the node raised. Each stamps an XID when
+    it takes it, and each runs on real time: the reader polls its file every 0.5 s
+    (exporter/sources/kmsg.py, ``poll_interval_s``), the listener waits on NVML's event
+    set in its own thread, and either can fall behind by tens of simulated seconds at the
+    soak's pace, more on a loaded machine (one CI run counted GPU 7's XID twice). Without
+    the wait one copy would be stamped past the ledger's 5 s window for matching it with
+    the other, and counted twice, which at one cycle a second cannot happen. The reader
+    takes every XID (up to ``KMSG_WAIT_POLLS`` polls); the listener not those of a GPU
+    lost before it registered, so it gets at most ``LISTENER_WAIT_POLLS`` more."""
     for _ in range(KMSG_WAIT_POLLS):
         if kmsg.events_total >= xids:  # every XID the node raised, its backlog included
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(LISTENER_WAIT_POLLS):
+        if listener.events_total >= xids:
             return
         await asyncio.sleep(0.01)
 
