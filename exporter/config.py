@@ -128,6 +128,10 @@ class _Parser(argparse.ArgumentParser):
                 setattr(args, dest, parse(value))
                 self.given_by_env[dest] = value.variable
 
+    def named(self, flag: str) -> str:
+        """``flag``, or the environment variable its value came from."""
+        return self.given_by_env.get(flag.lstrip("-").replace("-", "_"), flag)
+
     def shown(self, flag: str, value: object) -> str:
         """``flag`` and ``value`` as the operator gave them: ``--flag 2`` from the command
         line or the default, ``GPU_EXPORTER_FLAG=2`` from the environment, so an error
@@ -656,12 +660,14 @@ def parse_dcgm_mode(
     *,
     remote_info: str | None = None,
     operator_namespaces: str = "auto",
+    named: Callable[[str], str] = lambda flag: flag,
 ) -> DcgmMode:
     """``auto`` | ``off`` | ``HOST:PORT`` of a DCGM host engine.
 
     ``remote_info`` is DCGM_REMOTE_HOSTENGINE_INFO (``HOST:PORT``, or ``HOST`` for
     DCGM's default port), ``operator_namespaces`` the --dcgm-operator-namespace list;
-    both only shape ``auto``'s search.
+    both only shape ``auto``'s search. ``named`` says how an error names a flag: the
+    environment variable instead where the value came from there.
     """
     value = text.strip()
     if value.lower() == "off":
@@ -676,7 +682,7 @@ def parse_dcgm_mode(
         for namespace in namespaces:
             if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
                 raise ConfigError(
-                    f"--dcgm-operator-namespace: {namespace!r} is not a namespace name"
+                    f"{named('--dcgm-operator-namespace')}: {namespace!r} is not a namespace name"
                 )
         return DcgmMode(
             kind="auto",
@@ -687,7 +693,8 @@ def parse_dcgm_mode(
         parse_host_port(value, "--dcgm", "localhost:5555", need_host=True)
     except ConfigError:
         raise ConfigError(
-            f"--dcgm must be 'auto', 'off' or HOST:PORT, got {text!r} (e.g. localhost:5555)"
+            f"{named('--dcgm')} must be 'auto', 'off' or HOST:PORT, got {text!r} "
+            "(e.g. localhost:5555)"
         ) from None
     return DcgmMode(kind="hostengine", address=value)
 
@@ -757,6 +764,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         args.dcgm,
         remote_info=env.get(DCGM_REMOTE_HOSTENGINE_INFO) or None,
         operator_namespaces=args.dcgm_operator_namespace,
+        named=parser.named,
     )
     names = tuple(n.strip() for n in args.resource_names.split(",") if n.strip())
     try:

@@ -229,6 +229,15 @@ def test_dra_drivers_and_dcgm_are_stored_parsed() -> None:
         parse_config(["--dcgm", "localhost"], env={})
 
 
+def test_dcgm_errors_name_the_environment_variable_the_value_came_from() -> None:
+    with pytest.raises(ConfigError, match=r"^GPU_EXPORTER_DCGM must be 'auto', 'off' or"):
+        parse_config([], env={"GPU_EXPORTER_DCGM": "localhost"})
+    with pytest.raises(ConfigError, match=r"^GPU_EXPORTER_DCGM_OPERATOR_NAMESPACE: 'Bad_NS' is"):
+        parse_config([], env={"GPU_EXPORTER_DCGM_OPERATOR_NAMESPACE": "Bad_NS"})
+    with pytest.raises(ConfigError, match=r"^--dcgm-operator-namespace: 'Bad_NS' is"):
+        parse_config(["--dcgm-operator-namespace", "Bad_NS"], env={})
+
+
 def _wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
