@@ -196,7 +196,6 @@ class Agent:
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_classes)
         self._errors_seen: dict[str, int] = {}
-        self._failed_builds_seen = 0
         self._events_seen: dict[tuple[str, str], int] = {}
         self._writes_seen: dict[tuple[str, str], int] = {}
         if reporter is not None:  # present from the start, at 0
@@ -332,7 +331,7 @@ class Agent:
                 status = replace(status, up=False, error=failed)
             if status is not None:
                 statuses.append(self._with_last_success(status, timestamp))
-            self._count_errors(source)
+            self._count_errors(source.name, source.errors_total)
         return cycle.readings.snapshot(self.config.node_name, timestamp, tuple(statuses))
 
     def _with_last_success(self, status: SourceStatus, timestamp: float) -> SourceStatus:
@@ -345,21 +344,14 @@ class Agent:
         last = self._last_success.get(status.name)
         return status if last is None else replace(status, last_success=last)
 
-    def _count_errors(self, source: Source) -> None:
-        """Turn a source's running error total into increments of our counter."""
-        total = source.errors_total
-        new = total - self._errors_seen.get(source.name, 0)
+    def _count_errors(self, name: str, total: int) -> None:
+        """Turn a running error total (a source's, or the builds of the metric families
+        that failed in a request, counted as the agent's) into increments of our
+        counter."""
+        new = total - self._errors_seen.get(name, 0)
         if new > 0:
-            self.self_metrics.errors.labels(source.name).inc(new)
-            self._errors_seen[source.name] = total
-
-    def _count_failed_builds(self) -> None:
-        """Builds of the metric families that failed in a request (SnapshotCollector),
-        as errors of the agent, like a cycle that failed."""
-        new = self.collector.failed_builds - self._failed_builds_seen
-        if new > 0:
-            self.self_metrics.errors.labels(AGENT).inc(new)
-            self._failed_builds_seen += new
+            self.self_metrics.errors.labels(name).inc(new)
+            self._errors_seen[name] = total
 
     def _count_writes(self, reporter: KubeReporter) -> None:
         """The writer thread's running totals, as increments of our counters."""
@@ -380,12 +372,11 @@ class Agent:
         if self.reporter is not None:
             self.reporter.offer(analysis)  # never waits on the API server
             self._count_writes(self.reporter)
-        self._count_failed_builds()
+        self._count_errors(AGENT, self.collector.failed_builds)
         formats = self.cache.due()
-        # Built here when rendered here, or while builds fail (a failing build fails the
-        # cycle); else by the first request that wants this cycle, if any does.
-        build_now = bool(formats) or self.collector.last_build_failed
-        self.collector.set(analysis, build_now=build_now)
+        # Built here when rendered here (the collector also builds while builds fail, so
+        # that a failing build fails the cycle); else by the first request that wants it.
+        self.collector.set(analysis, build_now=bool(formats))
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry, formats)
         self.latest = analysis

@@ -136,8 +136,8 @@ class _Parser(argparse.ArgumentParser):
         """``flag`` and ``value`` as the operator gave them: ``--flag 2`` from the command
         line or the default, ``GPU_EXPORTER_FLAG=2`` from the environment, so an error
         about values checked together names what to change."""
-        variable = self.given_by_env.get(flag.lstrip("-").replace("-", "_"))
-        return f"{flag} {value}" if variable is None else f"{variable}={value}"
+        name = self.named(flag)
+        return f"{flag} {value}" if name == flag else f"{name}={value}"
 
 
 @dataclass(frozen=True)
