@@ -390,8 +390,10 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
     try:
         await asyncio.gather(*(s.prime(30.0) for s in agent.sources))
         for cycle in range(1, plan.cycles + 1):
-            node.advance(1.0)
+            # Counted before the advance: the listener's thread syncs the simulated library
+            # on its own, so an XID of this second may be there before the cycle starts.
             raised = len(attached.library.node.xids)
+            node.advance(1.0)
             await agent.cycle()
             if len(attached.library.node.xids) > raised:
                 await xid_readers_caught_up(kmsg, listener, len(attached.library.node.xids))
