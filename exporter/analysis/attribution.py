@@ -93,6 +93,9 @@ class _Context:
     pods: Mapping[str, PodMeta] | None  # by uid; None when pod metadata is unusable
     allocations: Mapping[str, Sequence[Allocation]] | None  # by GPU UUID; None: no data
     sharers: Mapping[_DeviceKey, frozenset[tuple[str, str | None]]]
+    # (container, GPU UUID, MIG UUID or None for the whole GPU) of every allocation:
+    # whether a container holds a device is one lookup, not a scan of the GPU's list
+    held: frozenset[tuple[ContainerRef, str, str | None]] = frozenset()
     finished: frozenset[tuple[str, str]] = frozenset()  # (namespace, pod) in a terminal phase
     # containers holding an allocation no form resolves: their use is never a leak
     unresolved: frozenset[ContainerRef] = frozenset()
@@ -114,6 +117,7 @@ def attribute(
         pods=_pods_by_uid(snapshot.pod_meta),
         allocations=None if allocations is None else _by_uuid(allocations),
         sharers=_sharers(listed, identities),
+        held=_held(allocations or ()),
         finished=finished,
         unresolved=frozenset(a.container for a in allocations or () if not a.resolved),
     )
@@ -307,8 +311,9 @@ def _is_allocated(owner: _Owner, device: _Device, context: _Context) -> bool | N
     ref = owner.ref
     if ref in context.unresolved:
         return None  # it may hold this very device under a name we cannot read
-    return any(
-        a.container == ref and _covers(a, device) for a in _allocations_on(device, allocations)
+    mig_uuid = device.key[1]  # what _covers() accepts: the whole GPU, or this instance
+    return (ref, device.uuid, None) in context.held or (
+        mig_uuid is not None and (ref, device.uuid, mig_uuid) in context.held
     )
 
 
@@ -393,6 +398,14 @@ def _finished_pods(
         (p.namespace, p.name)
         for p in pod_meta.pods
         if p.phase in terminal_phases and (p.namespace, p.name) not in running
+    )
+
+
+def _held(allocations: Iterable[Allocation]) -> frozenset[tuple[ContainerRef, str, str | None]]:
+    return frozenset(
+        (a.container, a.device.uuid, a.device.mig_uuid)
+        for a in allocations
+        if a.device.uuid is not None
     )
 
 
