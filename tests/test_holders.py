@@ -131,6 +131,16 @@ def test_classify_prefers_the_full_name_from_cmdline() -> None:
     assert classify("nvidia-smi") == ROLE_MANAGEMENT
 
 
+def test_a_fifo_for_cmdline_does_not_stall_the_scan(tmp_path: Path) -> None:
+    # Opening a FIFO with no writer for reading would wait for one, for good: the scan
+    # goes on, and the holder is classified by its comm alone.
+    add(tmp_path, 70, gpu_fds([0]), comm="nvidia-smi")
+    (tmp_path / "70" / "cmdline").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "70" / "cmdline")
+    result = scan(tmp_path, [0])
+    assert [(h.pid, h.role) for h in result.holders] == [(70, ROLE_MANAGEMENT)]
+
+
 def test_the_walk_stops_at_the_deadline_and_says_it_was_truncated(tmp_path: Path) -> None:
     for pid in range(100, 110):
         add(tmp_path, pid, gpu_fds([0]))

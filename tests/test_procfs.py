@@ -597,16 +597,20 @@ def test_read_process_fifo_for_a_file_fails_the_read_without_waiting(tmp_path: P
 
 
 def test_read_process_reads_whole_files_and_bounds_huge_ones(tmp_path: Path) -> None:
-    # A cgroup file of several pages is read to its end (the last line names the pod);
-    # one beyond the read limit is cut there, not read into memory whole.
+    # A cgroup file of several pages is read to its end (the last line names the pod).
+    # One beyond the read limit is not read whole, and what was read is no evidence:
+    # well-formed host lines up to the limit must not make the process a host one.
     write_process(tmp_path, 12, comm="x", cgroup=kubepods_cgroup(UID, CID))
     cgroup = tmp_path / "12" / "cgroup"
     real = cgroup.read_text()
     cgroup.write_text("".join(f"{n}:name=pad{n}:/\n" for n in range(1, 800)) + real)
     assert 12 * 1024 < cgroup.stat().st_size < 64 * 1024
     assert read_process(tmp_path, 12).pod_uid == UID
-    cgroup.write_text("x" * (64 * 1024) + "\n" + real)
-    assert read_process(tmp_path, 12).pod_uid is None
+    cgroup.write_text("".join(f"{n}:name=pad{n}:/\n" for n in range(1, 4000)) + real)
+    assert cgroup.stat().st_size > 64 * 1024
+    assert read_process(tmp_path, 12) == ProcessIdentity(
+        pid=12, alive=True, comm="x", state="S", cgroup_read=False
+    )
 
 
 def test_read_process_garbage_stat_gives_unknown_comm_and_state(tmp_path: Path) -> None:

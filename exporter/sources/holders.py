@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from exporter.model import ROLE_HOLDER, ROLE_MANAGEMENT, DeviceHolder, HolderRole, HolderScan
-from exporter.sources.procfs import read_process
+from exporter.sources.procfs import read_file_start, read_process
 
 # Daemons that open every GPU (to keep the driver loaded, to watch health, to hand
 # devices out) but allocate nothing: holding a device file is their job, not a leak.
@@ -73,9 +73,9 @@ def classify(comm: str | None, argv0: str | None = None) -> HolderRole:
 
 def _argv0(proc_root: Path, pid: int) -> str | None:
     try:
-        # a string, not a Path: pathlib (3.11) interns each pid's name (procfs._pid_dir)
-        with open(f"{proc_root}/{pid}/cmdline", "rb") as handle:
-            data = handle.read(_CMDLINE_LIMIT)
+        # a string, not a Path: pathlib (3.11) interns each pid's name (procfs._pid_dir);
+        # read_file_start: a FIFO planted there must not stall the scan
+        data = read_file_start(f"{proc_root}/{pid}/cmdline", _CMDLINE_LIMIT)
     except OSError:
         return None
     first = data.split(b"\0", 1)[0].decode(errors="replace")

@@ -276,7 +276,9 @@ def _read_text(path: str | Path, tally: _Tally | None = None) -> str | _Vanished
     if tally is not None:
         tally.reads += 1
     try:
-        data = _read_bytes(path)
+        data = read_file_start(path, _READ_LIMIT + 1)
+        if len(data) > _READ_LIMIT:  # a part of a file is no evidence of what the rest says
+            raise OSError(errno.EFBIG, f"longer than {_READ_LIMIT} bytes")
     except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
         return _Vanished.GONE
     except OSError as exc:
@@ -287,20 +289,23 @@ def _read_text(path: str | Path, tally: _Tally | None = None) -> str | _Vanished
     return data.decode("utf-8", errors="replace")
 
 
-def _read_bytes(path: str | Path) -> bytes:
-    """At most ``_READ_LIMIT`` bytes, read to the end of the file.
+def read_file_start(path: str | Path, limit: int) -> bytes:
+    """The file's first ``limit`` bytes (all of it when shorter), read to its end.
 
     ``os.open``/``os.read`` rather than ``open()``: a buffered file object costs three
-    more system calls (fstat, the isatty ioctl, lseek) and twice the time, per file, and
-    this runs for every GPU process every cycle. ``O_NONBLOCK`` keeps a FIFO planted
-    where a /proc file should be from stalling the cycle (the read fails with EAGAIN);
-    regular and /proc files ignore it.
+    more system calls (fstat, the isatty ioctl, lseek) and twice the time per file, and
+    this runs for every GPU process every cycle. The flags keep what is not a /proc file
+    from stalling or hijacking the exporter (a real /proc has none of it): a FIFO opens
+    at once (``O_NONBLOCK``; it then reads as empty, or fails with EAGAIN), a symlink
+    fails with ELOOP (``O_NOFOLLOW``), a terminal never becomes the controlling one
+    (``O_NOCTTY``).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+    fd = os.open(path, flags)
     try:
-        data = os.read(fd, _READ_LIMIT)
-        while data and len(data) < _READ_LIMIT:
-            more = os.read(fd, _READ_LIMIT - len(data))
+        data = os.read(fd, limit)
+        while data and len(data) < limit:
+            more = os.read(fd, limit - len(data))
             if not more:
                 break
             data += more
