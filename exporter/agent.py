@@ -19,6 +19,7 @@ import gc
 import logging
 import platform
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -209,6 +210,7 @@ class Agent:
         self._unresolved_forms_logged: set[str] = set()  # at most UNRESOLVED_SHAPES_LOGGED
         self._unresolved_forms_full = False  # the "no more are logged" line is written
         self._stopping = asyncio.Event()
+        self._stop_sampling = threading.Event()  # the sampling thread's copy of _stopping
         self._tasks: list[asyncio.Task[None]] = []
         self._frozen = False
         self._rendered_cycles = 0
@@ -258,31 +260,52 @@ class Agent:
         True when everything finished; False when a worker thread is still busy (a call
         that never returns), which the caller should not wait for."""
         await self.start()
-        sampling = asyncio.create_task(self._sample_loop(), name="sample-loop")
+        loop = asyncio.get_running_loop()
+        sampled: asyncio.Future[None] = loop.create_future()
+        sampling = threading.Thread(
+            target=self._sample_thread, args=(loop, sampled), name="sample-loop", daemon=True
+        )
+        sampling.start()
         try:
             await self._stopping.wait()
         finally:
+            self._stop_sampling.set()
             # A cycle in flight may finish: closing NVML under it races its calls, and a
             # read starting after nvmlShutdown would initialise NVML again.
-            done, _ = await asyncio.wait({sampling}, timeout=CYCLE_GRACE_S)
+            done, _ = await asyncio.wait({sampled}, timeout=CYCLE_GRACE_S)
             if not done:
                 log.warning(
                     "a sample cycle is still running after %.0f s; closing the sources anyway",
                     CYCLE_GRACE_S,
                 )
-            sampling.cancel()
-            await asyncio.gather(sampling, return_exceptions=True)
             closed = await self.close()
         return bool(done) and closed
 
     def stop(self) -> None:
         self._stopping.set()
+        self._stop_sampling.set()
 
-    async def _sample_loop(self) -> None:
+    def _sample_thread(
+        self, loop: asyncio.AbstractEventLoop, sampled: asyncio.Future[None]
+    ) -> None:
+        """The sample loop, on a thread of its own: a cycle, then a timed wait for the next
+        slot. One wake-up per cycle; run from the event loop, each cycle cost three (the
+        loop's timer, the hand-over to a worker thread, its result back to the loop), and
+        a wake-up is 0.1-0.3 ms of CPU on a small VM (benchmarks/README.md)."""
+        try:
+            self._sample_loop()
+        except BaseException:
+            log.exception("the sample loop stopped; /healthz fails once cycles are missed")
+            raise
+        finally:
+            with contextlib.suppress(RuntimeError):  # the event loop is already closed
+                loop.call_soon_threadsafe(_set_done, sampled)
+
+    def _sample_loop(self) -> None:
         interval = self.config.interval_s
         next_at = time.monotonic()
-        while not self._stopping.is_set():
-            await self.cycle()
+        while not self._stop_sampling.is_set():
+            self._cycle()
             next_at += interval
             now = time.monotonic()
             if next_at < now:  # overran: skip missed slots rather than bunch up
@@ -293,17 +316,19 @@ class Agent:
                     skipped,
                 )
                 next_at += skipped * interval
-            with contextlib.suppress(TimeoutError):  # woken early by stop()
-                await asyncio.wait_for(self._stopping.wait(), next_at - now)
+            self._stop_sampling.wait(next_at - now)  # woken early by stop()
 
     # -- one cycle --------------------------------------------------------------------
 
     async def cycle(self) -> None:
+        """One cycle on a worker thread (tests and tools; ``run()`` samples on its own)."""
+        await asyncio.to_thread(self._cycle)
+
+    def _cycle(self) -> None:
         started = time.perf_counter()
         timestamp = self.wall_clock()
         try:
-            # one hand-over to a worker thread per cycle: each costs a wake-up of the loop
-            await asyncio.to_thread(self._read_analyse_render, timestamp, started)
+            self._read_analyse_render(timestamp, started)
         except Exception:
             self.self_metrics.errors.labels(AGENT).inc()
             log.exception("sample cycle failed; the previous output stays served")
@@ -432,6 +457,11 @@ class Agent:
                 one_line(a.container.pod, LOGGED_TEXT_CHARS),
                 one_line(a.resource_name, LOGGED_TEXT_CHARS),
             )
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def id_shape(device_id: str) -> str:

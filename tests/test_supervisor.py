@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.exposition.liveness import Liveness
+from exporter.exposition.liveness import NEXT_CHECK_MARGIN_S, Liveness
 from exporter.model import SourceStatus
 from exporter.model.vocabulary import LIVENESS_STARTUP_GRACE_S as STARTUP_GRACE_S
 from exporter.sim.node import ManualClock, SimNode
@@ -159,6 +159,24 @@ def test_liveness_allows_a_slow_start_at_least_the_startup_grace() -> None:
     clock.now += 1
     reason = live.problem()
     assert reason is not None and "since start" in reason
+
+
+def test_liveness_checks_again_when_the_limit_would_run_out_not_every_interval() -> None:
+    cache, clock = Cache(), Clock(1000.0)
+    live = Liveness(cache, interval_s=1.0, cycles=10, clock=clock)
+    # before the first cycle: when the start-up allowance runs out
+    assert live.seconds_to_next_check() == pytest.approx(STARTUP_GRACE_S + NEXT_CHECK_MARGIN_S)
+    cache.rendered_at = clock.now
+    clock.now += 3.0
+    live.problem()
+    assert live.seconds_to_next_check() == pytest.approx(7.0 + NEXT_CHECK_MARGIN_S)
+    clock.now += 7.0 + NEXT_CHECK_MARGIN_S  # nothing rendered since: the check fails at once
+    assert live.problem() is not None
+    assert live.seconds_to_next_check() == 1.0  # every interval while not live
+    cache.rendered_at = clock.now  # a cycle completed: live again
+    clock.now += 9.5
+    assert live.problem() is None
+    assert live.seconds_to_next_check() == 1.0  # never sooner than an interval
 
 
 def warnings_and_infos(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
