@@ -164,8 +164,9 @@ def test_liveness_allows_a_slow_start_at_least_the_startup_grace() -> None:
 def test_liveness_checks_again_when_the_limit_would_run_out_not_every_interval() -> None:
     cache, clock = Cache(), Clock(1000.0)
     live = Liveness(cache, interval_s=1.0, cycles=10, clock=clock)
-    # before the first cycle: when the start-up allowance runs out
-    assert live.seconds_to_next_check() == pytest.approx(STARTUP_GRACE_S + NEXT_CHECK_MARGIN_S)
+    # before the first cycle, every interval: the first render moves the limit from the
+    # start-up allowance to a cycle's, and a hang after it must be logged on that limit
+    assert live.seconds_to_next_check() == 1.0
     cache.rendered_at = clock.now
     clock.now += 3.0
     live.problem()
@@ -177,6 +178,29 @@ def test_liveness_checks_again_when_the_limit_would_run_out_not_every_interval()
     clock.now += 9.5
     assert live.problem() is None
     assert live.seconds_to_next_check() == 1.0  # never sooner than an interval
+
+
+async def test_liveness_watch_logs_a_hang_right_after_the_first_cycle_on_its_own_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The first cycle renders, then sampling stops. The watch, started before that cycle,
+    # must log on the cycle's limit (0.1 s here), not on the start-up allowance (60 s).
+    caplog.set_level(logging.INFO, logger="exporter.exposition.liveness")
+    cache = Cache()
+    live = Liveness(cache, interval_s=0.05, cycles=2)
+    watching = asyncio.create_task(live.watch())
+    try:
+        await asyncio.sleep(0.12)
+        cache.rendered_at = time.monotonic()
+        for _ in range(100):  # 5 s at most
+            await asyncio.sleep(0.05)
+            if any(r.getMessage().startswith("not live") for r in caplog.records):
+                break
+        logged_after = time.monotonic() - cache.rendered_at
+    finally:
+        watching.cancel()
+    assert [r.getMessage()[:8] for r in caplog.records] == ["not live"]
+    assert logged_after < 2.0
 
 
 def warnings_and_infos(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:

@@ -93,18 +93,16 @@ class Liveness:
 
     def seconds_to_next_check(self) -> float:
         """Until the limit runs out if no cycle completes before (then the log says so at
-        once), and at least an interval; every interval while not live, to see it come
-        back. Not every interval while live: each wake-up of the event loop costs CPU
-        (0.1-0.3 ms on a small VM), and with the default 10 cycles this wakes about once
-        in 9 intervals."""
-        if self._failing is not None:
-            return self._interval_s
+        once), and at least an interval. Every interval while not live, to see it come
+        back, and before the first cycle, whose render moves the limit from the start-up
+        allowance to a cycle's (a hang in the first minute must be logged when its own
+        limit runs out). Not every interval while live: each wake-up of the event loop
+        costs CPU (0.1-0.3 ms on a small VM), and with the default 10 cycles this wakes
+        about once in 9 intervals."""
         rendered = self._cache.rendered_at
-        if rendered is None:
-            since, limit = self._started, max(self.limit_s, LIVENESS_STARTUP_GRACE_S)
-        else:
-            since, limit = rendered, self.limit_s
-        return max(self._interval_s, since + limit - self._clock() + NEXT_CHECK_MARGIN_S)
+        if self._failing is not None or rendered is None:
+            return self._interval_s
+        return max(self._interval_s, rendered + self.limit_s - self._clock() + NEXT_CHECK_MARGIN_S)
 
 
 def _seconds(value: float) -> str:
