@@ -350,7 +350,9 @@ def test_silent_server_fails_the_call_at_its_deadline(fake: FakeKubeApi, kubecon
     began = time.monotonic()
     error = failure(lambda: client.create_event(pod_event()))
     took = time.monotonic() - began
-    assert error.status is None and "cut" in error.reason
+    # The deadline's cut, or the socket's read timeout (set to the deadline too) when a
+    # loaded machine runs it first: either way the call ends at its deadline.
+    assert error.status is None and ("cut" in error.reason or "timed out" in error.reason)
     assert 0.45 <= took < 1.5, took
     client.close()
 

@@ -296,16 +296,22 @@ def read_file_start(path: str | Path, limit: int) -> bytes:
     more system calls (fstat, the isatty ioctl, lseek) and twice the time per file, and
     this runs for every GPU process every cycle. The flags keep what is not a /proc file
     from stalling or hijacking the exporter (a real /proc has none of it): a FIFO opens
-    at once (``O_NONBLOCK``; it then reads as empty, or fails with EAGAIN), a symlink
-    fails with ELOOP (``O_NOFOLLOW``), a terminal never becomes the controlling one
-    (``O_NOCTTY``).
+    at once (``O_NONBLOCK``) and with no writer reads as empty, a symlink fails with
+    ELOOP (``O_NOFOLLOW``), a terminal never becomes the controlling one (``O_NOCTTY``).
+    A FIFO that a writer holds open is read as a pipe is, to its end: a process that
+    plants one and keeps it open can hold the read (a fault test does, to stop a read
+    between two files).
     """
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
     fd = os.open(path, flags)
     try:
-        data = os.read(fd, limit)
-        while data and len(data) < limit:
-            more = os.read(fd, limit - len(data))
+        data = b""
+        while len(data) < limit:
+            try:
+                more = os.read(fd, limit - len(data))
+            except BlockingIOError:  # a FIFO whose writer has not written (yet)
+                os.set_blocking(fd, True)
+                continue
             if not more:
                 break
             data += more

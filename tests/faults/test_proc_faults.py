@@ -4,9 +4,12 @@ behaviour asserted and a figure measured for docs/reliability.md."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import shutil
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -143,27 +146,25 @@ def reused_during_a_read(root: Path, pid: int) -> ProcessIdentity:
     """Read ``pid`` while its process dies and a process of the other pod takes the pid,
     between the reader's read of ``stat`` and of ``cgroup``.
 
-    ``stat`` is made a FIFO, so the reader waits in it for the test's write: the test
-    hands it the old process's line, replaces the process, then lets the read finish.
+    ``stat`` is made a FIFO that the test holds open for writing, so the reader waits in
+    it: the test hands it the old process's line, waits until it was read, replaces the
+    process, then lets the read finish by closing the FIFO.
     """
     incarnate(root, pid, "job-a")
     stat = root / str(pid) / "stat"
     line = stat.read_bytes()
     stat.unlink()
     os.mkfifo(stat)
+    fifo = os.open(stat, os.O_RDWR)  # a writer before the reader comes: it waits for data
     found: list[ProcessIdentity] = []
     reader = threading.Thread(target=lambda: found.extend(ProcessReader(root).identify([pid])))
     reader.start()
-    deadline = time.monotonic() + 10
-    while True:  # a FIFO opens for writing once its reader has it open
-        try:
-            fifo = os.open(stat, os.O_WRONLY | os.O_NONBLOCK)
-            break
-        except OSError:  # ENXIO: no reader yet
-            assert time.monotonic() < deadline, "the reader never opened stat"
-            time.sleep(0.001)
     try:
         os.write(fifo, line)
+        deadline = time.monotonic() + 10
+        while _unread(fifo):  # the reader has the old process's line once it is taken
+            assert time.monotonic() < deadline, "the reader never read stat"
+            time.sleep(0.001)
         remove_process(root, pid)
         incarnate(root, pid, "job-b")
     finally:
@@ -171,6 +172,13 @@ def reused_during_a_read(root: Path, pid: int) -> ProcessIdentity:
     reader.join(timeout=10)
     assert not reader.is_alive() and len(found) == 1
     return found[0]
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD)."""
+    waiting = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, waiting)
+    return waiting[0]
 
 
 def test_proc_pids_vanish_mid_read(churn_root: Path, record_fault: RecordFault) -> None:
