@@ -64,6 +64,7 @@ from exporter.model import (
     SourceStatus,
 )
 from exporter.sources.base import Cycle, Source
+from exporter.sources.procfs import KERNEL_FILE_FLAGS
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +266,8 @@ def _read(path: Path) -> str | _Absent | OSError:
     """A cgroup file's text, read to ``READ_LIMIT``. Opened non-blocking and without
     following a symlink, and read only when it is a regular file (cgroupfs files are):
     a FIFO in its place would block the cycle for good, a device would read forever."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, KERNEL_FILE_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return _Absent.MISSING
     except OSError as exc:

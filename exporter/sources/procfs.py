@@ -289,6 +289,13 @@ def _read_text(path: str | Path, tally: _Tally | None = None) -> str | _Vanished
     return data.decode("utf-8", errors="replace")
 
 
+# How a file of a kernel tree (/proc, cgroupfs) is opened, should a fake tree hold
+# something else in its place: never waiting for a FIFO's writer to open, never following
+# a symlink, never taking a terminal as the controlling one (cgroups.py opens with these
+# too).
+KERNEL_FILE_FLAGS: Final = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+
+
 def read_file_start(path: str | Path, limit: int) -> bytes:
     """The file's first ``limit`` bytes (all of it when shorter), read to its end.
 
@@ -302,8 +309,7 @@ def read_file_start(path: str | Path, limit: int) -> bytes:
     plants one and keeps it open can hold the read (a fault test does, to stop a read
     between two files).
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
-    fd = os.open(path, flags)
+    fd = os.open(path, KERNEL_FILE_FLAGS)
     try:
         data = b""
         while len(data) < limit:
