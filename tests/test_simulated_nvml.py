@@ -506,3 +506,23 @@ def test_a_scenario_file_loads_by_path(tmp_path: Path) -> None:
     path.write_text("node_name: n1\ngpus:\n  - {power_mw: 5000}\n", encoding="utf-8")
     scenario = load_scenario(str(path))
     assert (scenario.name, scenario.node_name, scenario.gpus[0].power_mw) == ("mine", "n1", 5000)
+
+
+# -- call counting -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count_calls", [True, False])
+def test_calls_are_counted_only_where_asked(clock: ManualClock, count_calls: bool) -> None:
+    library = install(SimNode(parse_scenario(TWO_GPUS, "test"), clock), count_calls=count_calls)
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetPowerUsage(handle) == 123_000  # answered either way
+    finally:
+        pynvml.nvmlShutdown()
+    counted = library.calls.by_function
+    if count_calls:
+        assert counted["nvmlDeviceGetPowerUsage"] == 1
+        assert counted["nvmlDeviceGetHandleByIndex_v2"] == 1
+    else:
+        assert not counted

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from exporter.model import Allocation, ContainerGpuUsage, ContainerRef, GpuSample
+from exporter.model.fast_init import fast_init
 
 UsageKey = tuple[ContainerRef, str | None, str | None]  # (container, GPU uuid, MIG uuid)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Activity:
     """``ratio`` None: no signal can judge it (an unresolved or unlisted device, a failed

@@ -37,6 +37,7 @@ from exporter.model import (
     UnallocatedUse,
     UnattributedUse,
 )
+from exporter.model.fast_init import fast_init
 
 REASON_NO_POD_META = "no pod metadata"
 REASON_POD_NOT_ON_NODE = "pod not on this node"
@@ -63,6 +64,7 @@ class _Device:
         return (self.uuid, self.mig.uuid if self.mig else None)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Listed:
     device: _Device
@@ -70,6 +72,7 @@ class _Listed:
     sm_ratio: float | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class _Owner:
     owner: Owner

@@ -29,6 +29,7 @@ from exporter.model import (
     ResourceSliceSnapshot,
     SliceDevice,
 )
+from exporter.model.fast_init import fast_init
 
 FORM_NVIDIA = "nvidia"
 FORM_GKE = "gke"
@@ -41,6 +42,7 @@ _UUID_PREFIXES = ("GPU-", "MIG-")
 _GKE_ID = re.compile(r"^nvidia(?P<minor>\d+)(?:/gi(?P<gi>\d+))?(?:/vgpu(?P<vgpu>\d+))?$")
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ResolvedDevice:
     """Where an allocated device lives. ``uuid`` None: unresolved (``gpu`` None too)."""

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import GpuHealth, GpuSample, HealthReason, RemappedRows
+from exporter.model.fast_init import fast_init
 
 UNHEALTHY, DEGRADED = "unhealthy", "degraded"
 _T = TypeVar("_T")
@@ -43,6 +44,7 @@ class HealthPolicy:
     retired_pages_limit: int = 60
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class KnownFacts:
     """A GPU's health facts as last read (None: never read). A slow-tier read that fails

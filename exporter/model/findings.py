@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.model.fast_init import fast_init
 from exporter.model.readings import CgroupStats, NodeSnapshot
 from exporter.model.vocabulary import (
     HolderRole,
@@ -18,6 +19,7 @@ from exporter.model.vocabulary import (
 )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, order=True)
 class ContainerRef:
     """One container of one pod: what every per-container series is labelled with."""
@@ -27,6 +29,7 @@ class ContainerRef:
     container: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DeviceRef:
     """A physical GPU and, on MIG, the instance: what every per-device series names.
@@ -40,6 +43,7 @@ class DeviceRef:
     mig_uuid: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AttributedProcess:
     """One NVML-listed process with its owner, ready for per-pod and orphan series.
@@ -66,6 +70,7 @@ class AttributedProcess:
     pod_uid: str | None = None  # from procfs; lets orphan analysis spot deleted pods
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ContainerGpuUsage:
     """What one container uses on one device; time-sliced sharers each get their own row."""
@@ -77,6 +82,7 @@ class ContainerGpuUsage:
     processes: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """One device the kubelet allocated to a container, resolved to its physical GPU.
@@ -170,6 +176,7 @@ class DeviceCapacity:
     unknown: int = 0  # advertised devices whose health no present source can judge
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class IdleAllocation:
     """Time a container held a device while the device (or its share) stayed idle."""
@@ -215,6 +222,7 @@ class MigIdentity:
     profile: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AllocationLedger:
     """The GPU-hour ledger of one allocation (analysis/ledger.py): GPU-equivalent
@@ -242,6 +250,7 @@ class AllocationLedger:
     idle_causes: tuple[tuple[IdleCause, float], ...] = ()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ContainerEnergy:
     """Joules of a GPU's energy counter given to one container holding it (or one of its
@@ -341,6 +350,7 @@ class SharedGpu:
     memory_headroom_bytes: int | None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ContainerShare:
     """One container's part of a shared GPU.
@@ -377,6 +387,7 @@ class PodRef:
     uid: str | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, order=True)
 class PodOwner:
     """The workload a pod that holds or uses a GPU belongs to (analysis/owners.py):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from exporter.model.fast_init import fast_init
 from exporter.model.vocabulary import HolderRole, ProcessKind
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     """One process NVML lists on a device (or MIG instance)."""
@@ -22,6 +24,7 @@ class GpuProcess:
     compute_instance_id: int | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessUtilization:
     """One per-process utilisation sample (percent over the driver's sample window)."""
@@ -59,6 +62,7 @@ class Occupancy:
     fp16_active: float | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class NvLink:
     """One NVLink of a GPU. Byte counters are cumulative since the driver loaded (NVML
@@ -72,6 +76,7 @@ class NvLink:
     errors: tuple[tuple[str, int], ...] = ()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PcieLink:
     """The GPU's PCIe link now and at best (the best this GPU and this slot can do), and
@@ -111,6 +116,7 @@ class MigProfileInfo:
     gpu_slices: int  # the whole GPU's slices: the largest sliceCount among its profiles
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """Everything read from one physical GPU in one cycle.
@@ -192,6 +198,7 @@ class NvmlSnapshot:
     errors: tuple[tuple[str, str], ...] = ()  # (query, error class) that failed this cycle
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
     """What ``<proc-root>/<pid>`` says about a pid.

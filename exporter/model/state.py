@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporter.model.fast_init import fast_init
 from exporter.model.findings import AllocationLedger, ContainerEnergy, ContainerRef
 from exporter.model.readings import CgroupStats
 from exporter.model.vocabulary import OrphanKind
@@ -18,6 +19,7 @@ class Streak:
     since: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PodName:
     namespace: str

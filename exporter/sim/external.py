@@ -113,7 +113,8 @@ def attach(directory: Path) -> Attached:
         node_name=data["node_name"],
         cgroup_root=Path(data["cgroup_root"]) if data.get("cgroup_root") else None,
     )
-    return Attached(paths, install(node), scenario.name)
+    # measured whole (benchmarks/): no call counting inside the measured process
+    return Attached(paths, install(node, count_calls=False), scenario.name)
 
 
 async def serve(

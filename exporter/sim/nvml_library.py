@@ -202,7 +202,7 @@ class SimNvmlLibrary:
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._generation: dict[int, int] = {}  # GPU index -> times it came back
         self._seen_lost: set[int] = set()
-        self.calls = CallCount(self)  # every call pynvml makes, counted by install()
+        self.calls = CallCount(self)  # every call pynvml makes, where install() counts
 
     # -- handles ----------------------------------------------------------------------
 
@@ -1140,12 +1140,15 @@ def _broken_field_answers(mode: str, entries: list[Any]) -> None:
             entry.value.dVal = math.nan if mode == "nan" else math.inf
 
 
-def install(node: SimNode) -> SimNvmlLibrary:
+def install(node: SimNode, *, count_calls: bool = True) -> SimNvmlLibrary:
     """Make pynvml use the simulated library from now on (process-wide, like dlopen).
 
     Entry points the scenario's driver lacks are hidden by a subclass whose attributes
-    of those names raise AttributeError, as a missing symbol would. Every call pynvml
-    makes is counted (``SimNvmlLibrary.calls``).
+    of those names raise AttributeError, as a missing symbol would. With ``count_calls``
+    every call pynvml makes is counted (``SimNvmlLibrary.calls``): what tests and
+    ``benchmarks/calls.py`` read. An exporter process on a node served elsewhere
+    (``external.attach``) is measured whole and counts nothing: the count cost ~0.3 ms of
+    its ~7 ms cycle on node-8gpu, work no driver does (benchmarks/README.md).
     """
     missing = sorted(node.scenario.missing_functions)
     cls: type[SimNvmlLibrary] = SimNvmlLibrary
@@ -1157,6 +1160,6 @@ def install(node: SimNode) -> SimNvmlLibrary:
         )
     library = cls(node)
     with pynvml.libLoadLock:
-        pynvml.nvmlLib = _Counted(library)
+        pynvml.nvmlLib = _Counted(library) if count_calls else library
         pynvml._nvmlGetFunctionPointer_cache.clear()
     return library
