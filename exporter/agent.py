@@ -214,6 +214,8 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._frozen = False
         self._rendered_cycles = 0
+        # (pod uid, container id) of the GPU processes the last cycle saw in pods
+        self._gpu_containers: frozenset[tuple[str, str | None]] = frozenset()
         self.latest: Analysis | None = None
 
     def source(self, name: str) -> Source | None:
@@ -335,7 +337,22 @@ class Agent:
             log.exception("sample cycle failed; the previous output stays served")
 
     def _read_analyse_render(self, timestamp: float, started: float) -> None:
-        self._analyse_and_render(self._read_sources(timestamp), started)
+        snapshot = self._read_sources(timestamp)
+        self._ask_allocations_of_new_containers(snapshot)
+        self._analyse_and_render(snapshot, started)
+
+    def _ask_allocations_of_new_containers(self, snapshot: NodeSnapshot) -> None:
+        """A GPU process in a container the last cycle did not see: a pod just started,
+        whose devices the last PodResources answer may predate. Ask for a refresh now
+        rather than attribute its use against that answer until the next one
+        (exporter/sources/podresources/source.py)."""
+        containers = frozenset(
+            (p.pod_uid, p.container_id) for p in snapshot.processes if p.alive and p.pod_uid
+        )
+        new = containers - self._gpu_containers
+        self._gpu_containers = containers
+        if new and (pod_resources := self.source("podresources")) is not None:
+            pod_resources.request_refresh()
 
     def _read_sources(self, timestamp: float) -> NodeSnapshot:
         """Read every source in registry order into one snapshot."""

@@ -325,8 +325,9 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     )
     add(
         "--pod-resources-interval",
-        "Seconds between PodResources refreshes.",
-        default="10",
+        "Seconds between scheduled PodResources refreshes; a GPU process in a new "
+        "container asks for one at once (at most one every 2 s).",
+        default="30",
         metavar="SECONDS",
         bounds=Bounds(1, 3600, "seconds"),
     )

@@ -111,7 +111,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "interval": 2.5,
         "slowInterval": 60,
         "livenessCycles": 20,
-        "podResourcesInterval": 30,
+        "podResourcesInterval": 20,
         "perProcessMetrics": True,
         "families": {"disable": ["gpu_clock_event_*", "gpu_fp*"], "enable": ["gpu_fp64_*"]},
         "resourceNames": ["nvidia.com/gpu", "nvidia.com/mig-*"],

@@ -9,6 +9,7 @@ import logging
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -900,3 +901,140 @@ def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
         assert any(t.startswith("event_engine") for t in threads), threads
     else:
         assert threads == []
+
+
+# ---------------------------------------------------------------------------
+# refreshes asked for (a GPU process in a new container)
+# ---------------------------------------------------------------------------
+
+
+class _Counting:
+    """A provider whose answers change on request, counting the calls (each fetch calls
+    it once per RPC: List and GetAllocatableResources)."""
+
+    def __init__(self) -> None:
+        self.containers: tuple[ContainerDevices, ...] = ()
+        self.calls = 0
+        self.on_call: Callable[[int], None] = lambda number: None
+
+    def __call__(self) -> tuple[tuple[ContainerDevices, ...], tuple[AllocatableDevices, ...]]:
+        self.calls += 1
+        answer = self.containers, ALLOCATABLE
+        self.on_call(self.calls)
+        return answer
+
+
+async def _until(condition: Callable[[], bool], within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+@contextlib.asynccontextmanager
+async def _running(source: PodResourcesSource) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(source.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_requested_refresh_answers_a_new_pod_long_before_the_schedule(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    provider = _Counting()
+    await start_server(provider)
+    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.2)
+    async with _running(source):
+        assert await _until(lambda: source.status().up, 5.0)
+        provider.containers = (ContainerDevices("ml", "new", "main", "nvidia.com/gpu", (GPU0,)),)
+        await asyncio.sleep(0.3)
+        assert source.read(None).containers == ()  # type: ignore[arg-type]  # the hour-long schedule
+        asked = time.monotonic()
+        threading.Thread(target=source.request_refresh).start()  # from the sample thread
+        assert await _until(lambda: bool(source.read(None).containers), 5.0)  # type: ignore[arg-type]
+        assert time.monotonic() - asked < 2.0
+        assert source.requests_total == 1
+
+
+async def test_requests_are_answered_at_most_once_per_gap(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    provider = _Counting()
+    await start_server(provider)
+    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.5)
+    async with _running(source):
+        assert await _until(lambda: source.status().up, 5.0)
+        per_fetch = provider.calls  # the first fetch's
+        started = time.monotonic()
+        while time.monotonic() - started < 1.6:  # a flood: asked every 10 ms
+            source.request_refresh()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        fetches = provider.calls // per_fetch - 1
+        # one per 0.5 s gap, counted from when each began: 3 or 4 in 1.7 s, never 160
+        assert 2 <= fetches <= 4, fetches
+        assert source.requests_total >= 100
+
+
+async def test_a_request_during_a_refresh_gets_a_refresh_that_begins_after_it(
+    start_server: ServerFactory, client: PodResourcesClient
+) -> None:
+    provider = _Counting()
+    await start_server(provider)
+    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.1)
+    async with _running(source):
+        assert await _until(lambda: source.status().up, 5.0)
+        per_fetch = provider.calls
+
+        def during_second_fetch(number: int) -> None:
+            # the second fetch's first RPC has taken its (old) answer: the pod starts
+            # now, and the sample thread asks while that fetch is still under way
+            if number == per_fetch + 1:
+                provider.containers = (
+                    ContainerDevices("ml", "new", "main", "nvidia.com/gpu", (GPU0,)),
+                )
+                asking = threading.Thread(target=source.request_refresh)
+                asking.start()
+                asking.join()
+
+        provider.on_call = during_second_fetch
+        source.request_refresh()  # starts the second fetch
+        # the second answered from before the pod; a third, begun after the ask, has it
+        assert await _until(lambda: bool(source.read(None).containers), 5.0)  # type: ignore[arg-type]
+        assert provider.calls == 3 * per_fetch
+        assert source.requests_total == 2
+
+
+async def test_requests_do_not_cut_the_backoff_of_a_failing_kubelet(sock: Path) -> None:
+    client = PodResourcesClient(sock, timeout_s=0.5)  # no server at this socket
+    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.05)
+    try:
+        async with _running(source):
+            assert await _until(lambda: source.errors_total >= 1, 5.0)
+            for _ in range(50):
+                source.request_refresh()
+                await asyncio.sleep(0.01)
+            # the backoff's first wait is about 1 s: no retry within 0.5 s, however asked
+            assert source.errors_total == 1
+    finally:
+        await client.close()
+
+
+def test_a_request_before_run_or_after_the_loop_closed_is_a_no_op(sock: Path) -> None:
+    source = PodResourcesSource(PodResourcesClient(sock))
+    source.request_refresh()  # before run(): nothing to wake, nothing raised
+    assert source.requests_total == 0
+
+    async def run_briefly() -> None:
+        async with _running(source):
+            await asyncio.sleep(0.05)
+
+    asyncio.run(run_briefly())
+    source.request_refresh()  # its loop is closed: ignored, as while stopping
+    assert source.requests_total == 0

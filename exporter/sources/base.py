@@ -85,6 +85,10 @@ class Source:
         """Before the first cycle: get a first reading (refresh once, or wait up to
         ``timeout_s`` for a watch to list), so the first output is complete."""
 
+    def request_refresh(self) -> None:
+        """Ask a source refreshed on a schedule of its own to refresh soon (thread-safe;
+        PodResources, when a pod's GPU process appears); the others ignore it."""
+
     def read(self, cycle: Cycle) -> object:
         raise NotImplementedError
 
@@ -220,20 +224,26 @@ class Supervisor:
             log.info("%s source has current data again", self.name)
         return status
 
-    async def run_async(self, step: Callable[[], Awaitable[float]], backoff: Backoff) -> None:
-        """Call ``step`` forever; it returns the delay before its next call. An exception
-        from it is ``crash()`` and the next call waits out ``backoff`` (cancellation
-        ends the loop)."""
+    async def run_async(
+        self,
+        step: Callable[[], Awaitable[float]],
+        backoff: Backoff,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Call ``step`` forever; it returns the delay before its next call, waited out
+        with ``pause`` (a source may end the wait early). An exception from it is
+        ``crash()`` and the next call waits out ``backoff`` in full (cancellation ends
+        the loop)."""
         self.restart()
         while True:
             try:
                 delay = await step()
             except Exception as exc:
                 self.crash(exc)
-                delay = backoff.next_delay()
-            else:
-                backoff.reset()
-            await asyncio.sleep(delay)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            backoff.reset()
+            await pause(delay)
 
     def run_thread(self, body: Callable[[], None], stop: threading.Event, backoff: Backoff) -> None:
         """A thread's target: run ``body`` (which loops until ``stop`` is set) again
