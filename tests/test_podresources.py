@@ -1038,3 +1038,29 @@ def test_a_request_before_run_or_after_the_loop_closed_is_a_no_op(sock: Path) ->
     asyncio.run(run_briefly())
     source.request_refresh()  # its loop is closed: ignored, as while stopping
     assert source.requests_total == 0
+
+
+def test_a_source_run_again_on_a_new_event_loop_still_answers_requests(sock: Path) -> None:
+    """Each run() waits on an event of its own loop (one made in __init__ would be bound
+    to the first loop that waited on it, and end the refresh task on the next)."""
+    provider = _Counting()
+    source = PodResourcesSource(PodResourcesClient(sock), interval_s=3600, min_requested_gap_s=0.05)
+
+    async def phase() -> int:
+        server = await start_podresources_server(sock, provider)
+        try:
+            async with _running(source) as task:
+                assert await _until(lambda: source.status().up, 5.0)
+                await asyncio.sleep(0.1)  # into the hour-long pause
+                before = provider.calls
+                source.request_refresh()
+                assert await _until(lambda: provider.calls > before, 5.0)
+                assert not task.done()
+                return provider.calls - before
+        finally:
+            await source.client.close()
+            await server.stop(grace=None)
+
+    assert asyncio.run(phase()) > 0
+    assert asyncio.run(phase()) > 0
+    assert source.errors_total == 0

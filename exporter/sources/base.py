@@ -231,19 +231,18 @@ class Supervisor:
         pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """Call ``step`` forever; it returns the delay before its next call, waited out
-        with ``pause`` (a source may end the wait early). An exception from it is
+        with ``pause`` (a source may end the wait early). An exception from either is
         ``crash()`` and the next call waits out ``backoff`` in full (cancellation ends
         the loop)."""
         self.restart()
         while True:
             try:
                 delay = await step()
+                backoff.reset()
+                await pause(delay)
             except Exception as exc:
                 self.crash(exc)
                 await asyncio.sleep(backoff.next_delay())
-                continue
-            backoff.reset()
-            await pause(delay)
 
     def run_thread(self, body: Callable[[], None], stop: threading.Event, backoff: Backoff) -> None:
         """A thread's target: run ``body`` (which loops until ``stop`` is set) again

@@ -71,6 +71,7 @@ class PodResourcesSource(Source):
         return self._client
 
     async def run(self) -> None:
+        self._requested = asyncio.Event()  # of this loop: a later run() may have its own
         self._loop = asyncio.get_running_loop()
         await self._supervisor.run_async(
             self._step, Backoff(initial_s=1.0, max_s=60.0), pause=self._pause
