@@ -105,6 +105,18 @@ async def client(sock: Path) -> AsyncIterator[PodResourcesClient]:
     await c.close()
 
 
+@contextlib.asynccontextmanager
+async def _running(source: PodResourcesSource) -> AsyncIterator[asyncio.Task[None]]:
+    """``source``'s refresh task, as the agent runs it, cancelled on the way out."""
+    task = asyncio.create_task(source.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 # ---------------------------------------------------------------------------
 # resource name matching
 # ---------------------------------------------------------------------------
@@ -812,17 +824,12 @@ async def test_agent_start_fetches_once_and_says_connected_once(
     calls.clear()
     caplog.set_level(logging.INFO, logger="exporter.sources.podresources.source")
     source = PodResourcesSource(client, interval_s=60)
-    task = asyncio.create_task(source.run())
-    try:
+    async with _running(source):
         await source.prime(5.0)
         assert source.status().up
         assert len(calls) == per_fetch
         connected = [r for r in caplog.records if "connected" in r.getMessage()]
         assert len(connected) == 1
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_prime_without_run_fetches_itself(
@@ -934,24 +941,23 @@ async def _until(condition: Callable[[], bool], within_s: float) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _running(source: PodResourcesSource) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(source.run())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def _answering(
+    start_server: ServerFactory, client: PodResourcesClient, gap_s: float
+) -> AsyncIterator[tuple[_Counting, PodResourcesSource]]:
+    """A kubelet answering from a counting provider, and a source on an hour-long
+    schedule whose refresh task runs and has answered once."""
+    provider = _Counting()
+    await start_server(provider)
+    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=gap_s)
+    async with _running(source):
+        assert await _until(lambda: source.status().up, 5.0)
+        yield provider, source
 
 
 async def test_a_requested_refresh_answers_a_new_pod_long_before_the_schedule(
     start_server: ServerFactory, client: PodResourcesClient
 ) -> None:
-    provider = _Counting()
-    await start_server(provider)
-    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.2)
-    async with _running(source):
-        assert await _until(lambda: source.status().up, 5.0)
+    async with _answering(start_server, client, 0.2) as (provider, source):
         provider.containers = (ContainerDevices("ml", "new", "main", "nvidia.com/gpu", (GPU0,)),)
         await asyncio.sleep(0.3)
         assert source.read(None).containers == ()  # type: ignore[arg-type]  # the hour-long schedule
@@ -965,11 +971,7 @@ async def test_a_requested_refresh_answers_a_new_pod_long_before_the_schedule(
 async def test_requests_are_answered_at_most_once_per_gap(
     start_server: ServerFactory, client: PodResourcesClient
 ) -> None:
-    provider = _Counting()
-    await start_server(provider)
-    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.5)
-    async with _running(source):
-        assert await _until(lambda: source.status().up, 5.0)
+    async with _answering(start_server, client, 0.5) as (provider, source):
         per_fetch = provider.calls  # the first fetch's
         started = time.monotonic()
         while time.monotonic() - started < 1.6:  # a flood: asked every 10 ms
@@ -985,11 +987,7 @@ async def test_requests_are_answered_at_most_once_per_gap(
 async def test_a_request_during_a_refresh_gets_a_refresh_that_begins_after_it(
     start_server: ServerFactory, client: PodResourcesClient
 ) -> None:
-    provider = _Counting()
-    await start_server(provider)
-    source = PodResourcesSource(client, interval_s=3600, min_requested_gap_s=0.1)
-    async with _running(source):
-        assert await _until(lambda: source.status().up, 5.0)
+    async with _answering(start_server, client, 0.1) as (provider, source):
         per_fetch = provider.calls
 
         def during_second_fetch(number: int) -> None:
