@@ -399,14 +399,17 @@ async def _soak(plan: SoakPlan, node: NodeProcess) -> dict[str, Any]:
                 await xid_readers_caught_up(kmsg, listener, len(attached.library.node.xids))
             if cycle % SCRAPE_EVERY == 0:
                 await scraper.scrape()
+            if leak is not None and agent.latest is not None:
+                leak.keep(p.pid for p in agent.latest.node.processes)
+            # Sampled before this cycle's refresh: gRPC core's threads end a moment after
+            # a refresh closes its channel, and a sample taken then counted two of them
+            # (threads 11 -> 13, fresh-clone CI under load).
+            if cycle % plan.sample_every == 0 or cycle == 1:
+                samples.append(sample(cycle, agent, scraper))
             if cycle % POD_RESOURCES_EVERY == 0:
                 await podresources.refresh()
             if cycle % EXPIRE_HISTORY_EVERY == 0:
                 node.command("expire_history")
-            if leak is not None and agent.latest is not None:
-                leak.keep(p.pid for p in agent.latest.node.processes)
-            if cycle % plan.sample_every == 0 or cycle == 1:
-                samples.append(sample(cycle, agent, scraper))
             # Traced from half-way through warm-up, so every snapshot holds the live
             # working set (replaced every cycle) and their differences are what stayed.
             if plan.tracemalloc and cycle == plan.slope_from // 2:

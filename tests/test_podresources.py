@@ -910,6 +910,57 @@ def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
         assert threads == []
 
 
+# A client in a process of its own whose file descriptors run out between two refreshes
+# (RLIMIT_NOFILE lowered below every fd it holds). In the exporter's process that made
+# gRPC core abort the whole process ("epoll_create1 unavailable ... Check failed:
+# init_epoll1_linux()", SIGABRT: tests/faults/test_config_faults.py, proc-fd-exhaustion);
+# here, alone, the channel fails with OSError instead. Either way the refresh must fail
+# with the reason, before gRPC is asked for a channel, and the next one must work.
+_OUT_OF_DESCRIPTORS_SCRIPT = """
+import asyncio, resource, sys
+from exporter.sources.podresources.client import PodResourcesClient
+
+async def main(sock):
+    client = PodResourcesClient(sock)
+    first = await client.fetch()
+    assert first.ok, first.error
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))
+    starved = await client.fetch()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    again = await client.fetch()
+    print(starved.ok, again.ok)
+    print(starved.error)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_refresh_out_of_file_descriptors_fails_instead_of_aborting(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from exporter.sim.external import NodeProcess
+
+    node = NodeProcess("single-gpu", tmp_path, kube_api=False)
+    try:
+        sock = json.loads((tmp_path / "node.json").read_text())["pod_resources_socket"]
+        done = subprocess.run(
+            [sys.executable, "-c", _OUT_OF_DESCRIPTORS_SCRIPT, sock],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        node.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    verdicts, error = done.stdout.strip().split("\n")
+    assert verdicts == "False True"  # down while starved, up again once fds are free
+    assert "too few file descriptors free" in error and "EMFILE" in error, error
+
+
 # ---------------------------------------------------------------------------
 # refreshes asked for (a GPU process in a new container)
 # ---------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +72,37 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # Retries are ours to decide (the agent's Backoff), not the channel's.
     ("grpc.enable_retries", 0),
 )
+
+
+# File descriptors a channel needs before its first call (the socket, gRPC core's epoll
+# sets and wake-up fds), with room to spare.
+CHANNEL_DESCRIPTORS = 16
+
+
+def _descriptor_problem() -> str | None:
+    """A reason when this process has too few file descriptors free for a channel.
+
+    gRPC core does not fail a channel it cannot give an epoll set: it aborts the process
+    (``ev_epoll1_linux.cc``: "Check failed: init_epoll1_linux()", SIGABRT), and with no
+    channel open it makes one anew for each refresh. Out of descriptors (RLIMIT_NOFILE
+    reached: a flood of connections, a leak elsewhere), the refresh fails as a kubelet
+    that does not answer would, and the next one tries again. Opening and closing
+    ``CHANNEL_DESCRIPTORS`` descriptors of /dev/null costs ~30 us.
+    """
+    opened: list[int] = []
+    try:
+        for _ in range(CHANNEL_DESCRIPTORS):
+            opened.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as err:
+        return one_line(
+            f"PodResources not asked: too few file descriptors free for a gRPC channel "
+            f"({errno.errorcode.get(err.errno or 0, err.errno)}: {err.strerror}); gRPC "
+            "core would abort the process"
+        )
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return None
 
 
 class _Lister:
@@ -204,7 +237,7 @@ class PodResourcesClient:
             await self._drop_channel()
 
     async def _round(self, timestamp: float) -> PodResourcesSnapshot:
-        missing = self._socket_problem()
+        missing = self._socket_problem() or _descriptor_problem()
         if missing is not None:
             return PodResourcesSnapshot(ok=False, timestamp=timestamp, error=missing)
 
@@ -300,6 +333,8 @@ class PodResourcesClient:
         return None
 
     def _get_lister(self) -> _Lister:
+        # Only after _descriptor_problem() found descriptors free: gRPC core aborts the
+        # whole process when it cannot create its epoll set.
         if self._lister is None:
             self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
             self._lister = _Lister(self._channel)
