@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -880,21 +883,16 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-@pytest.mark.parametrize("hold", ["after-refresh", "hold"])
-def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
-    """The idle floor's known part: with a channel open, gRPC core's threads wake ~35
-    times a second (benchmarks/README.md); after a refresh none of them is left."""
-    import json
-    import subprocess
-    import sys
-
+def _client_alone(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a Python process of its own (no gRPC server or other channel in
+    it) with the PodResources socket of a simulated node served by another, and ``args``."""
     from exporter.sim.external import NodeProcess
 
     node = NodeProcess("single-gpu", tmp_path, kube_api=False)
     try:
         sock = json.loads((tmp_path / "node.json").read_text())["pod_resources_socket"]
-        done = subprocess.run(
-            [sys.executable, "-c", _GRPC_THREADS_SCRIPT, sock, hold],
+        return subprocess.run(
+            [sys.executable, "-c", script, sock, *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -902,6 +900,13 @@ def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
         )
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("hold", ["after-refresh", "hold"])
+def test_grpc_threads_end_between_refreshes(tmp_path: Path, hold: str) -> None:
+    """The idle floor's known part: with a channel open, gRPC core's threads wake ~35
+    times a second (benchmarks/README.md); after a refresh none of them is left."""
+    done = _client_alone(tmp_path, _GRPC_THREADS_SCRIPT, hold)
     assert done.returncode == 0, done.stderr
     threads = [t for t in done.stdout.strip().split(",") if t]
     if hold == "hold":
@@ -937,24 +942,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 def test_a_refresh_out_of_file_descriptors_fails_instead_of_aborting(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
-    from exporter.sim.external import NodeProcess
-
-    node = NodeProcess("single-gpu", tmp_path, kube_api=False)
-    try:
-        sock = json.loads((tmp_path / "node.json").read_text())["pod_resources_socket"]
-        done = subprocess.run(
-            [sys.executable, "-c", _OUT_OF_DESCRIPTORS_SCRIPT, sock],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        node.stop()
+    done = _client_alone(tmp_path, _OUT_OF_DESCRIPTORS_SCRIPT)
     assert done.returncode == 0, done.stderr[-2000:]
     verdicts, error = done.stdout.strip().split("\n")
     assert verdicts == "False True"  # down while starved, up again once fds are free
