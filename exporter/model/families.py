@@ -211,7 +211,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_recovery_action": (
         GAUGE,
         EXPERIMENTAL + "1 for the recovery action the driver asks for (XID 154): none, gpu_reset, "
-        "node_reboot, drain_p2p, drain_and_reset, … (docs/xid.md).",
+        "node_reboot, drain_p2p, drain_and_reset, ... (docs/xid.md).",
     ),
     # processes and attribution
     "gpu_processes": (GAUGE, STABLE + "Processes NVML lists on the device, by kind."),
