@@ -6,6 +6,8 @@ nothing but freshness."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 from typing import cast
 
@@ -133,6 +135,61 @@ def test_a_scraper_that_went_away_costs_nothing_after_a_while() -> None:
         cache.render(registry)
         clock.now += 1.0
     assert collector.collections == before
+
+
+class Remembering(Counting):
+    """Counting that keeps a weak reference to every family it yields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.families: list[weakref.ref[Metric]] = []
+
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            self.families.append(weakref.ref(family))
+            yield family
+
+
+def test_a_format_no_one_asks_for_any_more_keeps_nothing_of_its_last_render() -> None:
+    """The renderer keeps a format's last families to reuse their text; once every
+    client of that format is gone (text's start-up window included), nothing of them is
+    held: on node-8gpu a cycle's samples and texts, ~0.6 MiB, until a render that may
+    never come."""
+    clock = Clock()
+    cache = MetricsCache(clock=clock)
+    collector = Remembering()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    for _ in range(10):
+        cache.render(registry)
+        _scrape(cache, OPENMETRICS)
+        clock.now += 1.0
+    assert any(ref() is not None for ref in collector.families)
+    for _ in range(KEEP_RENDERING_CYCLES + 2):
+        cache.render(registry)
+        clock.now += 1.0
+    gc.collect()
+    assert [ref for ref in collector.families if ref() is not None] == []
+    # a client that comes back is answered as ever
+    body, _ = _scrape(cache, OPENMETRICS)
+    assert body.startswith(b"# HELP gpu_example_cycle")
+
+
+def test_a_lapsed_demand_is_one_gone_for_keep_rendering_cycles() -> None:
+    demand = ScrapeDemand()
+    assert demand.lapsed(0.0, 1.0)  # never asked
+    demand.asked(100.0)
+    assert not demand.lapsed(100.0 + KEEP_RENDERING_CYCLES - 1, 1.0)
+    assert demand.lapsed(100.0 + KEEP_RENDERING_CYCLES, 1.0)
+    assert not demand.lapsed(10_000.0, None)  # the cycle's period not known yet
+    demand.asked(115.0)  # a scraper every 15 s: gone only 10 cycles after it was due
+    assert not demand.lapsed(115.0 + 15 + KEEP_RENDERING_CYCLES - 1, 1.0)
+    assert demand.lapsed(115.0 + 15 + KEEP_RENDERING_CYCLES, 1.0)
+    clients = ClientDemands()
+    clients.asked("a", 100.0)
+    clients.asked("b", 105.0)
+    assert not clients.lapsed(100.0 + KEEP_RENDERING_CYCLES, 1.0)  # b is not gone yet
+    assert clients.lapsed(105.0 + KEEP_RENDERING_CYCLES, 1.0)
 
 
 def test_text_is_rendered_from_the_start_until_anyone_asks() -> None:

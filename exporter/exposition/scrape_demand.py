@@ -15,7 +15,8 @@ finds this cycle unrendered (an unexpected client, a scraper that changed its in
 renders it once on demand, and that request is counted for the next prediction. A
 format asked for only once so far, or overdue, is rendered every cycle for
 ``KEEP_RENDERING_CYCLES`` cycles, as before this module existed; a scraper gone that
-long costs nothing more.
+long costs nothing more, in CPU or in memory (``lapsed``: the renderer then drops what
+it kept of that format's last render for reuse).
 
 Requests are told apart by client (the peer's address, ``ClientDemands``): a Prometheus
 HA pair, or a person with curl beside Prometheus, is two scrapers, each with its own
@@ -67,6 +68,16 @@ class ScrapeDemand:
         expected = self.last + self.gap
         return expected <= now + period * (1 + SLACK) and now - expected < keep
 
+    def lapsed(self, now: float, period: float | None) -> bool:
+        """Whether this client is gone: overdue (or, asked once, silent) for longer than
+        ``KEEP_RENDERING_CYCLES`` cycles, so ``due`` stays false until it asks again."""
+        if self.last is None:
+            return True
+        if period is None:
+            return False
+        since = self.last if self.gap is None else self.last + self.gap
+        return now - since >= KEEP_RENDERING_CYCLES * period
+
 
 class ClientDemands:
     """One format's demand, by client: the ``MAX_CLIENTS`` that asked most recently."""
@@ -83,3 +94,7 @@ class ClientDemands:
 
     def due(self, now: float, period: float | None) -> bool:
         return any(demand.due(now, period) for demand in self._by_client.values())
+
+    def lapsed(self, now: float, period: float | None) -> bool:
+        """Every client that asked for this format is gone."""
+        return all(demand.lapsed(now, period) for demand in self._by_client.values())

@@ -78,7 +78,7 @@ class MetricsCache:
         # executor, where the sample cycle's reads run (a burst of first requests would
         # queue the cycle behind them).
         self._request_executor = ThreadPoolExecutor(1, thread_name_prefix="render-request")
-        renderer = Renderer()
+        self._renderer = renderer = Renderer()
         self._renderers: dict[str, Callable[[CollectorRegistry], bytes]] = {
             TEXT: renderer.text,
             OPENMETRICS: renderer.openmetrics,
@@ -91,7 +91,11 @@ class MetricsCache:
         period = None if self._cycle_at is None else now - self._cycle_at
         self._cycle_at = now
         with self._lock:
-            return [fmt for fmt, demand in self._demand.items() if demand.due(now, period)]
+            due = [fmt for fmt, demand in self._demand.items() if demand.due(now, period)]
+            lapsed = [fmt for fmt, demand in self._demand.items() if demand.lapsed(now, period)]
+        for fmt in lapsed:  # no one asks for it any more: keep nothing of its last render
+            self._renderer.forget(openmetrics=fmt == OPENMETRICS)
+        return due
 
     def render(self, registry: CollectorRegistry, formats: list[str] | None = None) -> None:
         """Take this cycle's registry, rendering now ``formats`` (by default those
