@@ -45,7 +45,14 @@ from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
 from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id, offset
-from exporter.sources.nvml_codes import GPU_FAILED, UNSUPPORTED, error_name, instance_id
+from exporter.sources.nvml_codes import (
+    GPU_FAILED,
+    UNSUPPORTED,
+    error_name,
+    instance_id,
+    number_field,
+    set_number_field,
+)
 from exporter.sources.nvml_mig_profiles import ProfileCache
 
 log = logging.getLogger(__name__)
@@ -614,7 +621,8 @@ class NvmlSource(Source):
         """
         try:
             v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-            return v2.total, v2.used, v2.free, v2.reserved
+            get = number_field
+            return get(v2, "total"), get(v2, "used"), get(v2, "free"), get(v2, "reserved")
         except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch):
             pass
         except UNSUPPORTED:
@@ -765,17 +773,22 @@ class NvmlSource(Source):
         except pynvml.NVMLError as exc:
             self._errors.append(("process_utilization", error_name(exc)))
             return ()
-        per_pid: dict[int, list[Any]] = {}
+        get = number_field
+        # pid -> (sm %, memory %, timestamp us) of each sample
+        per_pid: dict[int, list[tuple[int, int, int]]] = {}
         for s in samples:
-            per_pid.setdefault(s.pid, []).append(s)
-            device.last_utilization_ts = max(device.last_utilization_ts, s.timeStamp)
+            stamp = get(s, "timeStamp")
+            per_pid.setdefault(get(s, "pid"), []).append(
+                (get(s, "smUtil"), get(s, "memUtil"), stamp)
+            )
+            device.last_utilization_ts = max(device.last_utilization_ts, stamp)
         device.last_utilization_at = self._clock()
         device.last_utilization = tuple(
             ProcessUtilization(
                 pid=pid,
-                sm_percent=round(sum(s.smUtil for s in group) / len(group)),
-                memory_percent=round(sum(s.memUtil for s in group) / len(group)),
-                timestamp_us=max(s.timeStamp for s in group),
+                sm_percent=round(sum(sm for sm, _, _ in group) / len(group)),
+                memory_percent=round(sum(mem for _, mem, _ in group) / len(group)),
+                timestamp_us=max(stamp for _, _, stamp in group),
             )
             for pid, group in sorted(per_pid.items())
         )
@@ -928,19 +941,22 @@ class NvmlSource(Source):
         state.failing = reason
 
     def _gpm_metrics(self, first: Any, second: Any) -> Occupancy | None:
+        get, put = number_field, set_number_field
         request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.sample1, request.sample2 = first, second
-        request.numMetrics = len(_GPM_METRICS)
+        put(request, "version", pynvml.NVML_GPM_METRICS_GET_VERSION)
+        put(request, "sample1", first)
+        put(request, "sample2", second)
+        put(request, "numMetrics", len(_GPM_METRICS))
+        metrics = get(request, "metrics")
         for slot, metric_id in enumerate(_GPM_METRICS.values()):
-            request.metrics[slot].metricId = metric_id
+            put(metrics[slot], "metricId", metric_id)
         if self._query("gpm_metrics", pynvml.nvmlGpmMetricsGet, request) is None:
             return None
         values: dict[str, float | None] = {}
         for slot, key in enumerate(_GPM_METRICS):
-            metric = request.metrics[slot]
-            ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
-            values[key] = _gpm_ratio(metric.value) if ok else None
+            metric = metrics[slot]
+            ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
+            values[key] = _gpm_ratio(get(metric, "value")) if ok else None
         return Occupancy(source="gpm", **values)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.sources.nvml_codes import error_name
+from exporter.sources.nvml_codes import error_name, number_field
 
 FieldKey = tuple[int, int]  # (field id, scope id: the NVLink for per-link fields, else 0)
 Errors = Callable[[str, str], None]  # (query, error class): counted as NVML errors
@@ -208,22 +208,26 @@ def read(
         return {}  # the whole call failed: counted by ``query``
     answers = answered(entries)
     values: dict[FieldKey, int | float] = {}
+    get = number_field
     for key in keys:
         entry = answers.get(key)
         if entry is None:  # a driver that left the field out or answered another one
             errors(_name(key[0]), NOT_ANSWERED)
-        elif entry.nvmlReturn == pynvml.NVML_SUCCESS:
-            if key[0] in WIDE_ONLY and entry.valueType not in WIDE_TYPES:
+            continue
+        returned = get(entry, "nvmlReturn")
+        if returned == pynvml.NVML_SUCCESS:
+            value_type = get(entry, "valueType")
+            if key[0] in WIDE_ONLY and value_type not in WIDE_TYPES:
                 if narrow is not None:
-                    narrow[key] = int(entry.valueType)
+                    narrow[key] = int(value_type)
                 continue
-            value = _decode(entry)
+            value = _decode(key[0], value_type, get(entry, "value"))
             if value is None:
                 errors(_name(key[0]), INVALID_VALUE)
             else:
                 values[key] = value
-        elif entry.nvmlReturn != pynvml.NVML_ERROR_NOT_SUPPORTED:
-            errors(_name(key[0]), error_name(pynvml.NVMLError(entry.nvmlReturn)))
+        elif returned != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            errors(_name(key[0]), error_name(pynvml.NVMLError(returned)))
         elif fallback is not None and key[0] in FALLBACK_FIELDS:
             fallback.add(key)
     return values
@@ -233,8 +237,9 @@ def answered(entries: Iterable[Any]) -> dict[FieldKey, Any]:
     """The answers by the (field, scope) each names, never by position: an answer out of
     order must not serve one counter as another (PCIe replays as NVLink recoveries)."""
     out: dict[FieldKey, Any] = {}
+    get = number_field
     for entry in entries:
-        out.setdefault((int(entry.fieldId), int(entry.scopeId)), entry)
+        out.setdefault((int(get(entry, "fieldId")), int(get(entry, "scopeId"))), entry)
     return out
 
 
@@ -278,18 +283,18 @@ def _name(field_id: int) -> str:
 _NVLINK_ERROR_IDS = frozenset(NVLINK_ERROR_FIELDS.values())
 
 
-def _decode(entry: Any) -> int | float | None:
+def _decode(field_id: int, value_type: int, union: Any) -> int | float | None:
     """The value by its type, as nvitop's ``nvmlQueryFieldValues`` reads it; None for an
     unknown type or a double that is not finite (a NaN or infinite counter is no reading).
     The memory temperature is always ``uiVal``, as DCGM reads it: R545 drivers mark it a
     double while writing an unsigned int (nvbugs/4300930, DcgmCacheManager.cpp
     DCGM_FI_DEV_MEMORY_TEMP_CELSIUS)."""
-    if entry.fieldId == MEMORY_TEMPERATURE:
-        return int(entry.value.uiVal)
-    member = _VALUE_MEMBERS.get(entry.valueType)
+    if field_id == MEMORY_TEMPERATURE:
+        return int(union.uiVal)
+    member = _VALUE_MEMBERS.get(value_type)
     if member is None:
         return None
-    value: int | float = getattr(entry.value, member)
+    value: int | float = getattr(union, member)
     return value if isinstance(value, int) or math.isfinite(value) else None
 
 
