@@ -189,6 +189,52 @@ def test_a_driver_answering_garbage_fields_fails_those_fields_not_the_sample(
     assert bad.pcie_replay_count is None and good.pcie_replay_count == 7  # slow, read at 0
 
 
+def test_fields_the_library_leaves_unwritten_are_unknown_not_zero(
+    sources: list[NvmlSource],
+) -> None:
+    """The call succeeds and writes no entry: each field is counted as not answered and
+    left out, never served as the successful 0 a zeroed entry would read as. The GPU
+    beside it is read from the same requests, copied per call: what the library wrote
+    for one GPU never shows through on the other."""
+    node = Node({"gpus": [GARBLED, {**GARBLED, "field_answers": "unwritten"}]}, sources)
+    plain, unwritten = node.at(0.0)
+    assert unwritten.error is None
+    assert plain.recovery_action == 0 and plain.pcie_replay_count == 7
+    assert plain.energy_millijoules is not None
+    assert unwritten.recovery_action is None
+    assert unwritten.pcie_replay_count is None
+    assert unwritten.energy_millijoules is None
+    assert unwritten.memory_temperature_celsius is None
+    assert ("recovery_action", nvml_fields.NOT_ANSWERED) in node.errors
+    assert ("pcie_replay", nvml_fields.NOT_ANSWERED) in node.errors
+    # nor is an unwritten link count "no NVLink": unknown, asked again next cycle
+    assert ("nvlink_count", nvml_fields.NOT_ANSWERED) in node.errors
+    assert plain.nvlinks and not unwritten.nvlinks
+
+
+def test_an_entry_still_holding_the_unwritten_code_is_not_answered() -> None:
+    entry = _entry(REPLAY, 0, 0, ULL)
+    entry.nvmlReturn = nvml_fields.UNWRITTEN
+    values, errors = _read([entry], [(REPLAY, 0)])
+    assert (values, errors) == ({}, [("pcie_replay", nvml_fields.NOT_ANSWERED)])
+    count = _entry(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0, 0, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
+    count.nvmlReturn = nvml_fields.UNWRITTEN
+    errors.clear()
+    found = nvml_links.nvlink_count(lambda *_: [count], None, lambda q, e: errors.append((q, e)))
+    assert found is None  # not 0, "no NVLink"
+    assert errors == [("nvlink_count", nvml_fields.NOT_ANSWERED)]
+
+
+def test_the_request_is_handed_over_unwritten_and_built_once_per_list_of_fields() -> None:
+    keys = ((REPLAY, 0), (ENERGY, 0))
+    first = nvml_fields._request(keys)
+    assert [(e.fieldId, e.scopeId, e.nvmlReturn) for e in first] == [
+        (REPLAY, 0, nvml_fields.UNWRITTEN),
+        (ENERGY, 0, nvml_fields.UNWRITTEN),
+    ]
+    assert nvml_fields._request(keys) is first  # built once per list of fields
+
+
 def test_answers_in_another_order_serve_each_counter_as_itself(
     sources: list[NvmlSource],
 ) -> None:

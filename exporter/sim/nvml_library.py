@@ -485,6 +485,8 @@ class SimNvmlLibrary:
         the driver and fields the GPU lists in ``unsupported`` answer NOT_SUPPORTED."""
         entries = _out(values)
         stamp = int((SIM_EPOCH_S + self.node.now()) * 1_000_000)
+        if gpu.field_answers == "unwritten":  # the call answers, no entry is written
+            return SUCCESS
         for i in range(_value(count)):
             entry = entries[i]
             self.calls.fields[entry.fieldId] += 1

@@ -363,7 +363,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
 # How a broken driver can answer nvmlDeviceGetFieldValues: every value a NaN or an
 # infinite double, an unknown nvmlValueType_t, or the answers in reverse order (each
 # entry's fieldId/scopeId naming the field it answers, as nvmlFieldValue_t carries them).
-FIELD_ANSWERS = ("nan", "inf", "unknown_type", "reversed")
+FIELD_ANSWERS = ("nan", "inf", "unknown_type", "reversed", "unwritten")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
 _TIMELINE_ACTIONS = {

@@ -17,23 +17,35 @@ of its own (``FALLBACK_FIELDS``) and answers NOT_SUPPORTED is noted per GPU hand
 read through that call from then on, as drivers without the field need. A counter that
 must be 64 bits wide (``WIDE_ONLY``) and answers a narrower type is never served: it is
 noted per GPU handle (``narrow``) and not asked again.
+
+The request is built here, not by pynvml's ``nvmlDeviceGetFieldValues``: pynvml hands the
+library zeroed entries, and an entry the library leaves unwritten (a shim or a driver that
+answers the call but not that field) would then read as a successful 0. Each entry here
+starts with the return code ``UNWRITTEN``, which no NVML code has, and one left so is
+counted as not answered. The request of each list of fields is built once and copied per
+call (one ``from_buffer_copy``), where pynvml set two attributes per field in Python.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import pynvml
 
-from exporter.sources.nvml_codes import error_name, number_field
+from exporter.sources.nvml_codes import error_name, number_field, set_number_field
 
 FieldKey = tuple[int, int]  # (field id, scope id: the NVLink for per-link fields, else 0)
 Errors = Callable[[str, str], None]  # (query, error class): counted as NVML errors
 # Error classes of a field answer that NVML itself calls a success.
 NOT_ANSWERED = "NotAnswered"  # no entry names the field asked (absent, or another field's)
 INVALID_VALUE = "InvalidValue"  # an unknown value type, or a NaN or infinite double
+# The return code an entry is handed to the library with: nvmlReturn_t values are 0-29 and
+# 999 (nvml.h), so an entry that still holds this was not written.
+UNWRITTEN = 0xFFFF_FFFF
 
 # Time clocks were held down, per NVML performance policy: nanoseconds since the driver
 # loaded (nvml.h "Perf Policy Counter"; DCGM maps DCGM_FI_DEV_POWER_VIOLATION, "Power
@@ -203,7 +215,7 @@ def read(
     keys = list(keys)
     if not keys:
         return {}
-    entries = query("field_values", pynvml.nvmlDeviceGetFieldValues, handle, keys)
+    entries = query("field_values", field_values, handle, tuple(keys))
     if entries is None:
         return {}  # the whole call failed: counted by ``query``
     answers = answered(entries)
@@ -215,7 +227,9 @@ def read(
             errors(_name(key[0]), NOT_ANSWERED)
             continue
         returned = get(entry, "nvmlReturn")
-        if returned == pynvml.NVML_SUCCESS:
+        if returned == UNWRITTEN:  # handed back as it was handed over
+            errors(_name(key[0]), NOT_ANSWERED)
+        elif returned == pynvml.NVML_SUCCESS:
             value_type = get(entry, "valueType")
             if key[0] in WIDE_ONLY and value_type not in WIDE_TYPES:
                 if narrow is not None:
@@ -231,6 +245,27 @@ def read(
         elif fallback is not None and key[0] in FALLBACK_FIELDS:
             fallback.add(key)
     return values
+
+
+def field_values(handle: Any, keys: tuple[FieldKey, ...]) -> ctypes.Array[Any]:
+    """``nvmlDeviceGetFieldValues`` of ``keys``: the entries as the library wrote them,
+    those it did not write still ``UNWRITTEN``. Raises pynvml's NVMLError for the call."""
+    request = _request(keys)
+    entries: ctypes.Array[Any] = type(request).from_buffer_copy(request)
+    call = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(call(handle, ctypes.c_int32(len(keys)), ctypes.byref(entries)))
+    return entries
+
+
+@functools.lru_cache(maxsize=64)  # a few lists per GPU model and driver: fast, slow tier
+def _request(keys: tuple[FieldKey, ...]) -> ctypes.Array[Any]:
+    """The entries handed to the library for ``keys`` (copied per call, never written)."""
+    request: ctypes.Array[Any] = (pynvml.c_nvmlFieldValue_t * len(keys))()
+    for entry, (field_id, scope_id) in zip(request, keys, strict=True):
+        set_number_field(entry, "fieldId", field_id)
+        set_number_field(entry, "scopeId", scope_id)
+        set_number_field(entry, "nvmlReturn", UNWRITTEN)
+    return request
 
 
 def answered(entries: Iterable[Any]) -> dict[FieldKey, Any]:

@@ -22,8 +22,10 @@ from exporter.sources.nvml_fields import (
     NVLINK_BYTES_FIELDS,
     NVLINK_ERROR_FIELDS,
     PCIE_BYTES_FIELDS,
+    UNWRITTEN,
     FieldKey,
     answered,
+    field_values,
 )
 
 Query = Callable[..., Any]  # the source's one-query wrapper: value, or None (error counted)
@@ -47,15 +49,12 @@ def nvlink_count(query: Query, handle: Any, errors: Callable[[str, str], None]) 
     ``nvlink_link_count`` reads it): 0 when the field is unsupported (no NVLink), None
     when it could not be read (ask again next cycle)."""
     entries = query(
-        "nvlink_count",
-        pynvml.nvmlDeviceGetFieldValues,
-        handle,
-        [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT],
+        "nvlink_count", field_values, handle, ((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0),)
     )
     if entries is None:
         return None
     entry = answered(entries).get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
-    if entry is None:
+    if entry is None or entry.nvmlReturn == UNWRITTEN:  # unwritten: not "no NVLink"
         errors("nvlink_count", NOT_ANSWERED)
         return None
     if entry.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
