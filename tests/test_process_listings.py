@@ -301,3 +301,50 @@ def test_pynvml_reads_the_24_byte_process_struct_current_drivers_write() -> None
         "gpuInstanceId",
         "computeInstanceId",
     ]
+
+
+# -- one call per listing ------------------------------------------------------------------
+
+
+def _listing_calls(library: Any) -> int:
+    return sum(
+        n for name, n in library.calls.by_function.items() if name.endswith("RunningProcesses_v3")
+    )
+
+
+def _busy(pids: int) -> dict[str, Any]:
+    """GPU 0 with ``pids`` compute processes, GPU 1 with none."""
+    procs = [{"pid": 5000 + i, "gpu": 0, "memory": "1GiB"} for i in range(pids)]
+    return {"gpus": [{}, {}], "host_processes": procs}
+
+
+def test_each_listing_is_one_call_and_a_gpu_that_outgrows_the_room_costs_one_more_once(
+    nvml: list[NvmlSource],
+) -> None:
+    """pynvml's wrappers call twice per listing (the count, then the entries); the source
+    calls once with room to spare. 40 processes outgrow the first room (32): that listing
+    is called again with room for twice as many plus 5, and every later one fits."""
+    clock = ManualClock()
+    library = install(SimNode(parse_scenario(_busy(40), "test"), clock))
+    source = NvmlSource(clock=clock)
+    nvml.append(source)
+    first = source.sample()
+    assert [p.pid for p in first.gpus[0].processes] == [5000 + i for i in range(40)]
+    assert first.gpus[1].processes == () and first.gpus[1].processes_listed
+    assert _listing_calls(library) == 3 * 2 + 1  # 3 listings per GPU, compute of GPU 0 twice
+    before = _listing_calls(library)
+    for _ in range(3):
+        clock.advance(1.0)
+        again = source.sample()
+        assert len(again.gpus[0].processes) == 40 and again.errors == ()
+    assert _listing_calls(library) - before == 3 * 3 * 2
+
+
+def test_a_count_past_any_gpus_is_an_error_not_an_allocation(nvml: list[NvmlSource]) -> None:
+    """A listing that claims more processes than any GPU holds (room past 4,096 entries)
+    is refused: the processes are unknown (not none) and the failure counted."""
+    snap = nvml_on(nvml, _busy(2100)).sample()
+    gpu0, gpu1 = snap.gpus
+    assert not gpu0.processes_listed and gpu0.processes == ()
+    assert gpu1.processes_listed
+    assert ("nvmlDeviceGetComputeRunningProcesses", "InsufficientSize") in snap.errors

@@ -53,6 +53,7 @@ from exporter.sources.nvml_codes import (
     number_field,
     set_number_field,
 )
+from exporter.sources.nvml_listing import ListedProcess, ProcessLister
 from exporter.sources.nvml_mig_profiles import ProfileCache
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class NvmlSource(Source):
         self._narrow_logged: set[int] = set()  # GPU indices whose narrow counters were logged
         self._last_readings: Readings | None = None  # the last cycle's, for its XIDs
         self._listing: str | None = None  # "_v3" | "_v2": the process listings' entry points
+        self._lister = ProcessLister()
         self._slow_epoch: float | None = None  # when NVML first initialised: the slow grid's 0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -689,11 +691,11 @@ class NvmlSource(Source):
             if listed is None:
                 answered = False
             for proc in listed or ():
-                gi, ci = mig_ids or (proc.gpuInstanceId, proc.computeInstanceId)
+                gi, ci = mig_ids or (proc.gpu_instance_id, proc.compute_instance_id)
                 found.append(
                     GpuProcess(
                         pid=proc.pid,
-                        memory_used_bytes=proc.usedGpuMemory,
+                        memory_used_bytes=proc.used_memory,
                         kind=kind,
                         gpu_instance_id=instance_id(gi),
                         compute_instance_id=instance_id(ci),
@@ -701,15 +703,16 @@ class NvmlSource(Source):
                 )
         return tuple(found), answered
 
-    def _list_processes(self, name: str, handle: Any) -> list[Any] | None:
-        """One listing through the entry point whose struct pynvml reads right here.
+    def _list_processes(self, name: str, handle: Any) -> list[ListedProcess] | None:
+        """One listing (exporter/sources/nvml_listing.py: one call where pynvml makes
+        two) through the entry point whose struct is read right here.
 
         Should the driver still write entries of another size, the pids read back are
         impossible (0, or above the kernel's limit): the ``_v2`` entry point is used
         from then on, and a listing that is wrong even there is dropped as an error.
         """
         suffix = self._listing_suffix()
-        procs = self._query(name, getattr(pynvml, name + suffix), handle)
+        procs = self._query(name, self._lister.list, name + suffix, handle)
         if procs is None or all(0 < p.pid <= _PID_LIMIT for p in procs):
             return procs
         if suffix == "_v3":
