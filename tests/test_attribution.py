@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -934,3 +934,64 @@ def test_output_order_does_not_depend_on_input_order() -> None:
         (1, 6),
         (1, 7),
     ]
+
+
+# ---------------------------------------------------------------------------
+# The allocations are resolved again only when what they come from changed
+# ---------------------------------------------------------------------------
+
+
+def _gpu_with_minor(index: int, uuid: str, minor: int) -> GpuSample:
+    return GpuSample(index=index, uuid=uuid, minor_number=minor)
+
+
+def test_the_same_snapshots_reuse_the_allocations_and_a_changed_gpu_identity_does_not() -> None:
+    """The sources hand over the same snapshot objects until something changes, and a
+    cycle's GPUs are new objects even when nothing about their identity changed: the
+    allocations are reused then. GKE's ``nvidia<minor>`` ids resolve through the device
+    minor, so a GPU whose minor changed under the same PodResources answer resolves anew."""
+    first = node(
+        _gpu_with_minor(0, G0, 0),
+        _gpu_with_minor(1, G1, 1),
+        allocations=(alloc("a", "main", "nvidia1"),),
+    )
+    same_again = replace(
+        first,
+        nvml=replace(first.nvml, gpus=(_gpu_with_minor(0, G0, 0), _gpu_with_minor(1, G1, 1))),
+    )
+    swapped = replace(
+        first,
+        nvml=replace(first.nvml, gpus=(_gpu_with_minor(0, G0, 1), _gpu_with_minor(1, G1, 0))),
+    )
+    a = attribute(first).allocations
+    assert [x.device for x in a] == [DeviceRef(1, G1, None)]
+    assert attribute(same_again).allocations is a
+    assert [x.device for x in attribute(swapped).allocations] == [DeviceRef(0, G0, None)]
+    # another PodResources answer with equal content is a new snapshot: resolved again
+    assert first.pod_resources is not None
+    fresh = replace(first, pod_resources=replace(first.pod_resources))
+    assert attribute(fresh).allocations == a
+    moved = replace(
+        first,
+        pod_resources=PodResourcesSnapshot(
+            ok=True, timestamp=1.0, containers=(alloc("a", "main", "nvidia0"),)
+        ),
+    )
+    assert [x.device for x in attribute(moved).allocations] == [DeviceRef(0, G0, None)]
+
+
+def test_a_pod_that_finished_under_the_same_pod_resources_answer_loses_its_allocation() -> None:
+    running = node(
+        gpu(0, G0),
+        pods=(pod(UID_A, "a", (CID_A, "main")),),
+        allocations=(alloc("a", "main", G0),),
+    )
+    assert len(attribute(running).allocations) == 1
+    assert running.pod_meta is not None
+    done = replace(
+        running,
+        pod_meta=replace(
+            running.pod_meta, pods=(pod(UID_A, "a", (CID_A, "main"), phase="Succeeded"),)
+        ),
+    )
+    assert attribute(done).allocations == ()

@@ -65,8 +65,23 @@ class ResolvedDevice:
 UNRESOLVED = ResolvedDevice(FORM_UNRESOLVED)
 
 
+def resolver_key(gpus: Sequence[GpuSample]) -> tuple[object, ...]:
+    """Everything of ``gpus`` a ``DeviceResolver`` reads: over GPUs with equal keys (and
+    the same ResourceSlices) it resolves every device id alike."""
+    return tuple(
+        (
+            gpu.index,
+            gpu.uuid,
+            gpu.minor_number,
+            tuple((m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in gpu.mig_instances),
+        )
+        for gpu in gpus
+    )
+
+
 class DeviceResolver:
-    """Lookup tables over one cycle's GPUs (and ResourceSlices), built once per cycle."""
+    """Lookup tables over one cycle's GPUs (and ResourceSlices), built once per cycle.
+    What it reads of the GPUs is ``resolver_key``'s: change the two together."""
 
     def __init__(
         self, gpus: Sequence[GpuSample], slices: ResourceSliceSnapshot | None = None
