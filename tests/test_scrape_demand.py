@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
 from exporter.exposition.scrape_demand import (
+    EARLY_MAX_S,
     KEEP_RENDERING_CYCLES,
     MAX_CLIENTS,
     ClientDemands,
@@ -85,6 +86,36 @@ def test_a_steady_scraper_finds_every_cycle_it_asks_for_rendered_but_few_are() -
     assert all(hits[3:]), hits
     renders = collector.collections - renders_before
     assert renders <= 2 * (100 // 5), renders
+
+
+@pytest.mark.parametrize("after_render", [0.01, 0.1, 0.3, 0.6, 0.99])
+def test_a_steady_scraper_has_one_cycle_rendered_per_scrape_whatever_its_phase(
+    after_render: float,
+) -> None:
+    """Prometheus every 5 s, ``after_render`` seconds after a cycle's render: every scrape
+    finds its cycle rendered, and one cycle renders per scrape. A scraper less than a
+    quarter period after the render used to have two cycles rendered per scrape."""
+    clock = Clock()
+    cache, collector, registry = _node(clock)
+    hits: list[bool] = []
+    renders_before = 0
+    for second in range(120):
+        collector.cycle = second
+        cache.render(registry)
+        if second == 20:
+            renders_before = collector.collections
+        clock.now += after_render
+        if second % 5 == 2:
+            body, hit = _scrape(cache, OPENMETRICS)
+            assert f"gpu_example_cycle {second}.0".encode() in body
+            hits.append(hit)
+        clock.now += 1.0 - after_render
+    assert all(hits[3:]), hits
+    renders = collector.collections - renders_before
+    if after_render > EARLY_MAX_S:
+        assert renders == 100 // 5
+    else:  # within ``early`` of a render: the cycle before renders too, in case
+        assert renders <= 2 * (100 // 5)
 
 
 def test_a_scraper_faster_than_the_cycle_gets_every_cycle_rendered() -> None:
@@ -255,7 +286,8 @@ def test_demand_due_follows_the_last_gaps() -> None:
     demand.asked(15.0)  # every 15 s
     assert not demand.due(20.0, 1.0)
     assert demand.due(29.0, 1.0)  # the next is expected at 30: render at 29
-    assert demand.due(28.8, 1.0)  # a little early: SLACK
+    assert demand.due(28.96, 1.0)  # a little early (or the next cycle a little late)
+    assert not demand.due(28.8, 1.0)  # the cycle at 29.8 renders before 30
     assert demand.due(33.0, 1.0)  # overdue: keep rendering
     assert not demand.due(30.0 + KEEP_RENDERING_CYCLES + 1.0, 1.0)  # gone
     demand.asked(17.0)  # a second client 2 s later: the shorter gap counts

@@ -6,9 +6,14 @@ the sample cycle runs every ``--interval`` (1 s by default). Rendering every for
 every cycle would render a body no one reads several times over. So each format keeps
 the times of its last requests, and a cycle renders a format only when a request is
 expected before the next cycle's render: when ``last request + gap`` falls before
-``now + period x (1 + SLACK)``, ``gap`` being the shorter of the last two gaps between
-requests and ``period`` the time since the previous cycle. ``SLACK`` covers a scraper
-that comes a little early.
+``now + period + early``, ``gap`` being the shorter of the last two gaps between
+requests and ``period`` the time since the previous cycle (so the next cycle renders
+about ``period`` from now). ``early``, the smaller of ``SLACK`` x period and
+``EARLY_MAX_S``, covers a scraper that comes a little early and a next cycle that
+renders a little late. It was SLACK x period alone, 250 ms at 1 s: a scraper whose
+requests came within 250 ms after a cycle's render had two cycles rendered for every
+request, the first for nothing (a quarter of all phases; the benchmark's scraper sat
+there, ~0.1 s after each render).
 
 This decides only how fast a request is answered, never what it gets: a request that
 finds this cycle unrendered (an unexpected client, a scraper that changed its interval)
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 
 KEEP_RENDERING_CYCLES = 10
 SLACK = 0.25
+EARLY_MAX_S = 0.05
 MAX_CLIENTS = 8  # per format
 
 
@@ -66,7 +72,8 @@ class ScrapeDemand:
         if self.gap is None:  # asked once: keep rendering a while, as for a new scraper
             return now - self.last < keep
         expected = self.last + self.gap
-        return expected <= now + period * (1 + SLACK) and now - expected < keep
+        early = min(SLACK * period, EARLY_MAX_S)
+        return expected <= now + period + early and now - expected < keep
 
     def lapsed(self, now: float, period: float | None) -> bool:
         """Whether this client is gone: overdue (or, asked once, silent) for longer than
