@@ -212,6 +212,49 @@ def test_fields_the_library_leaves_unwritten_are_unknown_not_zero(
     assert plain.nvlinks and not unwritten.nvlinks
 
 
+def test_fields_whose_return_code_alone_was_written_are_unknown_not_zero(
+    sources: list[NvmlSource],
+) -> None:
+    """The library writes SUCCESS but not the type or the value: nothing is served from
+    what was handed over (no 0 mW, no 0 C, no energy counter back to 0), each field is
+    counted, and the PCIe byte counters are not taken for narrow ones and switched off."""
+    gpu = {**GARBLED, "pcie_tx_bytes_per_s": 1e6, "memory_temperature": 70, "power_mw": 250_000}
+    node = Node({"gpus": [gpu, {**gpu, "field_answers": "code_only"}]}, sources)
+    plain, spoilt = node.at(0.0)
+    assert plain.power_milliwatts and plain.memory_temperature_celsius == 70
+    assert plain.energy_millijoules is not None and plain.recovery_action == 0
+    assert spoilt.error is None
+    assert spoilt.memory_temperature_celsius is None
+    assert spoilt.energy_millijoules is None and spoilt.recovery_action is None
+    assert spoilt.pcie_replay_count is None
+    assert ("recovery_action", nvml_fields.NOT_ANSWERED) in node.errors
+    assert ("memory_temperature", "ImplausibleValue") in node.errors
+    assert ("nvlink_count", nvml_fields.NOT_ANSWERED) in node.errors
+    device = sources[-1]._devices[1]
+    assert device is not None and not device.narrow_fields
+
+
+def test_a_negative_field_value_is_invalid() -> None:
+    signed_int = 5  # NVML_VALUE_TYPE_SIGNED_INT
+    entry = _entry(REPLAY, 0, 0, signed_int)
+    entry.value.siVal = -1
+    values, errors = _read([entry], [(REPLAY, 0)])
+    assert (values, errors) == ({}, [("pcie_replay", nvml_fields.INVALID_VALUE)])
+
+
+def test_an_nvlink_count_past_nvmls_maximum_is_invalid_not_a_size() -> None:
+    errors: list[tuple[str, str]] = []
+    count = _entry(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0, 0, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
+    count.value.uiVal = 2**32 - 1
+    found = nvml_links.nvlink_count(lambda *_: [count], None, lambda q, e: errors.append((q, e)))
+    assert found is None
+    assert errors == [("nvlink_count", nvml_fields.INVALID_VALUE)]
+    count.value.uiVal = pynvml.NVML_NVLINK_MAX_LINKS
+    assert nvml_links.nvlink_count(lambda *_: [count], None, lambda q, e: None) == (
+        pynvml.NVML_NVLINK_MAX_LINKS
+    )
+
+
 def test_an_entry_still_holding_the_unwritten_code_is_not_answered() -> None:
     entry = _entry(REPLAY, 0, 0, ULL)
     entry.nvmlReturn = nvml_fields.UNWRITTEN

@@ -348,3 +348,24 @@ def test_a_count_past_any_gpus_is_an_error_not_an_allocation(nvml: list[NvmlSour
     assert not gpu0.processes_listed and gpu0.processes == ()
     assert gpu1.processes_listed
     assert ("nvmlDeviceGetComputeRunningProcesses", "InsufficientSize") in snap.errors
+
+
+def test_a_listing_answered_as_a_success_with_more_than_the_room_is_asked_again(
+    nvml: list[NvmlSource],
+) -> None:
+    """A driver that answers a too-small array with success and the true count, writing
+    only what fits: the listing is asked again with room for all, never served cut short
+    as if complete; later cycles fit at once."""
+    clock = ManualClock()
+    scenario = _busy(40)
+    scenario["gpus"][0]["listing_answers"] = "cut_short"
+    library = install(SimNode(parse_scenario(scenario, "test"), clock))
+    source = NvmlSource(clock=clock)
+    nvml.append(source)
+    first = source.sample()
+    assert [p.pid for p in first.gpus[0].processes] == [5000 + i for i in range(40)]
+    assert first.gpus[0].processes_listed and first.errors == ()
+    before = _listing_calls(library)
+    clock.advance(1.0)
+    assert len(source.sample().gpus[0].processes) == 40
+    assert _listing_calls(library) - before == 3 * 2

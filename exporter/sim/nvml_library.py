@@ -491,8 +491,11 @@ class SimNvmlLibrary:
             entry = entries[i]
             self.calls.fields[entry.fieldId] += 1
             entry.timestamp = stamp
+            handed = (entry.valueType, entry.value.ullVal)
             entry.nvmlReturn = self._field(gpu, entry)
-        if gpu.field_answers is not None:
+            if gpu.field_answers == "code_only":  # the type and value left as handed over
+                entry.valueType, entry.value.ullVal = handed
+        if gpu.field_answers not in (None, "code_only"):
             _broken_field_answers(gpu.field_answers, [entries[i] for i in range(_value(count))])
         return SUCCESS
 
@@ -719,6 +722,11 @@ class SimNvmlLibrary:
         capacity = _out(count).value
         _out(count).value = len(procs)
         if not procs:
+            return SUCCESS
+        if array is not None and capacity < len(procs) and gpu.listing_answers == "cut_short":
+            # a broken driver: what fits written, the true count, and success
+            for entry, proc in zip(array, procs[:capacity], strict=False):
+                self._fill(gpu, entry, proc)
             return SUCCESS
         if array is None or capacity < len(procs):
             return INSUFFICIENT_SIZE

@@ -190,6 +190,8 @@ class SimGpu:
     duty: SimDuty | None = None  # busy in bursts (why-idle); None: always as configured
     # a broken driver's nvmlDeviceGetFieldValues (FIELD_ANSWERS); None: as a driver answers
     field_answers: str | None = None
+    # a broken driver's process listings (LISTING_ANSWERS); None: as nvml.h says
+    listing_answers: str | None = None
 
 
 @dataclass
@@ -359,11 +361,16 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "fans": [],
     "duty": None,
     "field_answers": None,
+    "listing_answers": None,
 }
 # How a broken driver can answer nvmlDeviceGetFieldValues: every value a NaN or an
-# infinite double, an unknown nvmlValueType_t, or the answers in reverse order (each
-# entry's fieldId/scopeId naming the field it answers, as nvmlFieldValue_t carries them).
-FIELD_ANSWERS = ("nan", "inf", "unknown_type", "reversed", "unwritten")
+# infinite double, an unknown nvmlValueType_t, the answers in reverse order (each
+# entry's fieldId/scopeId naming the field it answers, as nvmlFieldValue_t carries them),
+# no entry written at all, or each entry's return code written but not its type or value.
+FIELD_ANSWERS = ("nan", "inf", "unknown_type", "reversed", "unwritten", "code_only")
+# How a broken driver can answer a process listing whose array is too small: success with
+# the true count, only what fits written (nvml.h: NVML_ERROR_INSUFFICIENT_SIZE).
+LISTING_ANSWERS = ("cut_short",)
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
 _SIZE_KEYS = {"memory_total", "memory_reserved", "unaccounted_memory"}
 _TIMELINE_ACTIONS = {
@@ -413,6 +420,11 @@ def _gpu(data: dict[str, Any], index: int, defaults: dict[str, Any], node: str) 
     if merged["field_answers"] not in (None, *FIELD_ANSWERS):
         raise ScenarioError(
             f"{where}.field_answers: {merged['field_answers']!r} is not one of {FIELD_ANSWERS}"
+        )
+    if merged["listing_answers"] not in (None, *LISTING_ANSWERS):
+        raise ScenarioError(
+            f"{where}.listing_answers: {merged['listing_answers']!r} is not one of "
+            f"{LISTING_ANSWERS}"
         )
     if not isinstance(merged["process_memory_unavailable"], bool):
         raise ScenarioError(f"{where}.process_memory_unavailable: expected true or false")

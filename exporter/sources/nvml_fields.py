@@ -21,8 +21,10 @@ noted per GPU handle (``narrow``) and not asked again.
 The request is built here, not by pynvml's ``nvmlDeviceGetFieldValues``: pynvml hands the
 library zeroed entries, and an entry the library leaves unwritten (a shim or a driver that
 answers the call but not that field) would then read as a successful 0. Each entry here
-starts with the return code ``UNWRITTEN``, which no NVML code has, and one left so is
-counted as not answered. The request of each list of fields is built once and copied per
+starts with the return code and value type ``UNWRITTEN``, which no NVML code or type has,
+and every value bit set; an entry left so, or with only its return code written, is
+counted as not answered. No field asked here can be below 0: a negative value is
+invalid. The request of each list of fields is built once and copied per
 call (one ``from_buffer_copy``), where pynvml set two attributes per field in Python.
 """
 
@@ -43,9 +45,12 @@ Errors = Callable[[str, str], None]  # (query, error class): counted as NVML err
 # Error classes of a field answer that NVML itself calls a success.
 NOT_ANSWERED = "NotAnswered"  # no entry names the field asked (absent, or another field's)
 INVALID_VALUE = "InvalidValue"  # an unknown value type, or a NaN or infinite double
-# The return code an entry is handed to the library with: nvmlReturn_t values are 0-29 and
-# 999 (nvml.h), so an entry that still holds this was not written.
+# The return code and the value type an entry is handed to the library with: nvmlReturn_t
+# values are 0-29 and 999, nvmlValueType_t 0-6 (nvml.h), so an entry that still holds
+# either was not written. Its value is handed over with every bit set: the memory
+# temperature, read as uiVal whatever the type says, then reads past any temperature.
 UNWRITTEN = 0xFFFF_FFFF
+UNWRITTEN_VALUE = 0xFFFF_FFFF_FFFF_FFFF
 
 # Time clocks were held down, per NVML performance policy: nanoseconds since the driver
 # loaded (nvml.h "Perf Policy Counter"; DCGM maps DCGM_FI_DEV_POWER_VIOLATION, "Power
@@ -231,12 +236,15 @@ def read(
             errors(_name(key[0]), NOT_ANSWERED)
         elif returned == pynvml.NVML_SUCCESS:
             value_type = get(entry, "valueType")
+            if value_type == UNWRITTEN and key[0] != MEMORY_TEMPERATURE:
+                errors(_name(key[0]), NOT_ANSWERED)  # a return code, and nothing with it
+                continue
             if key[0] in WIDE_ONLY and value_type not in WIDE_TYPES:
                 if narrow is not None:
                     narrow[key] = int(value_type)
                 continue
             value = _decode(key[0], value_type, get(entry, "value"))
-            if value is None:
+            if value is None or value < 0:  # no field asked here can be below 0
                 errors(_name(key[0]), INVALID_VALUE)
             else:
                 values[key] = value
@@ -265,6 +273,8 @@ def _request(keys: tuple[FieldKey, ...]) -> ctypes.Array[Any]:
         set_number_field(entry, "fieldId", field_id)
         set_number_field(entry, "scopeId", scope_id)
         set_number_field(entry, "nvmlReturn", UNWRITTEN)
+        set_number_field(entry, "valueType", UNWRITTEN)
+        number_field(entry, "value").ullVal = UNWRITTEN_VALUE
     return request
 
 

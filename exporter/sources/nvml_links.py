@@ -18,6 +18,7 @@ import pynvml
 from exporter.model import NvLink, PcieLink
 from exporter.sources.nvml_codes import error_name
 from exporter.sources.nvml_fields import (
+    INVALID_VALUE,
     NOT_ANSWERED,
     NVLINK_BYTES_FIELDS,
     NVLINK_ERROR_FIELDS,
@@ -47,7 +48,9 @@ NVLINK_ERRORS: dict[str, int] = {
 def nvlink_count(query: Query, handle: Any, errors: Callable[[str, str], None]) -> int | None:
     """How many NVLinks the GPU has (NVML_FI_DEV_NVLINK_LINK_COUNT, as nvitop's
     ``nvlink_link_count`` reads it): 0 when the field is unsupported (no NVLink), None
-    when it could not be read (ask again next cycle)."""
+    when it could not be read (ask again next cycle), or when it is past
+    ``NVML_NVLINK_MAX_LINKS`` (nvml.h; 36 in nvidia-ml-py 13): a count that large would
+    size every per-link request and read after it."""
     entries = query(
         "nvlink_count", field_values, handle, ((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0),)
     )
@@ -62,7 +65,14 @@ def nvlink_count(query: Query, handle: Any, errors: Callable[[str, str], None]) 
     if entry.nvmlReturn != pynvml.NVML_SUCCESS:
         errors("nvlink_count", error_name(pynvml.NVMLError(entry.nvmlReturn)))
         return None
-    return int(entry.value.uiVal)
+    if entry.valueType == UNWRITTEN:
+        errors("nvlink_count", NOT_ANSWERED)
+        return None
+    count = int(entry.value.uiVal)
+    if count > pynvml.NVML_NVLINK_MAX_LINKS:  # every per-link read and field is sized by it
+        errors("nvlink_count", INVALID_VALUE)
+        return None
+    return count
 
 
 # Per link, as the slow tier read it: (link, up or not, error counters by name).

@@ -52,17 +52,20 @@ class ProcessLister:
 
     def list(self, entry_point: str, handle: Any) -> list[ListedProcess]:
         """The processes the entry point lists; raises pynvml's NVMLError for a failed
-        call, and for a count past ``MAX_ROOM`` (INSUFFICIENT_SIZE)."""
+        call, and INSUFFICIENT_SIZE for a count past ``MAX_ROOM`` or one that outgrew the
+        room twice (never a listing cut short)."""
         call = pynvml._nvmlGetFunctionPointer(entry_point)
         room = self._room
         for _ in range(2):
             count = ctypes.c_uint(room)
             infos = (pynvml.c_nvmlProcessInfo_v3_t * (2 * room))()
             returned = call(handle, ctypes.byref(count), infos)
-            if returned == pynvml.NVML_SUCCESS:
-                return [_listed(infos[i]) for i in range(min(count.value, room))]
-            if returned != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            if returned == pynvml.NVML_SUCCESS and count.value <= room:
+                return [_listed(infos[i]) for i in range(count.value)]
+            if returned not in (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INSUFFICIENT_SIZE):
                 raise pynvml.NVMLError(returned)
+            # too small, or a success that claims more entries than the room held: the
+            # listing is not served cut short, it is asked again with room for them
             room = count.value * 2 + 5
             if room > MAX_ROOM:
                 break
