@@ -429,29 +429,12 @@ def _resolve_allocations(
     return tuple(sorted(found, key=_allocation_order))
 
 
-# (pod metadata, terminal phases, the finished pods) of the last call: the pod watch hands
-# over the same snapshot until a pod changes.
-_last_finished: tuple[PodMetaSnapshot, frozenset[str], frozenset[tuple[str, str]]] | None = None
-
-
 def _finished_pods(
     pod_meta: PodMetaSnapshot | None, terminal_phases: frozenset[str]
 ) -> frozenset[tuple[str, str]]:
     """Pods whose every incarnation is terminal: a recreated same-name pod keeps its devices."""
-    global _last_finished
     if pod_meta is None or not pod_meta.ok:
         return frozenset()
-    last = _last_finished
-    if last is not None and last[0] is pod_meta and last[1] == terminal_phases:
-        return last[2]
-    finished = _terminal_pods(pod_meta, terminal_phases)
-    _last_finished = (pod_meta, terminal_phases, finished)
-    return finished
-
-
-def _terminal_pods(
-    pod_meta: PodMetaSnapshot, terminal_phases: frozenset[str]
-) -> frozenset[tuple[str, str]]:
     running = {(p.namespace, p.name) for p in pod_meta.pods if p.phase not in terminal_phases}
     return frozenset(
         (p.namespace, p.name)
