@@ -487,13 +487,14 @@ class SimNvmlLibrary:
         stamp = int((SIM_EPOCH_S + self.node.now()) * 1_000_000)
         if gpu.field_answers == "unwritten":  # the call answers, no entry is written
             return SUCCESS
+        code_only = gpu.field_answers == "code_only"  # type and value left as handed over
         for i in range(_value(count)):
             entry = entries[i]
             self.calls.fields[entry.fieldId] += 1
             entry.timestamp = stamp
-            handed = (entry.valueType, entry.value.ullVal)
+            handed = (entry.valueType, entry.value.ullVal) if code_only else None
             entry.nvmlReturn = self._field(gpu, entry)
-            if gpu.field_answers == "code_only":  # the type and value left as handed over
+            if handed is not None:
                 entry.valueType, entry.value.ullVal = handed
         if gpu.field_answers not in (None, "code_only"):
             _broken_field_answers(gpu.field_answers, [entries[i] for i in range(_value(count))])
