@@ -22,7 +22,7 @@ from exporter.analysis.attribution import attribute
 from exporter.analysis.orphans import OrphanPolicy, find_orphans
 from exporter.model import Analysis, GpuProcess, NodeSnapshot, OrphanState, ProcessIdentity
 from exporter.sim.node import ManualClock, SimNode
-from exporter.sim.nvml_library import install
+from exporter.sim.nvml_library import SimNvmlLibrary, install
 from exporter.sim.scenario import ScenarioError, parse_scenario
 from exporter.snapshot import render_text
 from exporter.sources.nvml import NvmlSource
@@ -100,11 +100,19 @@ def nvml() -> Iterator[list[NvmlSource]]:
 
 
 def nvml_on(made: list[NvmlSource], scenario: dict[str, Any]) -> NvmlSource:
+    return node_on(made, scenario)[2]
+
+
+def node_on(
+    made: list[NvmlSource], scenario: dict[str, Any]
+) -> tuple[ManualClock, SimNvmlLibrary, NvmlSource]:
+    """A source on a simulated node, with the node's clock and the library that counts
+    its calls."""
     clock = ManualClock()
-    install(SimNode(parse_scenario(scenario, "test"), clock))
+    library = install(SimNode(parse_scenario(scenario, "test"), clock))
     source = NvmlSource(clock=clock)
     made.append(source)
-    return source
+    return clock, library, source
 
 
 # -- the simulated driver, seen through pynvml alone --------------------------------------
@@ -306,7 +314,7 @@ def test_pynvml_reads_the_24_byte_process_struct_current_drivers_write() -> None
 # -- one call per listing ------------------------------------------------------------------
 
 
-def _listing_calls(library: Any) -> int:
+def _listing_calls(library: SimNvmlLibrary) -> int:
     return sum(
         n for name, n in library.calls.by_function.items() if name.endswith("RunningProcesses_v3")
     )
@@ -324,10 +332,7 @@ def test_each_listing_is_one_call_and_a_gpu_that_outgrows_the_room_costs_one_mor
     """pynvml's wrappers call twice per listing (the count, then the entries); the source
     calls once with room to spare. 40 processes outgrow the first room (32): that listing
     is called again with room for twice as many plus 5, and every later one fits."""
-    clock = ManualClock()
-    library = install(SimNode(parse_scenario(_busy(40), "test"), clock))
-    source = NvmlSource(clock=clock)
-    nvml.append(source)
+    clock, library, source = node_on(nvml, _busy(40))
     first = source.sample()
     assert [p.pid for p in first.gpus[0].processes] == [5000 + i for i in range(40)]
     assert first.gpus[1].processes == () and first.gpus[1].processes_listed
@@ -356,12 +361,9 @@ def test_a_listing_answered_as_a_success_with_more_than_the_room_is_asked_again(
     """A driver that answers a too-small array with success and the true count, writing
     only what fits: the listing is asked again with room for all, never served cut short
     as if complete; later cycles fit at once."""
-    clock = ManualClock()
     scenario = _busy(40)
     scenario["gpus"][0]["listing_answers"] = "cut_short"
-    library = install(SimNode(parse_scenario(scenario, "test"), clock))
-    source = NvmlSource(clock=clock)
-    nvml.append(source)
+    clock, library, source = node_on(nvml, scenario)
     first = source.sample()
     assert [p.pid for p in first.gpus[0].processes] == [5000 + i for i in range(40)]
     assert first.gpus[0].processes_listed and first.errors == ()
