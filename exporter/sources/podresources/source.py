@@ -1,7 +1,9 @@
 """The PodResources source: refreshes the kubelet's allocations on its own schedule.
 
 The kubelet rate-limits this API, so the refresh runs every ``--pod-resources-interval``
-(backing off while the kubelet is down), not every cycle; ``read()`` hands the last
+(backing off while the kubelet is down), not every cycle, and never more often than the
+cycles run (``exporter/registry.py``: at ``--interval 600`` a 30 s schedule made twenty
+refreshes that no cycle read); ``read()`` hands the last
 refresh to each cycle. The refresh task runs under a ``Supervisor``: an exception that
 escapes a refresh is counted and the task goes on after a backoff, and a last good
 refresh older than ``STALE_PERIODS`` intervals reports the source down.
@@ -69,6 +71,11 @@ class PodResourcesSource(Source):
     @property
     def client(self) -> PodResourcesClient:
         return self._client
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds between scheduled refreshes."""
+        return self._interval_s
 
     async def run(self) -> None:
         self._requested = asyncio.Event()  # of this loop: a later run() may have its own
