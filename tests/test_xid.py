@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import queue
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,7 +46,13 @@ from exporter.sources.kmsg import (
     parse_xid_attribution,
     parse_xid_message,
 )
-from exporter.sources.xid import WAIT_TIMEOUT_MS, XidListener
+from exporter.sources.xid import (
+    INTERRUPT_SIGNAL,
+    UNINTERRUPTIBLE_WAIT_TIMEOUT_MS,
+    WAIT_TIMEOUT_MS,
+    XidListener,
+    interrupt_handler_ready,
+)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "xid.md"
 
@@ -881,16 +889,100 @@ def test_kmsg_reader_skips_a_line_without_end_in_bounded_time(
         reader.stop()
 
 
-def test_the_default_wait_wakes_once_a_second_and_stop_returns_within_it(
-    listen: Callable[..., Listening],
+@pytest.fixture
+def interrupt_signal() -> Iterator[None]:
+    """The process's disposition of the interrupt signal, restored after the test."""
+    before = signal.getsignal(INTERRUPT_SIGNAL)
+    yield
+    signal.signal(INTERRUPT_SIGNAL, before)
+
+
+def test_the_default_wait_is_long_and_stop_interrupts_it(
+    listen: Callable[..., Listening], interrupt_signal: None
 ) -> None:
-    """The wait bounds stop() and sets the listener's share of the idle floor: each
-    timeout is a wake-up, so one a second, not two (benchmarks/README.md, idle floor)."""
-    assert WAIT_TIMEOUT_MS == 1000
-    sim_node()
+    """Each timeout is a wake-up, the listener's share of the idle floor, so the wait is
+    long (benchmarks/README.md, idle floor); stop() cuts it short with a signal, which
+    the driver's wait returns on (nvml.h) and so does the simulated one."""
+    assert WAIT_TIMEOUT_MS == 2500
+    node = SimNode(parse_scenario({"gpus": [{}, {}]}, "xid-wait"))  # its clock runs alone
+    library = install(node)
     got = listen(wait_timeout_ms=WAIT_TIMEOUT_MS)
-    assert eventually(lambda: got.listener.registered == (0, 1, 2))
+    assert got.listener.wait_timeout_ms == WAIT_TIMEOUT_MS
+    assert eventually(lambda: got.listener.registered == (0, 1))
+    before = library.calls.by_function["nvmlEventSetWait_v2"]
+    time.sleep(3.0)
+    assert library.calls.by_function["nvmlEventSetWait_v2"] - before <= 2  # not three, as at 1 s
     started = time.monotonic()
     got.listener.stop()
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 0.5
     assert not got.listener.alive
+    assert got.listener.errors_total == 0
+
+
+def test_where_the_signal_is_ignored_the_wait_is_short_enough_to_stop(
+    listen: Callable[..., Listening], interrupt_signal: None
+) -> None:
+    signal.signal(INTERRUPT_SIGNAL, signal.SIG_IGN)  # someone wants it ignored: left so
+    sim_node()
+    got = listen(wait_timeout_ms=WAIT_TIMEOUT_MS)
+    assert got.listener.wait_timeout_ms == UNINTERRUPTIBLE_WAIT_TIMEOUT_MS
+    assert eventually(lambda: got.listener.registered == (0, 1, 2))
+    time.sleep(0.2)  # inside a wait
+    started = time.monotonic()
+    got.listener.stop()
+    assert time.monotonic() - started < UNINTERRUPTIBLE_WAIT_TIMEOUT_MS / 1000 + 1.0
+    assert not got.listener.alive
+    assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_IGN
+
+
+def test_started_off_the_main_thread_it_installs_nothing_and_waits_short(
+    interrupt_signal: None,
+) -> None:
+    signal.signal(INTERRUPT_SIGNAL, signal.SIG_DFL)
+    sim_node()
+    listener = XidListener(wait_timeout_ms=WAIT_TIMEOUT_MS)
+    starter = threading.Thread(target=listener.start)
+    starter.start()
+    starter.join()
+    try:
+        assert listener.wait_timeout_ms == UNINTERRUPTIBLE_WAIT_TIMEOUT_MS
+        assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_DFL
+    finally:
+        listener.stop()
+    assert not listener.alive
+
+
+def test_the_simulated_wait_returns_timeout_when_a_signal_arrives(
+    interrupt_signal: None,
+) -> None:
+    """nvml.h: NVML_ERROR_TIMEOUT "if no event arrived in specified timeout or interrupt
+    arrived". The simulated library sleeps in poll(2) as the driver does."""
+    assert interrupt_handler_ready()
+    sim_node()
+    pynvml.nvmlInit()
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(
+        pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, event_set
+    )
+    answers: queue.Queue[str] = queue.Queue()
+
+    def wait() -> None:
+        try:
+            pynvml.nvmlEventSetWait_v2(event_set, 30_000)
+            answers.put("event")
+        except pynvml.NVMLError as exc:
+            answers.put(type(exc).__name__)
+
+    waiter = threading.Thread(target=wait)
+    started = time.monotonic()
+    waiter.start()
+    try:
+        while waiter.is_alive() and time.monotonic() - started < 5:
+            signal.pthread_kill(waiter.ident or 0, INTERRUPT_SIGNAL)
+            waiter.join(0.05)
+        assert answers.get(timeout=1) == "NVMLError_Timeout"
+        assert time.monotonic() - started < 5
+    finally:
+        waiter.join(35)
+        pynvml.nvmlEventSetFree(event_set)
+        pynvml.nvmlShutdown()

@@ -11,6 +11,7 @@ import copy
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from exporter.sim.scenario import (
     parse_migs,
     parse_size,
 )
+from exporter.sim.wakeups import Wakers
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
@@ -124,7 +126,20 @@ def monotonic_clock(
     story). Every simulated counter is a function of this one clock, so a start offset or
     a speed moves them all together and none ever runs backwards."""
     t0 = time.monotonic() if origin is None else origin
-    return lambda: start_s + (time.monotonic() - t0) * speed
+    clock = lambda: start_s + (time.monotonic() - t0) * speed  # noqa: E731
+    _RUNNING_ALONE.add(clock)
+    return clock
+
+
+# Clocks made by monotonic_clock(): nobody moves them, so a wait for the timeline's next
+# event can sleep until it is due. Any other (a test's ManualClock, another process's
+# SharedClock) is looked at again now and then (nvml_library.py, EVENT_WAIT_STEP_S).
+_RUNNING_ALONE: weakref.WeakSet[Callable[[], float]] = weakref.WeakSet()
+
+
+def runs_alone(clock: Callable[[], float]) -> bool:
+    """Whether ``clock`` moves only with real time (``monotonic_clock``)."""
+    return clock in _RUNNING_ALONE
 
 
 class SimNode:
@@ -132,7 +147,9 @@ class SimNode:
         self.scenario = copy.deepcopy(scenario)
         self.clock = clock or monotonic_clock()
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
+        # nvmlEventSetWait sleeps until the timeline moves (wakeups.py says why not a
+        # threading.Condition: a signal must cut the sleep short, as it does the driver's)
+        self.wakers = Wakers(self.lock)
         self.xids: list[XidRecord] = []
         self.kmsg_overwritten = 0  # kernel-log records lost unread so far (kmsg_overrun)
         self._next_event = 0
@@ -190,7 +207,7 @@ class SimNode:
                 self._applied += 1
                 applied = True
             if applied:
-                self.changed.notify_all()
+                self.wakers.wake()
 
     def seconds_to_next_event(self) -> float | None:
         """Simulated seconds until the next timeline event is due (None: none left)."""

@@ -35,8 +35,9 @@ from typing import Any
 import pynvml
 
 from exporter.sim.mig_profiles import multiprocessors, profiles_for
-from exporter.sim.node import SimNode
+from exporter.sim.node import SimNode, runs_alone
 from exporter.sim.scenario import FIELDS_ADDED_IN_DRIVER, SimGpu, SimMig, SimProcess
+from exporter.sim.wakeups import sleep_interruptibly
 
 SUCCESS: int = pynvml.NVML_SUCCESS
 NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -1013,7 +1014,9 @@ class SimNvmlLibrary:
         return SUCCESS
 
     def nvmlEventSetWait_v2(self, event_set: Any, out: Any, timeout_ms: Any) -> int:
-        """Block until an XID on a registered GPU, or time out (the normal case)."""
+        """Block until an XID on a registered GPU, or time out (the normal case), or a
+        signal arrives (nvml.h: NVML_ERROR_TIMEOUT "if no event arrived in specified
+        timeout or interrupt arrived"; wakeups.py)."""
         node = self.node
         deadline = _value(timeout_ms) / 1000.0
         self.stall("nvmlEventSetWait_v2", None, None)
@@ -1025,34 +1028,40 @@ class SimNvmlLibrary:
             error = self.injected_error("nvmlEventSetWait_v2", None, None)
             if error is not None:  # nvml.h: GPU_IS_LOST, UNKNOWN on any unexpected error
                 return error
-            waited = 0.0
+        began = time.monotonic()
+        alone = runs_alone(node.clock)
+        with node.wakers.waiting() as wake_fd:
             while True:
-                node.advance()
-                for record in node.xids[registered["seen"] :]:
-                    registered["seen"] += 1
-                    if node.gpus[record.gpu].lost and record.code != 79:
-                        continue
-                    mask = registered["devices"].get(record.gpu, 0)
-                    if mask & pynvml.nvmlEventTypeXidCriticalError:
-                        data = _out(out)
-                        _set_pointer(data.device, self._gpu_address(node.gpus[record.gpu]))
-                        data.eventType = pynvml.nvmlEventTypeXidCriticalError
-                        data.eventData = record.code
-                        data.gpuInstanceId = record.gpu_instance_id
-                        data.computeInstanceId = record.compute_instance_id
-                        return SUCCESS
-                if waited >= deadline:
+                with node.lock:
+                    node.advance()
+                    for record in node.xids[registered["seen"] :]:
+                        registered["seen"] += 1
+                        if node.gpus[record.gpu].lost and record.code != 79:
+                            continue
+                        mask = registered["devices"].get(record.gpu, 0)
+                        if mask & pynvml.nvmlEventTypeXidCriticalError:
+                            data = _out(out)
+                            _set_pointer(data.device, self._gpu_address(node.gpus[record.gpu]))
+                            data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                            data.eventData = record.code
+                            data.gpuInstanceId = record.gpu_instance_id
+                            data.computeInstanceId = record.compute_instance_id
+                            return SUCCESS
+                    waited = time.monotonic() - began  # real time, as the driver's
+                    if waited >= deadline:
+                        return TIMEOUT
+                    # Sleep until the next timeline event is due, as the driver sleeps
+                    # until an interrupt: no polling. A clock that another process or a
+                    # test moves is looked at again after EVENT_WAIT_STEP_S at the latest
+                    # (a test's sync() wakes the wait at once).
+                    step = deadline - waited
+                    if not alone:
+                        step = min(EVENT_WAIT_STEP_S, step)
+                    due = node.seconds_to_next_event()
+                    if due is not None:
+                        step = max(0.001, min(step, due))
+                if not sleep_interruptibly(wake_fd, step):
                     return TIMEOUT
-                # Sleep until the next timeline event is due, as the driver sleeps until
-                # an interrupt: no polling. A clock that another process or a test moves
-                # is looked at again after EVENT_WAIT_STEP_S at the latest (a test's
-                # sync() wakes the wait at once).
-                step = min(EVENT_WAIT_STEP_S, deadline - waited)
-                due = node.seconds_to_next_event()
-                if due is not None:
-                    step = max(0.001, min(step, due))
-                node.changed.wait(step)
-                waited += step
 
     def nvmlEventSetFree(self, event_set: Any) -> int:
         with self.node.lock:

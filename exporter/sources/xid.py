@@ -2,17 +2,26 @@
 
 XIDs are events, not state: polling would miss one raised and cleared between two
 samples, and the kernel log is optional. So one daemon thread waits on
-``nvmlEventSetWait_v2`` with a timeout of ``WAIT_TIMEOUT_MS`` (a timeout is the normal
-case and the moment to check the stop flag, so it bounds how long ``stop()`` takes).
-Each timeout is a wake-up, part of the idle floor between cycles, so the wait is as long
-as a prompt stop allows: one a second (~0.3-0.5 ms of CPU each on a small VM, almost all
-of it the wake-up itself: the timeout path runs ~10 us of Python). A longer wait would
-make ``stop()`` slower than docs/xid.md says; an XID is never delayed by the wait, which
-returns as soon as one is raised. (The simulated library looks at its clock once per
-``EVENT_WAIT_STEP_S``, 1 s, inside a wait, so it too wakes once a second.) Each XID is kept,
-under a lock, until the agent's next cycle takes it with ``read()`` (the agent constructs
-the listener without ``on_event``); a test may pass ``on_event`` to receive each XID on
-the listener's thread instead.
+``nvmlEventSetWait_v2``; an XID is never delayed by the wait, which returns as soon as
+one is raised. A timeout is the normal case and the moment to check the stop flag. Each
+timeout is also a wake-up, part of the idle floor between cycles (~0.5-0.9 ms of CPU
+each on a small VM, almost all of it the wake-up itself and the cold caches it meets:
+the timeout path runs ~40 us warm), so the wait is long, ``WAIT_TIMEOUT_MS``, and
+``stop()`` cuts it short with a signal: nvml.h says the wait "can return before specified
+timeout passes (e.g. when interrupt arrives)", with ``NVML_ERROR_TIMEOUT`` "if no event
+arrived in specified timeout or interrupt arrived"
+(https://docs.nvidia.com/deploy/nvml-api/group__nvmlEvents.html). ``stop()`` sends
+``INTERRUPT_SIGNAL`` (SIGURG, ignored by default) to the listener's thread while it
+waits, again every ``INTERRUPT_EVERY_S`` until the thread ends; a do-nothing handler is
+installed for it at ``start()`` so that it interrupts rather than being discarded. Where
+no handler can be installed (``start()`` off the main thread, or the signal ignored by
+someone else) the wait is ``UNINTERRUPTIBLE_WAIT_TIMEOUT_MS`` instead, which bounds
+``stop()``. The wait is bounded below the agent's 3 s close as well, so a driver that
+did not honour the interrupt would still stop in time. (The simulated library sleeps
+in ``poll(2)`` as the driver does, and returns on a signal too: exporter/sim/wakeups.py.)
+Each XID is kept, under a lock, until the agent's next cycle takes it with ``read()``
+(the agent constructs the listener without ``on_event``); a test may pass ``on_event``
+to receive each XID on the listener's thread instead.
 
 Failure isolation:
 - a GPU that cannot deliver events (NotSupported, FunctionNotFound, NoPermission) is
@@ -31,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +58,26 @@ from exporter.sources.threaded import ThreadedSource
 log = logging.getLogger(__name__)
 
 XID_EVENT: int = pynvml.nvmlEventTypeXidCriticalError
-WAIT_TIMEOUT_MS = 1000
+WAIT_TIMEOUT_MS = 2500  # a wait stop() can interrupt
+UNINTERRUPTIBLE_WAIT_TIMEOUT_MS = 1000  # one it cannot: stop() waits this long at most
+INTERRUPT_SIGNAL = signal.SIGURG
+INTERRUPT_EVERY_S = 0.05  # a signal sent just before the wait began is lost: send again
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """The handler that lets ``INTERRUPT_SIGNAL`` cut a wait short; nothing to do."""
+
+
+def interrupt_handler_ready() -> bool:
+    """Whether ``INTERRUPT_SIGNAL`` interrupts a wait: our handler (installed here if the
+    signal is at its default and this is the main thread) or another Python handler."""
+    current = signal.getsignal(INTERRUPT_SIGNAL)
+    if callable(current):
+        return True
+    if current is not signal.SIG_DFL or threading.current_thread() is not threading.main_thread():
+        return False  # ignored on purpose, set outside Python, or not ours to set here
+    signal.signal(INTERRUPT_SIGNAL, _interrupted)
+    return True
 
 
 def _address(handle: Any) -> int | None:
@@ -99,6 +129,9 @@ class XidListener(ThreadedSource):
         self._clock = clock
         self._initialised = False
         self._registered: tuple[int, ...] = ()
+        self._interruptible = False  # decided at start()
+        self._waiting = False  # the thread is inside nvmlEventSetWait (under _wait_lock)
+        self._wait_lock = threading.Lock()
 
     # -- public surface ---------------------------------------------------------------
 
@@ -106,6 +139,43 @@ class XidListener(ThreadedSource):
     def registered(self) -> tuple[int, ...]:
         """GPU indices the current event set listens to; empty while backing off."""
         return self._registered
+
+    @property
+    def wait_timeout_ms(self) -> int:
+        """How long one wait lasts with no XID: ``WAIT_TIMEOUT_MS`` (or the one given)
+        where ``stop()`` can interrupt it, at most ``UNINTERRUPTIBLE_WAIT_TIMEOUT_MS``
+        where it cannot."""
+        if self._interruptible:
+            return self._wait_timeout_ms
+        return min(self._wait_timeout_ms, UNINTERRUPTIBLE_WAIT_TIMEOUT_MS)
+
+    def start(self) -> None:
+        self._interruptible = interrupt_handler_ready()
+        super().start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to finish, interrupting its wait, and wait for it."""
+        self._stop.set()
+        thread = self._thread
+        if thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._interrupt(thread)
+            thread.join(min(INTERRUPT_EVERY_S, remaining))
+
+    def _interrupt(self, thread: threading.Thread) -> None:
+        """Signal the thread if it is in a wait: under the lock it needs to leave the
+        wait's bookkeeping, so it is alive while signalled (a signal to a thread that
+        has ended is undefined behaviour)."""
+        if not self._interruptible or thread.ident is None:
+            return
+        with self._wait_lock:
+            if self._waiting:
+                signal.pthread_kill(thread.ident, INTERRUPT_SIGNAL)
 
     # -- the thread -------------------------------------------------------------------
 
@@ -203,11 +273,16 @@ class XidListener(ThreadedSource):
             registration.by_address[address] = (index, uuid)
 
     def _wait_once(self, registration: _Registration) -> None:
+        with self._wait_lock:
+            self._waiting = True
         try:
-            data = pynvml.nvmlEventSetWait_v2(registration.event_set, self._wait_timeout_ms)
-        except pynvml.NVMLError_Timeout:
+            data = pynvml.nvmlEventSetWait_v2(registration.event_set, self.wait_timeout_ms)
+        except pynvml.NVMLError_Timeout:  # also what an interrupt returns (nvml.h)
             self._recovered()
             return
+        finally:
+            with self._wait_lock:
+                self._waiting = False
         self._recovered()
         if not int(data.eventType) & XID_EVENT:
             return

@@ -40,6 +40,25 @@ def test_xid_event_set_registers_and_times_out_quietly(real_nvml: None) -> None:
     assert events == []  # a healthy GPU raises no XIDs in 3 s
 
 
+def test_stop_interrupts_the_drivers_wait(real_nvml: None) -> None:
+    """nvml.h: the wait returns NVML_ERROR_TIMEOUT "if ... interrupt arrived"; the
+    listener's stop() relies on it (docs/xid.md). Record what this driver did in
+    docs/validation.md either way."""
+    listener = XidListener(lambda event: None)
+    listener.start()
+    try:
+        time.sleep(1.0)  # registered, and inside a 2.5 s wait
+        assert listener.wait_timeout_ms == 2500, "no handler for the interrupt signal"
+    finally:
+        started = time.monotonic()
+        listener.stop()
+        took = time.monotonic() - started
+    print(f"stop() took {took:.3f} s with a {listener.wait_timeout_ms} ms wait")
+    assert not listener.alive
+    assert took < 0.5, f"the driver's wait did not return on the signal ({took:.2f} s)"
+    assert listener.errors_total == 0, listener.last_error
+
+
 def _register(handle: Any) -> dict[str, str]:
     """Supported event types, XID registration and a 200 ms wait on a fresh event set."""
     answers = {}
