@@ -306,6 +306,7 @@ class Agent:
         interval = self.config.interval_s
         next_at = time.monotonic()
         while not self._stop_sampling.is_set():
+            self._announce(next_at + interval)  # the cycle after this one, as planned
             self._cycle()
             if self._stop_sampling.is_set():  # stopped during the cycle: no overrun to report
                 return
@@ -319,7 +320,14 @@ class Agent:
                     skipped,
                 )
                 next_at += skipped * interval
+                self._announce(next_at)
             self._stop_sampling.wait(next_at - now)  # woken early by stop()
+
+    def _announce(self, next_at: float) -> None:
+        """Tell every source when the next cycle begins, before this one runs: a refresh
+        due while it runs is then put off to the next (PodResources; source.py)."""
+        for source in self.sources:
+            source.expect_cycle_at(next_at)
 
     # -- one cycle --------------------------------------------------------------------
 

@@ -325,8 +325,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     )
     add(
         "--pod-resources-interval",
-        "Seconds between scheduled PodResources refreshes, and never more often than "
-        "--interval (a refresh no cycle reads is waste); a GPU process in a new "
+        "Seconds between scheduled PodResources refreshes; with cycles further apart, one "
+        "refresh a second before each cycle instead; a GPU process in a new "
         "container asks for one at once (at most one every 2 s).",
         default="30",
         metavar="SECONDS",

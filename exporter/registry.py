@@ -60,9 +60,8 @@ def build_sources(
                 resource_names=config.resource_names,
                 dra_drivers=config.dra_drivers,
             ),
-            # A refresh no cycle reads is waste (~10 ms of CPU each): with cycles further
-            # apart than --pod-resources-interval, one refresh per cycle's interval.
-            interval_s=max(config.pod_resources_interval_s, config.interval_s),
+            interval_s=config.pod_resources_interval_s,
+            cycle_interval_s=config.interval_s,
             wall_clock=wall_clock,
         ),
         PodWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,

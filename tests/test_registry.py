@@ -17,17 +17,18 @@ def pod_resources(argv: list[str]) -> PodResourcesSource:
 
 
 @pytest.mark.parametrize(
-    ("argv", "expected_s"),
+    ("argv", "schedule_s", "period_s"),
     [
-        ([], 30.0),  # --interval 5: the flag's own period
-        (["--pod-resources-interval", "10", "--interval", "1"], 10.0),
-        # cycles further apart than the refreshes: one refresh per cycle's interval, not
-        # twenty that no cycle reads
-        (["--interval", "600"], 600.0),
-        (["--pod-resources-interval", "45", "--interval", "60"], 60.0),
+        ([], 30.0, 30.0),  # --interval 5
+        (["--pod-resources-interval", "10", "--interval", "1"], 10.0, 10.0),
+        # cycles further apart than the schedule: a refresh per cycle, so a working
+        # source goes a cycle's interval between refreshes and is stale only after three
+        (["--interval", "600"], 30.0, 600.0),
+        (["--pod-resources-interval", "45", "--interval", "60"], 45.0, 60.0),
     ],
 )
-def test_pod_resources_are_refreshed_no_more_often_than_cycles_run(
-    argv: list[str], expected_s: float
+def test_the_pod_resources_schedule_and_staleness_period_follow_both_intervals(
+    argv: list[str], schedule_s: float, period_s: float
 ) -> None:
-    assert pod_resources(argv).interval_s == expected_s
+    source = pod_resources(argv)
+    assert (source.interval_s, source.period_s) == (schedule_s, period_s)

@@ -36,7 +36,7 @@ from exporter.model.xid_classes import (
     WARNING,
     parse_overrides,
 )
-from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.node import ManualClock, SimNode, monotonic_clock
 from exporter.sim.nvml_library import install
 from exporter.sim.scenario import parse_scenario
 from exporter.sources.kmsg import (
@@ -986,3 +986,55 @@ def test_the_simulated_wait_returns_timeout_when_a_signal_arrives(
         waiter.join(35)
         pynvml.nvmlEventSetFree(event_set)
         pynvml.nvmlShutdown()
+
+
+async def test_closing_the_last_listener_puts_the_signal_back_to_its_default(
+    interrupt_signal: None,
+) -> None:
+    """A signal sent from outside while the event loop closes was written to the loop's
+    closed wake-up pipe ("Exception ignored ... Bad file descriptor", adversary-35): once
+    no listener waits, the handler goes and the signal is ignored again."""
+    signal.signal(INTERRUPT_SIGNAL, signal.SIG_DFL)
+    sim_node()
+    first, second = XidListener(wait_timeout_ms=WAIT_TIMEOUT_MS), XidListener()
+    first.start()
+    second.start()
+    assert first.wait_timeout_ms == second.wait_timeout_ms == WAIT_TIMEOUT_MS
+    await first.aclose()
+    assert callable(signal.getsignal(INTERRUPT_SIGNAL))  # the second still waits on it
+    await second.aclose()
+    assert signal.getsignal(INTERRUPT_SIGNAL) is signal.SIG_DFL
+    assert not first.alive and not second.alive
+
+
+async def test_a_handler_of_someone_elses_is_used_and_left_in_place(
+    interrupt_signal: None,
+) -> None:
+    theirs: list[int] = []
+    signal.signal(INTERRUPT_SIGNAL, lambda signum, frame: theirs.append(signum))
+    sim_node()
+    listener = XidListener()
+    listener.start()
+    assert listener.wait_timeout_ms == WAIT_TIMEOUT_MS
+    assert eventually(lambda: listener.registered == (0, 1, 2))
+    time.sleep(0.2)
+    started = time.monotonic()
+    await listener.aclose()
+    assert time.monotonic() - started < 0.5
+    assert signal.getsignal(INTERRUPT_SIGNAL) is not signal.SIG_DFL
+
+
+def test_on_a_sped_up_node_an_xid_arrives_when_its_time_comes(
+    listen: Callable[..., Listening],
+) -> None:
+    """--simulate-speed 20: the simulated wait sleeps until the next XID is due in real
+    seconds (its `at` over the speed), not in simulated ones (adversary-35)."""
+    origin = time.monotonic()
+    clock = monotonic_clock(0.0, 20.0, origin=origin)
+    timeline = [{"at": 30, "xid": {"gpu": 0, "code": 31}}]
+    install(SimNode(parse_scenario({"gpus": [{}], "timeline": timeline}, "fast"), clock))
+    got = listen(wait_timeout_ms=WAIT_TIMEOUT_MS)
+    event = got.next(timeout_s=10)
+    late = time.monotonic() - (origin + 30 / 20.0)
+    assert event.xid == 31
+    assert late < 0.3, f"{late:.2f} s late"

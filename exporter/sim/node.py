@@ -127,19 +127,21 @@ def monotonic_clock(
     a speed moves them all together and none ever runs backwards."""
     t0 = time.monotonic() if origin is None else origin
     clock = lambda: start_s + (time.monotonic() - t0) * speed  # noqa: E731
-    _RUNNING_ALONE.add(clock)
+    _RUNNING_ALONE[clock] = speed
     return clock
 
 
-# Clocks made by monotonic_clock(): nobody moves them, so a wait for the timeline's next
-# event can sleep until it is due. Any other (a test's ManualClock, another process's
-# SharedClock) is looked at again now and then (nvml_library.py, EVENT_WAIT_STEP_S).
-_RUNNING_ALONE: weakref.WeakSet[Callable[[], float]] = weakref.WeakSet()
+# Clocks made by monotonic_clock(), with their speed: nobody moves them, so a wait for
+# the timeline's next event can sleep until it is due. Any other (a test's ManualClock,
+# another process's SharedClock) is looked at again now and then (nvml_library.py,
+# EVENT_WAIT_STEP_S).
+_RUNNING_ALONE: weakref.WeakKeyDictionary[Callable[[], float], float] = weakref.WeakKeyDictionary()
 
 
-def runs_alone(clock: Callable[[], float]) -> bool:
-    """Whether ``clock`` moves only with real time (``monotonic_clock``)."""
-    return clock in _RUNNING_ALONE
+def speed_alone(clock: Callable[[], float]) -> float | None:
+    """Simulated seconds per real second of a clock that moves only with real time
+    (``monotonic_clock``); None for a clock that something else moves."""
+    return _RUNNING_ALONE.get(clock)
 
 
 class SimNode:

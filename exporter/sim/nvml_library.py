@@ -35,7 +35,7 @@ from typing import Any
 import pynvml
 
 from exporter.sim.mig_profiles import multiprocessors, profiles_for
-from exporter.sim.node import SimNode, runs_alone
+from exporter.sim.node import SimNode, speed_alone
 from exporter.sim.scenario import FIELDS_ADDED_IN_DRIVER, SimGpu, SimMig, SimProcess
 from exporter.sim.wakeups import sleep_interruptibly
 
@@ -1029,7 +1029,7 @@ class SimNvmlLibrary:
             if error is not None:  # nvml.h: GPU_IS_LOST, UNKNOWN on any unexpected error
                 return error
         began = time.monotonic()
-        alone = runs_alone(node.clock)
+        speed = speed_alone(node.clock)
         with node.wakers.waiting() as wake_fd:
             while True:
                 with node.lock:
@@ -1055,11 +1055,11 @@ class SimNvmlLibrary:
                     # test moves is looked at again after EVENT_WAIT_STEP_S at the latest
                     # (a test's sync() wakes the wait at once).
                     step = deadline - waited
-                    if not alone:
+                    if speed is None:
                         step = min(EVENT_WAIT_STEP_S, step)
-                    due = node.seconds_to_next_event()
+                    due = node.seconds_to_next_event()  # simulated seconds
                     if due is not None:
-                        step = max(0.001, min(step, due))
+                        step = max(0.001, min(step, due / (speed or 1.0)))
                 if not sleep_interruptibly(wake_fd, step):
                     return TIMEOUT
 

@@ -89,6 +89,11 @@ class Source:
         """Ask a source refreshed on a schedule of its own to refresh soon (thread-safe;
         PodResources, when a pod's GPU process appears); the others ignore it."""
 
+    def expect_cycle_at(self, at: float) -> None:
+        """The agent's next cycle begins at ``at`` (``time.monotonic()``; thread-safe): a
+        source refreshed on a schedule of its own may time a refresh to it rather than
+        make one no cycle reads (PodResources); the others ignore it."""
+
     def read(self, cycle: Cycle) -> object:
         raise NotImplementedError
 

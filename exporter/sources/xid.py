@@ -37,6 +37,7 @@ are the truth), and a double-bit error also raises XID 48, which arrives here as
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -68,16 +69,29 @@ def _interrupted(signum: int, frame: object) -> None:
     """The handler that lets ``INTERRUPT_SIGNAL`` cut a wait short; nothing to do."""
 
 
+# Listeners (by id) between start() and stop(): our handler stays while any is there.
+_WAITING: set[int] = set()
+
+
 def interrupt_handler_ready() -> bool:
     """Whether ``INTERRUPT_SIGNAL`` interrupts a wait: our handler (installed here if the
     signal is at its default and this is the main thread) or another Python handler."""
     current = signal.getsignal(INTERRUPT_SIGNAL)
-    if callable(current):
+    if current is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(INTERRUPT_SIGNAL, _interrupted)
         return True
-    if current is not signal.SIG_DFL or threading.current_thread() is not threading.main_thread():
-        return False  # ignored on purpose, set outside Python, or not ours to set here
-    signal.signal(INTERRUPT_SIGNAL, _interrupted)
-    return True
+    return callable(current)  # else ignored on purpose, set outside Python, or not ours
+
+
+def release_interrupt_handler() -> None:
+    """Once no listener waits, our handler goes and the signal is back at its default
+    (ignored), so one sent from outside while the event loop closes is not written to
+    the loop's closed wake-up pipe (adversary-35). Main thread only (Python's rule for
+    setting handlers); elsewhere the handler stays, as harmless as before."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not _WAITING and signal.getsignal(INTERRUPT_SIGNAL) is _interrupted:
+        signal.signal(INTERRUPT_SIGNAL, signal.SIG_DFL)
 
 
 def _address(handle: Any) -> int | None:
@@ -151,21 +165,25 @@ class XidListener(ThreadedSource):
 
     def start(self) -> None:
         self._interruptible = interrupt_handler_ready()
+        _WAITING.add(id(self))
         super().start()
+
+    async def aclose(self) -> None:
+        """Stop in a worker thread, then, back on the event loop's thread, let go of the
+        signal handler (the agent's close, at shutdown)."""
+        await asyncio.to_thread(self.close)
+        release_interrupt_handler()  # no signal is sent once stop() has returned
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the thread to finish, interrupting its wait, and wait for it."""
         self._stop.set()
         thread = self._thread
-        if thread is None:
-            return
-        deadline = time.monotonic() + timeout_s
-        while thread.is_alive():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._interrupt(thread)
-            thread.join(min(INTERRUPT_EVERY_S, remaining))
+        if thread is not None:
+            deadline = time.monotonic() + timeout_s
+            while thread.is_alive() and (remaining := deadline - time.monotonic()) > 0:
+                self._interrupt(thread)
+                thread.join(min(INTERRUPT_EVERY_S, remaining))
+        _WAITING.discard(id(self))
 
     def _interrupt(self, thread: threading.Thread) -> None:
         """Signal the thread if it is in a wait: under the lock it needs to leave the

@@ -1,9 +1,7 @@
 """The PodResources source: refreshes the kubelet's allocations on its own schedule.
 
 The kubelet rate-limits this API, so the refresh runs every ``--pod-resources-interval``
-(backing off while the kubelet is down), not every cycle, and never more often than the
-cycles run (``exporter/registry.py``: at ``--interval 600`` a 30 s schedule made twenty
-refreshes that no cycle read); ``read()`` hands the last
+(backing off while the kubelet is down), not every cycle; ``read()`` hands the last
 refresh to each cycle. The refresh task runs under a ``Supervisor``: an exception that
 escapes a refresh is counted and the task goes on after a backoff, and a last good
 refresh older than ``STALE_PERIODS`` intervals reports the source down.
@@ -18,6 +16,13 @@ not at all while the kubelet fails (the backoff stands). A refresh costs ~10-15 
 CPU on the reference VM, mostly gRPC core starting and ending its threads
 (client.py says why the channel is not kept), so the schedule is 30 s by default and
 new pods no longer wait for it.
+
+Nor is a refresh made that no cycle reads: with cycles further apart than the schedule
+(``--interval 600``, a refresh every 30 s: twenty of them per cycle), a scheduled
+refresh waits until ``PREFETCH_S`` before the next cycle, which the agent announces
+after each cycle (``expect_cycle_at``), so each cycle reads allocations about a second
+old and the refresh costs one per cycle. A source never told of a cycle keeps the plain
+schedule. The staleness period is then the cycle's interval, not the schedule's.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ log = logging.getLogger(__name__)
 
 # A requested refresh begins at least this long after the previous one began.
 MIN_REQUESTED_GAP_S = 2.0
+# A scheduled refresh put off until the next cycle begins this long before it: time
+# for a refresh (~15 ms; two calls of at most 1 s each when the kubelet is slow).
+PREFETCH_S = 1.0
 
 
 class PodResourcesSource(Source):
@@ -48,11 +56,13 @@ class PodResourcesSource(Source):
         client: PodResourcesClient,
         *,
         interval_s: float = 30.0,
+        cycle_interval_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         min_requested_gap_s: float = MIN_REQUESTED_GAP_S,
     ) -> None:
         self._client = client
         self._interval_s = interval_s
+        self._next_cycle_at: float | None = None  # monotonic, from expect_cycle_at()
         self._min_requested_gap_s = min_requested_gap_s
         # request_refresh() from any thread; the counts and the event live on the loop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,7 +70,9 @@ class PodResourcesSource(Source):
         self._requests = 0
         self._requests_at_start = 0  # requests seen when the last refresh began
         self._started_at: float | None = None  # loop time the last refresh began
-        self._supervisor = Supervisor(self.name, interval_s, wall_clock=wall_clock)
+        # with cycles further apart than the schedule, a refresh per cycle (module doc)
+        period_s = max(interval_s, cycle_interval_s or 0.0)
+        self._supervisor = Supervisor(self.name, period_s, wall_clock=wall_clock)
         self._backoff = Backoff(initial_s=1.0, max_s=60.0)
         self._snapshot = PodResourcesSnapshot(
             ok=False, timestamp=time.time(), error="not fetched yet"
@@ -74,8 +86,17 @@ class PodResourcesSource(Source):
 
     @property
     def interval_s(self) -> float:
-        """Seconds between scheduled refreshes."""
+        """Seconds between scheduled refreshes (``--pod-resources-interval``)."""
         return self._interval_s
+
+    @property
+    def period_s(self) -> float:
+        """The longest a working source goes between refreshes: the schedule's interval,
+        or the cycle's where that is longer (stale after ``STALE_PERIODS`` of it)."""
+        return self._supervisor.period_s
+
+    def expect_cycle_at(self, at: float) -> None:
+        self._next_cycle_at = at
 
     async def run(self) -> None:
         self._requested = asyncio.Event()  # of this loop: a later run() may have its own
@@ -104,8 +125,9 @@ class PodResourcesSource(Source):
 
     async def _pause(self, delay: float) -> None:
         """Wait ``delay`` before the next refresh, or less when one is requested: then
-        until ``min_requested_gap_s`` after the last refresh began. While the kubelet
-        fails, requests do not cut its backoff."""
+        until ``min_requested_gap_s`` after the last refresh began; or longer, until just
+        before the next cycle, when no cycle would read the refresh before then. While
+        the kubelet fails, requests do not cut its backoff, nor do cycles lengthen it."""
         loop = asyncio.get_running_loop()
         until = loop.time() + delay
         while self._snapshot.ok:
@@ -117,8 +139,19 @@ class PodResourcesSource(Source):
             try:
                 await asyncio.wait_for(self._requested.wait(), max(0.0, until - loop.time()))
             except TimeoutError:
-                return
+                later = self._put_off(until)
+                if later is None:
+                    return
+                until = later
         await asyncio.sleep(max(0.0, until - loop.time()))
+
+    def _put_off(self, until: float) -> float | None:
+        """When a refresh due at ``until`` would not be the one the next cycle reads: the
+        time just before that cycle (module doc); None when it is due now."""
+        cycle_at = self._next_cycle_at
+        if cycle_at is None or cycle_at - PREFETCH_S <= until:
+            return None
+        return cycle_at - PREFETCH_S
 
     async def _step(self) -> float:
         """One refresh; the delay before the next (backing off while the kubelet fails)."""
