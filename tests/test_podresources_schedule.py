@@ -31,16 +31,22 @@ SCENARIO: dict[str, Any] = {
 
 
 async def refreshes(source: PodResourcesSource, seconds: float) -> list[float]:
-    """Loop times at which the source's snapshot changed, polled every 10 ms."""
+    """Run the source's refresh task for ``seconds``: the loop times at which its
+    snapshot changed, polled every 10 ms."""
     loop = asyncio.get_running_loop()
     seen, times = source.read(None).timestamp, []  # type: ignore[arg-type]
     deadline = loop.time() + seconds
-    while loop.time() < deadline:
-        await asyncio.sleep(0.01)
-        now = source.read(None).timestamp  # type: ignore[arg-type]
-        if now != seen:
-            seen = now
-            times.append(loop.time())
+    running = asyncio.create_task(source.run())
+    try:
+        while loop.time() < deadline:
+            await asyncio.sleep(0.01)
+            now = source.read(None).timestamp  # type: ignore[arg-type]
+            if now != seen:
+                seen = now
+                times.append(loop.time())
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
     return times
 
 
@@ -53,12 +59,7 @@ async def test_a_refresh_no_cycle_would_read_waits_until_just_before_the_cycle()
         began = loop.time()
         cycle_at = began + 3.5
         source.expect_cycle_at(cycle_at)
-        running = asyncio.create_task(source.run())
-        try:
-            times = await refreshes(source, 3.2)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
+        times = await refreshes(source, 3.2)
     # the first at once; then, of the three the schedule would make before the cycle,
     # only the one the cycle reads, begun PREFETCH_S before it
     assert len(times) == 2, [round(t - began, 2) for t in times]
@@ -70,12 +71,7 @@ async def test_a_refresh_no_cycle_would_read_waits_until_just_before_the_cycle()
 async def test_a_source_told_of_no_cycle_keeps_its_schedule() -> None:
     async with simulated_exporter(SCENARIO, kube_api=False, first_cycle=False) as h:
         source = PodResourcesSource(h.pod_resources.client, interval_s=0.2)
-        running = asyncio.create_task(source.run())
-        try:
-            times = await refreshes(source, 1.5)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
+        times = await refreshes(source, 1.5)
     assert len(times) >= 4, times
 
 
@@ -86,12 +82,7 @@ async def test_a_cycle_due_sooner_than_the_schedule_changes_nothing() -> None:
         source = PodResourcesSource(h.pod_resources.client, interval_s=0.4)
         loop = asyncio.get_running_loop()
         source.expect_cycle_at(loop.time() + 0.3)
-        running = asyncio.create_task(source.run())
-        try:
-            times = await refreshes(source, 1.5)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
+        times = await refreshes(source, 1.5)
     assert len(times) >= 3, times
 
 

@@ -20,7 +20,7 @@ new pods no longer wait for it.
 Nor is a refresh made that no cycle reads: with cycles further apart than the schedule
 (``--interval 600``, a refresh every 30 s: twenty of them per cycle), a scheduled
 refresh waits until ``PREFETCH_S`` before the next cycle, which the agent announces
-after each cycle (``expect_cycle_at``), so each cycle reads allocations about a second
+before each cycle runs (``expect_cycle_at``), so each cycle reads allocations about a second
 old and the refresh costs one per cycle. A source never told of a cycle keeps the plain
 schedule. The staleness period is then the cycle's interval, not the schedule's.
 """
