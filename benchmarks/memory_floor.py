@@ -76,6 +76,8 @@ runpy.run_module("exporter", run_name="__main__", alter_sys=True)
 # and again after one PodResources round has started gRPC core.
 FLOOR_SCRIPT = """
 import asyncio, gc, importlib, json, sys
+from exporter import allocator
+allocator.limit_arenas()  # the malloc settings the exporter sets before its threads start
 asked = json.loads(sys.stdin.read())
 failed = []
 for name in asked["modules"]:
@@ -146,7 +148,8 @@ def import_floor(modules: list[str], socket: Path) -> dict[str, Any]:
 def malloc_setting() -> dict[str, str]:
     """The glibc malloc settings the exporter ran under: the environment's, else the
     exporter's own (exporter/allocator.py: two arenas, a 128 KiB mmap threshold, set by
-    mallopt at start-up). The floor process runs under the same environment."""
+    mallopt at start-up). The floor process runs under the same environment and sets the
+    same defaults first."""
     return {
         name: os.environ.get(name, "unset: the exporter's mallopt default")
         for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_")

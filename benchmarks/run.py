@@ -59,6 +59,9 @@ TARGET_CYCLE_CPU_MS = 10.0
 TARGET_CPU_RATIO = 3.0  # the peer's CPU over ours, at least
 TARGET_SCRAPE_RATIO = 10.0  # the peer's scrape time over ours, at least
 TARGET_RSS_RATIO = 2.0  # our RSS over the peer's, at most
+# Unset, the exporter limits itself to 2 malloc arenas (exporter/allocator.py); the peer
+# runs with glibc's default.
+UNSET_ARENAS = "unset (ours: 2, by mallopt at start; the peer: glibc's default)"
 
 
 class ErrorCounter(logging.Handler):
@@ -268,7 +271,7 @@ def markdown(results: dict[str, Any], rows_: list[Row], curve: str) -> str:
         f"| cores | {m['cores']} ({m['usable_cores']} usable) |",
         f"| memory | {m['memory_gib']} GiB |",
         f"| kernel | {m['kernel']} |",
-        f"| MALLOC_ARENA_MAX | {m['malloc_arena_max'] or 'unset (glibc default)'} |",
+        f"| MALLOC_ARENA_MAX | {m['malloc_arena_max'] or UNSET_ARENAS} |",
         f"| Python | {m['python']} |",
         f"| exporter | {m['exporter']} ({m['commit']}) |",
         f"| packages | {packages} |",

@@ -34,6 +34,11 @@ def test_the_floor_starts_grpc_core_with_one_podresources_round(node_socket: Pat
     # gRPC core's code pages, mapped by its first channel: megabytes, not noise
     assert started["file"] - floor["file"] > 1.0, floor
     assert started["rss"] >= floor["rss"]
+    # and nothing else: a round that kept its answer, or loaded more than gRPC core's
+    # code, would raise the floor and flatter the exporter (3.8 MiB file-backed and
+    # 0.1-0.2 MiB anonymous on the benchmark's VM)
+    assert started["file"] - floor["file"] < 6.0, floor
+    assert started["anon"] - floor["anon"] < 1.0, floor
 
 
 def test_a_floor_whose_round_failed_is_refused(tmp_path: Path) -> None:

@@ -117,6 +117,8 @@ FAMILY_TIERS: dict[str, Tier] = {
     "gpu_mig_mode_enabled": "change",
     "gpu_mig_info": "change",
     "gpu_mig_profile_info": "change",
+    "gpu_mig_profile_memory_bytes": "change",
+    "gpu_mig_profile_sm_share_ratio": "change",
 }
 
 
