@@ -182,12 +182,14 @@ def steady_blocks() -> int:
     return int(statistics.median_low(readings))
 
 
-def measure() -> dict[str, Any]:
+def measure(*, steady: bool = True) -> dict[str, Any]:
     """What this process holds: resident and anonymous memory (MiB), open files, threads,
     objects the collector tracks, and pymalloc blocks, which also count what the
     collector does not track (ints, floats, strings held in a dict), after collections
     (``tracked_objects``) so that cyclic garbage waiting for one, and tuples waiting to be
-    untracked, do not count; pymalloc blocks as ``steady_blocks`` reads them."""
+    untracked, do not count; pymalloc blocks as ``steady_blocks`` reads them, or one
+    reading where not ``steady`` (samples between the period-aligned ones, which only the
+    slopes read: 2 s each would add half an hour to the long soak)."""
     gc_objects = tracked_objects()
     status = Path("/proc/self/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -197,7 +199,7 @@ def measure() -> dict[str, Any]:
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "gc_objects": gc_objects,
-        "allocated_blocks": steady_blocks(),
+        "allocated_blocks": steady_blocks() if steady else sys.getallocatedblocks(),
         **{f"malloc_{k}_mib": v / 2**20 for k, v in (allocator.usage() or {}).items()},
     }
 
@@ -221,7 +223,7 @@ def sample(cycle: int, agent: Agent, scraper: Scraper) -> dict[str, Any]:
     ~2 tracked objects a series: a sample and its labels), which is churn, not growth."""
     latest = agent.latest
     render_every_format(agent)
-    measured = measure()
+    measured = measure(steady=cycle % FLAP_PERIOD_S == 0)
     served = sum(1 + 2 * len(family.samples) for family in agent.collector.collect())
     return {
         "cycle": cycle,
