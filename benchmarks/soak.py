@@ -164,6 +164,12 @@ def tracked_objects() -> int:
     return count
 
 
+def period_aligned(cycle: int) -> bool:
+    """Whether a sample at ``cycle`` is one the ceilings compare (``growth_failures``): at
+    the same point of every churn period, so it reads pymalloc blocks steadily."""
+    return cycle % FLAP_PERIOD_S == 0
+
+
 def steady_blocks() -> int:
     """pymalloc blocks as the median of ``BLOCK_READINGS`` readings ``BLOCK_READING_GAP_S``
     apart, no cycle running. One reading also counts what the Kubernetes watch and writer
@@ -223,7 +229,7 @@ def sample(cycle: int, agent: Agent, scraper: Scraper) -> dict[str, Any]:
     ~2 tracked objects a series: a sample and its labels), which is churn, not growth."""
     latest = agent.latest
     render_every_format(agent)
-    measured = measure(steady=cycle % FLAP_PERIOD_S == 0)
+    measured = measure(steady=period_aligned(cycle))
     served = sum(1 + 2 * len(family.samples) for family in agent.collector.collect())
     return {
         "cycle": cycle,
@@ -640,7 +646,7 @@ def _verdict_row(churn: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     aligned = [
         s
         for s in churn["samples"]
-        if s["cycle"] % FLAP_PERIOD_S == 0 and s["cycle"] >= churn["plan"]["slope_from"]
+        if period_aligned(s["cycle"]) and s["cycle"] >= churn["plan"]["slope_from"]
     ]
     if len(aligned) < 2:
         return []
