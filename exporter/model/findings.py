@@ -141,21 +141,33 @@ class Attribution:
 @dataclass(frozen=True, slots=True)
 class HealthReason:
     reason: str  # e.g. "fatal_xid", "uncorrectable_ecc", "thermal_slowdown"
-    severity: str  # "unhealthy" | "degraded"
+    # "unhealthy" | "degraded" | "unknown": "unknown" is no verdict at all (a GPU whose
+    # reading failed without hardware evidence): neither healthy nor unhealthy
+    severity: str
     detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class GpuHealth:
-    """The verdict for one GPU: unhealthy if any reason has severity "unhealthy"."""
+    """The verdict for one GPU: unhealthy if any reason has severity "unhealthy";
+    unknown if none has, but one says "unknown" (no hardware evidence either way);
+    healthy only when neither."""
 
     gpu: int
     uuid: str
     reasons: tuple[HealthReason, ...] = ()
 
     @property
+    def unhealthy(self) -> bool:
+        return any(r.severity == "unhealthy" for r in self.reasons)
+
+    @property
+    def unknown(self) -> bool:
+        return not self.unhealthy and any(r.severity == "unknown" for r in self.reasons)
+
+    @property
     def healthy(self) -> bool:
-        return not any(r.severity == "unhealthy" for r in self.reasons)
+        return not any(r.severity in ("unhealthy", "unknown") for r in self.reasons)
 
 
 @dataclass(frozen=True, slots=True)

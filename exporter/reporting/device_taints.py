@@ -47,7 +47,7 @@ def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[Tai
     unhealthy = {
         h.uuid: next(r.reason for r in h.reasons if r.severity == "unhealthy")
         for h in analysis.health
-        if not h.healthy
+        if h.unhealthy
     }
     # a MIG device the driver publishes (its uuid is the MIG UUID) is as unhealthy as
     # the GPU it is carved from
