@@ -36,7 +36,13 @@ import pynvml
 
 from exporter.sim.mig_profiles import multiprocessors, profiles_for
 from exporter.sim.node import SimNode, speed_alone
-from exporter.sim.scenario import FIELDS_ADDED_IN_DRIVER, SimGpu, SimMig, SimProcess
+from exporter.sim.scenario import (
+    FIELDS_ADDED_IN_DRIVER,
+    PYTHON_ERRORS,
+    SimGpu,
+    SimMig,
+    SimProcess,
+)
 from exporter.sim.wakeups import sleep_interruptibly
 
 SUCCESS: int = pynvml.NVML_SUCCESS
@@ -186,6 +192,7 @@ def device_call(fn: Callable[..., int]) -> Callable[..., int]:
                 error = self.injected_error(fn.__name__, gpu, mig)
                 if error is not None:
                     return error
+                self.injected_raise(fn.__name__, gpu, mig)
             return fn(self, gpu, mig, *args)
 
     return wrapper
@@ -239,6 +246,16 @@ class SimNvmlLibrary:
             if entry.error is not None and entry.applies(call, index, slot, now):
                 return entry.error
         return None
+
+    def injected_raise(self, call: str, gpu: SimGpu | None, mig: SimMig | None) -> None:
+        """Raise the Python exception a scenario's ``call_errors`` entry names (``raise``)
+        for this call now, as ctypes raises inside pynvml on a binding mismatch."""
+        now = self.node.now()
+        index = None if gpu is None else gpu.index
+        slot = None if gpu is None or mig is None else gpu.mig.index(mig)
+        for entry in self.node.scenario.call_errors:
+            if entry.raises is not None and entry.applies(call, index, slot, now):
+                raise PYTHON_ERRORS[entry.raises](f"simulated binding mismatch in {call}")
 
     def stall(self, call: str, gpu: SimGpu | None, mig: SimMig | None) -> None:
         """Block as long as a scenario's ``delay_s`` says, outside the node's lock, so
@@ -322,6 +339,10 @@ class SimNvmlLibrary:
         i = _value(index)
         if not 0 <= i < len(self.node.gpus):
             return INVALID_ARGUMENT
+        if self.node.scenario.call_errors:  # e.g. NO_PERMISSION: nvml.h, this call's returns
+            error = self.injected_error("nvmlDeviceGetHandleByIndex_v2", self.node.gpus[i], None)
+            if error is not None:
+                return error
         with self.node.lock:
             _set_pointer(_out(out), self._gpu_address(self.node.gpus[i]))
         return SUCCESS

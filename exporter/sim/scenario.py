@@ -44,6 +44,8 @@ NVML_ERROR_CODES = {
     "INVALID_ARGUMENT": 2,
     "NOT_FOUND": 6,
 }
+# What a call_errors entry may ``raise``: exceptions from inside the binding, not codes.
+PYTHON_ERRORS: dict[str, type[Exception]] = {"TypeError": TypeError, "ValueError": ValueError}
 # Entry points newer than some drivers, by the driver branch that added them: a scenario
 # whose driver_version is older lacks them (FunctionNotFound), as a real R525 driver does.
 # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons in R535 (pynvml
@@ -74,7 +76,10 @@ class SimCallError:
     """An NVML entry point that answers ``error`` from ``start`` until ``until`` (simulated
     seconds; None: for good), on every handle or only on one GPU's (or MIG device's).
     ``delay_s`` makes the call block that many real seconds first (error None: then it
-    answers normally), as a driver busy with a GPU in trouble does."""
+    answers normally), as a driver busy with a GPU in trouble does. ``raises`` makes the
+    call raise that Python exception instead of answering, as ctypes does inside pynvml
+    when the binding and the library disagree (a call with the wrong number of arguments
+    raises TypeError): an answer the binding cannot decode."""
 
     call: str  # the C symbol, e.g. nvmlDeviceGetCount_v2, nvmlGpmSampleGet
     error: int | None
@@ -83,6 +88,7 @@ class SimCallError:
     start: float = 0.0
     until: float | None = None
     delay_s: float = 0.0
+    raises: str | None = None  # a name of PYTHON_ERRORS
 
     def applies(self, call: str, gpu: int | None, mig: int | None, now: float) -> bool:
         if call != self.call or now < self.start:
@@ -893,13 +899,17 @@ def _newer_than(driver_version: str) -> set[str]:
 
 
 def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCallError:
-    _check_keys(data, {"call", "error", "gpu", "mig", "from", "until", "delay_s"}, where)
+    _check_keys(data, {"call", "error", "gpu", "mig", "from", "until", "delay_s", "raise"}, where)
     if not data.get("call"):
         raise ScenarioError(f"{where}.call: name the NVML entry point, e.g. nvmlGpmSampleGet")
-    error, delay = data.get("error"), data.get("delay_s", 0.0)
+    error, delay, raises = data.get("error"), data.get("delay_s", 0.0), data.get("raise")
     if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
         raise ScenarioError(f"{where}.delay_s: {delay!r} is not a number of seconds >= 0")
-    if error not in NVML_ERROR_CODES and not (error is None and delay > 0):
+    if raises is not None and (raises not in PYTHON_ERRORS or error is not None):
+        raise ScenarioError(
+            f"{where}.raise: {raises!r} is not one of {sorted(PYTHON_ERRORS)} (without error)"
+        )
+    if error not in NVML_ERROR_CODES and not (error is None and (delay > 0 or raises)):
         raise ScenarioError(f"{where}.error: {error!r} is not one of {sorted(NVML_ERROR_CODES)}")
     gpu, mig = data.get("gpu"), data.get("mig")
     if gpu is not None and not (isinstance(gpu, int) and 0 <= gpu < len(gpus)):
@@ -917,6 +927,7 @@ def _call_error(data: dict[str, Any], where: str, gpus: list[SimGpu]) -> SimCall
         start=float(data.get("from", 0.0)),
         until=None if until is None else float(until),
         delay_s=float(delay),
+        raises=None if raises is None else str(raises),
     )
 
 
