@@ -24,6 +24,7 @@ from exporter.agent import Agent, build_agent
 from exporter.config import parse_config
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
+from exporter.model import MIRROR_POD_ANNOTATION
 from exporter.sim.environment import SimEnvironment
 from exporter.sim.node import ManualClock
 from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
@@ -132,8 +133,11 @@ class Harness:
         if not isinstance(watch, PodWatcher) or api is None or not _up(watch):
             return
         node = watch.node_name
-        wanted = {
-            str(p["metadata"]["uid"]).lower()
+        wanted = {  # a mirror pod is known by the kubelet's UID of its static pod
+            str(
+                (p["metadata"].get("annotations") or {}).get(MIRROR_POD_ANNOTATION)
+                or p["metadata"]["uid"]
+            ).lower()
             for p in api.pods()
             if p["spec"].get("nodeName") == node
         }

@@ -75,8 +75,8 @@ class _PodIndex:
             if process.namespace and process.pod and process.pod_uid:
                 uids[(process.namespace, process.pod)] = process.pod_uid
         if meta is not None:
-            for pod in meta.pods:
-                uids[(pod.namespace, pod.name)] = pod.uid
+            for pod in meta.pods:  # the API's UID: a mirror pod's Events are about it
+                uids[(pod.namespace, pod.name)] = pod.api_uid or pod.uid
         self._uids = uids
         self._allocations = analysis.attribution.allocations
         self._migs = {

@@ -328,6 +328,8 @@ class ResourceSliceSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class PodMeta:
+    # The UID on this node, as cgroups and the kubelet name the pod: for a static pod the
+    # kubelet's (its mirror pod's kubernetes.io/config.mirror), else the API's.
     uid: str
     namespace: str
     name: str
@@ -345,6 +347,7 @@ class PodMeta:
     owner_kind: str | None = None
     owner_name: str | None = None
     pod_template_hash: str | None = None  # the pod's `pod-template-hash` label, if any
+    api_uid: str | None = None  # a mirror pod's UID in the API, where it differs from uid
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# A static pod's mirror pod carries the kubelet's UID of the pod (its config hash) in
+# this annotation (kubetypes.ConfigMirrorAnnotationKey, pkg/kubelet/types/pod_update.go;
+# set by CreateMirrorPod, pkg/kubelet/pod/mirror_client.go).
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
 
 
 # Extended resources NVIDIA's device plugin (and GKE's: nvidia.com/gpu) advertises GPUs

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exporter.model import MIRROR_POD_ANNOTATION
 from exporter.sim.cgroupfs import CgroupTree
 from exporter.sim.kernel_log import SimKernelLogWriter
 from exporter.sim.kube_api import FakeKubeApi, pod_dict, write_kubeconfig
@@ -187,16 +188,17 @@ class SimEnvironment:
         node = self.node
         with node.lock:
             wanted = {
-                pod.uid: pod_dict(
+                pod.api_uid: pod_dict(
                     pod.namespace,
                     pod.name,
-                    pod.uid,
+                    pod.api_uid,
                     node.scenario.node_name,
                     phase=pod.phase,
                     containers=[(c.name, c.container_id) for c in pod.containers],
                     limits={c.name: c.limits for c in pod.containers if c.limits},
                     owner=pod.owner,
                     labels=pod.labels,
+                    annotations={MIRROR_POD_ANNOTATION: pod.uid} if pod.mirror_uid else None,
                     deletion_timestamp=(
                         node.wall_time(pod.deletion_at) if pod.deletion_at is not None else None
                     ),

@@ -190,6 +190,7 @@ def pod_dict(
     limits: Mapping[str, Mapping[str, str]] | None = None,
     owner: tuple[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build a pod as the API server serialises it.
 
@@ -202,6 +203,8 @@ def pod_dict(
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
     if labels:
         metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     if owner is not None:
         metadata["ownerReferences"] = [_controller_ref(namespace, *owner)]
     if deletion_timestamp is not None:

@@ -244,6 +244,15 @@ class SimPod:
     deletion_at: float | None = None  # simulated time the API's deletionTimestamp names
     owner: tuple[str, str] | None = None  # (kind, name): the controller ownerReference
     labels: dict[str, str] = field(default_factory=dict)  # metadata.labels
+    # A static pod (``static: true``): ``uid`` is the kubelet's, the hash of its manifest
+    # (cgroups, PodResources), and this is its mirror pod's UID in the API, which carries
+    # ``uid`` in the kubernetes.io/config.mirror annotation. None: an API pod.
+    mirror_uid: str | None = None
+
+    @property
+    def api_uid(self) -> str:
+        """The pod's UID as the API server shows it."""
+        return self.mirror_uid or self.uid
 
 
 @dataclass
@@ -632,7 +641,9 @@ def _pod(
     processes: list[SimProcess],
 ) -> SimPod:
     _check_keys(
-        data, {"namespace", "name", "uid", "qos", "phase", "containers", "owner", "labels"}, where
+        data,
+        {"namespace", "name", "uid", "qos", "phase", "containers", "owner", "labels", "static"},
+        where,
     )
     namespace = str(data.get("namespace", "default"))
     name = data.get("name")
@@ -660,10 +671,22 @@ def _pod(
             processes.append(
                 _process(_expect_mapping(praw, pwhere), pwhere, pids.take(), key, cname, gpu_count)
             )
+    static = data.get("static", False)
+    if not isinstance(static, bool):
+        raise ScenarioError(f"{where}.static: true or false")
     return SimPod(
         namespace=namespace,
         name=str(name),
-        uid=str(data.get("uid") or derived_uuid(node, "pod", key)),
+        # a static pod's UID is the kubelet's md5 of its manifest: 32 hex digits
+        uid=str(
+            data.get("uid")
+            or (
+                _digest(node, "static", key)[:16].hex()
+                if static
+                else derived_uuid(node, "pod", key)
+            )
+        ),
+        mirror_uid=derived_uuid(node, "mirror", key) if static else None,
         qos=str(data.get("qos", "burstable")),
         phase=str(data.get("phase", "Running")),
         containers=containers,

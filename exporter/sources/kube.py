@@ -9,11 +9,18 @@ ResourceSlice watch; this module only says what a pod becomes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from exporter.model import PodMeta, PodMetaSnapshot, SourceName, WatchCounts
+from exporter.model import (
+    MIRROR_POD_ANNOTATION,
+    PodMeta,
+    PodMetaSnapshot,
+    SourceName,
+    WatchCounts,
+)
 from exporter.sources.base import Cycle
 from exporter.sources.kube_watch import KubeWatchSource
 
@@ -30,6 +37,9 @@ MAX_NAME_CHARS = 253
 MAX_LABEL_VALUE_CHARS = 63
 MAX_OWNER_REFERENCES = 16
 TEMPLATE_HASH_LABEL = "pod-template-hash"  # apps/v1 DefaultDeploymentUniqueLabelKey
+_KUBELET_UID = re.compile(
+    r"[0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
 _UNREADABLE = ("", "")  # names a controller that cannot be read: unknown, not "none"
 
 
@@ -117,8 +127,27 @@ def _template_hash(labels: Any) -> str | None:
     return _bounded(labels.get(TEMPLATE_HASH_LABEL), MAX_LABEL_VALUE_CHARS)
 
 
+def kubelet_uid(annotations: Any) -> str | None:
+    """A mirror pod's static pod UID, the one its cgroups carry; None for other pods.
+
+    The kubelet names a static pod by the md5 of its manifest (32 hex digits; the
+    manifest's own ``metadata.uid`` when it sets one) and writes that UID into the
+    mirror pod's ``kubernetes.io/config.mirror`` annotation (pkg/kubelet/config/common.go
+    ``applyDefaults``; pkg/kubelet/pod/mirror_client.go ``CreateMirrorPod``). Only the
+    forms a cgroup path can carry (procfs.py) are taken: anything else is no UID of a
+    process we could see.
+    """
+    value = annotations.get(MIRROR_POD_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not isinstance(value, str) or _KUBELET_UID.fullmatch(value) is None:
+        return None
+    return value.lower()
+
+
 def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
     """One pod as the API serialises it -> PodMeta; None without a UID.
+
+    A mirror pod is keyed by its static pod's UID (``kubelet_uid``), the one its
+    processes' cgroups name, with the API's own UID in ``api_uid``.
 
     Containers come from the regular, init and ephemeral statuses, skipping those with
     no id yet (not started): only a started container can own a GPU process.
@@ -128,13 +157,15 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
     uid = metadata.get("uid")
     if not isinstance(uid, str) or not uid:
         return None
+    node_uid = kubelet_uid(metadata.get("annotations"))
     containers: list[tuple[str, str]] = []
     for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
         containers.extend(_container_pairs(status.get(key)))
     phase = status.get("phase")
     owner = controller_of(metadata.get("ownerReferences"))
     return PodMeta(
-        uid=uid.lower(),
+        uid=node_uid or uid.lower(),
+        api_uid=uid.lower() if node_uid else None,
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
         phase=phase if isinstance(phase, str) and phase else None,

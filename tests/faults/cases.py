@@ -131,6 +131,22 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "--dra-device-taints on a cluster without the DeviceTaintRule API",
     ),
+    # -- issue 40: static pods and clocks
+    Case(
+        "static-pod-uses-gpu",
+        "Kubernetes writes",
+        "a static pod using a GPU (its mirror pod's UID is not its cgroup's)",
+    ),
+    Case(
+        "wall-clock-steps-after-fatal-xid",
+        "Kubernetes writes",
+        "the wall clock steps +2 h 20 s (and back) after a fatal XID",
+    ),
+    Case(
+        "node-clock-ahead-of-api-server",
+        "Kubernetes writes",
+        "the node's clock 3 min ahead of the API server during a pod's graceful stop",
+    ),
 )
 
 BY_ID = {case.id: case for case in CASES}
