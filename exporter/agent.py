@@ -80,6 +80,8 @@ class SelfMetrics:
     errors: Counter
     events: Counter
     kube_writes: Counter
+    # registered only where a kind of write may be shadowed (--kube-writes shadow)
+    kube_writes_shadowed: Counter | None = None
 
     @classmethod
     def register(cls, registry: CollectorRegistry) -> SelfMetrics:
@@ -124,6 +126,17 @@ class SelfMetrics:
                 ["kind", "result"],
                 registry=registry,
             ),
+        )
+
+    def register_shadowed(self, registry: CollectorRegistry) -> None:
+        self.kube_writes_shadowed = Counter(
+            "gpu_exporter_kube_writes_shadowed",
+            EXPERIMENTAL + "Writes to the Kubernetes API computed and not sent "
+            "(--kube-writes shadow), by kind (event, node_condition, device_taint_rule) "
+            "and reason (the Event's or condition's reason, the taint's value, or why a "
+            "rule is deleted).",
+            ["kind", "reason"],
+            registry=registry,
         )
 
 
@@ -199,6 +212,7 @@ class Agent:
         self._errors_seen: dict[str, int] = {}
         self._events_seen: dict[tuple[str, str], int] = {}
         self._writes_seen: dict[tuple[str, str], int] = {}
+        self._shadow_seen: dict[tuple[str, str], int] = {}
         if reporter is not None:  # present from the start, at 0
             for reason in EVENT_REASONS:
                 for result in RESULTS:
@@ -206,6 +220,8 @@ class Agent:
             for kind in WRITE_KINDS:
                 for outcome in WRITE_RESULTS:
                     self.self_metrics.kube_writes.labels(kind, outcome)
+            if reporter.options.shadow:
+                self.self_metrics.register_shadowed(self.registry)
         self._last_success: dict[str, float] = {}  # sampled sources: last cycle they were up
         self._unresolved_forms_logged: set[str] = set()  # at most UNRESOLVED_SHAPES_LOGGED
         self._unresolved_forms_full = False  # the "no more are logged" line is written
@@ -406,9 +422,11 @@ class Agent:
 
     def _count_writes(self, reporter: KubeReporter) -> None:
         """The writer thread's running totals, as increments of our counters."""
+        shadowed = self.self_metrics.kube_writes_shadowed
         for seen, totals, counter in (
             (self._events_seen, reporter.event_counts(), self.self_metrics.events),
             (self._writes_seen, reporter.write_counts(), self.self_metrics.kube_writes),
+            *([(self._shadow_seen, reporter.shadow_counts(), shadowed)] if shadowed else []),
         ):
             for labels, total in totals.items():
                 new = total - seen.get(labels, 0)

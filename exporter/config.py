@@ -98,6 +98,9 @@ class Config:
     node_condition: bool = False
     dra_device_taints: bool = False
     dra_device_taint_effect: str = "None"  # "None" | "NoSchedule"
+    # --kube-writes: the kinds of write (KUBE_WRITE_KINDS) computed and counted but not
+    # sent; empty: every write is sent ("on")
+    kube_writes_shadow: frozenset[str] = frozenset()
     cgroup_root: Path | None = None  # --cgroup-root; None: off (no cgroup source)
     why_idle_throttled_ratio: float = 0.2  # analysis/why_idle.py
     why_idle_pressure_ratio: float = 0.2
@@ -174,6 +177,7 @@ SERVER_ONLY_FLAGS = frozenset(
         "--node-condition",
         "--dra-device-taints",
         "--dra-device-taint-effect",
+        "--kube-writes",
     }
 )
 
@@ -393,6 +397,18 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "(Kubernetes 1.35+); NoSchedule keeps new claims off the GPU.",
         default="None",
         choices=("None", "NoSchedule"),
+    )
+    add(
+        "--kube-writes",
+        "'on': send the Events, the node condition and the DeviceTaintRules the flags "
+        "above ask for. 'shadow': compute every one of them and count it "
+        "(gpu_exporter_kube_writes_shadowed_total{kind,reason}) and log it, but send "
+        "none (reads still happen), to compare fleet-wide before switching writes on. "
+        "'shadow=KIND,...' shadows only those kinds (event, node_condition, "
+        "device_taint_rule). Rollout: shadow, then on for a canary node pool, then on "
+        "everywhere (docs/install.md).",
+        default="on",
+        metavar="on|shadow|shadow=KIND,...",
     )
     add(
         "--simulate",
@@ -717,6 +733,28 @@ def _remote_info(text: str) -> str:
     return value
 
 
+KUBE_WRITE_KINDS = ("event", "node_condition", "device_taint_rule")
+
+
+def parse_kube_writes(value: str, named: str = "--kube-writes") -> frozenset[str]:
+    """``on`` (nothing shadowed), ``shadow`` (every kind) or ``shadow=KIND,...``."""
+    text = value.strip()
+    if text == "on":
+        return frozenset()
+    if text == "shadow":
+        return frozenset(KUBE_WRITE_KINDS)
+    head, eq, tail = text.partition("=")
+    kinds = {k.strip() for k in tail.split(",") if k.strip()}
+    unknown = sorted(kinds - set(KUBE_WRITE_KINDS))
+    if head.strip() != "shadow" or not eq or not kinds or unknown:
+        raise ConfigError(
+            f"{named}: {value!r} is not on, shadow or shadow=KIND,... "
+            f"(kinds: {', '.join(KUBE_WRITE_KINDS)})"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+        )
+    return frozenset(kinds)
+
+
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     """Exporter flags; ``snapshot`` as the first argument selects the subcommand's flags."""
     env = os.environ if env is None else env
@@ -738,6 +776,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
                 f"{_env_name('--' + flag.replace('_', '-'))}: {value!r} is not "
                 f"one of {', '.join(choices)}"
             )
+    kube_writes_shadow = parse_kube_writes(args.kube_writes, parser.named("--kube-writes"))
     if args.simulate and args.simulated_node:
         raise ConfigError(
             "--simulate and --simulated-node both given: pick one (--simulate runs the "
@@ -792,6 +831,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         node_condition=bool(args.node_condition),
         dra_device_taints=bool(args.dra_device_taints),
         dra_device_taint_effect=args.dra_device_taint_effect,
+        kube_writes_shadow=kube_writes_shadow,
         web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
         cgroup_root=_cgroup_root(args.cgroup_root),

@@ -139,6 +139,7 @@ def build_reporter(
         taint_effect=config.dra_device_taint_effect,
         dra_drivers=config.dra_drivers,
         xid_window_s=config.health_xid_window_s,
+        shadow=config.kube_writes_shadow,
     )
     kubeconfig = config.kubeconfig
 

@@ -20,6 +20,7 @@ SELF_INSTRUMENTS = {
     "gpu_exporter_errors",
     "gpu_exporter_events",  # while Events are on (exporter/agent.py)
     "gpu_exporter_kube_writes",
+    "gpu_exporter_kube_writes_shadowed",  # with --kube-writes shadow
     "gpu_exporter_sample_duration_seconds",
     "gpu_exporter_source_read_seconds",
 }
@@ -63,7 +64,9 @@ async def test_every_emitted_metric_is_documented_and_every_documented_one_is_em
     """Run node-8gpu through its whole timeline (zombie, XIDs, a kernel-log backlog, a
     lost GPU), every family on, and collect every metric family served along the way."""
     emitted: dict[str, str] = {}
+    # the node condition computed but not sent: gpu_exporter_kube_writes_shadowed
     argv = ["--kmsg", "--families-enable", "*"]
+    argv += ["--node-condition", "--kube-writes", "shadow=node_condition"]
     async with simulated_exporter("node-8gpu", argv=argv) as h:
         for step in (5, 60, 30, 30, 30, 30):
             await h.advance(step)
@@ -97,7 +100,7 @@ def served_help() -> dict[str, str]:
     """Every family's HELP text: the catalogue's, and the agent's own instruments'."""
     texts = {name: doc for name, (_, doc) in CATALOGUE.items()}
     registry = CollectorRegistry()
-    SelfMetrics.register(registry)
+    SelfMetrics.register(registry).register_shadowed(registry)
     texts.update((metric.name, metric.documentation) for metric in registry.collect())
     return texts
 

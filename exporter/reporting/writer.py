@@ -17,6 +17,10 @@ else happens here, one request at a time, each with a deadline:
 - **Counted**: ``gpu_exporter_events_total{reason,result}`` and
   ``gpu_exporter_kube_writes_total{kind,result}``; each kind of failure logged once
   per minute (exporter/logs.py).
+- **Sent or shadowed in one place** (``_shadowed``): with ``--kube-writes shadow`` a
+  write is computed, budgeted and remembered exactly as if it had been sent, then only
+  counted (``gpu_exporter_kube_writes_shadowed_total{kind,reason}``) and logged. Reads
+  (the Node's condition, the rule list) still happen.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ QUIET_WAKE_S = 10.0
 TAINT_RESYNC_S = 600.0  # re-list our DeviceTaintRules (someone may have deleted one)
 STOP_TIMEOUT_S = 2.0
 WRITE_KINDS = ("node_condition", "device_taint_rule")
+# every kind --kube-writes may shadow (exporter/config.py KUBE_WRITE_KINDS)
+SHADOW_KINDS = ("event", *WRITE_KINDS)
 WRITE_RESULTS = ("ok", "failed")
 
 
@@ -102,6 +108,8 @@ class ReportingOptions:
     # taint left by an earlier run may rest on XIDs this run never saw, so it is kept
     # that long before this run's "healthy" may undo it.
     xid_window_s: float = 3600.0
+    # --kube-writes: kinds (SHADOW_KINDS) computed and counted but never sent
+    shadow: frozenset[str] = frozenset()
 
 
 class _Backoff:
@@ -163,6 +171,7 @@ class KubeReporter:
         # counts, read by the agent every cycle
         self._events: dict[tuple[str, str], int] = {}
         self._writes: dict[tuple[str, str], int] = {}
+        self._shadowed_writes: dict[tuple[str, str], int] = {}
         # the writer thread's own
         self.recorder = Recorder(options.node_name, clock=clock, wall=wall)
         self._retry: Write | None = None
@@ -219,6 +228,31 @@ class KubeReporter:
     def write_counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._writes)
+
+    def shadow_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, reason) -> writes computed and not sent (``--kube-writes shadow``)."""
+        with self._lock:
+            return dict(self._shadowed_writes)
+
+    # -- sent or shadowed: the one place that decides ---------------------------------
+
+    def writes_enabled(self, kind: str) -> bool:
+        """Whether writes of ``kind`` (SHADOW_KINDS) go to the API server."""
+        return kind not in self.options.shadow
+
+    def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> bool:
+        """True: this write, computed and within its budget, is not sent; it is counted
+        and logged instead, and the caller carries on as if the API had taken it. Every
+        write of every kind passes here just before its request."""
+        if self.writes_enabled(kind):
+            return False
+        with self._lock:
+            key = (kind, reason)
+            self._shadowed_writes[key] = self._shadowed_writes.get(key, 0) + 1
+        # one line per write; as many as the write budgets let through (no more than
+        # on mode would send), so no flood filter is needed at info level
+        log.info("shadow: would %s %s %s (reason %s); not sent", verb, kind, name, reason)
+        return True
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -326,6 +360,10 @@ class KubeReporter:
                 if write is None:
                     return
                 self._tries = 0
+            if self._shadowed("event", write.reason, write.verb, write.name):
+                self._retry = None
+                self.recorder.sent(write)  # as if taken: the series and budget go on
+                continue
             try:
                 if write.verb == "create":
                     self._client.create_event(write.body)
@@ -409,7 +447,9 @@ class KubeReporter:
             else:
                 transition = sent.transition_wall
             body = condition_body(desired, transition, wall)
-            self._client.patch_node_conditions(node, [body])
+            shadowed = self._shadowed("node_condition", desired.reason, "patch", node)
+            if not shadowed:
+                self._client.patch_node_conditions(node, [body])
         except self._error as exc:
             self._count_write("node_condition", "failed")
             log.debug("node condition: %s", getattr(exc, "reason", exc))
@@ -424,7 +464,8 @@ class KubeReporter:
         self._sent_condition = SentCondition(desired, now, transition)
         if desired.status == "True":
             self._hold_false_until = float("-inf")  # from now on this run's own verdicts
-        self._count_write("node_condition", "ok")
+        if not shadowed:
+            self._count_write("node_condition", "ok")
         self._condition_backoff.succeeded()
 
     def _read_inherited_condition(self, desired: NodeCondition) -> None:
@@ -467,7 +508,10 @@ class KubeReporter:
             if version is None:
                 return
             listed = None
-            if self._existing_rules is None or now - self._rules_listed_at >= TAINT_RESYNC_S:
+            resync = now - self._rules_listed_at >= TAINT_RESYNC_S
+            if not self.writes_enabled("device_taint_rule"):
+                resync = False  # shadowed: the rules as if written are the ones to keep
+            if self._existing_rules is None or resync:
                 listed = self._client.list_device_taint_rules(
                     version, label_selector(self.options.node_name)
                 )
@@ -509,6 +553,9 @@ class KubeReporter:
     def _create_rule(self, version: str, rule: TaintRule) -> bool:
         assert self._client is not None and self._existing_rules is not None
         body = rule_body(rule, version, self.options.node_name, self.options.taint_effect)
+        if self._shadowed("device_taint_rule", rule.reason, "create", rule.name):
+            self._existing_rules.add(rule.name)  # as if made: not computed again
+            return True
         try:
             self._client.create_device_taint_rule(version, body)
         except self._error as exc:
@@ -532,6 +579,10 @@ class KubeReporter:
 
     def _delete_rule(self, version: str, name: str) -> bool:
         assert self._client is not None and self._existing_rules is not None
+        if self._shadowed("device_taint_rule", "healthy", "delete", name):
+            self._existing_rules.discard(name)
+            self._inherited_rules.pop(name, None)
+            return True
         try:
             self._client.delete_device_taint_rule(version, name)
         except self._error as exc:
