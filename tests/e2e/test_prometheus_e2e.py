@@ -7,7 +7,8 @@ One module-scoped run (~2 minutes) plays the scenario tests/e2e/node-e2e.yaml:
 2. poll until every expected alert has fired (bounded; progress is printed);
 3. while the exporter still runs: read every dashboard query, every recording rule and
    every rule's health, and render the PNG plots;
-4. stop the exporter: GPUExporterDown must fire; then drop its target from Prometheus'
+4. stop the exporter: GPUExporterDownDuringCriticalAlert must fire (a critical alert
+   fires for it); then drop its target from Prometheus'
    configuration: GPUExporterAbsent must fire.
 The tests below then assert on what the run saw; each failure message carries the alert
 states and the relevant lines of the exporter's last scrape.
@@ -141,7 +142,9 @@ EXPECTED: dict[str, Expect] = {
     ),
     "GPUOrphanedMemoryLarge": Expect(({"gpu": "5"},)),  # 30 of 80 GiB
     "GPUFatalXID": Expect(({"gpu": "6", "xid": "79"},)),  # XID 31 on GPU 2 is not fatal
-    "GPUUnhealthy": Expect(({"gpu": "6"},)),
+    # GPU 6's XID 79 (then lost) pages once, as GPUFatalXID: GPUUnhealthy stays quiet for
+    # a GPU whose unhealthy reasons include a fatal XID (docs/runbooks.md), and no other
+    # GPU is unhealthy, so it must not fire at all
     "GPUNodeCapacityReduced": Expect(({"resource": "nvidia.com/gpu", "node": NODE},)),
     "GPUThermalOrPowerSlowdown": Expect(({"gpu": "1"},)),
     # x8 of x16 under load; idle GPUs 6 and 7 sit at PCIe Gen1 of Gen5 and stay quiet
@@ -162,8 +165,10 @@ EXPECTED: dict[str, Expect] = {
 FORMS_EXPECTED: dict[str, Expect] = {
     "GPUIsolationLeak": Expect(({**FORMS_LEAK, "node": GKE_NODE}, {**FORMS_LEAK, "node": DRA_NODE}))
 }
-# Fire only once the exporter is stopped (step 4).
-STOP_PHASE = ("GPUExporterDown", "GPUExporterAbsent")
+# Fire only once the exporter is stopped (step 4). It is stopped under a critical alert
+# (GPUFatalXID on GPU 6), so its absence pages as loud as that: the critical
+# GPUExporterDownDuringCriticalAlert, never the warning GPUExporterDown.
+STOP_PHASE = ("GPUExporterDownDuringCriticalAlert", "GPUExporterAbsent")
 
 # Dashboard panel queries allowed to return no series, with the reason. Keep it minimal:
 # each entry must still be valid PromQL, and must really return nothing (else remove it).

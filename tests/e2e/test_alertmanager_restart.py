@@ -1,0 +1,256 @@
+"""End to end through Alertmanager: the exporter killed under critical alerts.
+
+The exporter on a simulated node (node-alertmanager.yaml: GPU 0 lost, GPU 1 after a
+fatal XID 79 and lost) is scraped by a real Prometheus (Debian's 2.42) that loads the
+alert rules on the e2e time scale (shrink_rules.py: 15 min -> 15 s, 5 min -> 5 s) and
+sends to a real Alertmanager (Debian's ``prometheus-alertmanager``, 0.25) whose webhook
+receiver is a small HTTP server in this test recording every notification. Once the
+critical pages are out, the exporter is killed with SIGKILL. docs/e2e.md describes it;
+docs/runbooks.md#when-the-exporter-is-gone the rules it checks:
+
+- no "resolved" for a critical alert before its replacement pages (the held alerts
+  stay firing in Prometheus meanwhile);
+- the replacement is critical (GPUExporterDownDuringCriticalAlert), never the warning
+  GPUExporterDown;
+- GPU 1's fatal XID paged once (GPUFatalXID), not twice (GPUUnhealthy as well).
+
+Without ``prometheus`` or ``prometheus-alertmanager`` it skips, or fails in CI
+(tests/system_tools.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.shrink_rules import write_shrunk_rules
+from tests.e2e.stack import (
+    Child,
+    PromApi,
+    free_port,
+    http_get,
+    prometheus_config,
+    start_exporter,
+    start_prometheus,
+    wait_until,
+)
+from tests.system_tools import require_tool
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SCENARIO = HERE / "node-alertmanager.yaml"
+ALERT_RULES = ROOT / "alerts" / "gpu-occupancy-exporter.rules.yaml"
+NODE = "sim-node-alertmanager"
+ALERTMANAGER_HINT = "apt-get install -y prometheus-alertmanager"
+START_TIMEOUT_S = 30
+PAGES_TIMEOUT_S = 45  # lost at t=2, GPUUnhealthy's for: 5 s, Alertmanager's 1 s waits
+REPLACEMENT_TIMEOUT_S = 14  # under the 15 s hold: the page must be carried before it ends
+CRITICAL_PAGES = {("GPUUnhealthy", "0"), ("GPUFatalXID", "1")}
+
+
+@dataclass
+class Webhook:
+    """Every alert of every notification Alertmanager posted, with when it arrived."""
+
+    received: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def alerts(self) -> list[tuple[float, dict[str, Any]]]:
+        with self.lock:
+            return list(self.received)
+
+    def pages(self, status: str, since: float = 0.0) -> set[tuple[str, str]]:
+        """(alertname, gpu) of each alert notified with ``status`` at or after ``since``."""
+        return {
+            (a["labels"]["alertname"], a["labels"].get("gpu", ""))
+            for at, a in self.alerts()
+            if a["status"] == status and at >= since
+        }
+
+    def severities(self, alertname: str) -> set[str]:
+        return {
+            a["labels"]["severity"]
+            for _, a in self.alerts()
+            if a["labels"]["alertname"] == alertname
+        }
+
+
+def serve_webhook(hook: Webhook) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            now = time.monotonic()
+            with hook.lock:
+                hook.received.extend((now, a) for a in json.loads(body)["alerts"])
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def alertmanager_config(webhook_port: int) -> dict[str, Any]:
+    """One receiver; one group per alert and GPU, notified within a second."""
+    return {
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname", "instance", "gpu"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "hook",
+                "webhook_configs": [
+                    {"url": f"http://127.0.0.1:{webhook_port}/", "send_resolved": True}
+                ],
+            }
+        ],
+    }
+
+
+def exporter_pid(child: Child) -> int:
+    """The exporter's own pid: Child runs it under coreutils' `timeout`, which SIGKILL
+    to the wrapper would not reach."""
+    pid = child.process.pid
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return pid
+    return int(children[0]) if children else pid
+
+
+@dataclass
+class Run:
+    hook: Webhook
+    killed_at: float = 0.0
+    replaced_at: float | None = None
+    firing_in_prometheus_when_replaced: set[tuple[str, str]] = field(default_factory=set)
+    state: str = ""
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    prometheus_bin = require_tool("prometheus")
+    alertmanager_bin = require_tool("prometheus-alertmanager", ALERTMANAGER_HINT)
+    tmp = tmp_path_factory.mktemp("alertmanager-e2e")
+    hook = Webhook()
+    server = serve_webhook(hook)
+    exporter_port, prom_port, am_port = free_port(), free_port(), free_port()
+    (tmp / "alertmanager.yml").write_text(
+        yaml.safe_dump(alertmanager_config(server.server_address[1])), "utf-8"
+    )
+    rules = write_shrunk_rules(ALERT_RULES, tmp / "alerts.e2e.yaml")
+    config = prometheus_config({NODE: exporter_port}, [rules])
+    config["alerting"] = {
+        "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config), "utf-8")
+    children: list[Child] = []
+    run = Run(hook=hook)
+    try:
+        alertmanager = Child(
+            "alertmanager",
+            [
+                alertmanager_bin,
+                f"--config.file={tmp / 'alertmanager.yml'}",
+                f"--storage.path={tmp / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",  # no gossip port: a single instance
+                "--log.level=warn",
+            ],
+            tmp / "alertmanager.log",
+        )
+        children.append(alertmanager)
+        exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log")
+        children.append(exporter)
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{am_port}/-/ready", timeout=2)[0] == 200,
+            timeout_s=START_TIMEOUT_S,
+            what="Alertmanager's /-/ready",
+            diagnostics=alertmanager.log_tail,
+        )
+        prometheus = start_prometheus(
+            prometheus_bin, tmp / "prometheus.yml", tmp / "tsdb", prom_port, tmp / "prom.log"
+        )
+        children.append(prometheus)
+        api = PromApi(prom_port)
+        wait_until(api.ready, timeout_s=START_TIMEOUT_S, what="Prometheus' /-/ready")
+
+        def paged() -> bool:
+            exporter.check_alive()
+            return hook.pages("firing") >= CRITICAL_PAGES
+
+        wait_until(
+            paged,
+            timeout_s=PAGES_TIMEOUT_S,
+            what=f"the critical pages {sorted(CRITICAL_PAGES)}",
+            diagnostics=lambda: f"{hook.alerts()}\n{exporter.log_tail()}",
+        )
+        os.kill(exporter_pid(exporter), signal.SIGKILL)
+        run.killed_at = time.monotonic()
+
+        def replaced() -> bool:
+            return any(
+                name.startswith("GPUExporterDown")
+                for name, _ in hook.pages("firing", run.killed_at)
+            )
+
+        try:
+            wait_until(replaced, timeout_s=REPLACEMENT_TIMEOUT_S, what="the exporter-down page")
+            run.replaced_at = time.monotonic()
+            run.firing_in_prometheus_when_replaced = {
+                (a["labels"]["alertname"], a["labels"].get("gpu", ""))
+                for a in api.alerts()
+                if a["state"] == "firing"
+            }
+        except AssertionError as exc:
+            run.state = str(exc)
+        notified = [
+            (round(t - run.killed_at, 1), a["status"], a["labels"]) for t, a in hook.alerts()
+        ]
+        run.state += f"\nnotified (s after the kill, status, labels): {json.dumps(notified)}"
+        yield run
+    finally:
+        for child in reversed(children):
+            child.stop()
+        server.shutdown()
+
+
+def test_killing_the_exporter_sends_no_resolved_for_a_critical_page(killed: Run) -> None:
+    resolved = killed.hook.pages("resolved", killed.killed_at)
+    assert not resolved & CRITICAL_PAGES, (
+        f"resolved by the exporter's absence: {resolved}{killed.state}"
+    )
+    assert killed.replaced_at is not None, f"no replacement page{killed.state}"
+    assert killed.firing_in_prometheus_when_replaced >= CRITICAL_PAGES, killed.state
+
+
+def test_the_page_that_replaces_them_is_critical(killed: Run) -> None:
+    assert killed.hook.severities("GPUExporterDownDuringCriticalAlert") == {"critical"}, (
+        killed.state
+    )
+    assert not killed.hook.severities("GPUExporterDown"), (
+        f"a warning replaced a critical page{killed.state}"
+    )
+
+
+def test_a_fatal_xid_pages_once(killed: Run) -> None:
+    gpu1 = {name for name, gpu in killed.hook.pages("firing") if gpu == "1"}
+    assert gpu1 == {"GPUFatalXID"}, f"GPU 1's fatal XID paged as {gpu1}{killed.state}"
