@@ -63,6 +63,18 @@ CASES: tuple[Case, ...] = (
     Case("nvml-hung-call", "NVML", "an NVML call that never returns"),
     Case("nvml-down-capacity-unknown", "NVML", "NVML down: advertised devices not counted healthy"),
     Case("nvml-gpu-lost-before-start", "NVML", "a GPU lost before the exporter starts"),
+    # -- issue 40: a hardware verdict needs hardware evidence
+    Case(
+        "nvml-unknown-error-one-query",
+        "NVML",
+        "one cycle of NVML_ERROR_UNKNOWN from one query (nvmlDeviceGetTemperature)",
+    ),
+    Case("nvml-binding-type-error", "NVML", "a TypeError inside pynvml for one GPU"),
+    Case("nvml-uuid-fails-at-open", "NVML", "a GPU's UUID read fails at its first open"),
+    Case(
+        "nvml-lost-at-start-then-reset", "NVML", "a GPU lost at start (GPU_IS_LOST), reset at 30 s"
+    ),
+    Case("nvml-no-permission-at-open", "NVML", "NO_PERMISSION opening a GPU"),
     # -- /proc
     Case("proc-unreadable-files", "/proc", "unreadable files"),
     Case("proc-pids-vanish-mid-read", "/proc", "pids vanishing mid-read"),
@@ -131,6 +143,41 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "--dra-device-taints on a cluster without the DeviceTaintRule API",
     ),
+    # -- issue 40: alerts
+    Case(
+        "exporter-killed-during-critical-alert",
+        "Alerts",
+        "the exporter SIGKILLed while critical alerts fire (Prometheus -> Alertmanager)",
+    ),
+    Case("fatal-xid-pages-once", "Alerts", "a fatal XID 79, the GPU then lost"),
+    # -- issue 40: leaks (not listed by the kubelet is unknown, not unallocated)
+    Case(
+        "kubelet-restart-empty-list",
+        "Kubelet",
+        "a kubelet just restarted answers List with no pods (20 s)",
+    ),
+    Case(
+        "new-pod-before-allocation-refresh",
+        "Kubelet",
+        "a pod's GPU process seen before the next PodResources answer",
+    ),
+    Case("init-container-uses-gpu", "Kubelet", "an init container runs on a GPU"),
+    Case(
+        "dra-claims-not-reported",
+        "Kubelet",
+        "DRA pods on a kubelet without KubeletPodResourcesDynamicResources",
+    ),
+    Case(
+        "gpu-under-unlisted-resource-name",
+        "Kubelet",
+        "GPUs allocated under a resource name outside --resource-names",
+    ),
+    Case("mps-control-daemon", "Kubelet", "the device plugin's MPS daemon on shared GPUs"),
+    Case(
+        "operator-cuda-validator",
+        "Kubelet",
+        "the GPU Operator's nvidia-cuda-validator (vectorAdd in an init container)",
+    ),
     # -- issue 40: static pods and clocks
     Case(
         "static-pod-uses-gpu",
@@ -146,6 +193,33 @@ CASES: tuple[Case, ...] = (
         "node-clock-ahead-of-api-server",
         "Kubernetes writes",
         "the node's clock 3 min ahead of the API server during a pod's graceful stop",
+    ),
+    # -- issue 40: one writer per node
+    Case(
+        "two-exporters-one-node",
+        "Kubernetes writes",
+        "two exporters on one node (a rolling update with maxSurge, two releases)",
+    ),
+    Case(
+        "writer-lease-api-refused",
+        "Kubernetes writes",
+        "the writer Lease refused (403: the RBAC for leases missing)",
+    ),
+    # -- issue 40: writer (taint ownership, write budgets)
+    Case(
+        "taint-on-replaced-gpu",
+        "Kubernetes writes",
+        "a tainted GPU replaced (same minor and DRA device name, new UUID)",
+    ),
+    Case(
+        "taints-after-mig-recreated",
+        "Kubernetes writes",
+        "a MIG GPU reset and its layout re-created (new MIG UUIDs, same device names)",
+    ),
+    Case(
+        "flapping-gpu-write-budget",
+        "Kubernetes writes",
+        "a GPU unhealthy every other cycle at --interval 1 (condition and taints on)",
     ),
 )
 
