@@ -1,6 +1,7 @@
 """System programs some tests need (Debian's ``prometheus`` package: ``promtool`` and
-the ``prometheus`` server). Outside CI a missing one skips its tests with a one-line
-reason, so the README's test command passes on a fresh machine with only Python; CI
+the ``prometheus`` server; ``kubectl``, Debian's ``kubernetes-client``, run against the
+API stand-in). Outside CI a missing one skips its tests with a one-line reason, so the
+README's test command passes on a fresh machine with only Python; CI
 (``.ci/run`` sets ``GPU_EXPORTER_REQUIRE_SYSTEM_TOOLS=1``) makes it a failure instead."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 REQUIRE_ENV = "GPU_EXPORTER_REQUIRE_SYSTEM_TOOLS"
 INSTALL_HINT = "apt-get install -y prometheus (Debian's package ships promtool too)"
+KUBECTL_HINT = "apt-get install -y kubernetes-client (Debian's kubectl)"
 
 
 def require_tool(name: str, hint: str = INSTALL_HINT) -> str:

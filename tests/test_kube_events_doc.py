@@ -1,60 +1,65 @@
-"""docs/kubernetes-events.md quotes tests/kube_events_demo.py: every quoted line (but the
-times the writer stamps from the clock it ran at) must still be produced by that code.
-"""
+"""docs/kubernetes-events.md quotes real kubectl output (tests/kube_events_demo.py runs
+Debian's kubectl against the API stand-in after the real exporter wrote its Events,
+condition and taints): every quote between ``<!-- kubectl-output:<name> -->`` markers
+must be what kubectl prints now, but for ages, clock stamps, uids and resourceVersions
+(and column padding, which follows the widest age). On a difference, look at it, then
+rewrite the quotes: ``.venv/bin/python tests/kube_events_demo.py --write-doc``."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
-from tests.kube_events_demo import dra_with_a_fatal_xid, play
+from tests.kube_events_demo import (
+    DOC,
+    REGENERATE,
+    Shown,
+    block,
+    normalized,
+    play_dra,
+    play_node_8gpu,
+    quoted_blocks,
+    write_doc,
+)
+from tests.system_tools import KUBECTL_HINT, require_tool
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes-events.md"
-# Stamped by the writer from the simulated wall clock at the moment it ran: not replayable.
-CLOCK_STAMPED = re.compile(r"^\s*(lastHeartbeatTime|lastTransitionTime|timeAdded):")
-
-
-def _quoted_blocks() -> list[str]:
-    return re.findall(r"```(?:yaml)?\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-
-
-def _lines(text: str) -> list[str]:
-    return [
-        line.rstrip()
-        for line in text.splitlines()
-        if line.strip() and not line.startswith("$ ") and not CLOCK_STAMPED.match(line)
-    ]
-
-
-def _produced(results: dict[str, str]) -> set[str]:
-    return {line for text in results.values() for line in _lines(text)}
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def node_8gpu() -> set[str]:
-    import asyncio
+def shown() -> list[Shown]:
+    kubectl = require_tool("kubectl", KUBECTL_HINT)
+    return play_node_8gpu(kubectl) + play_dra(kubectl)
 
-    return _produced(asyncio.run(play("node-8gpu", 175.0, ["--node-condition"])))
+
+def test_every_kubectl_quote_in_the_doc_is_what_kubectl_prints_now(shown) -> None:
+    quoted = quoted_blocks(DOC.read_text(encoding="utf-8"))
+    assert sorted(quoted) == sorted(s.name for s in shown), "a quote or a run is missing"
+    stale = [s.name for s in shown if normalized(quoted[s.name]) != normalized(block(s))]
+    assert not stale, f"docs/kubernetes-events.md: stale kubectl quotes {stale}; run {REGENERATE}"
 
 
-def test_the_quoted_kubectl_output_is_what_the_demo_prints(node_8gpu: set[str]) -> None:
-    block = next(b for b in _quoted_blocks() if "kubectl describe pod -n debug leaky-shell" in b)
-    quoted = _lines(block)
-    assert len(quoted) > 15
-    missing = [line for line in quoted if line not in node_8gpu]
-    assert not missing, "docs/kubernetes-events.md quotes lines the demo no longer prints:\n" + (
-        "\n".join(missing)
+def test_the_quotes_show_the_fatal_xid_the_lost_gpu_and_the_condition(shown) -> None:
+    text = "\n".join(block(s) for s in shown)
+    assert "Warning  GPUFatalXID" in text
+    assert "GPULost" in text
+    assert "type: GPUUnhealthy" in text
+    assert "effect: None" in text
+
+
+def test_normalized_hides_ages_and_stamps_but_keeps_counts_and_gpu_numbers() -> None:
+    line = "  Warning  GPULost  5s (x3 over 2m55s)  gpu-exporter  GPU 7 lost, x8 link, 12.0 GiB"
+    assert normalized(line) == [
+        "Warning GPULost <age> (x3 over <age>) gpu-exporter GPU 7 lost, x8 link, 12.0 GiB"
+    ]
+    stamp = "    lastHeartbeatTime: '2026-11-25T17:01:46Z'\n    uid: dtr-0a1b\n"
+    assert normalized(stamp) == ["lastHeartbeatTime: '<time>'", "uid: <uid>"]
+    assert normalized("a 1m b") != normalized("a 1m c")
+
+
+def test_write_doc_replaces_only_the_marked_quote() -> None:
+    doc = "before\n<!-- kubectl-output:get-events -->\nold\n<!-- kubectl-output:end -->\nafter\n"
+    new = Shown("get-events", "kubectl get events -A", "OUT\n", "OUT")
+    assert write_doc(doc, [new]) == (
+        "before\n<!-- kubectl-output:get-events -->\n```\n$ kubectl get events -A\nOUT\n```\n"
+        "<!-- kubectl-output:end -->\nafter\n"
     )
-
-
-def test_the_quoted_device_taint_rule_is_what_the_demo_writes() -> None:
-    import asyncio
-
-    produced = _produced(asyncio.run(play(dra_with_a_fatal_xid(), 20.0, ["--dra-device-taints"])))
-    block = next(b for b in _quoted_blocks() if b.startswith("apiVersion: resource.k8s.io"))
-    quoted = _lines(block)
-    assert "    effect: None" in quoted
-    missing = [line for line in quoted if line not in produced]
-    assert not missing, "\n".join(missing)

@@ -37,6 +37,8 @@ from typing import Any, Literal
 import yaml
 from aiohttp import web
 
+from exporter.sim.kube_core_events import mount_core_events
+from exporter.sim.kube_discovery import mount_discovery
 from exporter.sim.kube_selectors import SelectorError, parse_field_selector
 from exporter.sim.kube_writes import KubeWrites
 
@@ -562,8 +564,42 @@ class FakeKubeApi:
         app = web.Application()
         for what in (PODS, RESOURCE_SLICES):
             app.router.add_get(what.path, functools.partial(self._handle, what))
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get_pod)
         self.writes.mount(app)
+        # What a real client (kubectl) reads besides: discovery and core/v1 Events
+        groups = self.writes.resource_group
+        mount_discovery(app, lambda: [g] if (g := groups()) is not None else [])
+        mount_core_events(
+            app,
+            lambda namespace: self.writes.events(namespace=namespace),
+            lambda: str(self.writes.resource_version),
+        )
         return app
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        """One pod by namespace and name (``kubectl describe pod``), with the ``kind``
+        and ``apiVersion`` a single GET carries."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        with self._lock:
+            error = self._take_error_locked("pods")
+            found = [
+                copy.deepcopy(p)
+                for p in self._objects["pods"].values()
+                if p["metadata"].get("namespace") == namespace and p["metadata"]["name"] == name
+            ]
+        if error is not None:
+            code, reason, message, _ = error
+            self._log(request, False, code)
+            return web.json_response(_status(code, reason, message), status=code)
+        if not found:
+            self._log(request, False, 404)
+            message = f'pods "{name}" not found'
+            details = {"name": name, "kind": "pods"}
+            return web.json_response(
+                {**_status(404, "NotFound", message), "details": details}, status=404
+            )
+        self._log(request, False, 200)
+        return web.json_response({"kind": "Pod", "apiVersion": "v1", **found[0]})
 
     async def _handle(self, what: _Collection, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch", "").lower() in ("true", "1")

@@ -212,6 +212,12 @@ class KubeWrites:
         with self._lock:
             return [replace(r, body=copy.deepcopy(r.body)) for r in self._writes]
 
+    @property
+    def resource_version(self) -> int:
+        """The store's resourceVersion now (what a LIST of it would say)."""
+        with self._lock:
+            return self._rv
+
     def events(
         self, field_selector: str = "", namespace: str | None = None
     ) -> list[dict[str, Any]]:
@@ -523,22 +529,28 @@ class KubeWrites:
                 served[version] = resources
         return served
 
-    async def _resource_group(self, request: web.Request) -> web.Response:
+    def resource_group(self) -> dict[str, Any] | None:
+        """resource.k8s.io's ``APIGroup`` as discovery lists it (``/apis``), or None
+        while no version of it is served."""
         served = self._served_resources()
         if not served:
+            return None
+        versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": "resource.k8s.io",
+            "versions": versions,
+            "preferredVersion": versions[0],
+        }
+
+    async def _resource_group(self, request: web.Request) -> web.Response:
+        group = self.resource_group()
+        if group is None:
             return Refused(
                 404, "NotFound", "the server could not find the requested resource"
             ).response()
-        versions = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served]
-        return web.json_response(
-            {
-                "kind": "APIGroup",
-                "apiVersion": "v1",
-                "name": "resource.k8s.io",
-                "versions": versions,
-                "preferredVersion": versions[0],
-            }
-        )
+        return web.json_response(group)
 
     async def _resource_version(self, request: web.Request) -> web.Response:
         version = request.match_info["version"]
