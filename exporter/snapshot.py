@@ -88,12 +88,16 @@ def _node_lines(analysis: Analysis) -> list[str]:
 
 
 def _health_words(analysis: Analysis) -> dict[str, str]:
-    """GPU UUID -> its HEALTH cell: the unhealthy reasons, or the degraded ones of a
-    healthy GPU; a GPU without a verdict is left out (printed "unknown")."""
+    """GPU UUID -> its HEALTH cell: the unhealthy reasons, the unknown ones of a GPU that
+    could not be read, or the degraded ones of a healthy GPU; a GPU without a verdict is
+    left out (printed "unknown")."""
     health = {
         h.uuid: "healthy"
         if h.healthy
-        else "UNHEALTHY: " + ",".join(r.reason for r in h.reasons if r.severity == "unhealthy")
+        else f"{'UNHEALTHY' if h.unhealthy else 'unknown'}: "
+        + ",".join(
+            r.reason for r in h.reasons if r.severity == ("unhealthy" if h.unhealthy else "unknown")
+        )
         for h in analysis.health
     }
     for h in analysis.health:
@@ -428,7 +432,10 @@ def _jsonable(value: Any) -> Any:
 
 def render_json(analysis: Analysis) -> str:
     data = _jsonable(analysis)
-    data["health"] = [{**_jsonable(h), "healthy": h.healthy} for h in analysis.health]
+    # an unknown verdict is neither healthy nor unhealthy: null
+    data["health"] = [
+        {**_jsonable(h), "healthy": None if h.unknown else h.healthy} for h in analysis.health
+    ]
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -263,7 +263,7 @@ def test_unresolved_allocation_is_never_a_leak_and_never_a_uuid(snapshot: NodeSn
 
 
 def test_gke_devices_of_a_lost_gpu_count_as_unhealthy() -> None:
-    lost = replace(GPUS[2], error="GpuIsLost")
+    lost = replace(GPUS[2], error="GpuIsLost", lost=True)
     gpus = (GPUS[0], GPUS[1], lost)
     health = assess(gpus, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
     pod_resources = PodResourcesSnapshot(
@@ -292,7 +292,7 @@ def test_gke_devices_of_a_lost_gpu_count_as_unhealthy() -> None:
 
 
 def test_dra_capacity_counts_the_slice_devices_of_the_driver() -> None:
-    gpus = (GPUS[0], replace(GPUS[1], error="GpuIsLost"), GPUS[2])
+    gpus = (GPUS[0], replace(GPUS[1], error="GpuIsLost", lost=True), GPUS[2])
     health = assess(gpus, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
     pod_resources = PodResourcesSnapshot(
         ok=True,

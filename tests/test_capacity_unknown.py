@@ -81,7 +81,7 @@ def test_both_down_counts_nothing() -> None:
 def test_an_advertised_gpu_nvml_cannot_see_is_unhealthy() -> None:
     # GPU 3 was lost before the exporter started: NVML lists it by index, without a UUID
     # (a placeholder name no kubelet id can match), so the kubelet's GPU-3 is unseen.
-    lost = GpuSample(index=3, uuid="unknown-gpu-3", error="GpuIsLost")
+    lost = GpuSample(index=3, uuid="unknown-gpu-3", error="GpuIsLost", lost=True)
     gpus = (*GPUS[:3], lost)
     health = assess(gpus, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
     (cap,) = node_capacity(gpus, health, kubelet(*UUIDS), [held("GPU-3")], nvml_ok=True)

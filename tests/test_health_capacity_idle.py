@@ -46,7 +46,11 @@ def reasons_of(gpu: GpuSample, **kwargs: object) -> list[tuple[str, str]]:
     ("changes", "extra", "expected"),
     [
         ({}, {}, []),
-        ({"error": "GpuIsLost"}, {}, [("gpu_lost", "unhealthy")]),
+        ({"error": "GpuIsLost", "lost": True}, {}, [("gpu_lost", "unhealthy")]),
+        ({"error": "ResetRequired", "lost": True}, {}, [("gpu_lost", "unhealthy")]),
+        ({"error": "Unknown"}, {}, [("unreadable", "unknown")]),
+        ({"error": "TypeError"}, {}, [("unreadable", "unknown")]),
+        ({"error": "NoPermission"}, {}, [("unreadable", "unknown")]),
         ({}, {"xids": {"GPU-a": [79]}}, [("fatal_xid", "unhealthy")]),
         ({}, {"xids": {"GPU-other": [79]}}, []),
         ({"ecc_uncorrected_volatile": 2}, {}, [("uncorrectable_ecc", "unhealthy")]),
@@ -74,6 +78,10 @@ def reasons_of(gpu: GpuSample, **kwargs: object) -> list[tuple[str, str]]:
     ids=[
         "healthy",
         "lost",
+        "reset-required",
+        "unknown-error-is-no-verdict",
+        "binding-type-error-is-no-verdict",
+        "no-permission-is-no-verdict",
         "fatal-xid",
         "xid-on-other-gpu",
         "ecc",
@@ -263,7 +271,7 @@ def test_mig_allocation_without_a_signal_is_not_judged_and_gaps_are_not_counted(
 
 
 def test_allocation_on_a_lost_or_unknown_gpu_is_not_counted_as_idle() -> None:
-    lost = GpuSample(index=0, uuid="GPU-0", error="GpuIsLost")
+    lost = GpuSample(index=0, uuid="GPU-0", error="GpuIsLost", lost=True)
     a = [alloc("GPU-0", "GPU-0"), alloc("GPU-9", "GPU-9", pod="q")]
     assert idle_step(a, [], [lost]) == {"GPU-0": (False, 0.0), "GPU-9": (False, 0.0)}
 
@@ -275,9 +283,9 @@ def test_docs_health_table_lists_exactly_the_reasons_the_analysis_knows() -> Non
     from exporter.analysis.health import REASONS
 
     doc = (Path(__file__).parent.parent / "docs" / "health.md").read_text()
-    assert set(re.findall(r"^\| `([a-z_]+)` \| (?:unhealthy|degraded) \|", doc, re.M)) == set(
-        REASONS
-    )
+    assert set(
+        re.findall(r"^\| `([a-z_]+)` \| (?:unhealthy|degraded|unknown) \|", doc, re.M)
+    ) == set(REASONS)
 
 
 def test_a_dcgm_failure_stands_while_dcgm_is_down_and_clears_only_when_it_says_so() -> None:

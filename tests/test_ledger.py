@@ -170,7 +170,7 @@ def state_after_one_step(
         ([gpu(0, sm=0.9)], [], [], "no_process"),
         ([gpu(0, sm=0.9)], [use("p", "GPU-0", 0.5, processes=0)], [], "no_process"),
         ([gpu(0, sm=0.9)], [use("p", "GPU-0", 0.5)], [unhealthy(0)], "unhealthy"),
-        ([gpu(0, error="GpuIsLost")], [], [unhealthy(0)], "unhealthy"),
+        ([gpu(0, error="GpuIsLost", lost=True)], [], [unhealthy(0)], "unhealthy"),
         ([gpu(1, sm=0.9)], [], [], "unknown"),  # NVML does not list GPU 0
         ([gpu(0, sm=0.9, processes_listed=False)], [], [], "unknown"),  # listing failed
         ([gpu(0)], [use("p", "GPU-0", 0.5)], [], "unknown"),  # no activity signal at all
@@ -326,7 +326,7 @@ def test_states_sum_to_the_gpu_equivalent_time_held_through_every_state() -> Non
         (10, [healthy[2]], usage, []),  # GPUs 0 and 1 not listed
         (10, [replace(g, processes_listed=False) for g in healthy], usage, []),
         (3, healthy, usage, []),
-        (10, [gpu(0, error="GpuIsLost"), *healthy[1:]], usage, [unhealthy(0)]),
+        (10, [gpu(0, error="GpuIsLost", lost=True), *healthy[1:]], usage, [unhealthy(0)]),
         (10, healthy, usage, []),
     ]
     cuts = [allocatable("GPU-2::0", "GPU-2::1")] * 6 + [

@@ -58,7 +58,7 @@ def test_a_fact_not_read_is_judged_on_its_last_known_value_and_served_absent() -
 def test_known_facts_survive_nvml_down_and_a_lost_gpu_and_leave_with_the_gpu() -> None:
     known = {"GPU-a": KnownFacts(ecc_uncorrected_volatile=3)}
     assert with_known_facts((), known, nvml_ok=False) == ((), known)
-    lost = GpuSample(index=0, uuid="GPU-a", error="GpuIsLost")
+    lost = GpuSample(index=0, uuid="GPU-a", error="GpuIsLost", lost=True)
     assert with_known_facts((lost,), known, nvml_ok=True) == ((lost,), known)
     other = GpuSample(index=0, uuid="GPU-b")
     assert with_known_facts((other,), known, nvml_ok=True) == ((other,), {})

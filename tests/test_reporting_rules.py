@@ -296,6 +296,7 @@ def every_unhealthy_reason() -> list[HealthReason]:
         index=0,
         uuid="GPU-a",
         error="GpuIsLost",
+        lost=True,
         ecc_uncorrected_volatile=2,
         remapped_rows=RemappedRows(0, 3, True, True),
         recovery_action=2,

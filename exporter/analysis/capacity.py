@@ -40,6 +40,7 @@ from exporter.model import (
     PodResourcesSnapshot,
     ResourceSliceSnapshot,
     SliceDevice,
+    placeholder_uuid,
 )
 
 NVML_RESOURCE = "nvidia.com/gpu"
@@ -95,14 +96,20 @@ class _Judge:
     def __init__(self, gpus: Sequence[GpuSample], health: Sequence[GpuHealth], nvml_ok: bool):
         self._ok = nvml_ok
         self._reported = {g.uuid for g in gpus}
-        self._unhealthy = {h.uuid for h in health if not h.healthy}
+        self._unhealthy = {h.uuid for h in health if h.unhealthy}
+        self._unknown = {h.uuid for h in health if h.unknown}
+        # a GPU NVML lists but whose UUID it could not read, for no hardware reason: a
+        # device NVML does not report may be that one
+        self._unidentified = any(h.unknown and h.uuid == placeholder_uuid(h.gpu) for h in health)
 
     @property
     def ok(self) -> bool:
         return self._ok
 
     def __call__(self, uuid: str | None) -> Verdict:
-        if not self._ok or uuid is None:
+        if not self._ok or uuid is None or uuid in self._unknown:
+            return "unknown"
+        if uuid not in self._reported and self._unidentified:
             return "unknown"
         if uuid not in self._reported or uuid in self._unhealthy:
             return "unhealthy"  # a GPU NVML cannot see is not one a pod can use

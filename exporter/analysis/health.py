@@ -4,6 +4,11 @@ A GPU is *unhealthy* when it needs an operator (lost, fatal XID within the windo
 uncorrectable ECC since the driver loaded, a failed or pending row remap, the retired
 page limit reached, a failing DCGM health system); it is *degraded* when it works but
 slower (thermal or power slowdown). Degraded GPUs stay schedulable.
+
+A hardware verdict needs hardware evidence: a GPU whose reading failed is ``gpu_lost``
+only when NVML said so (GPU_IS_LOST, RESET_REQUIRED: ``GpuSample.lost``); any other
+failure (UNKNOWN, NoPermission, an exception in the binding) is ``unreadable``, of
+severity *unknown*: no verdict either way (docs/health.md).
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from exporter.analysis.xid import recovery_action_name
 from exporter.model import GpuHealth, GpuSample, HealthReason, RemappedRows
 from exporter.model.fast_init import fast_init
 
-UNHEALTHY, DEGRADED = "unhealthy", "degraded"
+UNHEALTHY, DEGRADED, UNKNOWN = "unhealthy", "degraded", "unknown"
 _T = TypeVar("_T")
 # NVML clock-event bits that mean "slower because of heat or power", not "idle"
 THERMAL_BITS = 0x20 | 0x40  # sw / hw thermal slowdown
 POWER_BITS = 0x08 | 0x80  # hw slowdown / hw power brake
 REASONS = (
     "gpu_lost",
+    "unreadable",
     "fatal_xid",
     "uncorrectable_ecc",
     "row_remap_failure",
@@ -147,7 +153,10 @@ def _reasons(
 ) -> list[HealthReason]:
     out: list[HealthReason] = []
     if gpu.error:
-        out.append(HealthReason("gpu_lost", UNHEALTHY, gpu.error))
+        if gpu.lost:
+            out.append(HealthReason("gpu_lost", UNHEALTHY, gpu.error))
+        else:  # the exporter's or the driver interface's failure, not the GPU's
+            out.append(HealthReason("unreadable", UNKNOWN, gpu.error))
     if fatal_xids:
         codes = ",".join(str(x) for x in sorted(set(fatal_xids)))
         out.append(HealthReason("fatal_xid", UNHEALTHY, f"XID {codes}"))

@@ -275,7 +275,8 @@ def account_ledger(
     allocations = distinct_allocations(allocations)
     by_uuid = {g.uuid: g for g in gpus}
     usage = usage_index(containers)
-    unhealthy = frozenset(h.uuid for h in health if not h.healthy)
+    # an unknown GPU is no verdict: its rows are judged by activity, which is unknown
+    unhealthy = frozenset(h.uuid for h in health if h.unhealthy)
     advertised = (
         advertised_replicas(gpus, pod_resources)
         if pod_resources.allocatable_ok

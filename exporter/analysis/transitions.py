@@ -31,11 +31,13 @@ from exporter.model import (
     OrphanKind,
     PodRef,
     SourceStatus,
+    placeholder_uuid,
 )
 
 FATAL = "fatal"
 LOST = "gpu_lost"
 UNHEALTHY = "unhealthy"
+UNKNOWN = "unknown"
 # Processes named behind one orphaned-memory transition (an Event note has 1 KiB).
 MAX_HOLDERS_NAMED = 8
 
@@ -161,16 +163,26 @@ def _verdicts(
     """Lost, back, unhealthy and healthy again, from the verdicts NVML gave evidence for.
     A GPU without a verdict this cycle (NVML down, not listed) keeps its last facts, and
     so do GPUs that share a UUID (a broken driver or a hostile library): facts are kept
-    per UUID, and two verdicts under one would flip them every cycle."""
+    per UUID, and two verdicts under one would flip them every cycle.
+
+    A GPU whose reading failed without hardware evidence (a reason of severity unknown)
+    clears nothing: its facts stay as they were, and only a reason it gained with
+    evidence is told. Facts learned while a GPU's UUID could not be read (under its
+    placeholder) are its own once the UUID is read, so its return clears them."""
     out: list[HealthTransition] = []
     facts = dict(previous.unhealthy)
     seen = Counter(h.uuid for h in analysis.health)
     for health in analysis.health:
         if seen[health.uuid] > 1:
             continue  # two GPUs answering with one UUID: no fact about either can hold
+        placeholder = placeholder_uuid(health.gpu)
+        if health.uuid != placeholder and placeholder in facts:
+            facts[health.uuid] = facts.get(health.uuid, frozenset()) | facts.pop(placeholder)
         bad = tuple(r for r in health.reasons if r.severity == UNHEALTHY)
         names = frozenset(r.reason for r in bad)
-        before = previous.unhealthy.get(health.uuid, frozenset())
+        before = facts.get(health.uuid, frozenset())
+        if any(r.severity == UNKNOWN for r in health.reasons):
+            names |= before  # no evidence that any of them ended
         gpu, uuid = health.gpu, health.uuid
         if LOST in names and LOST not in before:
             detail = next(r.detail for r in bad if r.reason == LOST)

@@ -466,7 +466,8 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
         out.add("gpu_xid_errors_before_start", _xid_labels(x), x.count)
     for verdict in analysis.health:
         labels = _device_labels(verdict.gpu, verdict.uuid)
-        out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)
+        if not verdict.unknown:  # unknown: neither 1 nor 0 (docs/health.md)
+            out.add("gpu_healthy", labels, 1 if verdict.healthy else 0)
         for reason in verdict.reasons:
             out.add(
                 "gpu_health_reason",

@@ -72,6 +72,7 @@ from exporter.model.readings import (
     SourceStatus,
     WatchCounts,
     XidEvent,
+    placeholder_uuid,
 )
 from exporter.model.state import (
     EnergyWindow,
@@ -220,4 +221,5 @@ __all__ = [
     "WatchCounts",
     "XidCount",
     "XidEvent",
+    "placeholder_uuid",
 ]

@@ -116,13 +116,25 @@ class MigProfileInfo:
     gpu_slices: int  # the whole GPU's slices: the largest sliceCount among its profiles
 
 
+PLACEHOLDER_UUID_PREFIX = "unknown-gpu-"
+
+
+def placeholder_uuid(index: int) -> str:
+    """What names the GPU at ``index`` while its UUID cannot be read."""
+    return f"{PLACEHOLDER_UUID_PREFIX}{index}"
+
+
 @fast_init
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """Everything read from one physical GPU in one cycle.
 
-    ``error`` is set when the GPU failed as a whole (lost, unknown error): then only the
-    identity fields are meaningful and the GPU is reported unhealthy.
+    ``error`` is set when the GPU's reading failed as a whole: then only the identity
+    fields are meaningful. ``lost`` says whether that failure is NVML's own word that the
+    GPU is lost or must be reset (hardware evidence: the GPU is unhealthy); any other
+    failure (UNKNOWN, NoPermission, an exception in the binding) leaves its health
+    unknown (docs/health.md). ``uuid`` is ``placeholder_uuid(index)`` while the GPU's
+    UUID could not be read.
     """
 
     index: int
@@ -131,6 +143,7 @@ class GpuSample:
     pci_bus_id: str | None = None
     minor_number: int | None = None
     error: str | None = None  # e.g. "GpuIsLost"; None when the GPU answered
+    lost: bool = False  # error is GPU_IS_LOST or RESET_REQUIRED (exporter/sources/nvml_codes.py)
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None  # v2 semantics: excludes driver-reserved
     memory_free_bytes: int | None = None

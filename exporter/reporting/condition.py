@@ -7,8 +7,10 @@ False once every GPU NVML lists is healthy, written with a strategic-merge PATCH
 re-sent as a heartbeat every ``HEARTBEAT_S`` (NPD's default is 5 minutes) when nothing
 changed. ``lastTransitionTime`` moves only when the status changes.
 
-When the exporter cannot tell (NVML down, no GPU listed) there is no desired condition:
-the one on the Node is left as it is, never flipped to False for want of evidence.
+When the exporter cannot tell (NVML down, no GPU listed, or no GPU unhealthy but one
+whose health is unknown: its reading failed without hardware evidence) there is no
+desired condition: the one on the Node is left as it is, never flipped to False for
+want of evidence, nor to True on evidence that is not about the hardware.
 """
 
 from __future__ import annotations
@@ -37,17 +39,20 @@ def desired_condition(analysis: Analysis) -> NodeCondition | None:
     """The condition this cycle's verdicts call for; None when they cannot tell.
 
     A GPU known unhealthy that NVML no longer lists (``Analysis.unlisted_unhealthy``)
-    still counts: a GPU dropping out of the listing is no verdict of healthy."""
+    still counts: a GPU dropping out of the listing is no verdict of healthy. True needs
+    one GPU unhealthy; False needs every GPU healthy (an unknown one leaves it alone)."""
     if not analysis.node.nvml.ok or not analysis.health:
         return None
     bad: list[tuple[str, str, tuple[str, ...]]] = [
         (str(h.gpu), h.uuid, tuple(r.reason for r in h.reasons if r.severity == "unhealthy"))
         for h in analysis.health
-        if not h.healthy
+        if h.unhealthy
     ]
     bad += [("?", uuid, (*reasons, "not listed")) for uuid, reasons in analysis.unlisted_unhealthy]
     total = len(analysis.health) + len(analysis.unlisted_unhealthy)
     if not bad:
+        if any(h.unknown for h in analysis.health):
+            return None
         return NodeCondition("False", "GPUsHealthy", f"all {total} GPUs are healthy")
     lost = any("gpu_lost" in reasons for _, _, reasons in bad)
     head = f"{len(bad)} of {total} GPUs unhealthy: "

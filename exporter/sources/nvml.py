@@ -8,8 +8,10 @@ Failure isolation is the point of this file:
   an error and asked again next cycle (GPM: with backoff), never switched off;
 - a MIG device whose handle or identity cannot be read is left out and counted; its
   GPU carries on;
-- a GPU that fails as a whole (GpuIsLost, Unknown) becomes a ``GpuSample`` with
-  ``error`` set, and the other GPUs carry on;
+- a GPU that fails as a whole (GpuIsLost, ResetRequired, Unknown, NoPermission at open,
+  an exception in the binding) becomes a ``GpuSample`` with ``error`` set, and the other
+  GPUs carry on; only GpuIsLost and ResetRequired set ``lost`` (hardware evidence), any
+  other failure leaves the GPU's health unknown (nvml_codes.GPU_LOST);
 - NVML that cannot initialise at all, or cannot count its GPUs, gives
   ``NvmlSnapshot(ok=False)``; initialisation is retried with backoff on later cycles,
   so a driver that comes up late is picked up.
@@ -40,6 +42,7 @@ from exporter.model import (
     RemappedRows,
     SourceName,
     SourceStatus,
+    placeholder_uuid,
 )
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.backoff import Backoff
@@ -47,6 +50,7 @@ from exporter.sources.base import Cycle, Source
 from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id, offset
 from exporter.sources.nvml_codes import (
     GPU_FAILED,
+    GPU_LOST,
     UNSUPPORTED,
     error_name,
     instance_id,
@@ -328,28 +332,39 @@ class NvmlSource(Source):
             return self._read(device)
         except pynvml.NVMLError as exc:
             # Any NVML error escaping one GPU's queries fails that GPU only, never the cycle.
-            reason = error_name(exc)
-            log.debug("GPU %d failed this cycle: %s", index, reason)
-            return self._failed(index, device, reason)
+            # Only GPU_LOST is NVML's word on the GPU itself; any other code (UNKNOWN,
+            # NoPermission at open) is the driver interface's: health unknown, logged once.
+            reason, lost = error_name(exc), isinstance(exc, GPU_LOST)
+            if lost:
+                log.debug("GPU %d failed this cycle: %s", index, reason)
+            else:
+                self._log_once(index, reason, exc_info=False)
+            return self._failed(index, device, reason, lost=lost)
         except Exception as exc:  # one GPU's garbage must not end the sample
             # Anything else (a binding that cannot decode an answer, a value no reading
-            # can be made of) fails that GPU alike: counted, logged once per GPU and kind.
+            # can be made of) fails that GPU alike: counted, logged once per GPU and kind,
+            # and it says nothing of the GPU's health.
             reason = type(exc).__name__
-            if (index, reason) not in self._logged_failures:
-                self._logged_failures.add((index, reason))
-                log.warning(
-                    "GPU %d: its NVML reading failed (%s), counted from now on",
-                    index,
-                    reason,
-                    exc_info=True,
-                )
-            return self._failed(index, device, reason)
+            self._log_once(index, reason, exc_info=True)
+            return self._failed(index, device, reason, lost=False)
 
-    def _failed(self, index: int, device: _Device | None, reason: str) -> GpuSample:
-        """The sample of a GPU whose reading failed as a whole (``reason`` counted)."""
+    def _log_once(self, index: int, reason: str, *, exc_info: bool) -> None:
+        if (index, reason) not in self._logged_failures:
+            self._logged_failures.add((index, reason))
+            log.warning(
+                "GPU %d: its NVML reading failed (%s), counted from now on; its health is "
+                "unknown while it fails (no hardware evidence)",
+                index,
+                reason,
+                exc_info=exc_info,
+            )
+
+    def _failed(self, index: int, device: _Device | None, reason: str, *, lost: bool) -> GpuSample:
+        """The sample of a GPU whose reading failed as a whole (``reason`` counted);
+        ``lost``: NVML said the GPU is lost or must be reset."""
         self._errors.append(("gpu", reason))
         if device is None:
-            return GpuSample(index=index, uuid=f"unknown-gpu-{index}", error=reason)
+            return GpuSample(index=index, uuid=placeholder_uuid(index), error=reason, lost=lost)
         # Re-open next cycle, so a GPU that comes back gets a fresh handle, but keep
         # its last known identity: the lost GPU's series keep their uuid and model.
         device.failed = True
@@ -360,6 +375,7 @@ class NvmlSource(Source):
             pci_bus_id=device.pci_bus_id,
             minor_number=device.minor_number,
             error=reason,
+            lost=lost,
         )
 
     def _open(self, index: int) -> _Device:

@@ -10,8 +10,19 @@ NOT_AVAILABLE_ID = 0xFFFFFFFF
 
 # The device or driver cannot answer this: absent, never an error or a zero.
 UNSUPPORTED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
-# The whole GPU stopped answering: the GPU fails this cycle, the others carry on.
-GPU_FAILED = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown)
+# NVML's own word that the GPU itself failed: hardware evidence, the GPU is lost.
+# nvml.h (NVIDIA/go-nvml gen/nvml/nvml.h, nvmlReturn_t): NVML_ERROR_GPU_IS_LOST = 15 "The
+# GPU has fallen off the bus or has otherwise become inaccessible", NVML_ERROR_RESET_REQUIRED
+# = 16 "The GPU requires a reset before it can be used again" (pynvml: NVMLError_GpuIsLost,
+# NVMLError_ResetRequired, made by _extractNVMLErrorsAsClasses). No other code says it of
+# one GPU: NVML_ERROR_UNKNOWN is "an internal driver error", returned "on any unexpected
+# error"; IRQ_ISSUE and INSUFFICIENT_POWER from nvmlDeviceGetHandleByIndex name "any
+# attached devices", not this one.
+GPU_LOST = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
+# The whole GPU stopped answering: its reading fails this cycle, the others carry on.
+# UNKNOWN among them, as a GPU that answers it to one query is not read further; it is no
+# verdict on the GPU (health unknown, exporter/analysis/health.py).
+GPU_FAILED = (*GPU_LOST, pynvml.NVMLError_Unknown)
 # NoPermission is not among them: the driver could answer, only not to this process,
 # and that can start mid-run (GPM in an unprivileged container, DCGM issue #214) and
 # end again. Sampling counts it as an error and keeps asking; the XID listener skips
