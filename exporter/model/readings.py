@@ -286,6 +286,21 @@ class PodResourcesSnapshot:
     allocatable: tuple[AllocatableDevices, ...] = ()
     allocatable_ok: bool = False  # GetAllocatableResources answered
     claims: tuple[ClaimDevice, ...] = ()  # DRA devices (dynamic_resources)
+    # Every (namespace, pod, container) the List answer names, GPU devices or none: the
+    # kubelet lists each regular container of the pods it knows (docs/attribution.md,
+    # "Isolation leaks"); a container absent from it is unknown, not unallocated.
+    listed: frozenset[tuple[str, str, str]] = frozenset()
+    # (namespace, pod) of the pods with any dynamic_resources in the answer (any driver):
+    # a kubelet without the KubeletPodResourcesDynamicResources gate reports none.
+    claims_reported: frozenset[tuple[str, str]] = frozenset()
+    # Device ids under resource names outside --resource-names (bounded, see answer.py):
+    # one that resolves to a GPU of this node is no leak, and a hint at the flag.
+    other_devices: tuple[ContainerDevices, ...] = ()
+    # Which List this answers (the source numbers its refreshes from 1; 0: unnumbered),
+    # and how many refreshes had begun when it was handed to a cycle: a process first
+    # seen with N begun is judged only by an answer numbered above N.
+    sequence: int = 0
+    begun: int = 0
 
 
 SliceAttribute = str | int | bool  # DeviceAttribute's string/int/bool/version (as str)
@@ -360,6 +375,7 @@ class PodMeta:
     owner_kind: str | None = None
     owner_name: str | None = None
     pod_template_hash: str | None = None  # the pod's `pod-template-hash` label, if any
+    resource_claims: bool = False  # spec.resourceClaims is not empty (DRA)
     api_uid: str | None = None  # a mirror pod's UID in the API, where it differs from uid
 
 

@@ -100,6 +100,7 @@ class SimEnvironment:
                 self.node.container_devices(),
                 self.node.allocatable_devices(),
                 self.node.claim_devices(),
+                self.node.listed_containers(),
             ),
         )
         if self._with_kube_api and self.paths.kubeconfig is not None:
@@ -194,7 +195,9 @@ class SimEnvironment:
                     pod.api_uid,
                     node.scenario.node_name,
                     phase=pod.phase,
-                    containers=[(c.name, c.container_id) for c in pod.containers],
+                    containers=[(c.name, c.container_id) for c in pod.containers if not c.init],
+                    init_containers=[(c.name, c.container_id) for c in pod.containers if c.init],
+                    resource_claims=node.resource_claims(pod),
                     limits={c.name: c.limits for c in pod.containers if c.limits},
                     owner=pod.owner,
                     labels=pod.labels,

@@ -193,6 +193,7 @@ def pod_dict(
     owner: tuple[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    resource_claims: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Build a pod as the API server serialises it.
 
@@ -216,6 +217,8 @@ def pod_dict(
         "nodeName": node,
         "containers": [{"name": n, "image": f"registry.example/{n}:latest"} for n, _ in containers],
     }
+    if resource_claims:  # DRA: each names a ResourceClaim of the pod's namespace
+        spec["resourceClaims"] = [{"name": c, "resourceClaimName": c} for c in resource_claims]
     for container in spec["containers"]:
         if limits and limits.get(container["name"]):
             container["resources"] = {"limits": dict(limits[container["name"]])}

@@ -156,6 +156,9 @@ class SimNode:
         self.kmsg_overwritten = 0  # kernel-log records lost unread so far (kmsg_overrun)
         self._next_event = 0
         self._pid_seq = 90_000
+        # simulated time until which the kubelet, just restarted, answers List with no
+        # pods (its pod list not filled yet); None: never restarted
+        self.kubelet_empty_until: float | None = None
         self._last_start_time = BOOT_TICKS - 1
         for proc in self.scenario.processes:
             proc.start_time = self._start_time(0.0)
@@ -357,8 +360,12 @@ class SimNode:
         with self.lock:
             self.advance()
             allocations: list[ContainerDevices] = []
+            if self._kubelet_empty():
+                return allocations
             for pod in self.pods:
                 for c in pod.containers:
+                    if c.init:  # List names spec.containers only
+                        continue
                     by_resource: dict[str, list[str]] = {}
                     for resource, refs in c.devices.items():
                         for ref in refs:
@@ -372,6 +379,25 @@ class SimNode:
                         for resource, ids in by_resource.items()
                     ]
             return allocations
+
+    def listed_containers(self) -> list[tuple[str, str, str]]:
+        """(namespace, pod, container) of every container List names: the kubelet lists
+        each of ``spec.containers`` of the pods it knows, devices or none (init
+        containers are not among them); none while it is restarting."""
+        with self.lock:
+            self.advance()
+            if self._kubelet_empty():
+                return []
+            return [
+                (pod.namespace, pod.name, c.name)
+                for pod in self.pods
+                for c in pod.containers
+                if not c.init
+            ]
+
+    def _kubelet_empty(self) -> bool:
+        until = self.kubelet_empty_until
+        return until is not None and self.clock() < until
 
     def _device_plugin_id(self, resource: str, ref: str) -> tuple[str, str] | None:
         if self.reference(ref) is None or self.allocator == "nvidia":
@@ -455,12 +481,16 @@ class SimNode:
         """
         with self.lock:
             self.advance()
-            if self.allocator != "dra":
+            if self.allocator != "dra" or not self.scenario.kubelet_reports_claims:
+                return []
+            if self._kubelet_empty():
                 return []
             node = self.scenario.node_name
             claims: list[ClaimDevice] = []
             for pod in self.pods:
                 for c in pod.containers:
+                    if c.init:
+                        continue
                     for refs in c.devices.values():
                         for ref in refs:
                             found = self.reference(ref)
@@ -483,6 +513,21 @@ class SimNode:
                             if entry not in claims:
                                 claims.append(entry)
             return claims
+
+    def resource_claims(self, pod: SimPod) -> list[str]:
+        """The ResourceClaims a DRA node's pod names in ``spec.resourceClaims`` (the
+        claims ``claim_devices`` reports, whether or not the kubelet reports them)."""
+        if self.allocator != "dra":
+            return []
+        return sorted(
+            {
+                _claim_name(pod, c, found)
+                for c in pod.containers
+                for refs in c.devices.values()
+                for ref in refs
+                if (found := self.reference(ref)) is not None
+            }
+        )
 
     def resource_slices(self) -> list[dict[str, Any]]:
         """The ResourceSlice NVIDIA's DRA driver publishes for this node (DRA nodes only),
@@ -631,6 +676,9 @@ class SimNode:
             self._fork_orphan(args, event.at)
         elif event.action == "kmsg_overrun":  # the ring wrapped past the reader
             self.kmsg_overwritten += int(str(value))
+        elif event.action == "kubelet_restart":  # its List is empty for a while
+            empty_for = args.get("empty_for", value if value is not None else 0.0)
+            self.kubelet_empty_until = event.at + float(str(empty_for))
         elif event.action == "terminate_pod":  # deletion requested, containers still run
             pod = self._pod(args.get("pod", value))
             grace = float(args.get("grace_s", 30))
@@ -705,6 +753,7 @@ class SimNode:
                 str(c.get("id") or derived_container_id(node, key, c["name"], event)),
                 {k: list(v) for k, v in c.get("devices", {}).items()},
                 {str(k): str(v) for k, v in (c.get("limits") or {}).items()},
+                init=c.get("init") is True,
             )
             for c in args.get("containers", [])  # type: ignore[attr-defined]
         ]

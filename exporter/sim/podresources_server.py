@@ -4,7 +4,9 @@ The exporter's client talks to it exactly as to a kubelet (same proto, same sock
 transport), so tests and demos exercise the real client code path. Allocations come
 from a provider called on every request, so a simulator timeline can move devices
 between pods while the server runs. A provider returns (containers, allocatable) or,
-with DRA claims, (containers, allocatable, claims).
+with DRA claims, (containers, allocatable, claims), or with the containers List names
+that hold no device (the kubelet lists every regular container), (containers,
+allocatable, claims, listed).
 
 ``undecodable_lists`` makes the first so many ``List`` answers bytes that are no
 ``ListPodResourcesResponse`` (a corrupt wire format), as a kubelet with a broken
@@ -30,9 +32,17 @@ import grpc.aio
 from exporter.kubelet_api import api_pb2, api_pb2_grpc
 from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 
+# (namespace, pod, container): a container List names with no device (sim.node)
+ListedContainer: TypeAlias = tuple[str, str, str]
 Allocations: TypeAlias = (
     tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices]]
     | tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]
+    | tuple[
+        Sequence[ContainerDevices],
+        Sequence[AllocatableDevices],
+        Sequence[ClaimDevice],
+        Sequence[ListedContainer],
+    ]
 )
 # Sync providers run inline on the event loop (they should be cheap); an async one lets
 # a test stall a request without blocking the loop the client shares.
@@ -107,6 +117,7 @@ def build_pod_resources(
     claims: Sequence[ClaimDevice] = (),
     *,
     split_devices: bool = False,
+    listed: Sequence[ListedContainer] = (),
 ) -> list[api_pb2.PodResources]:
     """Group flat allocations as the kubelet does: pod > container > resource name, and
     pod > container > claim for DRA devices.
@@ -118,6 +129,9 @@ def build_pod_resources(
     """
     devices: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
     dynamic: dict[tuple[str, str], dict[str, list[ClaimDevice]]] = {}
+    for namespace, pod, container in listed:  # every container, as the kubelet lists
+        devices.setdefault((namespace, pod), {}).setdefault(container, {})
+        dynamic.setdefault((namespace, pod), {}).setdefault(container, [])
     for entry in containers:
         by_resource = devices.setdefault((entry.namespace, entry.pod), {}).setdefault(
             entry.container, {}
@@ -151,13 +165,21 @@ def build_pod_resources(
     ]
 
 
-def _unpack(
-    allocations: Allocations,
-) -> tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]:
-    if len(allocations) == 3:
+_Unpacked: TypeAlias = tuple[
+    Sequence[ContainerDevices],
+    Sequence[AllocatableDevices],
+    Sequence[ClaimDevice],
+    Sequence[ListedContainer],
+]
+
+
+def _unpack(allocations: Allocations) -> _Unpacked:
+    if len(allocations) == 4:
         return allocations
+    if len(allocations) == 3:
+        return (*allocations, ())
     containers, allocatable = allocations
-    return containers, allocatable, ()
+    return containers, allocatable, (), ()
 
 
 class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
@@ -190,9 +212,7 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
             return UNDECODABLE
         return response.SerializeToString() + self._synthetic
 
-    async def _allocations(
-        self,
-    ) -> tuple[Sequence[ContainerDevices], Sequence[AllocatableDevices], Sequence[ClaimDevice]]:
+    async def _allocations(self) -> _Unpacked:
         result = self._provider()
         if inspect.isawaitable(result):
             return _unpack(await result)
@@ -201,9 +221,11 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
     async def List(
         self, request: api_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.ListPodResourcesResponse:
-        containers, _, claims = await self._allocations()
+        containers, _, claims, listed = await self._allocations()
         return api_pb2.ListPodResourcesResponse(
-            pod_resources=build_pod_resources(containers, claims, split_devices=self._split_devices)
+            pod_resources=build_pod_resources(
+                containers, claims, split_devices=self._split_devices, listed=listed
+            )
         )
 
     async def GetAllocatableResources(
@@ -213,7 +235,7 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED, "Method GetAllocatableResources not implemented"
             )
-        _, allocatable, _ = await self._allocations()
+        _, allocatable, _, _ = await self._allocations()
         merged: dict[str, dict[str, None]] = {}  # insertion-ordered sets: linear in ids
         for entry in allocatable:
             merged.setdefault(entry.resource_name, {}).update(dict.fromkeys(entry.device_ids))
@@ -228,7 +250,7 @@ class PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
     async def Get(
         self, request: api_pb2.GetPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.GetPodResourcesResponse:
-        containers, _, claims = await self._allocations()
+        containers, _, claims, _ = await self._allocations()
         key = (request.pod_namespace, request.pod_name)
         wanted = [c for c in containers if (c.namespace, c.pod) == key]
         wanted_claims = [c for c in claims if (c.namespace, c.pod) == key]

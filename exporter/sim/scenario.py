@@ -231,6 +231,9 @@ class SimContainer:
     # nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores)
     limits: dict[str, str] = field(default_factory=dict)
     cgroup: SimCgroup | None = None  # None: the simulated node writes no cgroup files
+    # An init container (``init: true``): served in spec.initContainers; the kubelet's
+    # PodResources List names only spec.containers, so it is never listed there.
+    init: bool = False
 
 
 @dataclass
@@ -290,6 +293,9 @@ class Scenario:
     pcie_counter_bits: int = 64
     kernel_log: SimKernelLog = field(default_factory=SimKernelLog)
     cgroup_version: int = 2  # the node's cgroup hierarchy: /proc/<pid>/cgroup and the tree
+    # False: the kubelet's KubeletPodResourcesDynamicResources gate is off (its default
+    # through 1.33): List reports no dynamic_resources, though pods have claims
+    kubelet_reports_claims: bool = True
 
     @property
     def has_cgroups(self) -> bool:
@@ -404,6 +410,7 @@ _TIMELINE_ACTIONS = {
     "fork_orphan",
     "terminate_pod",
     "kmsg_overrun",
+    "kubelet_restart",
 }
 
 
@@ -654,7 +661,9 @@ def _pod(
     for c, raw in enumerate(data.get("containers") or []):
         cwhere = f"{where}.containers[{c}]"
         cont = _expect_mapping(raw, cwhere)
-        _check_keys(cont, {"name", "id", "devices", "limits", "processes", "cgroup"}, cwhere)
+        _check_keys(
+            cont, {"name", "id", "devices", "limits", "processes", "cgroup", "init"}, cwhere
+        )
         cname = str(cont.get("name", f"c{c}"))
         devices = {str(k): [str(d) for d in v] for k, v in (cont.get("devices") or {}).items()}
         containers.append(
@@ -664,6 +673,7 @@ def _pod(
                 devices,
                 _limits(cont.get("limits"), f"{cwhere}.limits"),
                 _cgroup(cont.get("cgroup"), f"{cwhere}.cgroup"),
+                init=cont.get("init") is True,
             )
         )
         for p, praw in enumerate(cont.get("processes") or []):
@@ -787,6 +797,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "churn",
             "kernel_log",
             "cgroup_version",
+            "kubelet_reports_claims",
         },
         name,
     )
@@ -859,6 +870,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         ],
         kernel_log=_kernel_log(root.get("kernel_log") or {}, timeline),
         cgroup_version=_cgroup_version(root.get("cgroup_version", 2)),
+        kubelet_reports_claims=root.get("kubelet_reports_claims", True) is not False,
     )
 
 

@@ -175,7 +175,15 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
         owner_kind=owner[0] if owner else None,
         owner_name=owner[1] if owner else None,
         pod_template_hash=_template_hash(metadata.get("labels")),
+        resource_claims=_has_resource_claims(pod.get("spec")),
     )
+
+
+def _has_resource_claims(spec: Any) -> bool:
+    """Whether the pod references DRA ResourceClaims (``spec.resourceClaims``)."""
+    claims = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    return isinstance(claims, list) and bool(claims)
+
 
 
 class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):

@@ -27,7 +27,7 @@ instances x 48 replicas is 5,376 ids; the ceilings leave several times that.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
@@ -40,6 +40,12 @@ from exporter.model import AllocatableDevices, ClaimDevice, ContainerDevices
 MAX_GPU_ALLOCATIONS = 10_000
 # GPU device ids one GetAllocatableResources answer may advertise, counted as sent.
 MAX_ADVERTISED_IDS = 50_000
+# Containers one List answer may name (maxPods x a few containers on a real node).
+MAX_LISTED_CONTAINERS = 50_000
+# Device ids under other resource names kept from one List answer: past it the rest are
+# dropped, not refused (they only ever make a container's use unknown; a real node has
+# a few hundred at most, SR-IOV functions and the like).
+MAX_OTHER_DEVICE_IDS = 10_000
 
 
 class Undecodable(Exception):
@@ -124,31 +130,60 @@ def resource_name_matches(name: str, patterns: Iterable[str]) -> bool:
     return False
 
 
+class ListAnswer(NamedTuple):
+    """What a ``List`` answer says: the GPU allocations, and what the attribution needs
+    to tell "allocated nothing" from "not known" (docs/attribution.md, "Isolation leaks")."""
+
+    containers: tuple[ContainerDevices, ...]
+    claims: tuple[ClaimDevice, ...]
+    # every (namespace, pod, container) named, with or without devices
+    listed: frozenset[tuple[str, str, str]] = frozenset()
+    # pods with any dynamic_resources, of any driver
+    claims_reported: frozenset[tuple[str, str]] = frozenset()
+    # device ids under resource names outside ``resource_names``
+    other_devices: tuple[ContainerDevices, ...] = ()
+
+
 def list_answer(
     raw: bytes,
     resource_names: Sequence[str],
     dra_drivers: frozenset[str],
     ceiling: int = MAX_GPU_ALLOCATIONS,
-) -> tuple[tuple[ContainerDevices, ...], tuple[ClaimDevice, ...]]:
+) -> ListAnswer:
     """The GPU allocations of a ``List`` answer: device-plugin devices merged per
-    container and resource, DRA claim devices of ``dra_drivers`` flattened.
+    container and resource, DRA claim devices of ``dra_drivers`` flattened; and every
+    container it names, the pods it reports claims for, and the device ids it gives
+    under other resource names.
 
     Raises ``Undecodable``, or ``OverCeiling`` once the answer has brought in more than
-    ``ceiling`` allocations: past it nothing more is kept, the rest is only counted, so
-    the reason can say how many the kubelet sent.
+    ``ceiling`` allocations or ``MAX_LISTED_CONTAINERS`` containers: past it nothing
+    more is kept, the rest is only counted, so the reason can say how many the kubelet
+    sent. Device ids under other resource names are kept up to ``MAX_OTHER_DEVICE_IDS``.
     """
     count = 0
     merged: dict[tuple[str, str, str, str], set[str]] = {}
+    other: dict[tuple[str, str, str, str], set[str]] = {}
+    others = named = 0
     claims: set[ClaimDevice] = set()
+    listed: set[tuple[str, str, str]] = set()
+    reported: set[tuple[str, str]] = set()
     for pod in _pods(raw):
         for container in pod.containers:
+            named += 1
+            if named <= MAX_LISTED_CONTAINERS:
+                listed.add((pod.namespace, pod.name, container.name))
             for devices in container.devices:
+                key = (pod.namespace, pod.name, container.name, devices.resource_name)
                 if not resource_name_matches(devices.resource_name, resource_names):
+                    others += len(devices.device_ids)
+                    if others <= MAX_OTHER_DEVICE_IDS:
+                        other.setdefault(key, set()).update(devices.device_ids)
                     continue
                 count += len(devices.device_ids)
                 if count <= ceiling:
-                    key = (pod.namespace, pod.name, container.name, devices.resource_name)
                     merged.setdefault(key, set()).update(devices.device_ids)
+            if container.dynamic_resources:
+                reported.add((pod.namespace, pod.name))
             for dynamic in container.dynamic_resources:
                 for resource in dynamic.claim_resources:
                     if resource.driver_name not in dra_drivers:
@@ -160,7 +195,15 @@ def list_answer(
             merged, claims = {}, set()  # refused whole: stop holding any of it
     if count > ceiling:
         raise OverCeiling("GPU allocations", count, ceiling)
-    return _containers(merged), tuple(sorted(claims, key=_claim_order))
+    if named > MAX_LISTED_CONTAINERS:
+        raise OverCeiling("containers", named, MAX_LISTED_CONTAINERS)
+    return ListAnswer(
+        _containers(merged),
+        tuple(sorted(claims, key=_claim_order)),
+        frozenset(listed),
+        frozenset(reported),
+        _containers(other),
+    )
 
 
 def allocatable_answer(

@@ -248,7 +248,7 @@ class PodResourcesClient:
                     api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s
                 )
             )
-            containers, claims = await _decode(
+            answer = await _decode(
                 list_answer, listed, self._resource_names, self._dra_drivers, self._max_allocations
             )
             del listed  # up to 16 MiB: not held while GetAllocatableResources is asked
@@ -302,10 +302,13 @@ class PodResourcesClient:
             ok=True,
             timestamp=timestamp,
             error=error,
-            containers=containers,
+            containers=answer.containers,
             allocatable=allocatable,
             allocatable_ok=allocatable_ok,
-            claims=claims,
+            claims=answer.claims,
+            listed=answer.listed,
+            claims_reported=answer.claims_reported,
+            other_devices=answer.other_devices,
         )
 
     async def close(self) -> None:

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import ClassVar
 
 from exporter.model import PodResourcesSnapshot, SourceName, SourceStatus
@@ -79,6 +80,9 @@ class PodResourcesSource(Source):
         )
         self._errors_total = 0
         self._inflight: asyncio.Task[None] | None = None  # the fetch under way
+        # refreshes begun so far: a List answer is evidence about a process only if it
+        # was begun after the process was first seen (docs/attribution.md)
+        self._begun = 0
 
     @property
     def client(self) -> PodResourcesClient:
@@ -180,7 +184,10 @@ class PodResourcesSource(Source):
         self._requests_at_start = self._requests
         self._started_at = asyncio.get_running_loop().time()
         previous_ok, previous_error = self._snapshot.ok, self._snapshot.error
-        self._snapshot = await self._client.fetch()
+        self._begun += 1  # numbered before the request is sent: read() says it has begun
+        sequence = self._begun
+        fetched = await self._client.fetch()
+        self._snapshot = replace(fetched, sequence=sequence, begun=sequence)
         if self._snapshot.ok:
             self._supervisor.success()
         if not self._snapshot.ok:
@@ -209,6 +216,8 @@ class PodResourcesSource(Source):
                 return PodResourcesSnapshot(
                     ok=False, timestamp=snapshot.timestamp, error=status.error
                 )
+        if snapshot.begun != self._begun:  # a refresh under way: its answer comes later
+            return replace(snapshot, begun=self._begun)
         return snapshot
 
     def status(self) -> SourceStatus:
