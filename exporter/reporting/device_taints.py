@@ -11,13 +11,22 @@ A GPU gets a rule while its verdict is unhealthy and a ResourceSlice of this nod
 publishes it (matched by the driver's ``uuid`` attribute); so does each MIG device the
 driver publishes on it. When NVML or the slice
 watch cannot tell, there is no desired set: the rules that exist are left alone.
+
+A rule is owned by what it selects (``stale_rules``): it is deleted when the device
+UUID it was made for (its name carries it) is judged healthy, when the device it
+selects is published with another UUID (the GPU was replaced, or a MIG layout
+re-created: same driver/pool/device name, new UUID), or when the device is gone (its
+driver publishes the pool in a current slice list, without the device). A pool not
+published at all (the driver restarting) or slices not read are no evidence: the
+rule stays.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from exporter.model import Analysis
 from exporter.reporting.events import CONTROLLER
@@ -80,6 +89,87 @@ def healthy_devices(analysis: Analysis) -> frozenset[str]:
     healthy = {h.uuid for h in analysis.health if h.healthy and counts[h.uuid] == 1}
     migs = {m.uuid for g in analysis.node.nvml.gpus if g.uuid in healthy for m in g.mig_instances}
     return frozenset(u.lower() for u in healthy | migs)
+
+
+Selector = tuple[str, str, str]  # (driver, pool, device): what a rule selects
+Stale = Literal["healthy", "replaced", "gone"]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The devices this node's DRA drivers publish, from a current slice list:
+    selector -> lower-case ``uuid`` attribute ("" where the driver gives none)."""
+
+    devices: Mapping[Selector, str]
+    pools: frozenset[tuple[str, str]]  # (driver, pool) pairs with a device published
+
+
+def published_devices(analysis: Analysis, drivers: tuple[str, ...]) -> Published | None:
+    """None when the slices are not known this cycle (not watched, or not current)."""
+    slices = analysis.node.resource_slices
+    if slices is None or not slices.ok:
+        return None
+    devices: dict[Selector, str] = {}
+    for device in slices.devices:
+        if device.driver in drivers:
+            uuid = device.attribute("uuid")
+            key = (device.driver, device.pool, device.name)
+            devices[key] = uuid.lower() if isinstance(uuid, str) else ""
+    return Published(devices, frozenset((driver, pool) for driver, pool, _ in devices))
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingRule:
+    """A rule of ours as the API holds it: what it selects, and the lower-case UUID
+    of the device it was made for (from its name, ``rule_device``)."""
+
+    name: str
+    selector: Selector | None  # None: its spec does not say (not as we write it)
+    uuid: str
+
+
+def made_rule(rule: TaintRule) -> ExistingRule:
+    return ExistingRule(rule.name, (rule.driver, rule.pool, rule.device), rule.uuid.lower())
+
+
+def existing_rule(name: str, obj: Mapping[str, Any]) -> ExistingRule:
+    """``obj`` as listed; a selector is read only when it names all three."""
+    spec = obj.get("spec")
+    chosen = spec.get("deviceSelector") if isinstance(spec, dict) else None
+    parts = (
+        [chosen.get(k) for k in ("driver", "pool", "device")] if isinstance(chosen, dict) else []
+    )
+    ok = len(parts) == 3 and all(isinstance(p, str) and p for p in parts)
+    selector = (str(parts[0]), str(parts[1]), str(parts[2])) if ok else None
+    return ExistingRule(name, selector, rule_device(name))
+
+
+def stale_rules(
+    existing: Iterable[ExistingRule],
+    wanted: Collection[str],
+    healthy: frozenset[str],
+    published: Published | None,
+) -> dict[str, Stale]:
+    """The rules not wanted this cycle whose marking no longer holds, and why: the
+    device they were made for is ``healthy``; the device they select is published with
+    another UUID (``replaced``); or its pool is published without it (``gone``). Any
+    other rule stays: the exporter has no evidence about what it selects."""
+    stale: dict[str, Stale] = {}
+    for rule in existing:
+        if rule.name in wanted:
+            continue
+        if rule.uuid and rule.uuid in healthy:
+            stale[rule.name] = "healthy"
+            continue
+        if published is None or rule.selector is None:
+            continue
+        now = published.devices.get(rule.selector)
+        if now is None:
+            if rule.selector[:2] in published.pools:
+                stale[rule.name] = "gone"
+        elif now and now != rule.uuid:
+            stale[rule.name] = "replaced"
+    return stale
 
 
 def rule_name(node: str, uuid: str) -> str:

@@ -43,12 +43,18 @@ from exporter.reporting.condition import (
     desired_condition,
 )
 from exporter.reporting.device_taints import (
+    ExistingRule,
+    Published,
+    Stale,
     TaintRule,
     desired_rules,
+    existing_rule,
     healthy_devices,
     label_selector,
+    made_rule,
+    published_devices,
     rule_body,
-    rule_device,
+    stale_rules,
 )
 from exporter.reporting.events import EventIntent, ObjectRef, event_intents
 from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
@@ -168,6 +174,7 @@ class KubeReporter:
         self._condition: NodeCondition | None = None
         self._rules: frozenset[TaintRule] | None = None
         self._healthy: frozenset[str] = frozenset()  # devices NVML judged healthy
+        self._published: Published | None = None  # what the DRA drivers publish now
         # counts, read by the agent every cycle
         self._events: dict[tuple[str, str], int] = {}
         self._writes: dict[tuple[str, str], int] = {}
@@ -187,7 +194,7 @@ class KubeReporter:
         self._listed_once = False
         self._sent_condition: SentCondition | None = None
         self._taint_version: str | bool | None = False  # False: not asked yet
-        self._existing_rules: set[str] | None = None
+        self._existing_rules: dict[str, ExistingRule] | None = None
         self._rules_listed_at = float("-inf")
         self._version_asked_at = float("-inf")
 
@@ -201,6 +208,7 @@ class KubeReporter:
         condition = desired_condition(analysis) if opts.node_condition else None
         rules = desired_rules(analysis, opts.dra_drivers) if opts.device_taints else None
         healthy = healthy_devices(analysis) if opts.device_taints else frozenset()
+        published = published_devices(analysis, opts.dra_drivers) if opts.device_taints else None
         with self._lock:
             room = MAX_WAITING_INTENTS - len(self._intents)
             self._intents.extend(intents[: max(room, 0)])
@@ -211,6 +219,7 @@ class KubeReporter:
             if rules is not None:
                 self._rules = rules
                 self._healthy = healthy
+                self._published = published
         if intents or condition is not None or rules is not None:
             self._wake.set()
 
@@ -308,6 +317,7 @@ class KubeReporter:
             intents, self._intents = self._intents, []
             overflow, self._overflow = self._overflow, {}
             condition, rules, healthy = self._condition, self._rules, self._healthy
+            published = self._published
         for reason, n in overflow.items():
             self._count_event(reason, "dropped", n)
         self._settle(self.recorder.observe(tuple(intents)))
@@ -321,7 +331,7 @@ class KubeReporter:
             send = functools.partial(self._send_condition, condition)
             self._guarded("the node condition", send, self._condition_backoff)
         if rules is not None and not self._taint_backoff.active():
-            taint = functools.partial(self._reconcile_taints, rules, healthy)
+            taint = functools.partial(self._reconcile_taints, rules, healthy, published)
             self._guarded("DeviceTaintRules", taint, self._taint_backoff)
 
     def _guarded(self, what: str, write: Callable[[], None], backoff: _Backoff) -> None:
@@ -495,12 +505,17 @@ class KubeReporter:
                     )
         self._hold_false_until = hold
 
-    def _reconcile_taints(self, desired: frozenset[TaintRule], healthy: frozenset[str]) -> None:
-        """Create the rules of unhealthy GPUs; delete one only when NVML judged its
-        device healthy this cycle (a device missing from the ResourceSlices, say while
-        the DRA driver restarts, is not healthy), and one an earlier run left only
-        ``xid_window_s`` after it was created (its verdict may rest on XIDs this run
-        never saw). One rule's failure does not hold up the others."""
+    def _reconcile_taints(
+        self, desired: frozenset[TaintRule], healthy: frozenset[str], published: Published | None
+    ) -> None:
+        """Create the rules of unhealthy GPUs; delete one when what it selects no longer
+        calls for it (device_taints.stale_rules): NVML judged its device healthy this
+        cycle, or the device it selects was replaced (a new UUID under its name) or is
+        gone from a pool its driver still publishes. A device missing with its whole
+        pool (the DRA driver restarting) is no evidence. A rule an earlier run left is
+        deleted as healthy only ``xid_window_s`` after it was created (its verdict may
+        rest on XIDs this run never saw); replaced or gone, the hardware it marked is not
+        there. One rule's failure does not hold up the others."""
         assert self._client is not None
         now = self._clock()
         try:
@@ -521,13 +536,14 @@ class KubeReporter:
             return
         if listed is not None:
             created = {_name(r): _created(r) for r in listed if _name(r)}
+            found = {_name(r): existing_rule(_name(r), r) for r in listed if _name(r)}
             if not self._listed_once:  # what an earlier run left, and since when
                 self._inherited_rules = {
                     name: (when if when is not None else self._started_wall)
                     for name, when in created.items()
                 }
                 self._listed_once = True
-            self._existing_rules = set(created)
+            self._existing_rules = found
             self._rules_listed_at = now
         if self._existing_rules is None:
             return
@@ -535,16 +551,15 @@ class KubeReporter:
         for name in set(wanted) & set(self._inherited_rules):
             del self._inherited_rules[name]  # this run judges them now
         failures = 0
-        for name in sorted(set(wanted) - self._existing_rules):
+        for name in sorted(set(wanted) - self._existing_rules.keys()):
             failures += not self._create_rule(version, wanted[name])
         wall = self._wall()
-        for name in sorted(self._existing_rules - set(wanted)):
-            if rule_device(name) not in healthy:
-                continue  # no verdict of healthy for its device: left as it is
+        stale = stale_rules(self._existing_rules.values(), wanted, healthy, published)
+        for name, why in sorted(stale.items()):
             since = self._inherited_rules.get(name)
-            if since is not None and wall < since + self.options.xid_window_s:
+            if why == "healthy" and since is not None and wall < since + self.options.xid_window_s:
                 continue
-            failures += not self._delete_rule(version, name)
+            failures += not self._delete_rule(version, name, why)
         if failures:
             self._taint_backoff.failed()
         else:
@@ -554,7 +569,7 @@ class KubeReporter:
         assert self._client is not None and self._existing_rules is not None
         body = rule_body(rule, version, self.options.node_name, self.options.taint_effect)
         if self._shadowed("device_taint_rule", rule.reason, "create", rule.name):
-            self._existing_rules.add(rule.name)  # as if made: not computed again
+            self._existing_rules[rule.name] = made_rule(rule)  # as if made
             return True
         try:
             self._client.create_device_taint_rule(version, body)
@@ -563,7 +578,7 @@ class KubeReporter:
                 self._taint_failed("creating", exc)
                 return False
             # 409: it exists (our name carries this node's hash): a listing missed it
-        self._existing_rules.add(rule.name)
+        self._existing_rules[rule.name] = made_rule(rule)
         self._count_write("device_taint_rule", "ok")
         log.warning(
             "tainted GPU %s (DRA device %s/%s/%s) with %s=%s:%s",
@@ -577,10 +592,10 @@ class KubeReporter:
         )
         return True
 
-    def _delete_rule(self, version: str, name: str) -> bool:
+    def _delete_rule(self, version: str, name: str, why: Stale) -> bool:
         assert self._client is not None and self._existing_rules is not None
-        if self._shadowed("device_taint_rule", "healthy", "delete", name):
-            self._existing_rules.discard(name)
+        if self._shadowed("device_taint_rule", why, "delete", name):
+            self._existing_rules.pop(name, None)
             self._inherited_rules.pop(name, None)
             return True
         try:
@@ -588,10 +603,10 @@ class KubeReporter:
         except self._error as exc:
             self._taint_failed("deleting", exc)
             return False
-        self._existing_rules.discard(name)
+        self._existing_rules.pop(name, None)
         self._inherited_rules.pop(name, None)
         self._count_write("device_taint_rule", "ok")
-        log.info("removed DeviceTaintRule %s: its GPU is healthy again", name)
+        log.info("removed DeviceTaintRule %s: %s", name, STALE_WORDS[why])
         return True
 
     def _taint_failed(self, doing: str, exc: BaseException) -> None:
@@ -629,6 +644,13 @@ class KubeReporter:
                     "device taints are written"
                 )
         return self._taint_version if isinstance(self._taint_version, str) else None
+
+
+STALE_WORDS: dict[Stale, str] = {
+    "healthy": "its GPU is healthy again",
+    "replaced": "the DRA device it selects is another GPU now (a new UUID under its name)",
+    "gone": "its DRA driver no longer publishes the device it selects",
+}
 
 
 def _parse_time(text: object) -> float | None:
