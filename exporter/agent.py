@@ -41,6 +41,7 @@ from exporter.model.families import EXPERIMENTAL, STABLE
 from exporter.registry import build_reporter, build_sources
 from exporter.reporting.events import EVENT_REASONS
 from exporter.reporting.health_log import log_transitions
+from exporter.reporting.lease import LEASE_STATES
 from exporter.reporting.recorder import RESULTS
 from exporter.reporting.writer import WRITE_KINDS, WRITE_RESULTS, KubeReporter
 from exporter.sources.base import Cycle, Source
@@ -82,6 +83,9 @@ class SelfMetrics:
     kube_writes: Counter
     # registered only where a kind of write may be shadowed (--kube-writes shadow)
     kube_writes_shadowed: Counter | None = None
+    # registered only with a writer Lease (--kube-writer-lease-duration > 0)
+    kube_writer_leader: Gauge | None = None
+    kube_writer_lease_state: Gauge | None = None
 
     @classmethod
     def register(cls, registry: CollectorRegistry) -> SelfMetrics:
@@ -138,6 +142,26 @@ class SelfMetrics:
             ["kind", "reason"],
             registry=registry,
         )
+
+    def register_lease(self, registry: CollectorRegistry) -> None:
+        """One writer per node (exporter/reporting/lease.py)."""
+        self.kube_writer_leader = Gauge(
+            "gpu_exporter_kube_writer_leader",
+            EXPERIMENTAL + "1 while this exporter sends the node's Kubernetes writes (it "
+            "holds the node's writer Lease, or the Lease API refused it), 0 while it only "
+            "counts them as shadowed (another exporter holds the Lease, or it is unknown).",
+            registry=registry,
+        )
+        self.kube_writer_lease_state = Gauge(
+            "gpu_exporter_kube_writer_lease_state",
+            EXPERIMENTAL + "The node's writer Lease as this exporter sees it: 1 for the "
+            "current state (held, standby, unknown, refused), 0 for the others.",
+            ["state"],
+            registry=registry,
+        )
+        for state in LEASE_STATES:
+            self.kube_writer_lease_state.labels(state)
+        self.kube_writer_leader.set(0)
 
 
 def policy_from(config: Config) -> Policy:
@@ -222,6 +246,8 @@ class Agent:
                     self.self_metrics.kube_writes.labels(kind, outcome)
             if reporter.options.shadow:
                 self.self_metrics.register_shadowed(self.registry)
+            if reporter.lease_state() is not None:
+                self.self_metrics.register_lease(self.registry)
         self._last_success: dict[str, float] = {}  # sampled sources: last cycle they were up
         self._unresolved_forms_logged: set[str] = set()  # at most UNRESOLVED_SHAPES_LOGGED
         self._unresolved_forms_full = False  # the "no more are logged" line is written
@@ -422,6 +448,15 @@ class Agent:
 
     def _count_writes(self, reporter: KubeReporter) -> None:
         """The writer thread's running totals, as increments of our counters."""
+        state, metrics = reporter.lease_state(), self.self_metrics
+        if state is not None and metrics.kube_writer_lease_state is not None:
+            for each in LEASE_STATES:
+                metrics.kube_writer_lease_state.labels(each).set(1 if each == state else 0)
+            if metrics.kube_writer_leader is not None:
+                metrics.kube_writer_leader.set(1 if reporter.leading() else 0)
+        if metrics.kube_writes_shadowed is None and reporter.shadow_counts():
+            # a writer Lease's standby counts its writes as shadowed too, from its first
+            self.self_metrics.register_shadowed(self.registry)
         shadowed = self.self_metrics.kube_writes_shadowed
         for seen, totals, counter in (
             (self._events_seen, reporter.event_counts(), self.self_metrics.events),

@@ -101,6 +101,10 @@ class Config:
     # --kube-writes: the kinds of write (KUBE_WRITE_KINDS) computed and counted but not
     # sent; empty: every write is sent ("on")
     kube_writes_shadow: frozenset[str] = frozenset()
+    # one writer per node (exporter/reporting/lease.py): the Lease's namespace and
+    # duration; 0 s: no lease, every exporter on the node writes
+    kube_writer_lease_namespace: str = "default"
+    kube_writer_lease_duration_s: int = 30
     cgroup_root: Path | None = None  # --cgroup-root; None: off (no cgroup source)
     why_idle_throttled_ratio: float = 0.2  # analysis/why_idle.py
     why_idle_pressure_ratio: float = 0.2
@@ -178,6 +182,8 @@ SERVER_ONLY_FLAGS = frozenset(
         "--dra-device-taints",
         "--dra-device-taint-effect",
         "--kube-writes",
+        "--kube-writer-lease-namespace",
+        "--kube-writer-lease-duration",
     }
 )
 
@@ -409,6 +415,23 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "everywhere (docs/install.md).",
         default="on",
         metavar="on|shadow|shadow=KIND,...",
+    )
+    add(
+        "--kube-writer-lease-namespace",
+        "Namespace of the node's writer Lease (coordination.k8s.io/v1, named "
+        "gpu-occupancy-exporter-<node>): of the exporters on one node only its holder "
+        "writes Events, the condition and taints; the others count them as shadowed "
+        "(default: $POD_NAMESPACE, else default).",
+        default=env.get("POD_NAMESPACE") or "default",
+        metavar="NAMESPACE",
+    )
+    add(
+        "--kube-writer-lease-duration",
+        "Seconds the writer Lease is held unrenewed before another exporter on the node "
+        "may take it (renewed every third of it; released at a clean shutdown). 0: no "
+        "lease, every exporter on the node writes.",
+        default="30",
+        bounds=Bounds(0, 3600, "seconds", whole=True),
     )
     add(
         "--simulate",
@@ -832,6 +855,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         dra_device_taints=bool(args.dra_device_taints),
         dra_device_taint_effect=args.dra_device_taint_effect,
         kube_writes_shadow=kube_writes_shadow,
+        kube_writer_lease_namespace=args.kube_writer_lease_namespace,
+        kube_writer_lease_duration_s=int(args.kube_writer_lease_duration),
         web_config_file=Path(args.web_config_file) if args.web_config_file else None,
         proc_root=Path(args.proc_root),
         cgroup_root=_cgroup_root(args.cgroup_root),

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from exporter.config import Config, ConfigError
 from exporter.reporting.kube_client import KubeWriteClient, KubeWriteError
+from exporter.reporting.lease import WriterLease, identity
+from exporter.reporting.recorder import rfc3339_micro
 from exporter.reporting.writer import REQUEST_DEADLINE_S, KubeReporter, ReportingOptions
 from exporter.sources.base import Source
 from exporter.sources.cgroups import CgroupReader
@@ -146,6 +148,17 @@ def build_reporter(
     def client() -> KubeWriteClient:
         return KubeWriteClient(kubeconfig, deadline_s=REQUEST_DEADLINE_S)
 
+    lease = None
+    if config.kube_writer_lease_duration_s > 0:  # one writer per node (reporting/lease.py)
+        lease = WriterLease(
+            config.kube_writer_lease_namespace,
+            config.node_name,
+            identity(),
+            duration_s=config.kube_writer_lease_duration_s,
+            clock=monotonic,
+            wall_micro=lambda: rfc3339_micro(wall_clock()),
+            error_type=KubeWriteError,
+        )
     return KubeReporter(
-        options, client, clock=monotonic, wall=wall_clock, error_type=KubeWriteError
+        options, client, clock=monotonic, wall=wall_clock, error_type=KubeWriteError, lease=lease
     )

@@ -21,6 +21,8 @@ SELF_INSTRUMENTS = {
     "gpu_exporter_events",  # while Events are on (exporter/agent.py)
     "gpu_exporter_kube_writes",
     "gpu_exporter_kube_writes_shadowed",  # with --kube-writes shadow
+    "gpu_exporter_kube_writer_leader",  # with the writer Lease (the default)
+    "gpu_exporter_kube_writer_lease_state",
     "gpu_exporter_sample_duration_seconds",
     "gpu_exporter_source_read_seconds",
 }
@@ -100,7 +102,9 @@ def served_help() -> dict[str, str]:
     """Every family's HELP text: the catalogue's, and the agent's own instruments'."""
     texts = {name: doc for name, (_, doc) in CATALOGUE.items()}
     registry = CollectorRegistry()
-    SelfMetrics.register(registry).register_shadowed(registry)
+    self_metrics = SelfMetrics.register(registry)
+    self_metrics.register_shadowed(registry)
+    self_metrics.register_lease(registry)
     texts.update((metric.name, metric.documentation) for metric in registry.collect())
     return texts
 

@@ -15,6 +15,10 @@ loading those modules (~20 MiB of resident memory for a handful of paths).
 ``kubernetes`` is imported inside the calls, in the writer's thread, so an exporter that
 writes nothing never loads it.
 
+The node's writer Lease (coordination.k8s.io/v1, exporter/reporting/lease.py) is read
+with GET, created with POST and renewed or taken over with PUT of the whole object,
+as client-go's ``LeaseLock`` does (tools/leaderelection/resourcelock/leaselock.go).
+
 Patch types: an Event update is a JSON merge patch (RFC 7386; Event fields carry no
 patch strategy, so a strategic merge patch would do the same); the Node's conditions go
 in a strategic merge patch of ``/status``, which merges ``status.conditions`` by
@@ -228,6 +232,42 @@ class KubeWriteClient:
             what=f"delete devicetaintrule {name}",
             missing_ok=True,
         )
+
+    # coordination.k8s.io/v1 Leases: the node's writer lease (exporter/reporting/lease.py)
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease, or None when there is none (404)."""
+        answer = self._request(
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+            {"namespace": namespace, "name": name},
+            what=f"get lease {namespace}/{name}",
+            missing_ok=True,
+        )
+        return dict(answer) if isinstance(answer, Mapping) else None
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a Lease; 409 when another created it first."""
+        answer = self._request(
+            "POST",
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            {"namespace": namespace},
+            body=body,
+            what=f"create lease in {namespace}",
+        )
+        return dict(answer) if isinstance(answer, Mapping) else {}
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the whole Lease; its ``metadata.resourceVersion`` makes it conditional
+        (409 Conflict when the Lease changed since it was read)."""
+        answer = self._request(
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}",
+            {"namespace": namespace, "name": name},
+            body=body,
+            what=f"update lease {namespace}/{name}",
+        )
+        return dict(answer) if isinstance(answer, Mapping) else {}
 
     def cut(self) -> None:
         """End the request in flight now (any thread); it fails with status None."""

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from exporter.model import Analysis
 from exporter.reporting.condition import (
@@ -57,6 +57,7 @@ from exporter.reporting.device_taints import (
     stale_rules,
 )
 from exporter.reporting.events import EventIntent, ObjectRef, event_intents
+from exporter.reporting.lease import LeaseClient, LeaseState, WriterLease
 from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,11 @@ class KubeReporter:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         error_type: type[BaseException] = Exception,
+        lease: WriterLease | None = None,
     ) -> None:
         self.options = options
+        # one writer per node (lease.py): None writes without asking anyone
+        self._lease = lease
         self._client_factory = client_factory
         self._clock = clock
         self._wall = wall
@@ -247,7 +251,29 @@ class KubeReporter:
 
     def writes_enabled(self, kind: str) -> bool:
         """Whether writes of ``kind`` (SHADOW_KINDS) go to the API server."""
-        return kind not in self.options.shadow
+        return kind not in self.options.shadow and self.leading()
+
+    # -- one writer per node (exporter/reporting/lease.py) ------------------------------
+
+    def leading(self) -> bool:
+        """This exporter holds the node's writer Lease (or has none to ask): another
+        that holds it writes, this one shadows."""
+        return self._lease is None or self._lease.writing(self._clock())
+
+    def lease_state(self) -> LeaseState | None:
+        """The writer Lease as last seen (None: no lease configured). Any thread."""
+        return self._lease.state if self._lease is not None else None
+
+    def _lease_turn(self) -> None:
+        """Renew the Lease, or try to take it, when due. Becoming the holder starts the
+        condition and the taints afresh, as a restart would: the Node and the rules
+        are read again (the other exporter wrote them meanwhile)."""
+        assert self._client is not None and self._lease is not None
+        if self._lease.step(cast(LeaseClient, self._client), self._clock()):
+            self._sent_condition = None
+            self._hold_false_until = None
+            self._existing_rules = None
+            self._listed_once = False
 
     def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> bool:
         """True: this write, computed and within its budget, is not sent; it is counted
@@ -295,6 +321,8 @@ class KubeReporter:
                     backoff.failed()
         client = self._client
         if client is not None:
+            if self._lease is not None:  # the next exporter takes over at once
+                self._lease.release(cast(LeaseClient, client))
             client.close()
 
     def _wait_s(self) -> float:
@@ -310,7 +338,10 @@ class KubeReporter:
             or self.recorder.pending() > 0
             or any(b.failing() for b in backoffs)
         )
-        return IDLE_WAKE_S if waiting else QUIET_WAKE_S
+        wait = IDLE_WAKE_S if waiting else QUIET_WAKE_S
+        if self._lease is not None:  # its renewal or its next try
+            wait = min(wait, max(self._lease.wait_s(self._clock()), 0.05))
+        return wait
 
     def _turn(self) -> None:
         with self._lock:
@@ -325,6 +356,11 @@ class KubeReporter:
             self._settle(self.recorder.drop_unsent(keep=self._retrying()))
         if self._client is None:
             self._client = self._client_factory()
+        if self._lease is not None:
+            try:
+                self._lease_turn()
+            except Exception:  # a bug: the Lease's state stays as it was
+                log.exception("the writer Lease's turn failed")
         if not self._event_backoff.active():
             self._guarded("Events", self._send_events, self._event_backoff)
         if condition is not None and not self._condition_backoff.active():

@@ -26,6 +26,16 @@ and the rules of the real kube-apiserver it keeps (Kubernetes 1.35 sources):
   it only with ``--runtime-config=resource.k8s.io/v1alpha3=true`` and the
   ``DRADeviceTaints`` feature gate); ``set_device_taint_versions`` changes it.
 
+- ``coordination.k8s.io/v1`` Leases (the exporter's per-node writer lease): GET one,
+  create (POST), update (PUT). An update must carry ``metadata.resourceVersion`` and is
+  refused with 409 Conflict when it is not the stored one (the Lease strategy has
+  ``AllowUnconditionalUpdate`` false and ``AllowCreateOnUpdate`` true: kubernetes
+  pkg/registry/coordination/lease/strategy.go); a PUT of a Lease that does not exist
+  creates it. ``leaseDurationSeconds`` must be > 0 and ``leaseTransitions`` >= 0
+  (pkg/apis/coordination/validation/validation.go). Lease requests go to their own log
+  (``lease_log``) and faults (``set_lease_fault``), so the Event and write counts of
+  the other tests stay what they were.
+
 Every write (POST, PATCH, DELETE) is recorded (``write_log``), and
 ``set_write_fault`` makes the writes (and the node GET) answer 403 or 500, answer
 late, or not at all. Like kube_api's mutators, every public method here is thread-safe:
@@ -203,6 +213,10 @@ class KubeWrites:
         self._fault_times: int | None = None
         self._fault_generation = 0  # a hung request waits until this changes
         self._rv = 1
+        self._leases: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
+        self._lease_log: list[WriteRecord] = []
+        self._lease_fault: FaultMode | None = None
+        self._lease_fault_times: int | None = None
 
     # -- state, thread-safe ------------------------------------------------------------
 
@@ -300,6 +314,157 @@ class KubeWrites:
             self._fault_times = times if mode is not None else None
             self._fault_generation += 1
 
+    # leases
+
+    @property
+    def lease_log(self) -> list[WriteRecord]:
+        """A copy of every Lease request received (GET, POST, PUT), oldest first."""
+        with self._lock:
+            return [replace(r, body=copy.deepcopy(r.body)) for r in self._lease_log]
+
+    def leases(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(v) for _, v in sorted(self._leases.items())]
+
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._leases.get((namespace, name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def set_lease(self, obj: Mapping[str, Any]) -> None:
+        """Write a Lease as another client would (a new ``resourceVersion``): how a
+        test makes another exporter renew or take the node's lease."""
+        lease = copy.deepcopy(dict(obj))
+        namespace, name = str_at(lease, "metadata", "namespace"), str_at(lease, "metadata", "name")
+        if not namespace or not name:
+            raise ValueError("a Lease needs metadata.namespace and metadata.name")
+        with self._lock:
+            lease["apiVersion"], lease["kind"] = "coordination.k8s.io/v1", "Lease"
+            lease["metadata"].setdefault("creationTimestamp", now_rfc3339())
+            lease["metadata"]["resourceVersion"] = self._next_rv_locked()
+            self._leases[(namespace, name)] = lease
+
+    def set_lease_fault(
+        self, mode: Literal["forbidden", "error"] | None, *, times: int | None = None
+    ) -> None:
+        """Answer the Lease requests 403 (``"forbidden"``: the RBAC for leases missing)
+        or 500 (``"error"``) until cleared with None, or for the next ``times`` only."""
+        with self._lock:
+            self._lease_fault = mode
+            self._lease_fault_times = times if mode is not None else None
+
+    def _lease_request(
+        self, request: web.Request, body: Any, handle: Callable[[], web.Response]
+    ) -> web.Response:
+        record = WriteRecord(request.method, request.path, request.content_type, body)
+        with self._lock:
+            self._lease_log.append(record)
+            mode = self._lease_fault
+            if mode is not None and self._lease_fault_times is not None:
+                self._lease_fault_times -= 1
+                if self._lease_fault_times <= 0:
+                    self._lease_fault, self._lease_fault_times = None, None
+        try:
+            if mode == "forbidden":
+                user = "system:serviceaccount:gpu-exporter:gpu-occupancy-exporter"
+                raise Refused(
+                    403,
+                    "Forbidden",
+                    f'leases.coordination.k8s.io is forbidden: User "{user}" cannot '
+                    f'{request.method.lower()} resource "leases" in API group '
+                    f'"coordination.k8s.io" (fake API server fault)',
+                )
+            if mode == "error":
+                raise Refused(500, "InternalError", "fake API server error 500")
+            response = handle()
+        except Refused as refused:
+            response = refused.response()
+        with self._lock:
+            record.status = response.status
+        return response
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+
+        def handle() -> web.Response:
+            lease = self.lease(namespace, name)
+            if lease is None:
+                raise not_found("leases.coordination.k8s.io", name)
+            return web.json_response(lease)
+
+        return self._lease_request(request, None, handle)
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        body = await _json_body(request)
+
+        def handle() -> web.Response:
+            lease = _lease_checked(body, namespace, None)
+            name = lease["metadata"]["name"]
+            with self._lock:
+                if (namespace, name) in self._leases:
+                    raise Refused(
+                        409,
+                        "AlreadyExists",
+                        f'leases.coordination.k8s.io "{name}" already exists',
+                        {"name": name, "group": "coordination.k8s.io", "kind": "leases"},
+                    )
+                return self._store_lease_locked(namespace, lease, 201)
+
+        return self._lease_request(request, body, handle)
+
+    async def _update_lease(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        body = await _json_body(request)
+
+        def handle() -> web.Response:
+            lease = _lease_checked(body, namespace, name)
+            with self._lock:
+                old = self._leases.get((namespace, name))
+                if old is None:  # AllowCreateOnUpdate
+                    return self._store_lease_locked(namespace, lease, 201)
+                given = str_at(lease, "metadata", "resourceVersion")
+                if not given:
+                    raise invalid_error(
+                        "Lease",
+                        "coordination.k8s.io",
+                        name,
+                        [
+                            (
+                                "metadata.resourceVersion",
+                                "metadata.resourceVersion: Invalid value: 0x0: must be "
+                                "specified for an update",
+                            )
+                        ],
+                    )
+                if given != old["metadata"]["resourceVersion"]:
+                    raise Refused(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                        "the object has been modified; please apply your changes to the "
+                        "latest version and try again",
+                        {"name": name, "group": "coordination.k8s.io", "kind": "leases"},
+                    )
+                lease["metadata"]["creationTimestamp"] = old["metadata"].get("creationTimestamp")
+                lease["metadata"]["uid"] = old["metadata"].get("uid")
+                return self._store_lease_locked(namespace, lease, 200)
+
+        return self._lease_request(request, body, handle)
+
+    def _store_lease_locked(
+        self, namespace: str, lease: dict[str, Any], status: int
+    ) -> web.Response:
+        meta = lease["metadata"]
+        meta["namespace"] = namespace
+        meta.setdefault("uid", f"lease-{secrets.token_hex(8)}")
+        if not meta.get("creationTimestamp"):
+            meta["creationTimestamp"] = now_rfc3339()
+        meta["resourceVersion"] = self._next_rv_locked()
+        lease["apiVersion"], lease["kind"] = "coordination.k8s.io/v1", "Lease"
+        self._leases[(namespace, meta["name"])] = lease
+        return web.json_response(copy.deepcopy(lease), status=status)
+
     def _next_rv_locked(self) -> str:
         self._rv += 1
         return str(self._rv)
@@ -335,6 +500,10 @@ class KubeWrites:
         r.add_post(rules, self._create_taint_rule)
         r.add_get(rules + "/{name}", self._get_taint_rule)
         r.add_delete(rules + "/{name}", self._delete_taint_rule)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        r.add_post(leases, self._create_lease)
+        r.add_get(leases + "/{name}", self._get_lease)
+        r.add_put(leases + "/{name}", self._update_lease)
 
     async def _write(
         self,
@@ -672,6 +841,66 @@ def _check_type(obj: Mapping[str, Any], api_version: str, kind: str) -> None:
         )
     if given_kind and given_kind != kind:
         raise bad_request(f"the kind in the data ({given_kind}) is not {kind}")
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw.decode("utf-8", errors="replace")
+
+
+def _lease_checked(body: Any, namespace: str, name: str | None) -> dict[str, Any]:
+    """A Lease to store, checked as the create/update handlers and ValidateLease
+    (pkg/apis/coordination/validation/validation.go) do."""
+    if not isinstance(body, Mapping):
+        raise bad_request("the body of the request was not a JSON object")
+    lease = copy.deepcopy(dict(body))
+    _check_type(lease, "coordination.k8s.io/v1", "Lease")
+    meta = lease.get("metadata")
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be an object")
+    if meta.get("namespace", namespace) not in (namespace, ""):
+        raise bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    given = meta.get("name")
+    if name is not None and given != name:
+        raise bad_request(
+            f"the name of the object ({given}) does not match the name on the URL ({name})"
+        )
+    if not isinstance(given, str) or not given:
+        raise invalid_error(
+            "Lease",
+            "coordination.k8s.io",
+            "",
+            [("metadata.name", "metadata.name: Required value: name or generateName is required")],
+        )
+    spec = lease.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    lease["spec"] = spec
+    errors = []
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        errors.append(
+            (
+                "spec.leaseDurationSeconds",
+                f"spec.leaseDurationSeconds: Invalid value: {duration}: must be greater than 0",
+            )
+        )
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        errors.append(
+            (
+                "spec.leaseTransitions",
+                f"spec.leaseTransitions: Invalid value: {transitions}: must be greater than "
+                "or equal to 0",
+            )
+        )
+    if errors:
+        raise invalid_error("Lease", "coordination.k8s.io", given, errors)
+    return lease
 
 
 def _check_patch_type(request: web.Request) -> bool:

@@ -1,0 +1,415 @@
+"""One writer per node: a coordination.k8s.io/v1 Lease named for the node.
+
+Two exporters on one node (a DaemonSet rolling update with ``maxSurge``, two releases)
+would each write every Event, condition and taint: 22 Warnings where one exporter writes
+11. Only the holder of the node's Lease writes; another computes and counts its writes
+as ``--kube-writes shadow`` does (exporter/reporting/writer.py, ``_shadowed``).
+
+The protocol is client-go's leader election (kubernetes/client-go
+tools/leaderelection/leaderelection.go, ``tryAcquireOrRenew``, ``isLeaseValid``,
+``release``; resourcelock/leaselock.go for the Lease fields):
+
+- A candidate takes the Lease only when its holder is empty or the record has not
+  changed for ``leaseDurationSeconds`` **measured on this process's monotonic clock
+  from when it first observed that record** (``observedTime``): the ``renewTime`` in
+  the record is the other node's wall clock and is never compared with ours.
+- A takeover or renewal is a PUT of the Lease read, carrying its ``resourceVersion``:
+  the API server refuses it with 409 Conflict if anyone wrote the Lease in between, so
+  of two candidates exactly one wins.
+- The holder renews every third of the duration (the kubelet's node lease renews every
+  quarter: pkg/kubelet/nodelease) and stops writing two thirds of the duration after its
+  last successful renewal (client-go's ``RenewDeadline`` < ``LeaseDuration``), before
+  any other may take over.
+- A clean shutdown releases the Lease (holder emptied, duration 1 s, as client-go's
+  ``release``), so the next exporter takes over at its next try, not a duration later.
+
+What cannot be decided with the Lease: a Lease API that refuses us (403: the chart's
+RBAC for leases missing; 404: the namespace does not exist) falls back to writing as
+an exporter without the lease did, logged once and served as state ``refused``; it is
+asked again every ``REFUSED_RETRY_S``. With no answer at all (API server down, 5xx)
+a holder keeps writing until its renew deadline, anyone else writes nothing (state
+``unknown``): nothing could be written then anyway.
+
+The decisions (``decide``, ``lease_body``, ``parse_lease``) are pure; ``WriterLease``
+holds the observed record and makes the calls, from the writer thread only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "gpu-occupancy-exporter-"
+MAX_NAME = 253  # a Lease's name is a DNS subdomain (RFC 1123), like a Node's
+DEFAULT_DURATION_S = 30
+RETRY_PERIOD_S = 2.0  # a non-holder's tries (client-go's default RetryPeriod)
+REFUSED_RETRY_S = 300.0  # the Lease API refused us: ask again this much later
+LEASE_LABELS = {"app.kubernetes.io/name": "gpu-occupancy-exporter"}
+
+LeaseState = Literal["held", "standby", "unknown", "refused"]
+LEASE_STATES: tuple[LeaseState, ...] = ("held", "standby", "unknown", "refused")
+Decision = Literal["renew", "acquire", "wait"]
+
+
+class LeaseError(Protocol):
+    status: int | None
+
+
+class LeaseClient(Protocol):
+    """The Lease calls of ``kube_client.KubeWriteClient``."""
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]: ...
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Record:
+    """A Lease's spec as read (``LeaseSpecToLeaderElectionRecord``), and the
+    ``resourceVersion`` a write of it must carry."""
+
+    holder: str
+    duration_s: int
+    acquire_time: str | None
+    renew_time: str | None
+    transitions: int
+    resource_version: str
+
+
+def lease_name(node: str) -> str:
+    """``gpu-occupancy-exporter-<node>``; a node name too long for that ends in a hash
+    of it instead (still one Lease per node)."""
+    name = LEASE_PREFIX + node
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return LEASE_PREFIX + node[: MAX_NAME - len(LEASE_PREFIX) - 17].rstrip(".-") + "-" + digest
+
+
+def identity(env: Mapping[str, str] | None = None) -> str:
+    """This process among the node's exporters: the pod's name (POD_NAME, from the
+    downward API; else the hostname) and a random token, as client-go's users do
+    (hostname + "_" + a UUID), so a restarted container is a new holder."""
+    env = os.environ if env is None else env
+    return f"{env.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(8)}"
+
+
+def parse_lease(obj: Mapping[str, Any]) -> Record:
+    """The record of a Lease the API server sent; missing fields read as client-go
+    reads them (no holder, duration 0)."""
+    meta = obj.get("metadata")
+    spec = obj.get("spec")
+    meta = meta if isinstance(meta, Mapping) else {}
+    spec = spec if isinstance(spec, Mapping) else {}
+
+    def text(value: object) -> str | None:
+        return value if isinstance(value, str) else None
+
+    def whole(value: object) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Record(
+        holder=text(spec.get("holderIdentity")) or "",
+        duration_s=whole(spec.get("leaseDurationSeconds")),
+        acquire_time=text(spec.get("acquireTime")),
+        renew_time=text(spec.get("renewTime")),
+        transitions=whole(spec.get("leaseTransitions")),
+        resource_version=text(meta.get("resourceVersion")) or "",
+    )
+
+
+def decide(record: Record, observed_at: float, me: str, now: float) -> Decision:
+    """What to do with a Lease read: renew ours, take one that is free or expired, or
+    wait. Expiry is ``observed_at`` (this process's monotonic clock, when it first saw
+    this record) plus the record's duration: never the record's own timestamps."""
+    if record.holder == me:
+        return "renew"
+    if not record.holder or now >= observed_at + record.duration_s:
+        return "acquire"
+    return "wait"
+
+
+def lease_body(
+    name: str,
+    namespace: str,
+    holder: str,
+    duration_s: int,
+    *,
+    acquire_time: str | None,
+    renew_time: str | None,
+    transitions: int,
+    resource_version: str | None,
+) -> dict[str, Any]:
+    """A whole Lease for a create (no ``resourceVersion``) or a replace (with it)."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(LEASE_LABELS)}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    spec: dict[str, Any] = {
+        "holderIdentity": holder,
+        "leaseDurationSeconds": duration_s,
+        "leaseTransitions": transitions,
+    }
+    if acquire_time is not None:
+        spec["acquireTime"] = acquire_time
+    if renew_time is not None:
+        spec["renewTime"] = renew_time
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": meta,
+        "spec": spec,
+    }
+
+
+class WriterLease:
+    """The node's writer Lease as this process sees it. ``step`` makes at most one
+    round of calls when one is due; ``writing`` says, without I/O, whether this
+    process may write now."""
+
+    def __init__(
+        self,
+        namespace: str,
+        node: str,
+        me: str,
+        *,
+        duration_s: int = DEFAULT_DURATION_S,
+        clock: Callable[[], float],
+        wall_micro: Callable[[], str],
+        error_type: type[BaseException] = Exception,
+    ) -> None:
+        if duration_s < 1:
+            raise ValueError(f"a Lease's duration is at least 1 s, got {duration_s}")
+        self.namespace = namespace
+        self.name = lease_name(node)
+        self.me = me
+        self.duration_s = duration_s
+        self.renew_every_s = duration_s / 3
+        self.renew_deadline_s = 2 * duration_s / 3
+        self._clock = clock
+        self._wall_micro = wall_micro  # the renewTime written (a MicroTime), for people
+        self._error = error_type
+        self.state: LeaseState = "unknown"
+        self.holder = ""  # the holder last observed
+        self._record: Record | None = None
+        self._observed_at = -math.inf
+        self._renewed_at = -math.inf  # our last successful acquire or renewal
+        self._next_try = -math.inf
+        self._refusal_logged = False
+
+    # -- what the writer asks ------------------------------------------------------------
+
+    def writing(self, now: float) -> bool:
+        """May this process write now: it holds the Lease within its renew deadline, or
+        the Lease API refused us (written as before the lease existed)."""
+        if self.state == "refused":
+            return True
+        return self.state == "held" and now < self._renewed_at + self.renew_deadline_s
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next round of calls is due (0: now)."""
+        return max(0.0, self._next_try - now)
+
+    # -- the calls -----------------------------------------------------------------------
+
+    def step(self, client: LeaseClient, now: float) -> bool:
+        """One round when due: renew, or read and take over when free or expired.
+        Returns True when this process just became the holder (it was not before)."""
+        if now < self._next_try:
+            return False
+        was = self.writing(now) and self.state == "held"
+        try:
+            self._round(client, now)
+        except self._error as exc:
+            self._failed(exc, now)
+        if self.state == "held" and self._renewed_at == now:
+            self._next_try = now + self.renew_every_s
+        return self.state == "held" and not was
+
+    def _round(self, client: LeaseClient, now: float) -> None:
+        record = self._record
+        if self.state == "held" and record is not None and self.writing(now):
+            # client-go's fast path: renew the record we wrote, no read first
+            self._put(client, record, record.acquire_time, record.transitions, now)
+            return
+        obj = client.get_lease(self.namespace, self.name)
+        if obj is None:
+            self._record = None  # a 404 on the create is then the namespace's
+            stamp = self._wall_micro()
+            body = lease_body(
+                self.name,
+                self.namespace,
+                self.me,
+                self.duration_s,
+                acquire_time=stamp,
+                renew_time=stamp,
+                transitions=0,
+                resource_version=None,
+            )
+            self._took(client.create_lease(self.namespace, body), now)
+            return
+        read = parse_lease(obj)
+        if record is None or _spec(read) != _spec(record):
+            self._observed_at = now  # a change: its holder is alive as of now
+        self._record = read
+        self.holder = read.holder
+        decision = decide(read, self._observed_at, self.me, now)
+        if decision == "wait":
+            self._standby(now)
+            return
+        if decision == "renew":
+            self._put(client, read, read.acquire_time, read.transitions, now)
+        else:
+            self._put(client, read, self._wall_micro(), read.transitions + 1, now)
+
+    def _put(
+        self,
+        client: LeaseClient,
+        record: Record,
+        acquire_time: str | None,
+        transitions: int,
+        now: float,
+    ) -> None:
+        body = lease_body(
+            self.name,
+            self.namespace,
+            self.me,
+            self.duration_s,
+            acquire_time=acquire_time,
+            renew_time=self._wall_micro(),
+            transitions=transitions,
+            resource_version=record.resource_version,
+        )
+        self._took(client.replace_lease(self.namespace, self.name, body), now)
+
+    def _took(self, answer: Mapping[str, Any], now: float) -> None:
+        if self.state != "held":
+            log.info(
+                "this exporter now writes for the node (Lease %s/%s)", self.namespace, self.name
+            )
+        self._record = parse_lease(answer) if isinstance(answer, Mapping) else None
+        self._observed_at = self._renewed_at = now
+        self.holder = self.me
+        self.state = "held"
+        self._refusal_logged = False
+
+    def _standby(self, now: float) -> None:
+        if self.state == "held":
+            log.warning(
+                "exporter %s holds this node's Lease %s/%s now: this one stops writing "
+                "(it computes and counts its writes as shadowed)",
+                self.holder,
+                self.namespace,
+                self.name,
+            )
+        self.state = "standby"
+        expires = self._observed_at + (self._record.duration_s if self._record else 0)
+        self._next_try = min(now + RETRY_PERIOD_S, max(now, expires))
+
+    def _failed(self, exc: BaseException, now: float) -> None:
+        status = getattr(exc, "status", None)
+        log.debug("writer lease: %s", getattr(exc, "reason", exc))
+        if status == 409 or (status == 404 and self._record is not None):
+            # someone else wrote (or deleted) the Lease since we read it: read again
+            self._record = None
+            if self.state == "held":
+                self.state = "standby"
+                log.warning(
+                    "this node's Lease %s/%s was written by another exporter: this one "
+                    "stops writing until it holds it again",
+                    self.namespace,
+                    self.name,
+                )
+            elif self.state != "refused":
+                self.state = "standby"
+            self._next_try = now  # at the next turn, not a retry period later
+            return
+        if status in (401, 403, 404):
+            if not self._refusal_logged:
+                log.warning(
+                    "the Lease API refused this exporter (HTTP %s on coordination.k8s.io "
+                    "leases %s/%s): it writes without a lease, as every exporter on this "
+                    "node will; the chart grants get, create and update on leases in its "
+                    "namespace (--kube-writer-lease-namespace, POD_NAMESPACE)",
+                    status,
+                    self.namespace,
+                    self.name,
+                )
+                self._refusal_logged = True
+            self.state = "refused"
+            self._record = None
+            self._next_try = now + REFUSED_RETRY_S
+            return
+        # no answer, 429 or 5xx: a holder writes on until its renew deadline, a
+        # standby waits, anyone else does not know
+        if self.state == "held":
+            if not self.writing(now):
+                self.state = "unknown"
+        elif self.state != "standby":
+            self.state = "unknown"
+        self._next_try = now + RETRY_PERIOD_S
+
+    def release(self, client: LeaseClient) -> bool:
+        """Give the Lease up on a clean shutdown (holder emptied, duration 1 s, as
+        client-go's ``release``): the next exporter takes over at its next try. One
+        request; False when it did not get through (the Lease then expires)."""
+        record = self._record
+        now = self._clock()
+        if self.state != "held" or record is None or not self.writing(now):
+            return True
+        stamp = self._wall_micro()
+        body = lease_body(
+            self.name,
+            self.namespace,
+            "",
+            1,
+            acquire_time=stamp,
+            renew_time=stamp,
+            transitions=record.transitions,
+            resource_version=record.resource_version,
+        )
+        try:
+            client.replace_lease(self.namespace, self.name, body)
+        except self._error as exc:
+            log.info(
+                "releasing the node's Lease failed (%s); it expires in %d s", exc, self.duration_s
+            )
+            return False
+        self.state = "standby"
+        self.holder = ""
+        return True
+
+
+def _spec(record: Record) -> tuple[object, ...]:
+    """What tells a renewal: anything but the resourceVersion (client-go compares the
+    whole observed record)."""
+    return (
+        record.holder,
+        record.duration_s,
+        record.acquire_time,
+        record.renew_time,
+        record.transitions,
+    )
+
+
+__all__ = [
+    "DEFAULT_DURATION_S",
+    "LEASE_STATES",
+    "LeaseClient",
+    "LeaseState",
+    "Record",
+    "WriterLease",
+    "decide",
+    "identity",
+    "lease_body",
+    "lease_name",
+    "parse_lease",
+]

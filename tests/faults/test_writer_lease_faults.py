@@ -1,0 +1,77 @@
+"""One writer per node (issue 40): two exporters on one node, and a refused Lease API.
+
+The exporters are the real ones on one simulated node and one API stand-in
+(tests/test_kube_writer_lease.py has the two-exporter harness and the scenario: two
+fatal XIDs over 70 s, with --node-condition).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.faults.conftest import RecordFault
+from tests.harness import simulated_exporter
+from tests.test_kube_events import api
+from tests.test_kube_writer_lease import (
+    one_exporter_alone,
+    reporter,
+    run_until,
+    sent,
+    settle,
+    shadowed,
+    two_exporters,
+    two_gpus,
+)
+
+
+async def test_two_exporters_one_node(record_fault: RecordFault) -> None:
+    alone_events, alone_patches = await one_exporter_alone()
+    events, patches, first, second = await two_exporters()
+    assert alone_events >= 5
+    assert (events, patches) == (alone_events, alone_patches)
+    assert sent(first) > 0 and sent(second) == 0
+    assert shadowed(second, "event") == alone_events
+
+    record_fault(
+        "two-exporters-one-node",
+        expected="Only the holder of the node's writer Lease (coordination.k8s.io/v1, "
+        "gpu-occupancy-exporter-<node>) writes; the other computes and counts its writes "
+        "as shadowed: the API gets what one exporter alone writes.",
+        figure=f"{events} Events and {patches} node-status patches from two exporters, "
+        f"as from one alone ({alone_events}, {alone_patches}); the standby sent 0 and "
+        f"shadowed {shadowed(second, 'event')} Events and "
+        f"{shadowed(second, 'node_condition')} condition writes; before the fix: "
+        "12 Events and 6 status patches (every Event twice, two condition writers)",
+    )
+
+
+async def test_writer_lease_api_refused(
+    record_fault: RecordFault, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="exporter.reporting.lease")
+    async with simulated_exporter(two_gpus(), argv=["--node-condition"], first_cycle=False) as h:
+        api(h).set_lease_fault("forbidden")
+        await run_until(70, h)
+        await settle(h)
+        scrape = await h.scrape()
+        requests = len(api(h).lease_log)
+        events = len(api(h).events())
+    refusals = [r for r in caplog.records if "refused this exporter" in r.getMessage()]
+    assert reporter(h).lease_state() == "refused"
+    assert scrape.get("gpu_exporter_kube_writer_leader") == 1
+    assert scrape.get("gpu_exporter_kube_writer_lease_state", state="refused") == 1
+    assert events >= 5 and sent(h) > events  # the Events and the condition written
+    assert len(refusals) == 1 and requests == 1  # asked once, logged once (next: 300 s)
+
+    record_fault(
+        "writer-lease-api-refused",
+        expected="A Lease API that refuses the exporter (403) is logged once and served "
+        'as gpu_exporter_kube_writer_lease_state{state="refused"}; the exporter writes '
+        "as it did without a lease (two exporters on such a node both write) and asks "
+        "again 300 s later.",
+        figure=f"{events} Events and the condition written over 70 s of simulated time; "
+        f"{requests} Lease request, {len(refusals)} log line; leader 1, state refused; "
+        "before the fix: no lease state served",
+    )

@@ -1,0 +1,312 @@
+"""One writer per node: two real exporters on one simulated node, one API stand-in.
+
+Both run the whole production path (tests/harness.py for the first; ``second_exporter``
+below builds the second the same way on the same simulated node, kubelet socket and API
+stand-in). Each cycles on its own phase, 3 s after the other, as two real exporters
+started apart would; only the holder of the node's coordination.k8s.io/v1 Lease writes
+(exporter/reporting/lease.py), the other counts its writes as shadowed.
+
+The writer thread runs on the real monotonic clock, so the Lease does too: a test of
+an expired Lease gives it a duration of a few seconds and waits for it with a bounded
+poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+
+from exporter.agent import build_agent
+from exporter.config import parse_config
+from exporter.exposition.liveness import Liveness
+from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
+from exporter.reporting.writer import KubeReporter
+from tests.harness import Harness, simulated_exporter
+from tests.test_kube_events import api, exclusive, quiet, until
+
+NODE = "sim-two"
+NAMESPACE = "gpu-exporter"
+LEASE_ARGV = ("--kube-writer-lease-namespace", NAMESPACE)
+LEASE = f"gpu-occupancy-exporter-{NODE}"  # the node's writer Lease (docs/kubernetes-events.md)
+PHASE_S = 3.0  # the second exporter's cycles come this long after the first's
+
+
+def two_gpus(node: str = NODE) -> dict[str, object]:
+    """Pods a and b on GPUs 0 and 1; a fatal XID on GPU 0 at 15 s and on GPU 1 at 45 s:
+    GPUFatalXID and GPUUnhealthy on each pod, GPUUnhealthy on the Node, the node
+    condition True."""
+    return {
+        "node_name": node,
+        "gpus": [{}, {}],
+        "pods": [exclusive("a", 0), exclusive("b", 1)],
+        "timeline": [
+            {"at": 15, "xid": {"gpu": 0, "code": 48}},
+            {"at": 45, "xid": {"gpu": 1, "code": 79}},
+        ],
+    }
+
+
+@asynccontextmanager
+async def second_exporter(h: Harness, argv: Sequence[str] = ()) -> AsyncIterator[Harness]:
+    """Another real exporter on ``h``'s simulated node and API stand-in (flags as
+    tests/harness.py gives the first)."""
+    paths = h.env.paths
+    config = parse_config(
+        [
+            "--listen",
+            "127.0.0.1:0",
+            "--proc-root",
+            str(paths.proc_root),
+            "--kmsg-path",
+            str(paths.kmsg),
+            "--pod-resources-socket",
+            str(paths.pod_resources_socket),
+            "--node-name",
+            paths.node_name,
+            "--cgroup-root",
+            str(paths.cgroup_root or "off"),
+            *(["--kubeconfig", str(paths.kubeconfig)] if paths.kubeconfig else []),
+            "--pod-resources-interval",
+            "600",
+            *argv,
+        ],
+        env={},
+    )
+    cache = MetricsCache()
+    liveness = Liveness(cache, interval_s=config.interval_s, cycles=config.liveness_cycles)
+    runner = await start_server(
+        build_app(cache, paths.node_name, liveness=liveness), "127.0.0.1", 0
+    )
+    agent = build_agent(
+        config, cache, wall_clock=h.env.node.wall_time, source_monotonic=h.env.node.now
+    )
+    try:
+        for source in agent.sources:
+            source.start()
+        if agent.reporter is not None:
+            agent.reporter.start()
+        await asyncio.gather(*(s.prime(10.0) for s in agent.sources))
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{bound_port(runner)}"
+            yield Harness(h.env, agent, url, h.clock, session)
+    finally:
+        await runner.cleanup()
+        await agent.close()
+
+
+def reporter(h: Harness) -> KubeReporter:
+    assert h.agent.reporter is not None
+    return h.agent.reporter
+
+
+async def cycle(h: Harness) -> None:
+    """One cycle of ``h`` at the clock's time, the kubelet's answer refreshed first."""
+    await asyncio.to_thread(h.env.sync)
+    await h.refresh_pod_resources()
+    await h.cycle()
+
+
+async def run_until(t_end: float, first: Harness, second: Harness | None = None) -> None:
+    """Both exporters cycle every 10 s of simulated time, ``second`` PHASE_S after
+    ``first``."""
+    while first.clock() < t_end:
+        first.clock.advance(PHASE_S)
+        if second is not None:
+            await cycle(second)
+        first.clock.advance(10 - PHASE_S)
+        await cycle(first)
+
+
+def sent(h: Harness) -> int:
+    """Events created and writes that went through, by this exporter."""
+    events = sum(n for (_, r), n in reporter(h).event_counts().items() if r == "created")
+    writes = sum(n for (_, r), n in reporter(h).write_counts().items() if r == "ok")
+    return events + writes
+
+
+def status_patches(h: Harness) -> int:
+    return sum(1 for w in api(h).write_log if w.method == "PATCH" and w.path.endswith("/status"))
+
+
+def lease(h: Harness, namespace: str = NAMESPACE) -> dict[str, Any]:
+    found = api(h).lease(namespace, LEASE)
+    assert found is not None, "no Lease for the node"
+    return found
+
+
+def me(h: Harness) -> str:
+    """The exporter's holder identity."""
+    lease = reporter(h)._lease
+    assert lease is not None
+    return lease.me
+
+
+def shadowed(h: Harness, kind: str) -> int:
+    return sum(n for (k, _), n in reporter(h).shadow_counts().items() if k == kind)
+
+
+async def settle(*hs: Harness) -> None:
+    for h in hs:
+        await until(reporter(h).settled, "the writer to send what it has")
+        await quiet(h)
+
+
+WRITES_ARGV = ("--node-condition",)  # and the defaults: Events on, the Lease on
+
+
+async def one_exporter_alone() -> tuple[int, int]:
+    """What one exporter writes on ``two_gpus`` over 70 s: (Events, status patches)."""
+    async with simulated_exporter(two_gpus(), argv=WRITES_ARGV) as h:
+        await run_until(70, h)
+        await settle(h)
+        return len(api(h).events()), status_patches(h)
+
+
+async def two_exporters() -> tuple[int, int, Harness, Harness]:
+    """The same with a second exporter on the node, started after the first's first
+    cycle: (Events, status patches, the two harnesses after they stopped)."""
+    async with simulated_exporter(two_gpus(), argv=WRITES_ARGV) as first:
+        # the first's first turn: the Lease, then the condition False (a healthy node)
+        await until(lambda: status_patches(first) >= 1, "the first's first write")
+        async with second_exporter(first, WRITES_ARGV) as second:
+            await run_until(70, first, second)
+            await settle(first, second)
+            return len(api(first).events()), status_patches(first), first, second
+
+
+async def test_two_exporters_on_one_node_write_what_one_alone_writes() -> None:
+    alone_events, alone_patches = await one_exporter_alone()
+    events, patches, first, second = await two_exporters()
+    assert alone_events >= 5  # GPUFatalXID, GPUUnhealthy x2 pods, GPUUnhealthy Node
+    assert (events, patches) == (alone_events, alone_patches)
+    assert sent(first) > 0 and sent(second) == 0  # the standby wrote nothing
+    assert shadowed(second, "event") == alone_events  # it computed and counted them
+    assert shadowed(second, "node_condition") >= 1
+
+
+async def test_the_standby_serves_leader_0_and_the_holder_1() -> None:
+    argv = [*LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv) as second:
+            await run_until(20, first, second)
+            one, other = await first.scrape(), await second.scrape()
+            held = lease(first)
+    assert held["spec"]["holderIdentity"] == me(first)
+    assert held["spec"]["leaseDurationSeconds"] == 30
+    assert one.get("gpu_exporter_kube_writer_leader") == 1
+    assert other.get("gpu_exporter_kube_writer_leader") == 0
+    assert one.get("gpu_exporter_kube_writer_lease_state", state="held") == 1
+    assert other.get("gpu_exporter_kube_writer_lease_state", state="standby") == 1
+    assert other.get("gpu_exporter_kube_writer_lease_state", state="held") == 0
+
+
+async def test_a_clean_stop_hands_the_lease_over_at_once() -> None:
+    """The holder stops (a rolling update): it empties the Lease's holder, and the
+    other exporter takes it at its next try (every 2 s), not a duration (30 s) later;
+    the next fault's Events are then written by it."""
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv) as second:
+            await run_until(30, first, second)  # GPU 0's fault, written by the first
+            await settle(first, second)
+            before = len(api(first).events())
+            assert sent(second) == 0 and before > 0
+            assert reporter(first).stop()  # a clean shutdown of the holder
+            assert lease(first)["spec"]["holderIdentity"] == ""
+            began = time.monotonic()
+            await until(lambda: reporter(second).lease_state() == "held", "the takeover")
+            took_s = time.monotonic() - began
+            while second.clock() < 70:  # GPU 1's fault at 45 s: only the second cycles
+                second.clock.advance(10)
+                await cycle(second)
+            await settle(second)
+            after = api(second).events()
+            held = lease(second)
+        released = lease(second)  # the second stopped cleanly too
+    assert took_s < 5.0  # its next try, well inside the 30 s duration
+    assert held["spec"]["holderIdentity"] == me(second)
+    assert held["spec"]["leaseTransitions"] == 1
+    assert released["spec"]["holderIdentity"] == ""
+    assert any("GPU 1" in e["note"] for e in after if e["reason"] == "GPUUnhealthy")
+    assert sent(second) > 0
+
+
+async def test_a_killed_holder_is_taken_over_once_its_lease_expires() -> None:
+    """The holder dies without releasing (its release refused, as a killed process
+    sends none): the other takes the Lease only after the duration has passed on its
+    own clock since it last saw the record change, then writes."""
+    argv = ["--node-condition", "--kube-writer-lease-duration", "3", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv) as second:
+            await run_until(20, first, second)
+            assert reporter(second).lease_state() == "standby"
+            api(first).set_lease_fault("error", times=1)  # the release gets a 500
+            assert reporter(first).stop()
+            api(first).set_lease_fault(None)
+            holder = lease(first)["spec"]["holderIdentity"]
+            assert holder == me(first)
+            began = time.monotonic()
+            await until(lambda: reporter(second).lease_state() == "held", "the takeover", 10.0)
+            took_s = time.monotonic() - began
+            while second.clock() < 70:
+                second.clock.advance(10)
+                await cycle(second)
+            await settle(second)
+    assert 1.0 < took_s < 3.0 + 2.0 + 1.0  # after expiry; within one try of it
+    assert sent(second) > 0
+
+
+async def test_a_conflict_on_renewal_makes_this_exporter_a_standby() -> None:
+    """Another exporter wrote the Lease (it took it over): our next renewal's PUT
+    carries a stale resourceVersion, the API answers 409, and we stop writing."""
+    # renewed every 2 s; the other's record expires for us 6 s after we read it
+    argv = ["--node-condition", "--kube-writer-lease-duration", "6", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv) as h:
+        await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
+        taken = lease(h)
+        taken["spec"]["holderIdentity"] = "someone-else_0"
+        api(h).set_lease(taken)  # a new resourceVersion
+        await until(lambda: reporter(h).lease_state() == "standby", "the 409 on renewal", 5.0)
+        conflicts = [w for w in api(h).lease_log if w.method == "PUT" and w.status == 409]
+        assert conflicts
+        assert not reporter(h).leading()
+        h.clock.advance(15)  # GPU 0's fault: counted as shadowed, not written
+        await cycle(h)
+        await until(lambda: shadowed(h, "event") >= 3, "the fault's Events shadowed")
+        await settle(h)
+        assert api(h).events() == []
+        assert lease(h)["spec"]["holderIdentity"] == "someone-else_0"
+
+
+async def test_a_refused_lease_api_falls_back_to_writing() -> None:
+    """403 on the Lease (the chart's RBAC for leases missing): the exporter writes as
+    it did before the lease, says so in its state, and Events still get through."""
+    async with simulated_exporter(two_gpus(), argv=[*LEASE_ARGV], first_cycle=False) as h:
+        api(h).set_lease_fault("forbidden")
+        await run_until(30, h)
+        await settle(h)
+        scrape = await h.scrape()
+    assert reporter(h).lease_state() == "refused"
+    assert scrape.get("gpu_exporter_kube_writer_leader") == 1
+    assert scrape.get("gpu_exporter_kube_writer_lease_state", state="refused") == 1
+    assert len(api(h).events()) > 0
+    assert api(h).leases() == []
+
+
+async def test_lease_duration_0_writes_without_a_lease() -> None:
+    async with simulated_exporter(two_gpus(), argv=["--kube-writer-lease-duration", "0"]) as h:
+        await run_until(30, h)
+        await settle(h)
+        scrape = await h.scrape()
+    assert reporter(h).lease_state() is None
+    assert api(h).lease_log == []
+    assert "gpu_exporter_kube_writer_leader" not in scrape.names()
+    assert len(api(h).events()) > 0
