@@ -209,8 +209,9 @@ async def test_a_gpu_lost_at_start_and_reset_is_cleared_once_it_answers(
         "True, reason GPULost); once it is reset and answers healthy, GPUHealthy is told and "
         "the condition goes False on that cycle; no fact is left under its placeholder.",
         figure=f"condition statuses written: {', '.join(statuses)}; False at t={cleared_at:.0f} "
-        f"s (reset at 30 s); {healthy} GPUHealthy Event; before the fix: still True 170 s "
-        f"later, no GPUHealthy.",
+        f"s (reset at 30 s); {healthy} GPUHealthy Event; before the fix: still True after "
+        f"the reset ('1 of 2 GPUs unhealthy: GPU ? (unknown-gpu-0): gpu_lost, not listed' "
+        f"on a 1-GPU node), no GPUHealthy.",
     )
 
 
@@ -242,5 +243,6 @@ async def test_no_permission_at_open_is_no_lost_gpu(record_fault: RecordFault) -
         "left as it is.",
         figure=f"0 GPULost Events over {CYCLES} cycles; condition statuses written: "
         f"{', '.join(statuses) or 'none'}; the other GPU served healthy; before the fix: "
-        f"GPULost and the condition True.",
+        f"1 GPULost Warning (the Node's: no pod matches the placeholder) and the condition "
+        f"True.",
     )
