@@ -132,7 +132,7 @@ SourceName = Literal[
 ]
 
 TransitionKind = Literal[
-    "gpu_lost",  # NVML answers GPU_IS_LOST (or another whole-GPU error) for a GPU
+    "gpu_lost",  # NVML answers GPU_IS_LOST or RESET_REQUIRED for a GPU (hardware evidence)
     "gpu_back",  # a lost GPU answers again
     "fatal_xid",  # fatal-class XIDs were raised since the last cycle
     "gpu_unhealthy",  # the verdict gained a reason that makes the GPU unhealthy
