@@ -149,8 +149,14 @@ def node_8gpu_commands(h: Harness) -> list[tuple[str, list[str], Callable[[str],
 
 
 def dra_commands(h: Harness) -> list[tuple[str, list[str], Callable[[str], str]]]:
-    """The DeviceTaintRule the dra scenario's fatal XID leads to."""
-    return [("get-devicetaintrules", ["get", "devicetaintrules", "-o", "yaml"], str.rstrip)]
+    """The DeviceTaintRule the dra scenario's fatal XID leads to, by name (a list's
+    wrapper differs between kubectl releases: 1.20 adds ``selfLink: ""``)."""
+    api = h.env.kube_api
+    assert api is not None
+    names = [r["metadata"]["name"] for r in api.writes.device_taint_rules()]
+    assert len(names) == 1, f"expected one DeviceTaintRule, found {names}"
+    args = ["get", "devicetaintrule", names[0], "-o", "yaml"]
+    return [("get-devicetaintrules", args, str.rstrip)]
 
 
 async def play(

@@ -15,10 +15,36 @@ Events the writer thread sent to the API stand-in.
 
 from __future__ import annotations
 
-from exporter.model import MIRROR_POD_ANNOTATION, PodMeta
+from dataclasses import replace
+from email.utils import formatdate
+
+from exporter.analysis.attribution import attribute
+from exporter.analysis.orphans import OrphanPolicy, find_orphans
+from exporter.analysis.xid import XidLedger
+from exporter.model import (
+    KIND_DELETED_POD,
+    MIRROR_POD_ANNOTATION,
+    OrphanedMemory,
+    OrphanState,
+    PodMeta,
+    XidEvent,
+)
 from exporter.sources.kube import pod_meta_from_dict
+from exporter.sources.server_clock import ServerClock
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_events import api, exclusive, quiet, step
+from tests.test_kube_condition_taints import dra_with_a_reset, status_of
+from tests.test_kube_events import api, exclusive, quiet, step, until
+from tests.test_orphans import (
+    CID_A,
+    T0,
+    UID_A,
+    alive,
+    gpu_with_pod_process,
+    kubelet,
+    meta,
+    node,
+    watch,
+)
 
 GRACE_CYCLES = 12  # two minutes of 10 s cycles: twice the 60 s deleted-pod grace
 
@@ -89,3 +115,177 @@ def test_a_mirror_pod_is_keyed_by_its_static_pods_uid_and_a_bad_annotation_is_ig
         plain = meta(garbage)
         assert plain is not None
         assert (plain.uid, plain.api_uid) == ("11111111-2222-3333-4444-555555555555", None)
+
+
+# -- 8a: windows on the monotonic clock ----------------------------------------------
+
+XID_ARGV = ["--node-condition", "--dra-device-taints"]
+
+
+def fatal_xid_then_step(step_by_s: float, node: str = "sim-dra-node") -> dict[str, object]:
+    """The shipped ``dra`` scenario: a true XID 48 on GPU 0 (DRA device gpu-2) at 15 s,
+    then at 40 s the node's wall clock steps by ``step_by_s`` (the monotonic clock does
+    not)."""
+    data = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
+    data["node_name"] = node
+    data["timeline"] = [{"at": 15, "xid": {"gpu": 0, "code": 48}}]
+    data["node_clock"] = {"steps": [{"at": 40, "by": step_by_s}]}
+    return data
+
+
+def reasons(h: Harness) -> list[str]:
+    return sorted(e["reason"] for e in api(h).events(""))
+
+
+async def test_a_forward_wall_clock_step_keeps_a_fatal_xids_fault() -> None:
+    async with simulated_exporter(fatal_xid_then_step(7220), argv=XID_ARGV) as h:
+        await run_cycles(h, 2)  # 20 s: the XID is in
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the DeviceTaintRule")
+        await until(lambda: status_of(h) == ("True", "GPUUnhealthy"), "the condition True")
+        await run_cycles(h, 10)  # to 120 s, the wall clock 2 h 20 s ahead from 40 s
+        await quiet(h)
+        assert h.env.node.wall_time() - h.env.node.api_time() == 7220
+        assert "GPUHealthy" not in reasons(h)
+        assert status_of(h) == ("True", "GPUUnhealthy")
+        assert len(api(h).device_taint_rules()) == 1
+        latest = h.agent.latest
+        assert latest is not None
+        assert not next(g for g in latest.health if g.gpu == 0).healthy
+
+
+async def test_a_backward_wall_clock_step_does_not_stretch_the_xid_window() -> None:
+    argv = [*XID_ARGV, "--health-xid-window", "60"]
+    async with simulated_exporter(fatal_xid_then_step(-7220), argv=argv) as h:
+        await run_cycles(h, 6)  # 60 s: inside the window, the clock stepped back at 40 s
+        await quiet(h)
+        assert status_of(h) == ("True", "GPUUnhealthy")
+        await run_cycles(h, 3)  # 90 s: the window (15 + 60 s) has passed
+        await until(lambda: status_of(h) == ("False", "GPUsHealthy"), "the condition False")
+        await until(lambda: api(h).device_taint_rules() == [], "the rule removed")
+        assert "GPUHealthy" in reasons(h)
+
+
+# -- 8b: deadlines on the API server's clock -----------------------------------------
+
+
+def terminating_pod(node: str, ahead_s: float, date: str | None = None) -> dict[str, object]:
+    """Pod ``a`` on GPU 0 asked to stop at 20 s with a 30 s grace (deletionTimestamp:
+    50 s on the API server's clock); its process holds its memory and never exits. The
+    node's wall clock is ``ahead_s`` ahead of the API server's."""
+    return {
+        "node_name": node,
+        "gpus": [{}, {}],
+        "pods": [exclusive("a", 0), exclusive("b", 1)],
+        "timeline": [{"at": 20, "terminate_pod": {"pod": "ml/a", "grace_s": 30}}],
+        "node_clock": {"offset_s": ahead_s},
+    }
+
+
+async def cycles_until(h: Harness, at: float) -> None:
+    while h.clock() < at:
+        await step(h)
+
+
+async def test_a_pod_in_its_graceful_stop_is_no_orphan_with_the_node_clock_ahead() -> None:
+    async with simulated_exporter(terminating_pod("sim-ahead", 180)) as h:
+        await cycles_until(h, 100)  # the deadline (50 s) + the 60 s grace not yet passed
+        await quiet(h)
+        assert orphan_events(h) == []
+        offset = h.agent.latest.node.pod_meta.server_offset_s  # type: ignore[union-attr]
+        assert offset is not None and 179 <= offset <= 182
+        await cycles_until(h, 120)  # past it, the memory still held: a true orphan
+        await quiet(h)
+        (note,) = orphan_events(h)
+        assert "GPU 0" in note and "deleted_pod" in note
+
+
+# -- pure: the orphan grace and the XID window on their clocks ----------------------
+
+
+def test_a_terminating_pods_deadline_is_compared_on_the_api_servers_clock() -> None:
+    """deletionTimestamp T0 + 30 on the server's clock; the node's clock 180 s ahead."""
+    deadline = T0 + 30
+    pods = replace(watch(meta(UID_A, "api", CID_A, deletion=deadline)), server_offset_s=180.0)
+    snapshot = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=pods,
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+
+    def judged(server_now: float) -> tuple[OrphanedMemory, ...]:
+        found, _ = find_orphans(
+            snapshot,
+            attribute(snapshot),
+            OrphanState(),
+            now=server_now + 180,  # the node's clock
+            policy=OrphanPolicy(deleted_pod_grace_s=60),
+            elapsed=server_now,
+        )
+        return found
+
+    assert judged(deadline - 10) == ()  # inside the graceful stop
+    assert judged(deadline + 59) == ()  # inside the grace after it
+    (orphan,) = judged(deadline + 60)
+    assert orphan.kind == KIND_DELETED_POD
+    assert orphan.first_seen == deadline + 180  # the deadline, on the node's clock
+
+
+def test_a_vanished_pods_grace_runs_on_the_monotonic_clock_through_a_wall_step() -> None:
+    gone = node([gpu_with_pod_process()], [alive(10, UID_A, CID_A)], pod_meta=watch())
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    state = OrphanState()
+    for elapsed, wall in ((0, T0), (10, T0 + 10 + 7220), (59, T0 + 59 + 7220)):
+        found, state = find_orphans(
+            gone, attribute(gone), state, now=wall, policy=policy, elapsed=elapsed
+        )
+        assert found == (), elapsed
+    found, state = find_orphans(
+        gone, attribute(gone), state, now=T0 + 60 + 7220, policy=policy, elapsed=60
+    )
+    assert [o.kind for o in found] == [KIND_DELETED_POD]
+
+
+def test_the_xid_window_is_measured_on_the_monotonic_clock() -> None:
+    xid = XidEvent(gpu=0, uuid="GPU-a", xid=48, timestamp=T0, source="nvml", monotonic=100.0)
+    ledger = XidLedger(retention_s=3600).record([xid], now=100.0)
+    # the wall clock stepped 2 h ahead: the ledger never looks at it
+    assert ledger.recent_fatal(since_ts=160.0 - 3600) == {"GPU-a": [48]}
+    assert ledger.record([], now=3699.0).recent_fatal(3699.0 - 3600) == {"GPU-a": [48]}
+    assert ledger.record([], now=3701.0).recent_fatal(3701.0 - 3600) == {}
+
+
+# -- the API server's clock from its Date headers ------------------------------------
+
+
+def test_the_server_clock_offset_is_the_median_of_its_date_headers() -> None:
+    now = [1_800_000_000.0]
+    clock = ServerClock(lambda: now[0])
+    assert clock.offset_s() is None  # nothing learned yet: callers use the node's clock
+    served = now[0] - 180
+    for _ in range(3):
+        clock.observe({"Date": formatdate(served, usegmt=True)})
+    assert clock.offset_s() == 180.0
+    clock.observe({"Date": formatdate(served - 30, usegmt=True)})  # one plausible outlier
+    assert clock.offset_s() == 180.0
+
+
+def test_a_garbage_or_absurd_date_header_does_not_move_the_offset() -> None:
+    now = 1_800_000_000.0
+    clock = ServerClock(lambda: now)
+    clock.observe({"Date": formatdate(now - 5, usegmt=True)})
+    for garbage in (
+        "yesterday",
+        "",
+        "Thu, 01 Jan 1970 00:00:00 GMT",  # 57 years off
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+        "Mon, 32 Foo 2026 99:99:99 GMT",
+        "Mon, 01 Jan 2027 00:00:00",  # no zone
+        "x" * 10_000,
+        42,
+    ):
+        clock.observe({"Date": garbage})
+    assert clock.offset_s() == 5.0
+    assert clock.rejected == 8
+    clock.observe({})  # no header at all: nothing learned, nothing wrong
+    assert (clock.offset_s(), clock.rejected) == (5.0, 8)

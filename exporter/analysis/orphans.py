@@ -16,6 +16,12 @@ needs a different fix:
 
 A listed process counts in at most one kind (dead, then stuck, then deleted pod), so
 kinds add up. Pure: the clock is ``now`` and memory between cycles is ``OrphanState``.
+
+Time: the deleted-pod grace is a window, measured on the monotonic clock (``elapsed``)
+from when a pod was first seen gone, so a wall-clock step neither cuts nor stretches it;
+a terminating pod's deadline is the API server's (``deletionTimestamp``), compared on
+the server's clock (``now`` less the node's offset from it, ``server_offset_s``), so a
+node clock minutes ahead does not read a pod in its graceful stop as past it.
 Who keeps dead-process and unattributed memory alive is found by the holder scan
 source: analysis asks for it (``holder_request``) and names what the scan it delivered
 found (``orphan_holders``, ``driver_held``).
@@ -117,8 +123,12 @@ def find_orphans(
     *,
     now: float,
     policy: OrphanPolicy,
+    elapsed: float | None = None,
 ) -> tuple[tuple[OrphanedMemory, ...], OrphanState]:
     """This cycle's orphaned memory per (GPU, kind), and the state for the next cycle.
+
+    ``now`` is the node's wall clock (what ``first_seen`` is served on), ``elapsed`` the
+    monotonic clock windows are measured on (None: ``now`` stands in for it).
 
     GPUs that failed (lost) are skipped and their history dropped: their memory is
     unknowable until they answer again. With NVML down nothing is reported and the
@@ -130,11 +140,16 @@ def find_orphans(
     rows = [row for row in attribution.processes if row.uuid in healthy]
     pods = _pods(snapshot, attribution, state, policy.terminal_phases)
     stuck = _stuck_streaks(rows, snapshot, state, now)
-    missing = _missing_since(rows, pods, state, now)
+    clock = _Clock(
+        now=now,
+        elapsed=now if elapsed is None else elapsed,
+        server_now=now - (_server_offset(snapshot.pod_meta) or 0.0),
+    )
+    missing = _missing_since(rows, pods, state, clock.elapsed)
 
     found: dict[tuple[str, OrphanKind], _Acc] = {}
     for row in rows:
-        judged = _kind(row, stuck, missing, pods, now, policy)
+        judged = _kind(row, stuck, missing, pods, clock, policy)
         if judged is not None:
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
@@ -184,12 +199,25 @@ def find_orphans(
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Clock:
+    """One cycle's time on the three clocks orphans are judged by."""
+
+    now: float  # the node's wall clock: what first_seen is served on
+    elapsed: float  # the monotonic clock: windows
+    server_now: float  # the API server's clock: its deadlines
+
+
+def _server_offset(pod_meta: PodMetaSnapshot | None) -> float | None:
+    return pod_meta.server_offset_s if pod_meta is not None else None
+
+
 def _kind(
     row: AttributedProcess,
     stuck: Mapping[int, Streak],
     missing: Mapping[str, float],
     pods: _Pods,
-    now: float,
+    clock: _Clock,
     policy: OrphanPolicy,
 ) -> tuple[OrphanKind, float] | None:
     """The one kind a listed process counts in, if any, and since when it has applied.
@@ -198,14 +226,14 @@ def _kind(
     one only briefly in D stays in its deleted-pod series, whose age must not reset.
     """
     if row.owner == OWNER_DEAD:
-        return KIND_DEAD_PROCESS, now
+        return KIND_DEAD_PROCESS, clock.now
     streak = stuck.get(row.pid)
     if streak is not None and streak.cycles >= policy.stuck_cycles:
         return KIND_STUCK_PROCESS, streak.since
     if row.pod_uid is not None:
-        gone_since = _pod_gone_since(row.pod_uid, missing, pods)
-        if gone_since is not None and now - gone_since >= policy.deleted_pod_grace_s:
-            return KIND_DELETED_POD, gone_since
+        gone_for = _pod_gone_for(row.pod_uid, missing, pods, clock)
+        if gone_for is not None and gone_for >= policy.deleted_pod_grace_s:
+            return KIND_DELETED_POD, clock.now - gone_for  # on the node's wall clock
     return None
 
 
@@ -298,7 +326,8 @@ def _gone(uid: str, pods: _Pods) -> bool:
 def _missing_since(
     rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
 ) -> dict[str, float]:
-    """Since when each live GPU process's pod has been gone, for the grace period."""
+    """Since when (``now``'s clock: the monotonic one) each live GPU process's pod has
+    been gone, for the grace period."""
     previous = state.pod_missing_since
     return {
         uid: previous.get(uid, now)
@@ -307,17 +336,21 @@ def _missing_since(
     }
 
 
-def _pod_gone_since(uid: str, missing: Mapping[str, float], pods: _Pods) -> float | None:
-    """Since when a pod should have been gone; None while it should not.
+def _pod_gone_for(
+    uid: str, missing: Mapping[str, float], pods: _Pods, clock: _Clock
+) -> float | None:
+    """How long a pod should have been gone; None while it should not be.
 
-    A terminating pod counts from its deletion timestamp, which the API sets to the
-    request time plus the pod's own grace period; a vanished or finished one from when
-    we first saw it so.
+    A terminating pod counts from its deletion timestamp, which the API server sets to
+    the request time plus the pod's own grace period, on its own clock; a vanished or
+    finished one from when we first saw it so, on the monotonic clock.
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
     if meta is not None and uid not in pods.finished:
-        return meta.deletion_timestamp
-    return missing.get(uid)
+        deadline = meta.deletion_timestamp
+        return None if deadline is None else clock.server_now - deadline
+    since = missing.get(uid)
+    return None if since is None else clock.elapsed - since
 
 
 # ---------------------------------------------------------------------------

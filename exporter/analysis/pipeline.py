@@ -87,16 +87,19 @@ def analyse(
     gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
     snapshot = replace(snapshot, nvml=replace(snapshot.nvml, gpus=gpus))
     attribution = attribute(snapshot)
+    # Windows run on the monotonic clock: a wall-clock step must not end a fatal XID's
+    # window early (a true fault cleared) or stretch it (a healthy GPU kept unhealthy).
+    elapsed_now = snapshot.monotonic if snapshot.monotonic is not None else now
     orphans, orphan_state = find_orphans(
-        snapshot, attribution, state.orphans, now=now, policy=policy.orphans
+        snapshot, attribution, state.orphans, now=now, policy=policy.orphans, elapsed=elapsed_now
     )
     xid_events = (*snapshot.xid_events, *snapshot.kmsg_events)
-    xids = state.xids.record(xid_events, now, bus_id_map(gpus))
+    xids = state.xids.record(xid_events, elapsed_now, bus_id_map(gpus))
     failing = dcgm_failures(snapshot.dcgm, state.dcgm_failures)
     judged, known_facts = with_known_facts(gpus, state.known_facts, nvml_ok=snapshot.nvml.ok)
     health = assess(
         judged,
-        recent_fatal_xids=xids.recent_fatal(now - policy.health.xid_window_s),
+        recent_fatal_xids=xids.recent_fatal(elapsed_now - policy.health.xid_window_s),
         dcgm_failures=failing,
         policy=policy.health,
     )
@@ -108,7 +111,7 @@ def analyse(
         snapshot.resource_slices,
         nvml_ok=snapshot.nvml.ok,
     )
-    elapsed, counted_to = elapsed_since(state.last_timestamp, now, policy.idle)
+    elapsed, counted_to = elapsed_since(state.last_timestamp, elapsed_now, policy.idle)
     idle = account_idle(
         state.idle,
         attribution.allocations,
@@ -150,7 +153,7 @@ def analyse(
         attribution.allocations,
         gpus,
         state.memory,
-        now=now,
+        now=elapsed_now,  # its memory-growth window
         policy=policy.sharing,
     )
     limits = container_limits(

@@ -20,7 +20,10 @@ because the catalog's immediate action for it is RESET_GPU). docs/xid.md lists e
 with its meaning and what to do, and the judgement calls.
 
 The ledger turns a stream of ``XidEvent`` into a true counter per (gpu, uuid, xid,
-severity) and a short memory of recent events per GPU for the health verdict. XIDs the
+severity) and a short memory of recent events per GPU for the health verdict. Its
+windows (de-duplication, retention, the health verdict's fatal-XID window) run on the
+monotonic clock (``XidEvent.monotonic``; ``now`` and ``since_ts`` on the same clock): a
+wall-clock step would otherwise clear a true fault at once, or hold one for hours. XIDs the
 kernel log held from before the exporter started (``XidEvent.backlog``) are counted
 apart: they are history, not new errors, so nothing that alerts on new XIDs sees them.
 """
@@ -260,8 +263,8 @@ class XidLedger:
         pruned: dict[str | None, tuple[RecordedXid, ...]] = {}
         for uuid, entries in recent.items():
             kept = sorted(
-                (e for e in entries if e.event.timestamp >= horizon),
-                key=lambda e: e.event.timestamp,
+                (e for e in entries if _at(e.event) >= horizon),
+                key=lambda e: _at(e.event),
             )[-self.max_recent_per_gpu :]
             if kept:
                 pruned[uuid] = tuple(kept)
@@ -274,7 +277,7 @@ class XidLedger:
         return [
             e
             for e in self.recent.get(gpu_uuid, ())
-            if e.event.timestamp >= since_ts and (severity is None or e.severity == severity)
+            if _at(e.event) >= since_ts and (severity is None or e.severity == severity)
         ]
 
     def fatal_since(self, gpu_uuid: str, since_ts: float) -> list[XidEvent]:
@@ -311,7 +314,7 @@ class _TwinIndex:
         found = self._lacking.get((xid, source))
         if found is None:
             found = self._lacking[(xid, source)] = sorted(
-                (e.event.timestamp, i)
+                (_at(e.event), i)
                 for i, e in enumerate(self._entries)
                 if e.event.xid == xid and source not in e.sources
             )
@@ -319,7 +322,7 @@ class _TwinIndex:
 
     def find(self, event: XidEvent, window_s: float) -> int | None:
         lacking = self._list(event.xid, event.source)
-        ts = event.timestamp
+        ts = _at(event)
         right = bisect.bisect_left(lacking, (ts, -1))
         left = right - 1
         best: tuple[float, int] | None = None
@@ -355,7 +358,7 @@ class _TwinIndex:
         entry = self._entries[index]
         for (xid, source), lacking in self._lacking.items():
             if xid == entry.event.xid and source not in entry.sources:
-                bisect.insort(lacking, (entry.event.timestamp, index))
+                bisect.insort(lacking, (_at(entry.event), index))
 
     def merged(self, index: int, source: str) -> None:
         """Entry ``index`` now has ``source``: it is no longer a twin for that source."""
@@ -363,9 +366,16 @@ class _TwinIndex:
         lacking = self._lacking.get((entry.event.xid, source))
         if lacking is None:
             return
-        at = bisect.bisect_left(lacking, (entry.event.timestamp, index))
+        at = bisect.bisect_left(lacking, (_at(entry.event), index))
         if at < len(lacking) and lacking[at][1] == index:
             del lacking[at]
+
+
+def _at(event: XidEvent) -> float:
+    """When an event was raised, on the clock the ledger's windows run on: the monotonic
+    clock where the source stamped it (a wall-clock step then moves no window), else its
+    wall-clock timestamp (a ledger fed only wall-clock times, as in unit tests)."""
+    return event.monotonic if event.monotonic is not None else event.timestamp
 
 
 def _key(event: XidEvent, severity: str) -> XidKey:

@@ -386,6 +386,9 @@ class PodMetaSnapshot:
     error: str | None = None
     pods: tuple[PodMeta, ...] = ()
     counts: WatchCounts = WatchCounts()
+    # How far the node's wall clock is ahead of the API server's (its Date headers;
+    # sources/server_clock.py): deadlines it sets are compared on its clock. None: unknown.
+    server_offset_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +459,9 @@ class NodeSnapshot:
     holder_scan: HolderScan | None = None  # the last walk for last cycle's HolderScanRequest
     cgroups: CgroupSnapshot | None = None  # None: not read (no --cgroup-root, or off)
     sources: tuple[SourceStatus, ...] = field(default_factory=tuple)
+    # The cycle on the monotonic clock (read once its sources are read), which windows
+    # are measured on (the XID window); None: not known, ``timestamp`` stands in for it.
+    monotonic: float | None = None
 
 
 @dataclass(slots=True)
@@ -523,6 +529,9 @@ class XidEvent:
     pci_bus_id: str | None = None
     message: str | None = None  # kmsg: the text after the code (pid=..., name=..., detail)
     backlog: bool = False  # kmsg: in the log before the exporter started (history)
+    # The same moment on the exporter's monotonic clock (None: not known): windows are
+    # measured on it, so a wall-clock step neither ends nor stretches them.
+    monotonic: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ class OrphanState:
     stuck: Mapping[int, Streak] = field(default_factory=dict)
     """pid -> cycles it has been in state D or Z."""
     pod_missing_since: Mapping[str, float] = field(default_factory=dict)
-    """pod uid -> when its pod was first seen gone."""
+    """pod uid -> when (monotonic clock) its pod was first seen gone."""
     pod_names: Mapping[str, PodName] = field(default_factory=dict)
     """pod uid -> its name, learned while it could be named."""
 

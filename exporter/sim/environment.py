@@ -105,6 +105,7 @@ class SimEnvironment:
         )
         if self._with_kube_api and self.paths.kubeconfig is not None:
             self.kube_api = FakeKubeApi()
+            self.kube_api.server_time = self.node.api_time  # its Date header
             self.kube_api.writes.set_node(node_dict(self.node.scenario.node_name))
             url = self.kube_api.start_in_thread()
             write_kubeconfig(self.paths.kubeconfig, url)
@@ -203,7 +204,7 @@ class SimEnvironment:
                     labels=pod.labels,
                     annotations={MIRROR_POD_ANNOTATION: pod.uid} if pod.mirror_uid else None,
                     deletion_timestamp=(
-                        node.wall_time(pod.deletion_at) if pod.deletion_at is not None else None
+                        node.api_time(pod.deletion_at) if pod.deletion_at is not None else None
                     ),
                 )
                 for pod in node.pods

@@ -28,9 +28,10 @@ import os
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any, Literal
 
@@ -356,6 +357,10 @@ class FakeKubeApi:
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         # Events, Node status and DeviceTaintRules (kube_writes.py)
         self.writes: KubeWrites = KubeWrites(resource_slices_served=lambda: self._slices_served)
+        # The server's clock for its Date header (None: aiohttp's, the real time), and a
+        # Date value served instead of it (a broken or hostile server: garbage, far off).
+        self.server_time: Callable[[], float] | None = None
+        self.date_override: str | None = None
 
     # -- state, thread-safe ------------------------------------------------------------
 
@@ -563,8 +568,17 @@ class FakeKubeApi:
 
     # -- HTTP --------------------------------------------------------------------------
 
+    async def _stamp_date(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer's ``Date`` (RFC 9110 5.6.7) on the server's own clock, which
+        need not be the node's (a node clock ahead of the API server's)."""
+        if self.date_override is not None:
+            response.headers["Date"] = self.date_override
+        elif self.server_time is not None:
+            response.headers["Date"] = formatdate(self.server_time(), usegmt=True)
+
     def app(self) -> web.Application:
         app = web.Application()
+        app.on_response_prepare.append(self._stamp_date)
         for what in (PODS, RESOURCE_SLICES):
             app.router.add_get(what.path, functools.partial(self._handle, what))
         app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get_pod)

@@ -191,7 +191,14 @@ class SimNode:
         return self.clock()
 
     def wall_time(self, at: float | None = None) -> float:
-        """Epoch seconds of simulated time ``at`` (default: now)."""
+        """The node's wall clock at simulated time ``at`` (default: now), epoch seconds:
+        the API server's time plus how far the scenario's ``node_clock`` puts it ahead."""
+        at = self.clock() if at is None else at
+        return self.api_time(at) + self.scenario.node_clock.ahead_at(at)
+
+    def api_time(self, at: float | None = None) -> float:
+        """The API server's clock (the true time) at simulated time ``at``: what it
+        stamps objects with and serves in its ``Date`` header."""
         return self.epoch + (self.clock() if at is None else at)
 
     def advance(self) -> None:

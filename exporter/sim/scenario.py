@@ -10,6 +10,7 @@ and every run of the same scenario produces the same series.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import uuid as uuidlib
 from collections.abc import Sequence
@@ -271,6 +272,20 @@ class SimKernelLog:
     clock_lag_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class SimNodeClock:
+    """The node's wall clock against the API server's (the true time): ``offset_s``
+    ahead from the start, plus each ``(at, by)`` step from simulated second ``at`` on
+    (NTP stepping it, an operator's ``date -s``). The monotonic clock never steps."""
+
+    offset_s: float = 0.0
+    steps: tuple[tuple[float, float], ...] = ()
+
+    def ahead_at(self, at: float) -> float:
+        """How far the node's wall clock is ahead of the API server's at ``at``."""
+        return self.offset_s + sum(by for step_at, by in self.steps if step_at <= at)
+
+
 @dataclass
 class Scenario:
     name: str
@@ -293,6 +308,7 @@ class Scenario:
     pcie_counter_bits: int = 64
     kernel_log: SimKernelLog = field(default_factory=SimKernelLog)
     cgroup_version: int = 2  # the node's cgroup hierarchy: /proc/<pid>/cgroup and the tree
+    node_clock: SimNodeClock = field(default_factory=SimNodeClock)
     # False: the kubelet's KubeletPodResourcesDynamicResources gate is off (its default
     # through 1.33): List reports no dynamic_resources, though pods have claims
     kubelet_reports_claims: bool = True
@@ -797,6 +813,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "churn",
             "kernel_log",
             "cgroup_version",
+            "node_clock",
             "kubelet_reports_claims",
         },
         name,
@@ -870,8 +887,30 @@ def parse_scenario(data: object, name: str) -> Scenario:
         ],
         kernel_log=_kernel_log(root.get("kernel_log") or {}, timeline),
         cgroup_version=_cgroup_version(root.get("cgroup_version", 2)),
+        node_clock=_node_clock(root.get("node_clock") or {}),
         kubelet_reports_claims=root.get("kubelet_reports_claims", True) is not False,
     )
+
+
+def _seconds(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ScenarioError(f"{where}: {value!r} is not a number of seconds")
+    return float(value)
+
+
+def _node_clock(raw: object) -> SimNodeClock:
+    """``{offset_s: 180, steps: [{at: 20, by: 7220}]}``: the node's wall clock."""
+    data = _expect_mapping(raw, "node_clock")
+    _check_keys(data, {"offset_s", "steps"}, "node_clock")
+    steps = []
+    for i, item in enumerate(data.get("steps") or []):
+        where = f"node_clock.steps[{i}]"
+        step = _expect_mapping(item, where)
+        _check_keys(step, {"at", "by"}, where)
+        steps.append(
+            (_seconds(step.get("at"), f"{where}.at"), _seconds(step.get("by"), f"{where}.by"))
+        )
+    return SimNodeClock(_seconds(data.get("offset_s", 0.0), "node_clock.offset_s"), tuple(steps))
 
 
 def _cgroup_version(value: object) -> int:

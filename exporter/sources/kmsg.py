@@ -156,9 +156,11 @@ class KmsgReader(ThreadedSource):
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(wall_clock=clock)
         self._on_event = on_event or self._publish
+        self._monotonic = monotonic  # what the XID window is measured on
         self._path = Path(path)
         self._proc_root = Path(proc_root)
         self._poll_interval_s = poll_interval_s
@@ -271,11 +273,14 @@ class KmsgReader(ThreadedSource):
         # Live: our clock now, comparable with the NVML listener's. Already in the log:
         # printk's stamp through /proc/uptime, approximate (module docstring).
         stale = boot + since_boot if self._draining and boot is not None else None
+        wall, elapsed = self._clock(), self._monotonic()
         event = XidEvent(
             gpu=None,
             uuid=None,
             xid=xid,
-            timestamp=self._clock() if stale is None else stale,
+            timestamp=wall if stale is None else stale,
+            # an old record is as old on the monotonic clock as the wall clock says now
+            monotonic=elapsed if stale is None else elapsed - max(0.0, wall - stale),
             source="kmsg",
             gpu_instance_id=gi,
             compute_instance_id=ci,

@@ -223,4 +223,11 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
         items: tuple[PodMeta, ...],
         counts: WatchCounts,
     ) -> PodMetaSnapshot:
-        return PodMetaSnapshot(ok=ok, timestamp=timestamp, error=error, pods=items, counts=counts)
+        return PodMetaSnapshot(
+            ok=ok,
+            timestamp=timestamp,
+            error=error,
+            pods=items,
+            counts=counts,
+            server_offset_s=self._server_clock.offset_s(),
+        )

@@ -36,7 +36,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -48,6 +48,7 @@ from exporter.sources.kube_http import (
     InFlight,
     bounded_api_client,
 )
+from exporter.sources.server_clock import ServerClock
 from exporter.sources.watch_stream import (
     LineTooLong,
     StreamBroken,
@@ -269,6 +270,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         resync_s: float = 300.0,
         watch_timeout_s: int = 60,
         list_deadline_s: float = LIST_DEADLINE_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not node_name:
             raise ValueError("node_name must not be empty")
@@ -327,6 +329,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         # resync_s (a collection not served here is asked about as seldom): the resync
         # is its period for staleness (exporter/sources/base.py).
         self._supervisor = Supervisor(self.name, resync_s)
+        # The API server's clock, from its answers' Date headers: deadlines it sets are
+        # compared on it (server_clock.py).
+        self._server_clock = ServerClock(wall_clock)
 
     # -- subclass hooks ----------------------------------------------------------------
 
@@ -722,6 +727,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             try:
                 if not 200 <= resp.status <= 299:
                     raise _api_exception(resp)
+                self._server_clock.observe(resp.headers)  # the list's snapshot reads it
                 body = json.loads(_read_bounded(resp, MAX_LIST_BYTES))
             except BaseException:
                 resp.close()  # perhaps not read to its end: never reuse the connection
@@ -786,6 +792,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
             try:
                 if not 200 <= response.status <= 299:
                     raise _api_exception(response)
+                self._server_clock.observe(response.headers)
+                with self._lock:
+                    self._snapshot_now = None  # it carries the server's clock offset
                 for line in bounded_lines(response_chunks(response)):
                     if stopping.is_set():
                         return

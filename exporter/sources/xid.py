@@ -132,8 +132,10 @@ class XidListener(ThreadedSource):
         backoff_max_s: float = 30.0,
         rebuild_after_lost_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(wall_clock=clock)
+        self._monotonic = monotonic  # what the XID window is measured on
         # Up with nothing to listen to, it waits up to backoff_max_s between looks.
         self._supervisor.period_s = max(self.period_s, backoff_max_s)
         self._on_event = on_event or self._publish
@@ -313,6 +315,7 @@ class XidListener(ThreadedSource):
                 uuid=uuid,
                 xid=int(data.eventData),
                 timestamp=self._clock(),
+                monotonic=self._monotonic(),
                 source="nvml",
                 gpu_instance_id=instance_id(data.gpuInstanceId),
                 compute_instance_id=instance_id(data.computeInstanceId),

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
-from tests.test_kube_events import quiet
+from tests.test_kube_condition_taints import status_of
+from tests.test_kube_events import api, quiet, until
 from tests.test_static_pods_and_clocks import (
     GRACE_CYCLES,
+    XID_ARGV,
+    cycles_until,
+    fatal_xid_then_step,
     orphan_events,
+    reasons,
     run_cycles,
     static_pod_scenario,
+    terminating_pod,
 )
 
 
@@ -38,4 +44,54 @@ async def test_a_static_pod_using_a_gpu_gets_no_orphaned_memory_warning(
         figure=f"0 GPUOrphanedMemory Events over {GRACE_CYCLES} cycles "
         f"({GRACE_CYCLES * 10} s), process attributed to kube-system/{row.pod}; "
         "before the fix: 1 Warning (deleted_pod, 60 s after start)",
+    )
+
+
+async def test_a_wall_clock_step_after_a_fatal_xid_keeps_the_fault(
+    record_fault: RecordFault,
+) -> None:
+    async with simulated_exporter(fatal_xid_then_step(7220), argv=XID_ARGV) as h:
+        await run_cycles(h, 2)  # 20 s: the XID 48 at 15 s is in
+        await until(lambda: status_of(h) == ("True", "GPUUnhealthy"), "the condition True")
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the DeviceTaintRule")
+        await run_cycles(h, 10)  # to 120 s; the wall clock 2 h 20 s ahead from 40 s
+        await quiet(h)
+        healthy = reasons(h).count("GPUHealthy")
+        rules = len(api(h).device_taint_rules())
+        assert healthy == 0 and rules == 1
+        assert status_of(h) == ("True", "GPUUnhealthy")
+    record_fault(
+        "wall-clock-steps-after-fatal-xid",
+        expected="The fatal-XID window (--health-xid-window) runs on the monotonic clock: "
+        "a wall-clock step forward keeps a true XID's verdict, condition and taint for the "
+        "window, and a step back does not stretch it.",
+        figure=f"step +7220 s 25 s after an XID 48: {healthy} GPUHealthy Events, condition "
+        f"stays True and {rules} DeviceTaintRule kept over 10 cycles; before the fix: "
+        "GPUHealthy, condition True -> False and the rule deleted in the cycle of the step",
+    )
+
+
+async def test_a_node_clock_ahead_of_the_api_server_gives_no_warning_in_a_graceful_stop(
+    record_fault: RecordFault,
+) -> None:
+    async with simulated_exporter(terminating_pod("sim-ahead-fault", 180)) as h:
+        await cycles_until(h, 100)  # deadline at 50 s (server clock) + 60 s grace
+        await quiet(h)
+        inside = len(orphan_events(h))
+        assert h.agent.latest is not None and h.agent.latest.node.pod_meta is not None
+        offset = h.agent.latest.node.pod_meta.server_offset_s
+        assert inside == 0
+        assert offset is not None and 179 <= offset <= 182
+        await cycles_until(h, 120)
+        await quiet(h)
+        past = orphan_events(h)
+        assert len(past) == 1 and "deleted_pod" in past[0]
+    record_fault(
+        "node-clock-ahead-of-api-server",
+        expected="A pod's deletionTimestamp is compared on the API server's clock (the "
+        "node's offset from it estimated from the Date headers of its list and watch "
+        "answers): no deleted-pod Warning inside the grace, one past it.",
+        figure=f"node clock +180 s (estimated {offset:.0f} s): 0 GPUOrphanedMemory Events "
+        "up to 100 s (deadline 50 s + 60 s grace), 1 (deleted_pod) at 110-120 s; before "
+        "the fix: the Warning at 20 s, in the cycle the 30 s graceful stop began",
     )
