@@ -205,6 +205,7 @@ def build_agent(
         cache,
         build_sources(config, wall_clock=wall_clock, monotonic=source_monotonic or monotonic),
         wall_clock=wall_clock,
+        monotonic=source_monotonic or monotonic,  # the clock the sources stamp XIDs on
         reporter=build_reporter(config, wall_clock=wall_clock, monotonic=monotonic),
     )
 
@@ -218,6 +219,7 @@ class Agent:
         *,
         wall_clock: Callable[[], float] = time.time,
         reporter: KubeReporter | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.reporter = reporter  # writes Events etc. from its own thread
@@ -231,6 +233,7 @@ class Agent:
         for name in (*(s.name for s in self.sources), AGENT):
             self.self_metrics.errors.labels(name)  # present from the start, at 0
         self.wall_clock = wall_clock
+        self.monotonic = monotonic  # analysis measures its windows on it
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_classes)
         self._errors_seen: dict[str, int] = {}
@@ -425,7 +428,8 @@ class Agent:
             if status is not None:
                 statuses.append(self._with_last_success(status, timestamp))
             self._count_errors(source.name, source.errors_total)
-        return cycle.readings.snapshot(self.config.node_name, timestamp, tuple(statuses))
+        snapshot = cycle.readings.snapshot(self.config.node_name, timestamp, tuple(statuses))
+        return replace(snapshot, monotonic=self.monotonic())
 
     def _with_last_success(self, status: SourceStatus, timestamp: float) -> SourceStatus:
         """A background source knows its last success; a sampled one succeeded in the

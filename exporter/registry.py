@@ -52,8 +52,10 @@ def build_sources(
         dcgm_source(config) if config.dcgm.kind != "off" else None,
         ProcessReader(config.proc_root),
         HolderScanSource(config.proc_root),
-        XidListener(clock=wall_clock),
-        KmsgReader(path=config.kmsg_path, proc_root=config.proc_root, clock=wall_clock)
+        XidListener(clock=wall_clock, monotonic=monotonic),
+        KmsgReader(
+            path=config.kmsg_path, proc_root=config.proc_root, clock=wall_clock, monotonic=monotonic
+        )
         if config.kmsg
         else None,
         PodResourcesSource(
@@ -66,7 +68,9 @@ def build_sources(
             cycle_interval_s=config.interval_s,
             wall_clock=wall_clock,
         ),
-        PodWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,
+        PodWatcher(config.node_name, kubeconfig=config.kubeconfig, wall_clock=wall_clock)
+        if kube
+        else None,
         ResourceSliceWatcher(
             config.node_name, kubeconfig=config.kubeconfig, drivers=config.dra_drivers
         )
