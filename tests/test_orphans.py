@@ -534,7 +534,7 @@ def test_a_lost_gpu_is_skipped_and_its_history_dropped() -> None:
     processes = [proc(10, 2 * GIB)]
     run = Run(OrphanPolicy(unattributed_cycles=1))
     zombie_and_leak = node([gpu(0, used=5 * GIB, processes=processes), gpu(1)], [dead(10)])
-    lost = node([gpu(0, error="GpuIsLost", lost=True), gpu(1)], [])
+    lost = node([gpu(0, error="GpuIsLost"), gpu(1)], [])
     assert {o.kind for o in run.cycle(zombie_and_leak, T0)} == {
         KIND_DEAD_PROCESS,
         KIND_UNATTRIBUTED,
