@@ -17,6 +17,10 @@ else happens here, one request at a time, each with a deadline:
 - **Counted**: ``gpu_exporter_events_total{reason,result}`` and
   ``gpu_exporter_kube_writes_total{kind,result}``; each kind of failure logged once
   per minute (exporter/logs.py).
+- **Budgeted**: Events by the recorder's node budget; the node condition and each
+  DeviceTaintRule by a token bucket (budget.py). A write that finds no token is
+  deferred (``result="deferred"``, once per wait), never queued: the latest desired
+  state is sent when a token comes.
 - **Sent or shadowed in one place** (``_shadowed``): with ``--kube-writes shadow`` a
   write is computed, budgeted and remembered exactly as if it had been sent, then only
   counted (``gpu_exporter_kube_writes_shadowed_total{kind,reason}``) and logged. Reads
@@ -34,6 +38,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from exporter.model import Analysis
+from exporter.reporting.budget import (
+    CONDITION_BURST,
+    CONDITION_PER_MINUTE,
+    RuleBudgets,
+    TokenBucket,
+)
 from exporter.reporting.condition import (
     CONDITION_TYPE,
     NodeCondition,
@@ -201,6 +211,11 @@ class KubeReporter:
         self._existing_rules: dict[str, ExistingRule] | None = None
         self._rules_listed_at = float("-inf")
         self._version_asked_at = float("-inf")
+        # write budgets (budget.py): a write without a token waits, the latest state wins
+        self._condition_budget = TokenBucket.full_at(CONDITION_BURST, CONDITION_PER_MINUTE, clock())
+        self._condition_deferred = False
+        self._rule_budgets = RuleBudgets()
+        self._deferred_rules: set[str] = set()
 
     # -- the sample cycle's side --------------------------------------------------------
 
@@ -337,6 +352,8 @@ class KubeReporter:
             or self._retry is not None
             or self.recorder.pending() > 0
             or any(b.failing() for b in backoffs)
+            or self._condition_deferred
+            or bool(self._deferred_rules)
         )
         wait = IDLE_WAKE_S if waiting else QUIET_WAKE_S
         if self._lease is not None:  # its renewal or its next try
@@ -478,6 +495,7 @@ class KubeReporter:
         now, wall = self._clock(), self._wall()
         sent = self._sent_condition
         if not condition_due(desired, sent, now):
+            self._condition_deferred = False  # what waited is what the Node says now
             return
         node = self.options.node_name
         try:
@@ -486,6 +504,8 @@ class KubeReporter:
             assert self._hold_false_until is not None
             if desired.status == "False" and wall < self._hold_false_until:
                 return  # an earlier run's True may rest on XIDs this run never saw
+            if not self._condition_budget_ok(now):
+                return  # sent when a token comes, as it is then
             if sent is None:
                 transition = self._inherited_transition or wall
             elif sent.condition.status != desired.status:
@@ -587,19 +607,48 @@ class KubeReporter:
         for name in set(wanted) & set(self._inherited_rules):
             del self._inherited_rules[name]  # this run judges them now
         failures = 0
-        for name in sorted(set(wanted) - self._existing_rules.keys()):
-            failures += not self._create_rule(version, wanted[name])
-        wall = self._wall()
+        missing = set(wanted) - self._existing_rules.keys()
         stale = stale_rules(self._existing_rules.values(), wanted, healthy, published)
+        self._deferred_rules &= missing | stale.keys()  # the rest need no write now
+        for name in sorted(missing):
+            if self._rule_budget_ok(name, now):
+                failures += not self._create_rule(version, wanted[name])
+        wall = self._wall()
         for name, why in sorted(stale.items()):
             since = self._inherited_rules.get(name)
             if why == "healthy" and since is not None and wall < since + self.options.xid_window_s:
                 continue
-            failures += not self._delete_rule(version, name, why)
+            if self._rule_budget_ok(name, now):
+                failures += not self._delete_rule(version, name, why)
         if failures:
             self._taint_backoff.failed()
         else:
             self._taint_backoff.succeeded()
+
+    # -- write budgets (budget.py) ----------------------------------------------------
+
+    def _condition_budget_ok(self, now: float) -> bool:
+        """A token for a node-status PATCH; without one the write is deferred (counted
+        once per wait) and the latest desired condition goes when a token comes."""
+        if self._condition_budget.take(now):
+            self._condition_deferred = False
+            return True
+        if not self._condition_deferred:
+            self._condition_deferred = True
+            self._count_write("node_condition", "deferred")
+            log.debug("node condition: write budget spent, the latest state waits")
+        return False
+
+    def _rule_budget_ok(self, name: str, now: float) -> bool:
+        """A token of this rule's bucket for one create or delete; as above."""
+        if self._rule_budgets.take(name, now):
+            self._deferred_rules.discard(name)
+            return True
+        if name not in self._deferred_rules:
+            self._deferred_rules.add(name)
+            self._count_write("device_taint_rule", "deferred")
+            log.debug("DeviceTaintRule %s: write budget spent, the latest state waits", name)
+        return False
 
     def _create_rule(self, version: str, rule: TaintRule) -> bool:
         assert self._client is not None and self._existing_rules is not None

@@ -7,6 +7,7 @@ the API stand-in through the real ``kubernetes`` client; what is read back is wh
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
@@ -154,3 +155,86 @@ async def test_mig_rules_are_deleted_when_the_layout_is_recreated_after_a_reset(
         figure=f"3 NoSchedule rules at 20 s, replaced by 3 on the new MIG UUIDs, 0 left "
         f"{cycles} cycles after the GPU is healthy; before the fix: 3 left for good",
     )
+
+
+def status_patches(h: Harness) -> int:
+    path = f"/api/v1/nodes/{NODE}/status"
+    return sum(1 for w in api(h).write_log if w.method == "PATCH" and w.path == path)
+
+
+def rule_writes(h: Harness) -> int:
+    return sum(
+        1
+        for w in api(h).write_log
+        if w.method in ("POST", "DELETE") and "devicetaintrules" in w.path
+    )
+
+
+async def test_a_flapping_gpu_is_held_to_the_write_budgets_and_its_last_state_is_written(
+    record_fault: RecordFault,
+) -> None:
+    """GPU 0 is lost every other second for a minute at --interval 1 (GPU_IS_LOST:
+    hardware evidence, so the verdict flips each cycle), then falls off for good. The
+    writer runs on the simulated clock, so its budgets refill as the minute passes."""
+    from exporter.reporting.budget import (
+        CONDITION_BURST,
+        CONDITION_PER_MINUTE,
+        RULE_BURST,
+        RULE_PER_MINUTE,
+    )
+
+    flaps = 60
+    scenario: dict[str, Any] = dra_with_a_reset()
+    scenario["timeline"] = [
+        *({"at": 5 + t, "set": {"gpu": 0, "lost": t % 2 == 0}} for t in range(flaps)),
+        {"at": 5 + flaps, "set": {"gpu": 0, "lost": True}},  # for good
+    ]
+    argv = ["--interval", "1", "--node-condition", "--dra-device-taints", "--kube-events", "off"]
+    async with simulated_exporter(scenario, argv=argv, writer_on_simulated_clock=True) as h:
+        while h.clock() < 4:
+            await step(h, 1.0)
+        await until(lambda: status_patches(h) == 1, "the condition False at start")
+        verdicts = []
+        while h.clock() < 5 + flaps - 1:
+            latest = await step(h, 1.0)
+            verdicts.append(next(g.unhealthy for g in latest.health if g.gpu == 0))
+            # pacing, not an assertion: the writer turns between two cycles, so each
+            # flip is seen (more flips seen can only mean more writes)
+            await asyncio.sleep(0.03)
+        assert verdicts.count(True) >= flaps // 2 - 1 and verdicts.count(False) >= flaps // 2 - 1
+        await asyncio.sleep(0.2)
+        patches, rules = status_patches(h) - 1, rule_writes(h)
+        minutes = flaps / 60
+        assert patches <= CONDITION_BURST + CONDITION_PER_MINUTE * minutes + 1, patches
+        assert rules <= RULE_BURST + RULE_PER_MINUTE * minutes + 1, rules
+        assert h.agent.reporter is not None
+        deferred = h.agent.reporter.write_counts()
+        assert deferred.get(("node_condition", "deferred"), 0) >= 1
+        assert deferred.get(("device_taint_rule", "deferred"), 0) >= 1
+        # then lost for good: the latest state is written once a token comes
+        for _ in range(8):
+            await step(h, 10.0)
+        await until(lambda: condition_reason(h) == ("True", "GPULost"), "the condition True")
+        await until(lambda: len(api(h).device_taint_rules()) == 1, "the lost GPU's rule")
+        (rule,) = api(h).device_taint_rules()
+        assert rule["spec"]["deviceSelector"]["device"] == "gpu-2"
+        assert rule["spec"]["taint"]["value"] == "gpu_lost"
+    record_fault(
+        "flapping-gpu-write-budget",
+        expected="the node condition and each DeviceTaintRule are held to their budgets "
+        "(condition: 5 at once, then 2 a minute; a rule: 2 at once, then 1 a minute); "
+        "writes over budget are deferred, not queued, and the latest state is written "
+        "when a token comes: a GPU lost for good ends with the condition True and its rule",
+        figure=f"{patches} node-status PATCHes and {rules} rule writes over {flaps} flapping "
+        f"cycles (60 s at --interval 1); then True/GPULost and the rule within 80 s; "
+        f"before the fix: one PATCH and one rule write per flip",
+    )
+
+
+def condition_reason(h: Harness) -> tuple[str, str] | None:
+    node = api(h).node(NODE)
+    assert node is not None
+    for c in node["status"]["conditions"]:
+        if c["type"] == "GPUUnhealthy":
+            return c["status"], c["reason"]
+    return None
