@@ -203,7 +203,10 @@ async def simulated_exporter(
     kube_api: bool = True,
     argv: Sequence[str] = (),
     first_cycle: bool = True,
+    writer_on_simulated_clock: bool = False,
 ) -> AsyncIterator[Harness]:
+    """``writer_on_simulated_clock``: the Kubernetes writer's windows and budgets run
+    on the simulated clock (a test of budgets over minutes), not on real time."""
     clock = ManualClock()
     env = SimEnvironment(scenario_from(scenario), clock=clock, kube_api=kube_api)
     paths = await env.start()
@@ -240,7 +243,11 @@ async def simulated_exporter(
         runner = await start_server(app, "127.0.0.1", 0)
         # the cgroup counters grow with simulated time: the source measures by it too
         agent = build_agent(
-            config, cache, wall_clock=env.node.wall_time, source_monotonic=env.node.now
+            config,
+            cache,
+            wall_clock=env.node.wall_time,
+            source_monotonic=env.node.now,
+            **({"monotonic": env.node.now} if writer_on_simulated_clock else {}),
         )
         try:
             # Background sources start, but no refresh task runs: the test decides when
