@@ -168,3 +168,13 @@ def test_get_events_asked_for_a_table_gets_the_servers_columns_and_row_metadata(
     assert row["cells"][2:4] == ["GPUFatalXID", "pod/train"]
     assert row["object"]["kind"] == "PartialObjectMetadata"
     assert row["object"]["metadata"]["namespace"] == "ml"
+
+
+def test_the_event_tables_ages_count_on_the_api_servers_clock(api) -> None:
+    fake, url = api
+    _post_event(url, V1_EVENT)
+    fake.server_time = lambda: 1795860000.0 + 150  # 10:02:30, series last seen 10:02:00
+    accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+    _, table = _get(f"{url}/api/v1/namespaces/ml/events", accept)
+    (row,) = table["rows"]
+    assert (row["cells"][0], row["cells"][7]) == ("30s", "2m30s")

@@ -590,6 +590,8 @@ class FakeKubeApi:
             app,
             lambda namespace: self.writes.events(namespace=namespace),
             lambda: str(self.writes.resource_version),
+            # a Table's ages count on the server's clock, as its Date header does
+            lambda: self.server_time() if self.server_time is not None else time.time(),
         )
         return app
 
