@@ -21,6 +21,7 @@ from exporter.model import (
     Allocation,
     AttributedProcess,
     Attribution,
+    ContainerDevices,
     ContainerGpuUsage,
     ContainerRef,
     DeviceRef,
@@ -102,14 +103,29 @@ class _Context:
     finished: frozenset[tuple[str, str]] = frozenset()  # (namespace, pod) in a terminal phase
     # containers holding an allocation no form resolves: their use is never a leak
     unresolved: frozenset[ContainerRef] = frozenset()
+    # every container the List answer names, GPU devices or none; None: no answer
+    listed: frozenset[ContainerRef] | None = None
+    # (namespace, pod) with resourceClaims in the spec whose claims the kubelet does not
+    # report (the KubeletPodResourcesDynamicResources gate is off): their use is unknown
+    claims_unreported: frozenset[tuple[str, str]] = frozenset()
+    # (container, GPU UUID, MIG UUID) of device ids under resource names outside
+    # --resource-names that resolve to a GPU here: evidence of an allocation, unknown
+    other_held: frozenset[tuple[ContainerRef, str, str | None]] = frozenset()
+    # pids judged against an answer begun after their first sighting; None: not asked
+    settled: frozenset[int] | None = None
 
 
 def attribute(
     snapshot: NodeSnapshot,
     *,
     terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"}),
+    settled: frozenset[int] | None = None,
 ) -> Attribution:
-    """Attribute every NVML process and every PodResources device of one snapshot."""
+    """Attribute every NVML process and every PodResources device of one snapshot.
+
+    ``settled``: the pids whose first sighting the PodResources answer postdates (the
+    pipeline keeps that memory, ``allocation_evidence``); a pid outside it is never a
+    leak this cycle. None judges the snapshot alone (one-shot use)."""
     gpus = snapshot.nvml.gpus
     finished = _finished_pods(snapshot.pod_meta, terminal_phases)
     allocations = _allocations(snapshot.pod_resources, gpus, snapshot.resource_slices, finished)
@@ -123,6 +139,10 @@ def attribute(
         held=_held(allocations or ()),
         finished=finished,
         unresolved=frozenset(a.container for a in allocations or () if not a.resolved),
+        listed=_listed_containers(snapshot.pod_resources),
+        claims_unreported=_claims_unreported(snapshot.pod_resources, snapshot.pod_meta),
+        other_held=_other_held(snapshot.pod_resources, gpus, snapshot.resource_slices),
+        settled=settled,
     )
     processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
     return Attribution(
@@ -131,6 +151,9 @@ def attribute(
         allocations=allocations or (),
         unallocated_use=_unallocated_use(processes),
         unattributed=_unattributed(processes),
+        other_resource_devices=_other_counts(
+            snapshot.pod_resources, gpus, snapshot.resource_slices
+        ),
     )
 
 
@@ -241,7 +264,7 @@ def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
         pod=owner.pod,
         container=owner.container,
         reason=owner.reason,
-        allocated=_is_allocated(owner, device, context),
+        allocated=_is_allocated(owner, device, context, identity, process.pid),
         pod_uid=identity.pod_uid if identity is not None and identity.alive else None,
     )
 
@@ -302,10 +325,23 @@ def _sole_allocated_container(
     return names.pop() if len(names) == 1 else None
 
 
-def _is_allocated(owner: _Owner, device: _Device, context: _Context) -> bool | None:
+def _is_allocated(
+    owner: _Owner,
+    device: _Device,
+    context: _Context,
+    identity: ProcessIdentity | None,
+    pid: int,
+) -> bool | None:
     """None when we cannot tell: no PodResources data, or a pod that already finished
     (the kubelet released its devices; a process it left behind is an orphan, not a
-    container using a GPU it was never given)."""
+    container using a GPU it was never given).
+
+    False (a leak) only on evidence (docs/attribution.md, "Isolation leaks"): the
+    kubelet lists the container, with no device covering this one, in an answer begun
+    after the process was first seen. A container it does not list (an answer from a
+    kubelet that has just restarted, a pod newer than the answer, an init container:
+    List names only ``spec.containers``) is unknown; so are a pod whose claims the
+    kubelet does not report, a device under another resource name, and MPS's daemons."""
     allocations = context.allocations
     if owner.owner != OWNER_POD or allocations is None or device.mig_unresolved:
         return None
@@ -315,9 +351,118 @@ def _is_allocated(owner: _Owner, device: _Device, context: _Context) -> bool | N
     if ref in context.unresolved:
         return None  # it may hold this very device under a name we cannot read
     mig_uuid = device.key[1]  # what _covers() accepts: the whole GPU, or this instance
-    return (ref, device.uuid, None) in context.held or (
+    if (ref, device.uuid, None) in context.held or (
         mig_uuid is not None and (ref, device.uuid, mig_uuid) in context.held
+    ):
+        return True
+    if ref is None or not _judged(ref, device, context, identity, pid):
+        return None
+    return False
+
+
+def _judged(
+    ref: ContainerRef,
+    device: _Device,
+    context: _Context,
+    identity: ProcessIdentity | None,
+    pid: int,
+) -> bool:
+    """Whether "not allocated this device" is evidence, not absence of evidence."""
+    if context.listed is not None and ref not in context.listed:
+        return False  # unlisted: unknown, not unallocated
+    if (ref.namespace, ref.pod) in context.claims_unreported:
+        return False
+    mig_uuid = device.key[1]
+    if (ref, device.uuid, None) in context.other_held or (
+        mig_uuid is not None and (ref, device.uuid, mig_uuid) in context.other_held
+    ):
+        return False  # allocated under a resource name outside --resource-names
+    if identity is not None and is_mps_daemon(identity.comm):
+        return False
+    return context.settled is None or pid in context.settled
+
+
+# /proc/<pid>/comm of nvidia-cuda-mps-control and nvidia-cuda-mps-server: the kernel
+# keeps 15 bytes (TASK_COMM_LEN 16), so both read "nvidia-cuda-mps". NVIDIA's device
+# plugin starts the control daemon (`nvidia-cuda-mps-control -d`) in a container that
+# requests no GPU, and the daemon starts a server per client UID on the shared GPUs.
+MPS_COMM_PREFIX = "nvidia-cuda-mps"
+
+
+def is_mps_daemon(comm: str | None) -> bool:
+    """MPS's control daemon or server: the infrastructure of a GPU's sharing."""
+    return comm is not None and comm.startswith(MPS_COMM_PREFIX)
+
+
+def _listed_containers(
+    pod_resources: PodResourcesSnapshot | None,
+) -> frozenset[ContainerRef] | None:
+    """Every container the answer names; those with devices or claims count too (a
+    snapshot built from allocations alone names its containers through them)."""
+    if pod_resources is None or not pod_resources.ok:
+        return None
+    return frozenset(
+        {ContainerRef(*key) for key in pod_resources.listed}
+        | {ContainerRef(c.namespace, c.pod, c.container) for c in pod_resources.containers}
+        | {ContainerRef(c.namespace, c.pod, c.container) for c in pod_resources.claims}
     )
+
+
+def _claims_unreported(
+    pod_resources: PodResourcesSnapshot | None, pod_meta: PodMetaSnapshot | None
+) -> frozenset[tuple[str, str]]:
+    """Pods with resourceClaims whose claims the answer does not report."""
+    if pod_resources is None or pod_meta is None or not pod_meta.ok:
+        return frozenset()
+    reported = pod_resources.claims_reported | {(c.namespace, c.pod) for c in pod_resources.claims}
+    return frozenset(
+        (p.namespace, p.name)
+        for p in pod_meta.pods
+        if p.resource_claims and (p.namespace, p.name) not in reported
+    )
+
+
+def _other_held(
+    pod_resources: PodResourcesSnapshot | None,
+    gpus: Sequence[GpuSample],
+    slices: ResourceSliceSnapshot | None,
+) -> frozenset[tuple[ContainerRef, str, str | None]]:
+    """Device ids under other resource names that resolve to a GPU of this node."""
+    if pod_resources is None or not pod_resources.ok or not pod_resources.other_devices:
+        return frozenset()
+    return frozenset(
+        (ContainerRef(entry.namespace, entry.pod, entry.container), ref.uuid, ref.mig_uuid)
+        for entry, ref in other_resource_devices(pod_resources, gpus, slices)
+        if ref.uuid is not None
+    )
+
+
+def _other_counts(
+    pod_resources: PodResourcesSnapshot | None,
+    gpus: Sequence[GpuSample],
+    slices: ResourceSliceSnapshot | None,
+) -> tuple[tuple[str, int], ...]:
+    if pod_resources is None or not pod_resources.ok or not pod_resources.other_devices:
+        return ()
+    counts: dict[str, int] = defaultdict(int)
+    for entry, _ in other_resource_devices(pod_resources, gpus, slices):
+        counts[entry.resource_name] += 1
+    return tuple(sorted(counts.items()))
+
+
+def other_resource_devices(
+    pod_resources: PodResourcesSnapshot,
+    gpus: Sequence[GpuSample],
+    slices: ResourceSliceSnapshot | None,
+) -> Iterator[tuple[ContainerDevices, DeviceRef]]:
+    """Each device id under a resource name outside --resource-names that names a GPU
+    or MIG device of this node, with the device it names."""
+    resolver = DeviceResolver(gpus, slices)
+    for entry in pod_resources.other_devices:
+        for device_id in entry.device_ids:
+            ref = resolver.device_id(device_id).ref
+            if ref.uuid is not None:
+                yield entry, ref
 
 
 def _allocations_on(

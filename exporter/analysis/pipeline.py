@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from exporter.analysis.allocation_evidence import ProcessKey, settled_pids
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.cgroup_signals import cgroup_signals
@@ -73,6 +74,9 @@ class CarriedState:
     # last read: a slow read that fails says nothing, so the verdict stands on these
     known_facts: Mapping[str, KnownFacts] = field(default_factory=dict)
     last_timestamp: float | None = None
+    # (pid, pod UID, container id) -> PodResources refreshes begun when it was first
+    # seen (analysis/allocation_evidence.py): a leak needs an answer begun after that
+    first_seen: Mapping[ProcessKey, int] = field(default_factory=dict)
 
 
 def initial_state(policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
@@ -86,7 +90,8 @@ def analyse(
     now = snapshot.timestamp
     gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
     snapshot = replace(snapshot, nvml=replace(snapshot.nvml, gpus=gpus))
-    attribution = attribute(snapshot)
+    settled, first_seen = settled_pids(snapshot, state.first_seen)
+    attribution = attribute(snapshot, settled=settled)
     # Windows run on the monotonic clock: a wall-clock step must not end a fatal XID's
     # window early (a true fault cleared) or stretch it (a healthy GPU kept unhealthy).
     elapsed_now = snapshot.monotonic if snapshot.monotonic is not None else now
@@ -194,6 +199,7 @@ def analyse(
         dcgm_failures=failing,
         known_facts=known_facts,
         last_timestamp=counted_to,
+        first_seen=first_seen,
     )
     return analysis, state
 

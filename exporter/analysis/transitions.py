@@ -227,7 +227,14 @@ def _leaks(
                 memory_bytes=use.memory_used_bytes,
             )
         )
-    keys = frozenset(now)
+    # a leak whose allocation is unknown this cycle (the kubelet does not list the
+    # container now, e.g. just restarted) is carried: unknown neither raises nor ends one
+    unknown = {
+        (ContainerRef(p.namespace, p.pod, p.container), p.uuid, p.mig_uuid)
+        for p in analysis.attribution.processes
+        if p.allocated is None and p.namespace and p.pod and p.container
+    }
+    keys = frozenset(now) | (previous.leaks & unknown)
     return out, keys if judged else keys | previous.leaks
 
 

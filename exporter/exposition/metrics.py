@@ -416,6 +416,8 @@ def _add_attribution(
         unresolved[a.resource_name] = unresolved.get(a.resource_name, 0) + (not a.resolved)
     for resource, count in sorted(unresolved.items()):
         out.add("gpu_exporter_unresolved_allocations", {"resource": resource}, count)
+    for resource, count in attribution.other_resource_devices:
+        out.add("gpu_exporter_podresources_other_resource_devices", {"resource": resource}, count)
     for leak in attribution.unallocated_use:
         out.add(
             "gpu_unallocated_use_memory_bytes",

@@ -78,6 +78,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         EXPERIMENTAL
         + "Allocated devices whose id no known form resolves to a GPU (docs/attribution.md).",
     ),
+    "gpu_exporter_podresources_other_resource_devices": (
+        GAUGE,
+        EXPERIMENTAL
+        + "Device ids the kubelet allocated under a resource name outside --resource-names "
+        "that name a GPU of this node: add the name to the flag (docs/attribution.md).",
+    ),
     # identity and state
     "gpu_info": (GAUGE, STABLE + "Static GPU identity; always 1."),
     "gpu_up": (GAUGE, STABLE + "1 when the GPU answered NVML this cycle, 0 when it failed (lost)."),

@@ -136,6 +136,9 @@ class Attribution:
     allocations: tuple[Allocation, ...] = ()
     unallocated_use: tuple[UnallocatedUse, ...] = ()
     unattributed: tuple[UnattributedUse, ...] = ()
+    # (resource name, device ids) under resource names outside --resource-names that
+    # name a GPU of this node: allocations the flag leaves out (never a leak; a hint)
+    other_resource_devices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

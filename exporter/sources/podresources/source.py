@@ -83,6 +83,7 @@ class PodResourcesSource(Source):
         # refreshes begun so far: a List answer is evidence about a process only if it
         # was begun after the process was first seen (docs/attribution.md)
         self._begun = 0
+        self._other_names_logged: set[str] = set()  # resource names hinted at, once each
 
     @property
     def client(self) -> PodResourcesClient:
@@ -190,6 +191,7 @@ class PodResourcesSource(Source):
         self._snapshot = replace(fetched, sequence=sequence, begun=sequence)
         if self._snapshot.ok:
             self._supervisor.success()
+            self._hint_other_names()
         if not self._snapshot.ok:
             self._errors_total += 1
             # Once per distinct failure: the first one at start-up too (a socket missing
@@ -201,6 +203,22 @@ class PodResourcesSource(Source):
             log.info(
                 "kubelet PodResources connected (%d container allocations)",
                 len(self._snapshot.containers),
+            )
+
+    def _hint_other_names(self) -> None:
+        """Once per resource name outside --resource-names that the kubelet allocated
+        devices under: a GPU among them is never called a leak, and
+        gpu_exporter_podresources_other_resource_devices counts those naming a GPU."""
+        names = {entry.resource_name for entry in self._snapshot.other_devices}
+        new = sorted(names - self._other_names_logged)
+        if new and len(self._other_names_logged) < 64:  # bounded: a few names on any node
+            self._other_names_logged.update(new)
+            log.info(
+                "kubelet PodResources allocates devices under resource names outside "
+                "--resource-names: %s; if they are GPUs, add them to the flag (until then "
+                "their use is never called a leak; see "
+                "gpu_exporter_podresources_other_resource_devices)",
+                ", ".join(new),
             )
 
     def fill(self, cycle: Cycle) -> None:
