@@ -105,6 +105,15 @@ def test_a_pod_with_claims_the_kubelet_does_not_report_is_unknown() -> None:
     assert allocated(with_answer(snapshot, claims_reported=frozenset({("ml", "a")})))[2] is False
 
 
+def test_a_process_first_seen_while_the_kubelet_is_down_waits_for_a_later_answer() -> None:
+    down = with_answer(leaking(), ok=False, sequence=0, begun=0)
+    settled, memory = settled_pids(down, {})
+    assert (settled, memory) == (None, {})  # nothing recorded against no answer
+    back = with_answer(leaking(), sequence=7, begun=7)  # may have begun before the process
+    settled, memory = settled_pids(back, memory)
+    assert settled == frozenset() and set(memory.values()) == {7}
+
+
 def test_an_unnumbered_answer_is_judged_alone() -> None:
     settled, memory = settled_pids(leaking(), {})
     assert settled is None and memory

@@ -40,7 +40,9 @@ def settled_pids(
                 keys.add((process.pid, None, None))
             else:
                 keys.add((process.pid, identity.pod_uid, identity.container_id))
-    if pod_resources is None:
+    if pod_resources is None or not pod_resources.ok:
+        # no answer to count against: a new process is recorded on the first cycle that
+        # has one (with that cycle's count begun, so that answer does not judge it)
         return None, {key: first_seen[key] for key in keys if key in first_seen}
     memory = {key: first_seen.get(key, pod_resources.begun) for key in keys}
     if pod_resources.sequence == 0:
