@@ -9,7 +9,11 @@ from dataclasses import replace
 
 from exporter.analysis.allocation_evidence import settled_pids
 from exporter.analysis.attribution import attribute, is_mps_daemon
+from exporter.kubelet_api import api_pb2
 from exporter.model import ContainerDevices, NodeSnapshot, PodResourcesSnapshot
+from exporter.sim.podresources_server import build_pod_resources
+from exporter.sources.podresources.answer import list_answer
+from tests.harness import simulated_exporter
 from tests.test_attribution import CID_A, G0, G1, UID_A, GiB, alloc, gpu, ident, node, pod, proc
 
 A_MAIN = ("ml", "a", "main")
@@ -119,3 +123,31 @@ def test_an_unnumbered_answer_is_judged_alone() -> None:
     assert settled is None and memory
     assert settled_pids(replace(leaking(), pod_resources=None), memory)[0] is None
     assert PodResourcesSnapshot(ok=True, timestamp=0.0).sequence == 0
+
+
+def test_the_list_answer_names_every_container_and_what_the_flag_leaves_out() -> None:
+    pods = build_pod_resources(
+        [
+            ContainerDevices("ml", "a", "main", "nvidia.com/gpu", (G0,)),
+            ContainerDevices("ml", "a", "side", "example.com/gpu", (G1,)),
+        ],
+        listed=[("ml", "a", "main"), ("ml", "a", "side"), ("ml", "b", "idle")],
+    )
+    raw = api_pb2.ListPodResourcesResponse(pod_resources=pods).SerializeToString()
+    answer = list_answer(raw, ("nvidia.com/gpu",), frozenset({"gpu.nvidia.com"}))
+    assert answer.listed == {("ml", "a", "main"), ("ml", "a", "side"), ("ml", "b", "idle")}
+    assert [(c.container, c.device_ids) for c in answer.containers] == [("main", (G0,))]
+    assert [(c.resource_name, c.device_ids) for c in answer.other_devices] == [
+        ("example.com/gpu", (G1,))
+    ]
+    assert answer.claims_reported == frozenset()
+
+
+async def test_the_podresources_source_numbers_its_refreshes() -> None:
+    scenario: dict[str, object] = {"gpus": [{}], "pods": []}
+    async with simulated_exporter(scenario, first_cycle=False) as h:
+        first = h.pod_resources.read(None)  # type: ignore[arg-type]
+        await h.refresh_pod_resources()
+        second = h.pod_resources.read(None)  # type: ignore[arg-type]
+    assert (first.sequence, first.begun) == (1, 1)  # the priming refresh
+    assert (second.sequence, second.begun) == (2, 2)
