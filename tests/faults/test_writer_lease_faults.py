@@ -26,6 +26,7 @@ from tests.test_kube_writer_lease import (
 )
 
 
+@pytest.mark.slow  # three real exporters, one after the other
 async def test_two_exporters_one_node(record_fault: RecordFault) -> None:
     alone_events, alone_patches = await one_exporter_alone()
     events, patches, first, second = await two_exporters()
