@@ -28,6 +28,7 @@ from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
 from exporter.reporting.writer import KubeReporter
 from tests.harness import Harness, simulated_exporter
+from tests.test_kube_condition_taints import dra_with_a_reset
 from tests.test_kube_events import api, exclusive, quiet, until
 
 NODE = "sim-two"
@@ -318,3 +319,25 @@ async def test_lease_duration_0_writes_without_a_lease() -> None:
     assert api(h).lease_log == []
     assert "gpu_exporter_kube_writer_leader" not in scrape.names()
     assert len(api(h).events()) > 0
+
+
+@pytest.mark.slow  # two real exporters
+async def test_two_exporters_make_and_remove_a_device_taint_rule_once() -> None:
+    """A DRA GPU asks for a reset at 15 s and is reset at 35 s: one create and one
+    delete of its DeviceTaintRule reach the API, from the holder; the standby counts
+    its own as shadowed."""
+    argv = ["--dra-device-taints"]
+    async with simulated_exporter(dra_with_a_reset(), argv=argv) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv) as second:
+            await run_until(30, first, second)
+            await until(lambda: len(api(first).device_taint_rules()) == 1, "the rule")
+            await run_until(60, first, second)
+            await until(lambda: api(first).device_taint_rules() == [], "the rule removed")
+            await settle(first, second)
+            writes = [
+                (w.method, w.status) for w in api(first).write_log if "devicetaintrules" in w.path
+            ]
+    assert writes == [("POST", 201), ("DELETE", 200)]
+    assert reporter(second).write_counts().get(("device_taint_rule", "ok"), 0) == 0
+    assert shadowed(second, "device_taint_rule") == 2  # its create and its delete
