@@ -15,6 +15,7 @@ Events the writer thread sent to the API stand-in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from email.utils import formatdate
 
@@ -29,7 +30,7 @@ from exporter.model import (
     PodMeta,
     XidEvent,
 )
-from exporter.sources.kube import pod_meta_from_dict
+from exporter.sources.kube import PodWatcher, pod_meta_from_dict
 from exporter.sources.server_clock import ServerClock
 from tests.harness import Harness, simulated_exporter
 from tests.test_kube_condition_taints import dra_with_a_reset, status_of
@@ -289,3 +290,27 @@ def test_a_garbage_or_absurd_date_header_does_not_move_the_offset() -> None:
     assert clock.rejected == 8
     clock.observe({})  # no header at all: nothing learned, nothing wrong
     assert (clock.offset_s(), clock.rejected) == (5.0, 8)
+
+
+async def test_garbage_date_headers_from_the_api_server_do_not_move_the_offset() -> None:
+    async with simulated_exporter(terminating_pod("sim-garbage-date", 180)) as h:
+        api_server = h.env.kube_api
+        watch = h.agent.source("kube")
+        assert api_server is not None and isinstance(watch, PodWatcher)
+        garbage = ("yesterday", "Thu, 01 Jan 1970 00:00:00 GMT", "x" * 300)
+
+        def dropped(count: int) -> Callable[[], bool]:
+            return lambda: watch.server_clock.rejected >= count
+
+        for i, value in enumerate(garbage):
+            await until(lambda: api_server.watcher_count > 0, "a watch open")
+            api_server.date_override = value
+            api_server.disconnect_watchers()  # it reopens: answers with the header
+            await until(dropped(i + 1), "the Date dropped")
+        api_server.date_override = None
+        await until(lambda: watch.snapshot().ok, "the watch up")
+        await cycles_until(h, 100)
+        await quiet(h)
+        offset = h.agent.latest.node.pod_meta.server_offset_s  # type: ignore[union-attr]
+        assert offset is not None and 179 <= offset <= 182
+        assert orphan_events(h) == []

@@ -389,6 +389,11 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         with self._lock:
             return self._errors_total + self._supervisor.crashes
 
+    @property
+    def server_clock(self) -> ServerClock:
+        """The API server's clock as its answers' Date headers tell it."""
+        return self._server_clock
+
     def snapshot(self) -> S:
         """The current snapshot: the same object until something changes, built here
         (sorting the objects only when they changed since the last one)."""
