@@ -329,6 +329,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "draDeviceTaints": {"enabled": True, "effect": "NoSchedule"},
         "nodeCondition": {"enabled": True},
     },
+    "kube-writes-shadow": {
+        "kubeWrites": {"mode": "shadow"},
+        "nodeCondition": {"enabled": True},
+        "draDeviceTaints": {"enabled": True},
+    },
+    "kube-writes-shadow-kinds": {
+        "kubeWrites": {"mode": "shadow", "shadowKinds": ["node_condition", "device_taint_rule"]},
+        "nodeCondition": {"enabled": True},
+    },
     "kube-writes-own-rbac": {
         "nodeCondition": {"enabled": True},
         "serviceAccount": {"create": False, "name": "gpu-writer"},
@@ -759,6 +768,9 @@ def test_rendered_flags_are_accepted_by_the_exporter(name: str) -> None:
     assert config.dra_device_taints is merged["draDeviceTaints"]["enabled"]
     if config.dra_device_taints:
         assert config.dra_device_taint_effect == merged["draDeviceTaints"]["effect"]
+    writes = merged["kubeWrites"]
+    shadowed = set(writes["shadowKinds"] or ("event", "node_condition", "device_taint_rule"))
+    assert config.kube_writes_shadow == (shadowed if writes["mode"] == "shadow" else set())
     mounts = {m["mountPath"] for m in container(values)["volumeMounts"]}
     assert str(config.pod_resources_socket.parent) in mounts
     if merged["resourceNames"]:
@@ -1240,6 +1252,52 @@ def test_kube_api_off_renders_no_write_rule_or_note() -> None:
     values = VALUE_SETS["kube-api-off"]
     assert not by_kind(values, "ClusterRole")
     assert write_flags(values) == [] and "Writes" not in notes_of(values)
+
+
+def test_kube_writes_shadow_passes_the_flag_keeps_the_rbac_and_says_so() -> None:
+    """Shadow still reads the Node and the rules, and switching to on is one value: the
+    RBAC is the same as with writes on."""
+    values = VALUE_SETS["kube-writes-shadow"]
+    assert write_flags(values)[-1] == "--dra-device-taint-effect=None"
+    assert "--kube-writes=shadow" in container(values)["args"]
+    on = {k: v for k, v in values.items() if k != "kubeWrites"}
+    assert one(values, "ClusterRole")["rules"] == one(on, "ClusterRole")["rules"]
+    assert "Shadow mode (kubeWrites.mode=shadow)" in notes_of(values)
+    assert not [a for a in container(on)["args"] if a.startswith("--kube-writes")]
+    assert "Shadow mode" not in notes_of(on)
+
+
+def test_kube_writes_shadow_kinds_are_passed_as_one_flag() -> None:
+    values = VALUE_SETS["kube-writes-shadow-kinds"]
+    args = container(values)["args"]
+    assert "--kube-writes=shadow=node_condition,device_taint_rule" in args
+    assert "for node_condition, device_taint_rule" in notes_of(values)
+
+
+def test_the_canary_rollout_in_install_md_renders_two_releases_on_disjoint_pools() -> None:
+    """docs/install.md, "Switching Kubernetes writes on", step 2, as written there."""
+    text = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    section = text.split("### Switching Kubernetes writes on", 1)[1]
+    block = section.split("```yaml", 1)[1].split("```", 1)[0]
+    shadow, canary = (yaml.safe_load(doc) for doc in block.split("---"))
+    assert "--kube-writes=shadow" in container(shadow)["args"]
+    assert not [a for a in container(canary)["args"] if a.startswith("--kube-writes")]
+    pool = "cloud.google.com/gke-nodepool"
+    gpu = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.client": "true"}
+    spec = pod_spec(shadow)
+    assert runs_on(spec, {**gpu, pool: "gpu-a100"})
+    assert not runs_on(spec, {**gpu, pool: "gpu-canary"})
+    spec = pod_spec(canary)
+    assert runs_on(spec, {**gpu, pool: "gpu-canary"})
+    assert not runs_on(spec, {**gpu, pool: "gpu-a100"})
+
+
+@pytest.mark.parametrize(
+    "writes", [{"mode": "off"}, {"mode": True}, {"mode": "shadow", "shadowKinds": ["pods"]}]
+)
+def test_a_kube_writes_value_outside_the_schema_is_refused(writes: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError, match="/kubeWrites"):
+        render({"kubeWrites": writes})
 
 
 def test_writes_with_rbac_create_false_name_the_rules_to_grant() -> None:

@@ -143,6 +143,13 @@ TokenReviews and SubjectAccessReviews. */}}
 - "--dra-device-taints"
 - {{ printf "--dra-device-taint-effect=%s" .Values.draDeviceTaints.effect | quote }}
 {{- end }}
+{{- if eq (toString .Values.kubeWrites.mode) "shadow" }}
+{{- if .Values.kubeWrites.shadowKinds }}
+- {{ printf "--kube-writes=shadow=%s" (join "," .Values.kubeWrites.shadowKinds) | quote }}
+{{- else }}
+- "--kube-writes=shadow"
+{{- end }}
+{{- end }}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
