@@ -226,6 +226,7 @@ class WriterLease:
         if now < self._next_try:
             return False
         was = self.writing(now) and self.state == "held"
+        self._next_try = now + RETRY_PERIOD_S  # unless the outcome says otherwise
         try:
             self._round(client, now)
         except self._error as exc:
@@ -302,7 +303,15 @@ class WriterLease:
         self._refusal_logged = False
 
     def _standby(self, now: float) -> None:
-        if self.state == "held":
+        if self.state in ("unknown", "refused"):
+            log.info(
+                "exporter %s holds this node's Lease %s/%s: this one computes and counts "
+                "its writes as shadowed until it holds the Lease",
+                self.holder,
+                self.namespace,
+                self.name,
+            )
+        elif self.state == "held":
             log.warning(
                 "exporter %s holds this node's Lease %s/%s now: this one stops writing "
                 "(it computes and counts its writes as shadowed)",
