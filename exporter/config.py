@@ -394,7 +394,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         "--dra-device-taints",
         "Create a DRA DeviceTaintRule (resource.k8s.io, KEP-5055) for each unhealthy GPU "
         "a DRA driver publishes on this node, and delete it when the GPU is healthy "
-        "again. Needs get, list, create, delete on devicetaintrules.",
+        "again, or when the device it selects is replaced (a new UUID under its name) "
+        "or gone. Needs get, list, create, delete on devicetaintrules.",
         action="store_true",
     )
     add(
