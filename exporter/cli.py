@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exporter import allocator
-from exporter.agent import build_agent
+from exporter.agent import Agent, build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, build_app, start_server
@@ -21,6 +21,7 @@ from exporter.exposition.web_security import WebSecurity
 from exporter.logs import setup_logging
 from exporter.model.families import selectable
 from exporter.snapshot import render_json, render_text
+from exporter.sources.podresources.source import PodResourcesSource
 
 if TYPE_CHECKING:
     from exporter.sim.environment import SimEnvironment
@@ -128,8 +129,11 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
     try:
         await agent.start()
         await agent.cycle()
-        for _ in range(max(2, min(config.orphan_cycles + 1, SNAPSHOT_MAX_CYCLES)) - 1):
+        cycles = max(2, min(config.orphan_cycles + 1, SNAPSHOT_MAX_CYCLES))
+        for n in range(1, cycles):
             await asyncio.sleep(config.snapshot_window_s)
+            if n == cycles - 1:
+                await _allocations_after_first_cycle(agent)
             await agent.cycle()
     finally:
         await agent.close()
@@ -144,6 +148,16 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
         sys.stderr.write(f"gpu-occupancy-exporter snapshot: NVML is down: {nvml.error}\n")
         return 1
     return 0
+
+
+async def _allocations_after_first_cycle(agent: Agent) -> None:
+    """A PodResources answer begun after the first cycle saw the processes: the only
+    kind that can show a container's use as a leak (docs/attribution.md, "Isolation
+    leaks"). The server asks for one when a process appears; a snapshot's cycles are
+    closer together than its refreshes may be."""
+    pod_resources = agent.source("podresources")
+    if isinstance(pod_resources, PodResourcesSource):
+        await pod_resources.refresh()
 
 
 async def serve(config: Config, scenario: Scenario | None) -> None:
