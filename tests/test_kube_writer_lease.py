@@ -197,6 +197,8 @@ async def test_the_standby_serves_leader_0_and_the_holder_1() -> None:
     async with simulated_exporter(two_gpus(), argv=argv) as first:
         await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
         async with second_exporter(first, argv) as second:
+            # its writer thread's first look at the Lease runs on real time
+            await until(lambda: reporter(second).lease_state() == "standby", "the second")
             await run_until(20, first, second)
             one, other = await first.scrape(), await second.scrape()
             held = lease(first)
