@@ -375,8 +375,8 @@ class PodMeta:
     owner_kind: str | None = None
     owner_name: str | None = None
     pod_template_hash: str | None = None  # the pod's `pod-template-hash` label, if any
-    resource_claims: bool = False  # spec.resourceClaims is not empty (DRA)
     api_uid: str | None = None  # a mirror pod's UID in the API, where it differs from uid
+    resource_claims: bool = False  # spec.resourceClaims is not empty (DRA)
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,7 +185,6 @@ def _has_resource_claims(spec: Any) -> bool:
     return isinstance(claims, list) and bool(claims)
 
 
-
 class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
     """This node's pods (``spec.nodeName``), keyed by UID; ``read()`` hands over the
     current ``PodMetaSnapshot``, pods sorted by namespace, name and UID."""
