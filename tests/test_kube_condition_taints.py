@@ -250,7 +250,10 @@ async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_windo
     rest on XIDs it never saw, so the earlier run's True stays for --health-xid-window."""
     scenario = recovering_gpu("sim-restart", unhealthy_at=10_000, healthy_at=20_000)
     argv = ["--node-condition", "--health-xid-window", "60"]
-    async with simulated_exporter(scenario, argv=argv, first_cycle=False) as h:
+    # the hold is a deadline on the writer's monotonic clock: the simulated one here
+    async with simulated_exporter(
+        scenario, argv=argv, first_cycle=False, writer_on_simulated_clock=True
+    ) as h:
         name = h.env.node.scenario.node_name
         node = api(h).node(name)
         assert node is not None
@@ -299,7 +302,9 @@ async def _left_rule(h: Harness, uuid: str) -> None:
 async def test_a_device_taint_rule_left_by_an_earlier_run_is_kept_for_the_xid_window() -> None:
     scenario = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
     argv = ["--dra-device-taints", "--health-xid-window", "60"]
-    async with simulated_exporter(scenario, argv=argv, first_cycle=False) as h:
+    async with simulated_exporter(
+        scenario, argv=argv, first_cycle=False, writer_on_simulated_clock=True
+    ) as h:
         uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
         await _left_rule(h, uuid)
         for _ in range(4):

@@ -201,10 +201,17 @@ class KubeReporter:
         self._condition_backoff = _Backoff(clock)
         self._taint_backoff = _Backoff(clock)
         self._started_wall = wall()
+        self._started = clock()
+        # The holds on an earlier run's verdicts are deadlines on the monotonic clock,
+        # fixed once when read (issue 40: windows on the monotonic clock, deadlines on
+        # the API server's): a wall-clock step later neither ends nor stretches them.
         self._hold_false_until: float | None = None  # None: the Node not read yet
         self._inherited_transition: float | None = None
-        # rules listed at start and not yet wanted by this run -> since when (epoch)
+        # rules listed at start and not yet wanted by this run -> held until (monotonic)
         self._inherited_rules: dict[str, float] = {}
+        # how far the node's wall clock is ahead of the API server's (the pod watch's
+        # estimate from Date headers, handed over with each cycle); None: unknown
+        self._server_offset_s: float | None = None
         self._listed_once = False
         self._sent_condition: SentCondition | None = None
         self._taint_version: str | bool | None = False  # False: not asked yet
@@ -228,7 +235,11 @@ class KubeReporter:
         rules = desired_rules(analysis, opts.dra_drivers) if opts.device_taints else None
         healthy = healthy_devices(analysis) if opts.device_taints else frozenset()
         published = published_devices(analysis, opts.dra_drivers) if opts.device_taints else None
+        pod_meta = analysis.node.pod_meta
+        offset = pod_meta.server_offset_s if pod_meta is not None else None
         with self._lock:
+            if offset is not None:
+                self._server_offset_s = offset
             room = MAX_WAITING_INTENTS - len(self._intents)
             self._intents.extend(intents[: max(room, 0)])
             for intent in intents[max(room, 0) :]:
@@ -502,7 +513,7 @@ class KubeReporter:
             if self._hold_false_until is None:
                 self._read_inherited_condition(desired)
             assert self._hold_false_until is not None
-            if desired.status == "False" and wall < self._hold_false_until:
+            if desired.status == "False" and now < self._hold_false_until:
                 return  # an earlier run's True may rest on XIDs this run never saw
             if not self._condition_budget_ok(now):
                 return  # sent when a token comes, as it is then
@@ -539,10 +550,14 @@ class KubeReporter:
         lastTransitionTime is kept when the status is the same (a restart is not a
         transition). A True left by an earlier run is not turned False before
         ``xid_window_s`` after its last heartbeat: its verdict may rest on fatal XIDs
-        this run cannot see (without --kmsg, XIDs from before start are unknown)."""
+        this run cannot see (without --kmsg, XIDs from before start are unknown). The
+        heartbeat is on this node's wall clock (the earlier run wrote it); the hold's end
+        becomes a monotonic deadline here, once, so a later wall-clock step does not
+        move it."""
         assert self._client is not None
         self._inherited_transition = None
         hold = float("-inf")
+        now, wall = self._clock(), self._wall()
         for condition in self._client.node_conditions(self.options.node_name):
             if condition.get("type") != CONDITION_TYPE:
                 continue
@@ -550,14 +565,15 @@ class KubeReporter:
                 self._inherited_transition = _parse_time(condition.get("lastTransitionTime"))
             if condition.get("status") == "True":
                 seen = _parse_time(condition.get("lastHeartbeatTime")) or self._started_wall
-                hold = min(seen, self._started_wall) + self.options.xid_window_s
-                if desired.status == "False" and self._wall() < hold:
+                hold_wall = min(seen, self._started_wall) + self.options.xid_window_s
+                hold = now + (hold_wall - wall)
+                if desired.status == "False" and wall < hold_wall:
                     log.info(
                         "the Node's %s condition is True from an earlier run; it is kept "
                         "until %s unless this run sees the GPUs recover first "
                         "(--health-xid-window)",
                         CONDITION_TYPE,
-                        time.strftime("%H:%M:%S", time.gmtime(hold)),
+                        time.strftime("%H:%M:%S", time.gmtime(hold_wall)),
                     )
         self._hold_false_until = hold
 
@@ -570,8 +586,11 @@ class KubeReporter:
         gone from a pool its driver still publishes. A device missing with its whole
         pool (the DRA driver restarting) is no evidence. A rule an earlier run left is
         deleted as healthy only ``xid_window_s`` after it was created (its verdict may
-        rest on XIDs this run never saw); replaced or gone, the hardware it marked is not
-        there. One rule's failure does not hold up the others."""
+        rest on XIDs this run never saw): its creationTimestamp is on the API server's
+        clock, so the hold ends at creation + window on that clock (the node's offset
+        from it: the pod watch's Date-header estimate), turned into a monotonic deadline
+        when listed. Replaced or gone, the hardware it marked is not there. One rule's
+        failure does not hold up the others."""
         assert self._client is not None
         now = self._clock()
         try:
@@ -593,10 +612,9 @@ class KubeReporter:
         if listed is not None:
             created = {_name(r): _created(r) for r in listed if _name(r)}
             found = {_name(r): existing_rule(_name(r), r) for r in listed if _name(r)}
-            if not self._listed_once:  # what an earlier run left, and since when
+            if not self._listed_once:  # what an earlier run left, and held until when
                 self._inherited_rules = {
-                    name: (when if when is not None else self._started_wall)
-                    for name, when in created.items()
+                    name: self._rule_hold_until(when, now) for name, when in created.items()
                 }
                 self._listed_once = True
             self._existing_rules = found
@@ -613,10 +631,9 @@ class KubeReporter:
         for name in sorted(missing):
             if self._rule_budget_ok(name, now):
                 failures += not self._create_rule(version, wanted[name])
-        wall = self._wall()
         for name, why in sorted(stale.items()):
-            since = self._inherited_rules.get(name)
-            if why == "healthy" and since is not None and wall < since + self.options.xid_window_s:
+            until = self._inherited_rules.get(name)
+            if why == "healthy" and until is not None and now < until:
                 continue
             if self._rule_budget_ok(name, now):
                 failures += not self._delete_rule(version, name, why)
@@ -624,6 +641,18 @@ class KubeReporter:
             self._taint_backoff.failed()
         else:
             self._taint_backoff.succeeded()
+
+    def _rule_hold_until(self, created: float | None, now: float) -> float:
+        """The monotonic deadline of an inherited rule's hold: ``xid_window_s`` after
+        its creation on the API server's clock (unknown creation: after this run's
+        start). Without an offset estimate the node's clock stands in for the server's."""
+        window = self.options.xid_window_s
+        if created is None:
+            return self._started + window
+        with self._lock:
+            offset = self._server_offset_s or 0.0
+        server_now = self._wall() - offset
+        return now + (created + window - server_now)
 
     # -- write budgets (budget.py) ----------------------------------------------------
 

@@ -194,6 +194,11 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "the node's clock 3 min ahead of the API server during a pod's graceful stop",
     ),
+    Case(
+        "writer-hold-survives-wall-clock-step",
+        "Kubernetes writes",
+        "the wall clock steps +2 h while an earlier run's True condition is held",
+    ),
     # -- issue 40: one writer per node
     Case(
         "two-exporters-one-node",
