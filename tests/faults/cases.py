@@ -150,6 +150,11 @@ CASES: tuple[Case, ...] = (
         "the exporter SIGKILLed while critical alerts fire (Prometheus -> Alertmanager)",
     ),
     Case("fatal-xid-pages-once", "Alerts", "a fatal XID 79, the GPU then lost"),
+    Case(
+        "exporter-crash-looping-on-unhealthy-gpu",
+        "Alerts",
+        "the exporter crash-looping (up 0 0 0 0 1) on a lost GPU, or dead inside its for:",
+    ),
     # -- issue 40: leaks (not listed by the kubelet is unknown, not unallocated)
     Case(
         "kubelet-restart-empty-list",
