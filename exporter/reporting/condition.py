@@ -43,15 +43,17 @@ def desired_condition(analysis: Analysis) -> NodeCondition | None:
     one GPU unhealthy; False needs every GPU healthy (an unknown one leaves it alone)."""
     if not analysis.node.nvml.ok or not analysis.health:
         return None
+    # a UUID two GPUs share carries no hardware verdict: it counts as unknown
+    shared = {h.uuid for h in analysis.health if sum(o.uuid == h.uuid for o in analysis.health) > 1}
     bad: list[tuple[str, str, tuple[str, ...]]] = [
         (str(h.gpu), h.uuid, tuple(r.reason for r in h.reasons if r.severity == "unhealthy"))
         for h in analysis.health
-        if h.unhealthy
+        if h.unhealthy and h.uuid not in shared
     ]
     bad += [("?", uuid, (*reasons, "not listed")) for uuid, reasons in analysis.unlisted_unhealthy]
     total = len(analysis.health) + len(analysis.unlisted_unhealthy)
     if not bad:
-        if any(h.unknown for h in analysis.health):
+        if shared or any(h.unknown for h in analysis.health):
             return None
         return NodeCondition("False", "GPUsHealthy", f"all {total} GPUs are healthy")
     lost = any("gpu_lost" in reasons for _, _, reasons in bad)

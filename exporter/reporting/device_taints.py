@@ -53,10 +53,12 @@ def desired_rules(analysis: Analysis, drivers: tuple[str, ...]) -> frozenset[Tai
     slices = analysis.node.resource_slices
     if not analysis.node.nvml.ok or slices is None or not slices.ok:
         return None
+    # no hardware verdict can be pinned on a UUID two GPUs share: no rule for it
+    shared = {h.uuid for h in analysis.health if sum(o.uuid == h.uuid for o in analysis.health) > 1}
     unhealthy = {
         h.uuid: next(r.reason for r in h.reasons if r.severity == "unhealthy")
         for h in analysis.health
-        if h.unhealthy
+        if h.unhealthy and h.uuid not in shared
     }
     # a MIG device the driver publishes (its uuid is the MIG UUID) is as unhealthy as
     # the GPU it is carved from

@@ -44,6 +44,8 @@ NVML_ERROR_CODES = {
     "NO_DATA": 21,
     "INVALID_ARGUMENT": 2,
     "NOT_FOUND": 6,
+    "RESET_REQUIRED": 16,  # nvml.h: a GPU that needs a reset (means lost, as GPU_IS_LOST)
+    "TIMEOUT": 10,
 }
 # What a call_errors entry may ``raise``: exceptions from inside the binding, not codes.
 PYTHON_ERRORS: dict[str, type[Exception]] = {"TypeError": TypeError, "ValueError": ValueError}

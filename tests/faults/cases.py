@@ -75,6 +75,8 @@ CASES: tuple[Case, ...] = (
         "nvml-lost-at-start-then-reset", "NVML", "a GPU lost at start (GPU_IS_LOST), reset at 30 s"
     ),
     Case("nvml-no-permission-at-open", "NVML", "NO_PERMISSION opening a GPU"),
+    Case("two-gpus-one-uuid-lost", "NVML", "two GPUs answer one UUID; one is lost, then back"),
+    Case("nvml-reset-required", "NVML", "NVML_ERROR_RESET_REQUIRED on a whole GPU; TIMEOUT"),
     # -- /proc
     Case("proc-unreadable-files", "/proc", "unreadable files"),
     Case("proc-pids-vanish-mid-read", "/proc", "pids vanishing mid-read"),
