@@ -51,7 +51,7 @@ def health_transitions(
     nvml_ok = analysis.node.nvml.ok
     out: list[HealthTransition] = []
     xid_out, xid_counts = _fatal_xids(analysis, previous, pods)
-    gpu_out, unhealthy = _verdicts(analysis, previous, pods)
+    gpu_out, unhealthy, places = _verdicts(analysis, previous, pods)
     leak_out, leaks = _leaks(analysis, previous, pods, judged=nvml_ok and up.get("podresources"))
     orphan_out, orphans, waiting = _orphans(analysis, previous, judged=nvml_ok and up.get("procfs"))
     source_out, sources_up = _sources(analysis.node.sources, previous.sources_up)
@@ -59,6 +59,7 @@ def health_transitions(
     facts = HealthFacts(
         xid_counts=xid_counts,
         unhealthy=unhealthy,
+        places=places,
         leaks=leaks,
         orphans=orphans,
         orphans_waiting=waiting,
@@ -159,7 +160,7 @@ def _fatal_xids(
 
 def _verdicts(
     analysis: Analysis, previous: HealthFacts, pods: _PodIndex
-) -> tuple[list[HealthTransition], dict[str, frozenset[str]]]:
+) -> tuple[list[HealthTransition], dict[str, frozenset[str]], dict[str, int]]:
     """Lost, back, unhealthy and healthy again, from the verdicts NVML gave evidence for.
     A GPU without a verdict this cycle (NVML down, not listed) keeps its last facts, and
     so do GPUs that share a UUID (a broken driver or a hostile library): facts are kept
@@ -168,7 +169,11 @@ def _verdicts(
     A GPU whose reading failed without hardware evidence (a reason of severity unknown)
     clears nothing: its facts stay as they were, and only a reason it gained with
     evidence is told. Facts learned while a GPU's UUID could not be read (under its
-    placeholder) are its own once the UUID is read, so its return clears them."""
+    placeholder) are its own once the UUID is read, so its return clears them.
+
+    A fact kept for a UUID NVML no longer lists is dropped when the place (index) it was
+    last listed at now answers, readably, with another UUID: hardware evidence that the
+    GPU is gone from there (replaced). A GPU merely missing from the listing keeps it."""
     out: list[HealthTransition] = []
     facts = dict(previous.unhealthy)
     seen = Counter(h.uuid for h in analysis.health)
@@ -201,7 +206,23 @@ def _verdicts(
             facts[health.uuid] = names
         else:
             facts.pop(health.uuid, None)
-    return out, facts
+    places = {u: i for u, i in previous.places.items() if u in facts}
+    for health in analysis.health:
+        if seen[health.uuid] == 1 and health.uuid in facts:
+            places[health.uuid] = health.gpu
+    answering = {
+        h.gpu: h.uuid
+        for h in analysis.health
+        if seen[h.uuid] == 1
+        and h.uuid != placeholder_uuid(h.gpu)
+        and not any(r.severity == UNKNOWN for r in h.reasons)
+    }
+    for uuid in [u for u in facts if u not in seen]:
+        place = places.get(uuid)
+        if place is not None and answering.get(place, uuid) != uuid:
+            facts.pop(uuid)  # another GPU answers at its place: this one was replaced
+            places.pop(uuid, None)
+    return out, facts, places
 
 
 def _leaks(

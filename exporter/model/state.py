@@ -58,6 +58,9 @@ class HealthFacts:
     xid_counts: Mapping[tuple[object, ...], int] = field(default_factory=dict)
     unhealthy: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """GPU uuid -> names of the reasons that make it unhealthy (gpu_lost among them)."""
+    places: Mapping[str, int] = field(default_factory=dict)
+    """GPU uuid -> the index it was last listed at, for each uuid in ``unhealthy``: a fact
+    is dropped once another UUID answers readably at its place (the GPU was replaced)."""
     leaks: frozenset[tuple[ContainerRef, str | None, str | None]] = frozenset()
     """(container, GPU uuid, MIG uuid) using a device it was not allocated."""
     orphans: frozenset[tuple[str, OrphanKind]] = frozenset()

@@ -77,6 +77,7 @@ CASES: tuple[Case, ...] = (
     Case("nvml-no-permission-at-open", "NVML", "NO_PERMISSION opening a GPU"),
     Case("two-gpus-one-uuid-lost", "NVML", "two GPUs answer one UUID; one is lost, then back"),
     Case("nvml-reset-required", "NVML", "NVML_ERROR_RESET_REQUIRED on a whole GPU; TIMEOUT"),
+    Case("lost-gpu-replaced-same-index", "NVML", "a lost GPU replaced by a new UUID at its index"),
     # -- /proc
     Case("proc-unreadable-files", "/proc", "unreadable files"),
     Case("proc-pids-vanish-mid-read", "/proc", "pids vanishing mid-read"),

@@ -90,3 +90,37 @@ async def test_reset_required_on_a_whole_gpu_is_lost_timeout_is_nothing(
         "(condition True, GPULost); NVML_ERROR_TIMEOUT is no verdict",
         figure=f"RESET_REQUIRED: {found['RESET_REQUIRED'][0]}; TIMEOUT: {found['TIMEOUT'][0]}",
     )
+
+
+async def test_lost_gpu_replaced_at_its_index_ends_the_condition(
+    record_fault: RecordFault,
+) -> None:
+    new = "GPU-11111111-2222-3333-4444-555555555555"
+    data = {
+        "node_name": "n1",
+        "allocator": "dra",
+        "gpus": [{}, {}],
+        "pods": [exclusive("a", 0), exclusive("b", 1)],
+        "timeline": [
+            {"at": 30, "lose": 0},
+            {"at": 100, "set": {"gpu": 0, "lost": False, "uuid": new}},
+        ],
+    }
+    async with simulated_exporter(parse_scenario(data, "replaced"), argv=ARGV) as h:
+        history: list[tuple[float, str | None]] = []
+        for _ in range(20):
+            await step(h, 10.0)
+            history.append((h.clock(), condition(h)))
+        await quiet(h)
+        rules = api(h).device_taint_rules()
+    assert any(c == "True:GPULost" for _, c in history), history  # the true side
+    assert history[-1][1] == "False:GPUsHealthy", history
+    cleared = next(t for t, c in history if t > 100 and c == "False:GPUsHealthy")
+    assert rules == []
+    record_fault(
+        "lost-gpu-replaced-same-index",
+        expected="a lost GPU replaced at its index by a GPU with a new UUID drops the old "
+        "GPU's facts: the condition turns False once every listed GPU is healthy",
+        figure=f"condition True:GPULost from the loss, False:GPUsHealthy at t={cleared:.0f} s "
+        "(replaced at 100 s); before the fix True:GPULost through the end of the run",
+    )
