@@ -18,7 +18,8 @@ selects is published with another UUID (the GPU was replaced, or a MIG layout
 re-created: same driver/pool/device name, new UUID), or when the device is gone (its
 driver publishes the pool in a current slice list, without the device). A pool not
 published at all (the driver restarting) or slices not read are no evidence: the
-rule stays.
+rule stays. A rule still wanted whose selector is not the one wanted (the driver
+renamed the device: renumbered after a restart) is deleted and made again (``moved``).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def healthy_devices(analysis: Analysis) -> frozenset[str]:
 
 
 Selector = tuple[str, str, str]  # (driver, pool, device): what a rule selects
-Stale = Literal["healthy", "replaced", "gone"]
+Stale = Literal["healthy", "replaced", "gone", "moved"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,17 +149,24 @@ def existing_rule(name: str, obj: Mapping[str, Any]) -> ExistingRule:
 
 def stale_rules(
     existing: Iterable[ExistingRule],
-    wanted: Collection[str],
+    wanted: Collection[str] | Mapping[str, Selector],
     healthy: frozenset[str],
     published: Published | None,
 ) -> dict[str, Stale]:
     """The rules not wanted this cycle whose marking no longer holds, and why: the
     device they were made for is ``healthy``; the device they select is published with
     another UUID (``replaced``); or its pool is published without it (``gone``). Any
-    other rule stays: the exporter has no evidence about what it selects."""
+    other rule stays: the exporter has no evidence about what it selects.
+
+    With ``wanted`` a mapping (name -> selector), a wanted rule that selects anything
+    else is stale too (``moved``): its name carries the device UUID, not the DRA
+    device name, so a driver that renumbers its devices would leave it marking another
+    GPU; it is deleted and made again with the selector wanted."""
     stale: dict[str, Stale] = {}
     for rule in existing:
         if rule.name in wanted:
+            if isinstance(wanted, Mapping) and rule.selector != wanted[rule.name]:
+                stale[rule.name] = "moved"
             continue
         if rule.uuid and rule.uuid in healthy:
             stale[rule.name] = "healthy"

@@ -626,7 +626,8 @@ class KubeReporter:
             del self._inherited_rules[name]  # this run judges them now
         failures = 0
         missing = set(wanted) - self._existing_rules.keys()
-        stale = stale_rules(self._existing_rules.values(), wanted, healthy, published)
+        selectors = {name: (r.driver, r.pool, r.device) for name, r in wanted.items()}
+        stale = stale_rules(self._existing_rules.values(), selectors, healthy, published)
         self._deferred_rules &= missing | stale.keys()  # the rest need no write now
         for name in sorted(missing):
             if self._rule_budget_ok(name, now):
@@ -636,7 +637,13 @@ class KubeReporter:
             if why == "healthy" and until is not None and now < until:
                 continue
             if self._rule_budget_ok(name, now):
-                failures += not self._delete_rule(version, name, why)
+                deleted = self._delete_rule(version, name, why)
+                failures += not deleted
+                # moved: made again at once with the selector wanted, the pair on one
+                # token (at most two writes a token), so the GPU is not left untainted
+                # for a minute while the bucket refills
+                if deleted and why == "moved":
+                    failures += not self._create_rule(version, wanted[name])
         if failures:
             self._taint_backoff.failed()
         else:
@@ -764,6 +771,7 @@ STALE_WORDS: dict[Stale, str] = {
     "healthy": "its GPU is healthy again",
     "replaced": "the DRA device it selects is another GPU now (a new UUID under its name)",
     "gone": "its DRA driver no longer publishes the device it selects",
+    "moved": "its GPU is published under another DRA device name now; made again for it",
 }
 
 

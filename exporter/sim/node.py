@@ -471,12 +471,14 @@ class SimNode:
 
     def dra_device_name(self, gpu: SimGpu, mig: SimMig | None = None) -> str:
         """NVIDIA's DRA driver's device name: ``gpu-<minor>`` or, for MIG,
-        ``gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>``."""
+        ``gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>``; the GPU's
+        ``dra_name``, where set, stands for ``gpu-<minor>`` (a renumbered driver)."""
+        base = gpu.dra_name or f"gpu-{gpu.minor}"
         if mig is None:
-            return f"gpu-{gpu.minor}"
+            return base
         profile = re.sub(r"[^a-z0-9]", "", mig.profile.lower())
         start = _placement_starts(gpu)[gpu.mig.index(mig)]
-        return f"gpu-{gpu.minor}-mig-{profile}-{_gi_profile_id(gpu, mig)}-{start}"
+        return f"{base}-mig-{profile}-{_gi_profile_id(gpu, mig)}-{start}"
 
     def claim_devices(self) -> list[ClaimDevice]:
         """DRA claim devices per container, as the kubelet reports them (DRA nodes only).

@@ -201,6 +201,9 @@ class SimGpu:
     field_answers: str | None = None
     # a broken driver's process listings (LISTING_ANSWERS); None: as nvml.h says
     listing_answers: str | None = None
+    # the DRA driver's device name for this GPU (and its MIG devices' prefix); None:
+    # gpu-<minor>. A timeline set changes it: the driver renumbering after a restart
+    dra_name: str | None = None
 
 
 @dataclass
@@ -401,6 +404,7 @@ _GPU_DEFAULTS: dict[str, Any] = {
     "duty": None,
     "field_answers": None,
     "listing_answers": None,
+    "dra_name": None,
 }
 # How a broken driver can answer nvmlDeviceGetFieldValues: every value a NaN or an
 # infinite double, an unknown nvmlValueType_t, the answers in reverse order (each

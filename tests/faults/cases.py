@@ -234,6 +234,11 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "a GPU unhealthy every other cycle at --interval 1 (condition and taints on)",
     ),
+    Case(
+        "taint-on-renamed-dra-device",
+        "Kubernetes writes",
+        "a tainted GPU's DRA device renamed (the driver renumbers gpu-2 and gpu-0)",
+    ),
 )
 
 BY_ID = {case.id: case for case in CASES}
