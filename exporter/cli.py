@@ -115,6 +115,9 @@ def _pointed_at(config: Config, paths: SimPaths) -> Config:
 # Cycles a snapshot takes at most: --orphan-cycles beyond it would make an operator wait
 # minutes for one report; such orphans are the server's to confirm.
 SNAPSHOT_MAX_CYCLES = 10
+# How long shutdown waits for a password check under way (one at bcrypt's highest cost
+# allowed takes ~0.25 s of a core; more under load).
+SECURITY_JOIN_S = 2.0
 
 
 async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
@@ -214,6 +217,8 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
         if security is not None:
             security.close()  # queued password checks answer 503 now, not after bcrypt
         await runner.cleanup()
+        if security is not None:  # a thread inside bcrypt at exit aborts the interpreter
+            await asyncio.to_thread(security.join, SECURITY_JOIN_S)
         if sim is not None:
             await sim.stop()
     if not finished:

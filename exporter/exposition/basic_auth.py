@@ -204,6 +204,16 @@ class PasswordWorker:
             if not future.done():
                 future.set_result(None)
 
+    def join(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the thread to finish the check it is in. A
+        daemon thread still inside bcrypt when the interpreter finalizes aborts the
+        process as it returns (pthread_exit unwinding through native frames: "FATAL:
+        exception not rethrown", SIGABRT), so the exporter waits for it after close();
+        one check at the highest cost allowed (BCRYPT_MAX_COST) takes ~0.25 s."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
     def _next(self) -> _Job | None:
         """The waiting check whose address was checked least recently, once the pace
         allows; None when closed."""
@@ -303,6 +313,9 @@ class BasicAuth:
 
     def close(self) -> None:
         self._worker.close()
+
+    def join(self, timeout_s: float) -> None:
+        self._worker.join(timeout_s)
 
     def _client_budget(self, client: str) -> TokenBucket:
         budget = self._clients.get(client)

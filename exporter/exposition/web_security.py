@@ -118,6 +118,10 @@ class WebSecurity:
         """Answer queued password checks now (503), so that shutdown does not wait on them."""
         self.auth.close()
 
+    def join(self, timeout_s: float) -> None:
+        """Wait for the password check under way after close() (basic_auth.PasswordWorker)."""
+        self.auth.join(timeout_s)
+
     async def _look_off_loop(self) -> None:
         loop = asyncio.get_running_loop()
         found: asyncio.Future[_Loaded | WebConfigError | None] = loop.create_future()
