@@ -152,8 +152,20 @@ def build_reporter(
     def client() -> KubeWriteClient:
         return KubeWriteClient(kubeconfig, deadline_s=REQUEST_DEADLINE_S)
 
+    enabled = {
+        kind
+        for kind, on in (
+            ("event", events),
+            ("node_condition", config.node_condition),
+            ("device_taint_rule", config.dra_device_taints),
+        )
+        if on
+    }
     lease = None
-    if config.kube_writer_lease_duration_s > 0:  # one writer per node (reporting/lease.py)
+    # One writer per node (reporting/lease.py); an exporter that shadows every kind it
+    # has enabled writes nothing, so it does not compete for the Lease: held by it, the
+    # Lease would keep a writing exporter on the node from sending anything.
+    if config.kube_writer_lease_duration_s > 0 and enabled - config.kube_writes_shadow:
         lease = WriterLease(
             config.kube_writer_lease_namespace,
             config.node_name,

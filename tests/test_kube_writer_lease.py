@@ -343,3 +343,23 @@ async def test_two_exporters_make_and_remove_a_device_taint_rule_once() -> None:
     assert writes == [("POST", 201), ("DELETE", 200)]
     assert reporter(second).write_counts().get(("device_taint_rule", "ok"), 0) == 0
     assert shadowed(second, "device_taint_rule") == 2  # its create and its delete
+
+
+@pytest.mark.slow  # two real exporters
+async def test_a_shadow_exporter_leaves_the_lease_to_the_one_that_writes() -> None:
+    """A release in shadow mode beside one that writes (a fleet-wide shadow rollout left
+    running): the shadow exporter does not compete for the Lease, so the writing one
+    sends every Event and condition it would send alone (adversary a2, B4: the shadow
+    held the Lease and nothing reached the API)."""
+    alone_events, alone_patches = await one_exporter_alone()
+    shadow_argv = ["--kube-writes", "shadow", *WRITES_ARGV]
+    async with simulated_exporter(two_gpus(), argv=shadow_argv) as first:
+        async with second_exporter(first, WRITES_ARGV) as second:
+            await until(lambda: reporter(second).lease_state() == "held", "the writer")
+            await run_until(70, first, second)
+            await settle(first, second)
+            events, patches = len(api(first).events()), status_patches(first)
+            first_state = reporter(first).lease_state()
+    assert first_state is None  # no Lease asked for: it writes nothing
+    assert (events, patches) == (alone_events, alone_patches)
+    assert sent(first) == 0 and shadowed(first, "event") == alone_events
