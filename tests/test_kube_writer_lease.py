@@ -363,3 +363,43 @@ async def test_a_shadow_exporter_leaves_the_lease_to_the_one_that_writes() -> No
     assert first_state is None  # no Lease asked for: it writes nothing
     assert (events, patches) == (alone_events, alone_patches)
     assert sent(first) == 0 and shadowed(first, "event") == alone_events
+
+
+def _condition(h: Harness) -> str | None:
+    node = api(h).node(NODE) or {}
+    for c in node.get("status", {}).get("conditions", []):
+        if c.get("type") == "GPUUnhealthy":
+            return f"{c['status']}:{c['reason']}"
+    return None
+
+
+@pytest.mark.slow  # the writer thread on the simulated clock, turns in real time
+async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None:
+    """The only exporter on a DRA node holds the Lease; GPU 0 is lost at 30 s, the Lease
+    API answers 500 from 50 s to 90 s, GPU 0 is back at 70 s. Once the Lease is held
+    again, the condition goes False and the taint is deleted (adversary a1, B1: the
+    Node stayed True:GPULost and the rule on the healthy GPU for good, its own True
+    read back as an earlier run's and held an hour)."""
+    scenario = {
+        "node_name": NODE,
+        "allocator": "dra",
+        "gpus": [{}, {}],
+        "pods": [exclusive("a", 0), exclusive("b", 1)],
+        "timeline": [{"at": 30, "lose": 0}, {"at": 70, "restore": 0}],
+    }
+    argv = ["--node-condition", "--dra-device-taints", *LEASE_ARGV]
+    async with simulated_exporter(scenario, argv=argv, writer_on_simulated_clock=True) as h:
+        seen: set[str | None] = set()
+        while h.clock() < 200:
+            if h.clock() == 50:
+                api(h).set_lease_fault("error")
+            if h.clock() == 90:
+                api(h).set_lease_fault(None)
+            h.clock.advance(5)
+            await cycle(h)
+            await quiet(h)
+            seen.add(_condition(h))
+        final, rules = _condition(h), api(h).device_taint_rules()
+    assert "True:GPULost" in seen  # the true side: the lost GPU was told
+    assert final == "False:GPUsHealthy"
+    assert rules == []

@@ -291,15 +291,18 @@ class KubeReporter:
         return self._lease.state if self._lease is not None else None
 
     def _lease_turn(self) -> None:
-        """Renew the Lease, or try to take it, when due. Becoming the holder starts the
-        condition and the taints afresh, as a restart would: the Node and the rules
-        are read again (the other exporter wrote them meanwhile)."""
+        """Renew the Lease, or try to take it, when due. Becoming the holder (a takeover,
+        or the Lease regained after an outage) sends the condition again and re-lists
+        the rules: what this process computed meanwhile was not sent, and another
+        exporter may have written. The holds on an earlier run's condition and rules
+        stay as this process first read them: its own verdicts since its start (also
+        those computed while it could not write) are as good as any other exporter's
+        on this node, and reading its own True back as an earlier run's held it an
+        hour on a healthy GPU (adversary a1, B1)."""
         assert self._client is not None and self._lease is not None
         if self._lease.step(cast(LeaseClient, self._client), self._clock()):
             self._sent_condition = None
-            self._hold_false_until = None
             self._existing_rules = None
-            self._listed_once = False
 
     def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> bool:
         """True: this write, computed and within its budget, is not sent; it is counted
