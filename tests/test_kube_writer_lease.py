@@ -353,13 +353,15 @@ async def test_a_shadow_exporter_leaves_the_lease_to_the_one_that_writes() -> No
     held the Lease and nothing reached the API)."""
     alone_events, alone_patches = await one_exporter_alone()
     shadow_argv = ["--kube-writes", "shadow", *WRITES_ARGV]
-    async with simulated_exporter(two_gpus(), argv=shadow_argv) as first:
-        async with second_exporter(first, WRITES_ARGV) as second:
-            await until(lambda: reporter(second).lease_state() == "held", "the writer")
-            await run_until(70, first, second)
-            await settle(first, second)
-            events, patches = len(api(first).events()), status_patches(first)
-            first_state = reporter(first).lease_state()
+    async with (
+        simulated_exporter(two_gpus(), argv=shadow_argv) as first,
+        second_exporter(first, WRITES_ARGV) as second,
+    ):
+        await until(lambda: reporter(second).lease_state() == "held", "the writer")
+        await run_until(70, first, second)
+        await settle(first, second)
+        events, patches = len(api(first).events()), status_patches(first)
+        first_state = reporter(first).lease_state()
     assert first_state is None  # no Lease asked for: it writes nothing
     assert (events, patches) == (alone_events, alone_patches)
     assert sent(first) == 0 and shadowed(first, "event") == alone_events
@@ -380,7 +382,7 @@ async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None
     again, the condition goes False and the taint is deleted (adversary a1, B1: the
     Node stayed True:GPULost and the rule on the healthy GPU for good, its own True
     read back as an earlier run's and held an hour)."""
-    scenario = {
+    scenario: dict[str, object] = {
         "node_name": NODE,
         "allocator": "dra",
         "gpus": [{}, {}],

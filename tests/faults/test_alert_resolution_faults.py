@@ -126,8 +126,8 @@ def test_a_crash_looping_exporter_on_a_lost_gpu_pages_critical(
     }
     for test in (crash, dead):
         for check in test["alert_rule_test"]:  # type: ignore[union-attr]
-            for exp in check["exp_alerts"]:
-                exp["exp_annotations"] = text[check["alertname"]]
+            for exp in check["exp_alerts"]:  # type: ignore[index]
+                exp["exp_annotations"] = text[check["alertname"]]  # type: ignore[index]
     path = tmp_path / "crashloop.test.yaml"
     path.write_text(
         yaml.safe_dump(
