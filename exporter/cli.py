@@ -134,9 +134,11 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
         await agent.cycle()
         cycles = max(2, min(config.orphan_cycles + 1, SNAPSHOT_MAX_CYCLES))
         for n in range(1, cycles):
-            await asyncio.sleep(config.snapshot_window_s)
-            if n == cycles - 1:
-                await _allocations_after_first_cycle(agent)
+            window = asyncio.sleep(config.snapshot_window_s)
+            if n == 1:  # within the window, so the cycles stay --window apart
+                await asyncio.gather(window, _allocations_after_first_cycle(agent))
+            else:
+                await window
             await agent.cycle()
     finally:
         await agent.close()
