@@ -78,19 +78,15 @@ async def one_failed_reading(h: Harness) -> tuple[bool, bool, float]:
     return seen_unreadable, served_healthy, counted
 
 
-async def test_one_unknown_error_from_one_query_is_no_lost_gpu(record_fault: RecordFault) -> None:
-    scenario = one_gpu(
-        "sim-unknown",
-        [
-            {
-                "call": "nvmlDeviceGetTemperature",
-                "error": "UNKNOWN",
-                "gpu": 0,
-                "from": 20,
-                "until": 21,
-            }
-        ],
-    )
+async def one_temperature_read_failing(
+    node: str, failure: dict[str, str]
+) -> tuple[list[str], float]:
+    """A GPU whose temperature read fails for one cycle (``failure``: the error or the
+    exception raised): no GPULost or GPUUnhealthy Event, only ``False`` conditions
+    written, the GPU unreadable that cycle and never served healthy, the failure
+    counted. Returns the condition statuses written and the errors counted."""
+    call = {"call": "nvmlDeviceGetTemperature", **failure, "gpu": 0, "from": 20, "until": 21}
+    scenario = one_gpu(node, [call])
     async with simulated_exporter(scenario, argv=["--node-condition"]) as h:
         seen_unreadable, served_healthy, counted = await one_failed_reading(h)
         lost, unhealthy, statuses = warnings(h, "GPULost"), warnings(h, "GPUUnhealthy"), written(h)
@@ -98,6 +94,11 @@ async def test_one_unknown_error_from_one_query_is_no_lost_gpu(record_fault: Rec
         assert statuses and all(s == "False:GPUsHealthy" for s in statuses)
         assert seen_unreadable and not served_healthy
         assert counted >= 1
+    return statuses, counted
+
+
+async def test_one_unknown_error_from_one_query_is_no_lost_gpu(record_fault: RecordFault) -> None:
+    statuses, counted = await one_temperature_read_failing("sim-unknown", {"error": "UNKNOWN"})
     record_fault(
         "nvml-unknown-error-one-query",
         expected="One cycle of NVML_ERROR_UNKNOWN from nvmlDeviceGetTemperature is no "
@@ -111,25 +112,7 @@ async def test_one_unknown_error_from_one_query_is_no_lost_gpu(record_fault: Rec
 
 
 async def test_a_type_error_inside_pynvml_is_no_lost_gpu(record_fault: RecordFault) -> None:
-    scenario = one_gpu(
-        "sim-binding",
-        [
-            {
-                "call": "nvmlDeviceGetTemperature",
-                "raise": "TypeError",
-                "gpu": 0,
-                "from": 20,
-                "until": 21,
-            }
-        ],
-    )
-    async with simulated_exporter(scenario, argv=["--node-condition"]) as h:
-        seen_unreadable, served_healthy, counted = await one_failed_reading(h)
-        lost, unhealthy, statuses = warnings(h, "GPULost"), warnings(h, "GPUUnhealthy"), written(h)
-        assert lost == 0 and unhealthy == 0
-        assert statuses and all(s == "False:GPUsHealthy" for s in statuses)
-        assert seen_unreadable and not served_healthy
-        assert counted >= 1
+    statuses, counted = await one_temperature_read_failing("sim-binding", {"raise": "TypeError"})
     record_fault(
         "nvml-binding-type-error",
         expected="A TypeError raised inside pynvml (an answer the binding cannot decode) is "
