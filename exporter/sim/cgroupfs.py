@@ -15,8 +15,10 @@ time at the scenario's rates, in the kernel's formats:
 Model (docs/simulator.md): the container's tasks are runnable in every CFS period
 (``periods_per_s``, 10 for the default 100 ms period), the ``throttled`` share of them ran
 out of quota, each for half its period; each PSI resource stalled ``some`` for its share
-of every second and ``full`` for ``full`` x that. The counters start when the tree first
-shows the container. Files are swapped atomically, as a reader of the real tree never
+of every second and ``full`` for ``full`` x that. The CFS counters advance once per whole
+simulated second (a second's periods accounted together), so the throttled share over
+any window of a second or more is the scenario's share, not one period more or less by
+where the window's ends fell. The counters start when the tree first shows the container. Files are swapped atomically, as a reader of the real tree never
 sees half a file.
 """
 
@@ -36,7 +38,7 @@ _THROTTLED_PART: Final = 0.5  # of a period, for each throttled one
 
 def cpu_stat(cgroup: SimCgroup, seconds: float, version: int) -> str:
     """``cpu.stat`` after ``seconds`` of the container's life."""
-    periods = int(cgroup.periods_per_s * seconds)
+    periods = int(cgroup.periods_per_s * int(seconds))
     throttled = int(cgroup.throttled * periods)
     period_us = 1e6 / cgroup.periods_per_s
     throttled_us = int(throttled * period_us * _THROTTLED_PART)
