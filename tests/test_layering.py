@@ -12,8 +12,10 @@ Every ``import`` in exporter/ is read with ``ast`` (also those inside functions 
 - ``exporter.sim`` is the node outside the exporter: it imports only ``exporter.model``,
   ``exporter.kubelet_api`` (the protocol its kubelet serves) and itself;
 - ``exporter.reporting.*`` (Events, the node condition, device taints) imports only
-  ``exporter.model``, ``exporter.analysis`` (pure), ``exporter.text``, itself and the
-  bounded HTTP of ``exporter.sources.kube_http``;
+  ``exporter.model``, ``exporter.analysis`` (pure), the neutral ``exporter.text`` and
+  ``exporter.token_bucket``, itself and the bounded HTTP of ``exporter.sources.kube_http``;
+- the neutral helpers ``exporter.text`` and ``exporter.token_bucket`` import nothing
+  from the exporter (any layer may import them);
 - nothing in exporter/ but ``exporter.cli`` (and the simulator itself) imports
   ``exporter.sim``;
 - no module of exporter/ imports itself back through others (no import cycle), counting
@@ -115,6 +117,9 @@ def _only(*packages: str) -> Callable[[str, str], bool]:
     return lambda _module, target: any(_within(target, p) for p in packages)
 
 
+# Helpers any layer may use: they import nothing from the exporter.
+NEUTRAL = ("exporter.text", "exporter.token_bucket")
+
 RULES = [
     Rule(
         "analysis imports only model",
@@ -137,16 +142,22 @@ RULES = [
         _only("exporter.model", "exporter.sim", "exporter.kubelet_api"),
     ),
     Rule(
-        "reporting (writes to Kubernetes) imports only model, analysis, text, itself and "
-        "the watches' bounded HTTP",
+        "reporting (writes to Kubernetes) imports only model, analysis, text, token_bucket, "
+        "itself and the watches' bounded HTTP",
         lambda m: _within(m, "exporter.reporting"),
         _only(
             "exporter.model",
             "exporter.analysis",
             "exporter.text",
+            "exporter.token_bucket",
             "exporter.reporting",
             "exporter.sources.kube_http",
         ),
+    ),
+    Rule(
+        "the neutral helpers (text, token_bucket) import nothing from the exporter",
+        lambda m: m in NEUTRAL,
+        lambda _m, _t: False,
     ),
     Rule(
         "only cli imports sim",

@@ -53,6 +53,7 @@ from enum import Enum
 from functools import lru_cache
 
 from exporter.exposition.web_config import bcrypt_cost
+from exporter.token_bucket import TokenBucket as TokenBucket  # re-exported: its tests' name
 
 QUEUE_SIZE = 8  # client addresses with a check waiting (one each)
 HISTORY_SIZE = 4096  # addresses whose latest check is remembered, for the queue's order
@@ -70,31 +71,6 @@ class Verdict(Enum):
     DENIED = "denied"  # 401: wrong or missing credentials
     LIMITED = "limited"  # 429: over the address's budget, or its check already waits
     BUSY = "busy"  # 503: the queue is full of addresses ahead of this one (or closing)
-
-
-class TokenBucket:
-    """``burst`` tokens, refilled at ``per_s``; one failed login takes one."""
-
-    def __init__(self, burst: float, per_s: float) -> None:
-        self.burst, self.per_s = burst, per_s
-        self.tokens = burst
-        self._at: float | None = None
-
-    def take(self, now: float) -> bool:
-        if self._at is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self._at) * self.per_s)
-        self._at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-    def give_back(self) -> None:
-        self.tokens = min(self.burst, self.tokens + 1)
-
-    def wait_s(self) -> float:
-        """Seconds until the next token."""
-        return max(0.0, (1 - self.tokens) / self.per_s)
 
 
 @dataclass

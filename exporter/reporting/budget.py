@@ -2,15 +2,15 @@
 
 A GPU whose verdict flips every cycle would otherwise patch the Node's status and
 create and delete its rule once per cycle (60 a minute at ``--interval 1``). Each kind
-of write gets a token bucket: ``burst`` writes at once, then ``per_minute``. A write
-that finds no token is deferred, not queued: the writer keeps one desired state per
-object and sends the latest one when a token comes, so a state that flipped back in
-the meantime costs nothing. Events have their own budget (recorder.py).
+of write gets a token bucket (``exporter/token_bucket.py``): ``burst`` writes at once,
+then ``per_minute``. A write that finds no token is deferred, not queued: the writer
+keeps one desired state per object and sends the latest one when a token comes, so a
+state that flipped back in the meantime costs nothing. Events have their own budget (recorder.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from exporter.token_bucket import TokenBucket as TokenBucket  # writer.py's, re-exported
 
 # The node condition: five changes go at once (an incident that grows: a GPU unhealthy,
 # a second one, one of them lost), then one write per 30 s at most; the 5-minute
@@ -24,35 +24,6 @@ RULE_PER_MINUTE = 1.0
 # Buckets of rules kept at most (a full bucket is forgotten first; the rest are
 # rules deferred now): bounds the memory whatever the slices publish.
 MAX_RULE_BUCKETS = 4096
-
-
-@dataclass
-class TokenBucket:
-    burst: float
-    per_minute: float
-    tokens: float
-    at: float  # when ``tokens`` was last brought up to date (monotonic seconds)
-
-    @classmethod
-    def full_at(cls, burst: float, per_minute: float, now: float) -> TokenBucket:
-        return cls(burst, per_minute, burst, now)
-
-    def _refill(self, now: float) -> None:
-        if now > self.at:
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_minute / 60)
-        self.at = max(self.at, now)
-
-    def take(self, now: float) -> bool:
-        """One token if there is one; False: the write waits (is deferred)."""
-        self._refill(now)
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
-
-    def full(self, now: float) -> bool:
-        self._refill(now)
-        return self.tokens >= self.burst
 
 
 class RuleBudgets:
