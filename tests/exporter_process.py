@@ -18,6 +18,16 @@ SIMULATED = ["--simulate", "single-gpu", "--kube-api", "off", "--interval", "0.2
 RELEASED = "simulated NVML library at stop: not initialised (every nvmlInit was matched"
 
 
+def usage_error(*args: str) -> tuple[str, str]:
+    """``python -m exporter ARGS``, refused: asserts it exits 2 with one line on stderr;
+    that line, and stdout."""
+    result = subprocess.run([*EXE, *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0], result.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,8 +17,8 @@ from exporter.model import GpuHealth, GpuSample, HealthReason, placeholder_uuid
 from exporter.reporting.condition import desired_condition
 from exporter.sources.nvml_codes import GPU_FAILED, GPU_LOST, error_name
 from tests.harness import simulated_exporter
+from tests.kube_writes import dra_with_a_reset, status_of
 from tests.test_capacity_unknown import held, kubelet, states
-from tests.test_kube_condition_taints import dra_with_a_reset, status_of
 from tests.test_kube_events import api, regarding, step, until, until_equal
 from tests.test_transitions import cycle, health, kinds, run
 

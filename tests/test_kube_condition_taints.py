@@ -11,65 +11,25 @@ without the DeviceTaintRule API) are in tests/faults/test_kube_write_faults.py.
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-from importlib import resources
-from typing import Any
-
-import yaml
-
 from exporter.reporting.condition import HEARTBEAT_S
 from exporter.reporting.device_taints import TAINT_KEY
-from tests.harness import Harness, simulated_exporter
-from tests.test_kube_events import api, exclusive, quiet, step, until, until_equal
+from tests.exporter_process import usage_error
+from tests.harness import simulated_exporter
+from tests.kube_writes import (
+    CONDITION,
+    condition,
+    leave_condition,
+    leave_true_condition,
+    left_rule,
+    recovering_gpu,
+    rfc3339,
+    status_of,
+    status_patches,
+)
 
-CONDITION = "GPUUnhealthy"
-
-
-def condition(h: Harness) -> dict[str, Any] | None:
-    """Our condition on the Node, as ``kubectl get node -o yaml`` shows it."""
-    node = api(h).node(h.env.node.scenario.node_name)
-    assert node is not None
-    found = [c for c in node["status"]["conditions"] if c["type"] == CONDITION]
-    assert len(found) <= 1, found
-    return found[0] if found else None
-
-
-def status_of(h: Harness) -> tuple[str, str] | None:
-    c = condition(h)
-    return None if c is None else (c["status"], c["reason"])
-
-
-def status_patches(h: Harness) -> int:
-    path = f"/api/v1/nodes/{h.env.node.scenario.node_name}/status"
-    return sum(1 for w in api(h).write_log if w.method == "PATCH" and w.path == path)
-
-
-def recovering_gpu(node: str, unhealthy_at: float, healthy_at: float) -> dict[str, object]:
-    """Two GPUs; GPU 0's driver asks for a reset at ``unhealthy_at`` (recovery action),
-    done at ``healthy_at``."""
-    return {
-        "node_name": node,
-        "gpus": [{}, {}],
-        "pods": [exclusive("a", 0), exclusive("b", 1)],
-        "timeline": [
-            {"at": unhealthy_at, "set": {"gpu": 0, "recovery_action": 1}},
-            {"at": healthy_at, "set": {"gpu": 0, "recovery_action": 0}},
-        ],
-    }
-
-
-def dra_with_a_reset(unhealthy_at: float = 15, healthy_at: float = 35) -> dict[str, object]:
-    """The shipped ``dra`` scenario, GPU 0 (DRA device gpu-2) asking for a reset a while."""
-    text = resources.files("exporter.sim").joinpath("scenarios/dra.yaml").read_text()
-    data: dict[str, object] = yaml.safe_load(text)
-    data["timeline"] = [
-        {"at": unhealthy_at, "set": {"gpu": 0, "recovery_action": 1}},
-        {"at": healthy_at, "set": {"gpu": 0, "recovery_action": 0}},
-    ]
-    return data
-
+# re-exported: tests/test_kube_writer_lease.py imports it from here
+from tests.kube_writes import dra_with_a_reset as dra_with_a_reset
+from tests.test_kube_events import api, quiet, step, until, until_equal
 
 # -- the node condition -------------------------------------------------------------
 
@@ -213,36 +173,13 @@ async def test_no_device_taint_rules_without_the_flag() -> None:
 
 def test_condition_or_taints_with_kube_api_off_is_one_line_and_exit_2() -> None:
     for flags in (["--node-condition"], ["--dra-device-taints"]):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "exporter",
-                *flags,
-                "--kube-api",
-                "off",
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 2, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, result.stderr
-        assert lines[0].startswith("gpu-occupancy-exporter: error: ")
-        assert f"{flags[0]} need the Kubernetes API" in lines[0]
-        assert result.stdout == ""
+        line, stdout = usage_error(*flags, "--kube-api", "off", "--listen", "127.0.0.1:0")
+        assert line.startswith("gpu-occupancy-exporter: error: ")
+        assert f"{flags[0]} need the Kubernetes API" in line
+        assert stdout == ""
 
 
 # -- what an earlier run left, and evidence that is missing ---------------------------
-
-
-def _rfc3339(epoch: float) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_window() -> None:
@@ -254,19 +191,7 @@ async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_windo
     async with simulated_exporter(
         scenario, argv=argv, first_cycle=False, writer_on_simulated_clock=True
     ) as h:
-        name = h.env.node.scenario.node_name
-        node = api(h).node(name)
-        assert node is not None
-        left = {
-            "type": CONDITION,
-            "status": "True",
-            "reason": "GPUUnhealthy",
-            "message": "1 of 2 GPUs unhealthy: GPU 0 (GPU-x): fatal_xid",
-            "lastHeartbeatTime": _rfc3339(h.env.node.wall_time()),
-            "lastTransitionTime": _rfc3339(h.env.node.wall_time() - 100),
-        }
-        node["status"]["conditions"].append(left)
-        api(h).set_node(node)
+        await leave_true_condition(h)
         for _ in range(4):  # 40 s: all healthy, but within the window
             await step(h)
         await quiet(h)
@@ -276,29 +201,6 @@ async def test_a_true_condition_left_by_an_earlier_run_is_kept_for_the_xid_windo
         await until(lambda: status_of(h) == ("False", "GPUsHealthy"), "the condition False")
 
 
-async def _left_rule(h: Harness, uuid: str) -> None:
-    """A DeviceTaintRule an earlier run left for ``uuid`` (GPU 0, DRA device gpu-2)."""
-    from exporter.reporting.device_taints import TaintRule, rule_body, rule_name
-    from exporter.reporting.kube_client import KubeWriteClient
-
-    assert h.env.paths.kubeconfig is not None
-    client = KubeWriteClient(str(h.env.paths.kubeconfig))
-    rule = TaintRule(
-        rule_name("sim-dra-node", uuid),
-        "gpu.nvidia.com",
-        "sim-dra-node",
-        "gpu-2",
-        uuid,
-        "fatal_xid",
-    )
-    await asyncio.to_thread(
-        client.create_device_taint_rule,
-        "v1alpha3",
-        rule_body(rule, "v1alpha3", "sim-dra-node", "None"),
-    )
-    client.close()
-
-
 async def test_a_device_taint_rule_left_by_an_earlier_run_is_kept_for_the_xid_window() -> None:
     scenario = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
     argv = ["--dra-device-taints", "--health-xid-window", "60"]
@@ -306,7 +208,7 @@ async def test_a_device_taint_rule_left_by_an_earlier_run_is_kept_for_the_xid_wi
         scenario, argv=argv, first_cycle=False, writer_on_simulated_clock=True
     ) as h:
         uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
-        await _left_rule(h, uuid)
+        await left_rule(h, uuid)
         for _ in range(4):
             await step(h)
         await quiet(h)
@@ -361,7 +263,7 @@ async def test_an_earlier_runs_rule_older_than_the_window_goes_at_once_when_heal
             rule_name("sim-dra-node", uuid), "gpu.nvidia.com", "sim-dra-node", "gpu-2", uuid, "x"
         )
         body = rule_body(rule, "v1alpha3", "sim-dra-node", "None")
-        body["metadata"]["creationTimestamp"] = _rfc3339(h.env.node.wall_time() - 3600)
+        body["metadata"]["creationTimestamp"] = rfc3339(h.env.node.wall_time() - 3600)
         api(h).set_device_taint_rule(body)
         await step(h)
         await until(lambda: api(h).device_taint_rules() == [], "the old rule removed")
@@ -395,10 +297,8 @@ async def test_a_taken_rule_name_does_not_hold_up_the_other_gpus_rules() -> None
 async def test_a_node_condition_time_no_server_would_send_is_no_crash() -> None:
     scenario = recovering_gpu("sim-odd-times", unhealthy_at=10_000, healthy_at=20_000)
     async with simulated_exporter(scenario, argv=["--node-condition"], first_cycle=False) as h:
-        name = h.env.node.scenario.node_name
-        node = api(h).node(name)
-        assert node is not None
-        node["status"]["conditions"].append(
+        leave_condition(
+            h,
             {
                 "type": CONDITION,
                 "status": "False",
@@ -406,9 +306,8 @@ async def test_a_node_condition_time_no_server_would_send_is_no_crash() -> None:
                 "message": "",
                 "lastHeartbeatTime": "9999-12-31T23:59:59-23:59",
                 "lastTransitionTime": "0001-01-01T00:00:00+23:59",
-            }
+            },
         )
-        api(h).set_node(node)
         await step(h)
         await until(lambda: status_patches(h) == 1, "the condition written")
         assert status_of(h) == ("False", "GPUsHealthy")

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
-import sys
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from exporter.config import ConfigError, parse_kube_writes
+from tests.exporter_process import usage_error
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import dra_with_a_reset
+from tests.kube_writes import dra_with_a_reset, settle
 from tests.test_kube_events import api, quiet, step, until
 
 ARGV = ["--node-condition", "--dra-device-taints"]
@@ -68,8 +67,7 @@ async def run(argv: list[str]) -> tuple[Counter[tuple[str, str, str]], Harness]:
         for _ in range(4):
             await step(h)
             await quiet(h)
-        assert h.agent.reporter is not None
-        await until(h.agent.reporter.settled, "the writer settled")
+        await settle(h)
         return sent_writes(h), h
 
 
@@ -137,22 +135,6 @@ def test_a_bad_kube_writes_value_is_refused(value: str) -> None:
 
 
 def test_a_bad_kube_writes_flag_is_one_line_and_exit_2() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "--kube-writes",
-            "shadow=pods",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("gpu-occupancy-exporter: error: --kube-writes: 'shadow=pods'")
-    assert "unknown: pods" in lines[0]
+    line, _ = usage_error("--kube-writes", "shadow=pods", "--listen", "127.0.0.1:0")
+    assert line.startswith("gpu-occupancy-exporter: error: --kube-writes: 'shadow=pods'")
+    assert "unknown: pods" in line

@@ -13,7 +13,7 @@ from typing import Any
 from exporter.reporting.device_taints import ExistingRule, Published, stale_rules
 from tests.faults.test_writer_faults import MIG_LAYOUT, deletes, rules_by_device
 from tests.harness import simulated_exporter
-from tests.test_kube_condition_taints import dra_with_a_reset
+from tests.kube_writes import dra_with_a_reset
 from tests.test_kube_events import api, quiet, step, until
 
 SEL = ("gpu.nvidia.com", "node-a", "gpu-0")

@@ -21,7 +21,7 @@ from exporter.model import GpuSample, RemappedRows
 from exporter.sources import nvml_fields, nvml_links
 from exporter.sources.nvml import NvmlSource
 from tests.harness import simulated_exporter
-from tests.test_kube_condition_taints import status_of
+from tests.kube_writes import status_of
 from tests.test_kube_events import api, quiet, step, until_equal
 from tests.test_nvml_cadence import Node
 

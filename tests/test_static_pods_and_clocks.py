@@ -33,7 +33,7 @@ from exporter.model import (
 from exporter.sources.kube import PodWatcher, pod_meta_from_dict
 from exporter.sources.server_clock import ServerClock
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import dra_with_a_reset, status_of
+from tests.kube_writes import dra_with_a_reset, status_of
 from tests.test_kube_events import api, exclusive, quiet, step, until
 from tests.test_orphans import (
     CID_A,

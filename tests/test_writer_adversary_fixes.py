@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from exporter.reporting.device_taints import ExistingRule, stale_rules
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import dra_with_a_reset
+from tests.kube_writes import dra_with_a_reset
 from tests.test_kube_events import api, step, until
 
 SWAP_AT = 25.0

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import (
-    CONDITION,
-    _left_rule,
-    _rfc3339,
+from tests.harness import simulated_exporter
+from tests.kube_writes import (
+    cycles_to,
     dra_with_a_reset,
+    leave_true_condition,
+    left_rule,
     recovering_gpu,
+    settle,
     status_of,
     status_patches,
 )
-from tests.test_kube_events import api, quiet, step, until
+from tests.test_kube_events import api, until
 
 WINDOW_S = 120
 STEP_AT_S = 30
@@ -35,37 +36,6 @@ def stepped_restart(node: str, by_s: float) -> dict[str, object]:
     scenario = recovering_gpu(node, unhealthy_at=10_000, healthy_at=20_000)
     scenario["node_clock"] = {"steps": [{"at": STEP_AT_S, "by": by_s}]}
     return scenario
-
-
-async def leave_true_condition(h: Harness) -> None:
-    """The Node as an earlier run left it: GPUUnhealthy True, heartbeat just now."""
-    node = api(h).node(h.env.node.scenario.node_name)
-    assert node is not None
-    node["status"]["conditions"].append(
-        {
-            "type": CONDITION,
-            "status": "True",
-            "reason": "GPUUnhealthy",
-            "message": "1 of 2 GPUs unhealthy: GPU 0 (GPU-x): fatal_xid",
-            "lastHeartbeatTime": _rfc3339(h.env.node.wall_time()),
-            "lastTransitionTime": _rfc3339(h.env.node.wall_time() - 100),
-        }
-    )
-    api(h).set_node(node)
-
-
-async def cycles_to(h: Harness, at: float) -> None:
-    """Cycles of 10 s up to ``at``, each one's writes done before the next (the writer
-    thread reads the simulated clock when it runs: it must not fall cycles behind)."""
-    while h.clock() < at:
-        await step(h)
-        await settle(h)
-
-
-async def settle(h: Harness) -> None:
-    await quiet(h)
-    assert h.agent.reporter is not None
-    await until(h.agent.reporter.settled, "the writer settled")
 
 
 @pytest.mark.parametrize("by_s", [7200, -7200], ids=["forward-2h", "back-2h"])
@@ -130,7 +100,7 @@ async def test_an_inherited_rules_hold_ends_at_creation_plus_window_on_the_serve
     ) as h:
         uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
         created = h.clock()  # the stand-in stamps creationTimestamp on the server's clock
-        await _left_rule(h, uuid)
+        await left_rule(h, uuid)
         await cycles_to(h, created + WINDOW_S - 20)  # 100 s after creation
         await settle(h)
         assert len(api(h).device_taint_rules()) == 1

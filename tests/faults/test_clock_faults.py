@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
-from tests.test_kube_condition_taints import status_of
+from tests.kube_writes import status_of
 from tests.test_kube_events import api, quiet, until
 from tests.test_static_pods_and_clocks import (
     GRACE_CYCLES,

@@ -32,7 +32,7 @@ from exporter.reporting.writer import REQUEST_DEADLINE_S
 from exporter.sim.kube_writes import node_dict
 from tests.faults.conftest import RecordFault
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import (
+from tests.kube_writes import (
     condition,
     dra_with_a_reset,
     recovering_gpu,

@@ -14,7 +14,7 @@ from typing import Any
 from exporter.reporting.device_taints import TaintRule, rule_body, rule_name
 from tests.faults.conftest import RecordFault
 from tests.harness import Harness, simulated_exporter
-from tests.test_kube_condition_taints import dra_with_a_reset
+from tests.kube_writes import dra_with_a_reset
 from tests.test_kube_events import api, quiet, step, until
 
 NODE = "sim-dra-node"

@@ -9,15 +9,9 @@ from __future__ import annotations
 
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
-from tests.test_kube_condition_taints import status_of, status_patches
+from tests.kube_writes import cycles_to, leave_true_condition, status_of, status_patches
 from tests.test_kube_events import until
-from tests.test_writer_holds_clock import (
-    STEP_AT_S,
-    WINDOW_S,
-    cycles_to,
-    leave_true_condition,
-    stepped_restart,
-)
+from tests.test_writer_holds_clock import STEP_AT_S, WINDOW_S, stepped_restart
 
 
 async def test_an_inherited_true_condition_outlives_a_forward_wall_clock_step(
