@@ -86,6 +86,8 @@ EVENTS_PREFIX = "/apis/events.k8s.io/v1"
 RESOURCE_PREFIX = "/apis/resource.k8s.io"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# Who a "forbidden" fault says was refused (the exporter's service account, as the chart makes it).
+FAULT_USER = "system:serviceaccount:gpu-exporter:gpu-occupancy-exporter"
 
 # What an events.k8s.io/v1 LIST may select by (pkg/apis/events/v1/conversion.go,
 # AddFieldLabelConversionsForEvent), as paths into the v1 object.
@@ -364,16 +366,25 @@ class KubeWrites:
                 self._lease_fault_times -= 1
                 if self._lease_fault_times <= 0:
                     self._lease_fault, self._lease_fault_times = None, None
+        forbidden = (
+            f'leases.coordination.k8s.io is forbidden: User "{FAULT_USER}" cannot '
+            f'{request.method.lower()} resource "leases" in API group '
+            f'"coordination.k8s.io" (fake API server fault)'
+        )
+        return self._answer(record, mode, forbidden, handle)
+
+    def _answer(
+        self,
+        record: WriteRecord,
+        mode: str | None,
+        forbidden: str,
+        handle: Callable[[], web.Response],
+    ) -> web.Response:
+        """``handle()``'s answer, or the fault's (``forbidden``: the 403's message),
+        noted on ``record``."""
         try:
             if mode == "forbidden":
-                user = "system:serviceaccount:gpu-exporter:gpu-occupancy-exporter"
-                raise Refused(
-                    403,
-                    "Forbidden",
-                    f'leases.coordination.k8s.io is forbidden: User "{user}" cannot '
-                    f'{request.method.lower()} resource "leases" in API group '
-                    f'"coordination.k8s.io" (fake API server fault)',
-                )
+                raise Refused(403, "Forbidden", forbidden)
             if mode == "error":
                 raise Refused(500, "InternalError", "fake API server error 500")
             response = handle()
@@ -533,25 +544,17 @@ class KubeWrites:
                 await asyncio.sleep(0.02)
         elif mode == "slow":
             await asyncio.sleep(delay)
-        try:
-            if mode == "forbidden":
-                user = "system:serviceaccount:gpu-exporter:gpu-occupancy-exporter"
-                raise Refused(
-                    403,
-                    "Forbidden",
-                    f'{request.path} is forbidden: User "{user}" cannot '
-                    f"{request.method.lower()} this resource (fake API server fault)",
-                )
-            if mode == "error":
-                raise Refused(500, "InternalError", "fake API server error 500")
+        forbidden = (
+            f'{request.path} is forbidden: User "{FAULT_USER}" cannot '
+            f"{request.method.lower()} this resource (fake API server fault)"
+        )
+
+        def answer() -> web.Response:
             if with_body and not isinstance(body, Mapping):
                 raise bad_request("the body of the request was not a JSON object")
-            response = handle(body)
-        except Refused as refused:
-            response = refused.response()
-        with self._lock:
-            record.status = response.status
-        return response
+            return handle(body)
+
+        return self._answer(record, mode, forbidden, answer)
 
     # events
 
