@@ -18,8 +18,9 @@ out of quota, each for half its period; each PSI resource stalled ``some`` for i
 of every second and ``full`` for ``full`` x that. The CFS counters advance once per whole
 simulated second (a second's periods accounted together), so the throttled share over
 any window of a second or more is the scenario's share, not one period more or less by
-where the window's ends fell. The counters start when the tree first shows the container. Files are swapped atomically, as a reader of the real tree never
-sees half a file.
+where the window's ends fell. The counters start when the tree first shows the
+container. Files are swapped atomically, as a reader of the real tree never sees half a
+file.
 """
 
 from __future__ import annotations
