@@ -686,9 +686,10 @@ def test_rendered_rules_use_the_runbook_base_and_job_selector() -> None:
         assert {k: v for k, v in after.items() if k not in ("expr", "annotations")} == {
             k: v for k, v in before.items() if k not in ("expr", "annotations")
         }
-    # GPUOrphanedMemoryLarge and GPUUnhealthy (held while their target is not up),
-    # GPUExporterDown, GPUExporterDownDuringCriticalAlert and GPUExporterAbsent
-    assert job_rules == 5
+    # GPUOrphanedMemoryLarge, GPUUnhealthy and GPUExporterNVMLDown (held while their
+    # target is not up), GPUExporterDown, GPUExporterDownDuringCriticalAlert,
+    # GPUExporterFlapping and GPUExporterAbsent
+    assert job_rules == 7
     notes = render(RULES)["gpu-occupancy-exporter/templates/NOTES.txt"]
     assert "does not match this release's job" not in notes
 
