@@ -102,7 +102,13 @@ def dead(pid: int) -> ProcessIdentity:
 
 
 def meta(
-    uid: str, name: str, cid: str, *, deletion: float | None = None, ns: str = "ml"
+    uid: str,
+    name: str,
+    cid: str,
+    *,
+    deletion: float | None = None,
+    grace: int | None = None,
+    ns: str = "ml",
 ) -> PodMeta:
     return PodMeta(
         uid=uid,
@@ -110,6 +116,7 @@ def meta(
         name=name,
         phase="Running",
         deletion_timestamp=deletion,
+        deletion_grace_period_s=grace,
         containers=((cid, "main"),),
     )
 
@@ -297,7 +304,8 @@ def test_a_new_pod_the_watch_has_not_delivered_yet_is_not_flagged_within_the_gra
 
 
 def test_a_terminating_pod_is_flagged_only_grace_seconds_after_its_deletion_deadline() -> None:
-    """The API sets deletionTimestamp to request time + the pod's own grace period."""
+    """The API sets deletionTimestamp to request time + the pod's own grace period; with
+    no deletionGracePeriodSeconds the stop is taken as the default 30 s from first sight."""
     deadline = T0 + 30
     terminating = node(
         [gpu_with_pod_process()],

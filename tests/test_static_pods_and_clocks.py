@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from email.utils import formatdate
 
+import pytest
+
 from exporter.analysis.attribution import attribute
 from exporter.analysis.orphans import OrphanPolicy, find_orphans
 from exporter.analysis.xid import XidLedger
@@ -91,6 +93,19 @@ async def test_a_deleted_pod_whose_process_lives_on_is_still_deleted_pod_memory(
         latest = h.agent.latest
         assert latest is not None
         assert [(o.gpu, o.kind) for o in latest.orphans] == [(1, "deleted_pod")]
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [(45, 45), (0, 0), (-5, None), ("30", None), (30.5, None), (True, None), (None, None)],
+)
+def test_the_deletion_grace_period_is_a_whole_number_of_seconds_or_unknown(
+    value: object, read: int | None
+) -> None:
+    metadata: dict[str, object] = {"uid": "u-1", "namespace": "ml", "name": "a"}
+    metadata |= {"deletionTimestamp": "2026-11-28T12:00:00Z", "deletionGracePeriodSeconds": value}
+    pod = pod_meta_from_dict({"metadata": metadata})
+    assert pod is not None and pod.deletion_grace_period_s == read
 
 
 def test_a_mirror_pod_is_keyed_by_its_static_pods_uid_and_a_bad_annotation_is_ignored() -> None:
@@ -169,16 +184,18 @@ async def test_a_backward_wall_clock_step_does_not_stretch_the_xid_window() -> N
 # -- 8b: deadlines on the API server's clock -----------------------------------------
 
 
-def terminating_pod(node: str, ahead_s: float, date: str | None = None) -> dict[str, object]:
+def terminating_pod(node: str, ahead_s: float, step_s: float = 0.0) -> dict[str, object]:
     """Pod ``a`` on GPU 0 asked to stop at 20 s with a 30 s grace (deletionTimestamp:
     50 s on the API server's clock); its process holds its memory and never exits. The
-    node's wall clock is ``ahead_s`` ahead of the API server's."""
+    node's wall clock is ``ahead_s`` ahead of the API server's, and steps by ``step_s``
+    at 30 s, inside the graceful stop."""
+    steps = [{"at": 30, "by": step_s}] if step_s else []
     return {
         "node_name": node,
         "gpus": [{}, {}],
         "pods": [exclusive("a", 0), exclusive("b", 1)],
         "timeline": [{"at": 20, "terminate_pod": {"pod": "ml/a", "grace_s": 30}}],
-        "node_clock": {"offset_s": ahead_s},
+        "node_clock": {"offset_s": ahead_s, "steps": steps},
     }
 
 
@@ -200,36 +217,110 @@ async def test_a_pod_in_its_graceful_stop_is_no_orphan_with_the_node_clock_ahead
         assert "GPU 0" in note and "deleted_pod" in note
 
 
+@pytest.mark.parametrize("step_s", [7200.0, -7200.0])
+async def test_a_wall_clock_step_inside_a_graceful_stop_neither_hastens_nor_loses_the_warning(
+    step_s: float,
+) -> None:
+    """The stop (30 s from first sight at ~20 s) and the 60 s grace after it run on the
+    monotonic clock: no Warning up to 100 s, one by 120 s, whichever way the clock steps."""
+    async with simulated_exporter(terminating_pod(f"sim-step-{step_s < 0:d}", 0, step_s)) as h:
+        await cycles_until(h, 100)
+        await quiet(h)
+        assert orphan_events(h) == []
+        await cycles_until(h, 120)
+        await quiet(h)
+        (note,) = orphan_events(h)
+        assert "GPU 0" in note and "deleted_pod" in note
+
+
 # -- pure: the orphan grace and the XID window on their clocks ----------------------
 
 
-def test_a_terminating_pods_deadline_is_compared_on_the_api_servers_clock() -> None:
-    """deletionTimestamp T0 + 30 on the server's clock; the node's clock 180 s ahead."""
+@pytest.mark.parametrize("wall_step", [0.0, 7200.0, -7200.0])
+@pytest.mark.parametrize("server_offset", [180.0, None, -86_400.0 * 400])
+def test_a_terminating_pods_stop_ends_its_grace_after_first_sight_on_the_monotonic_clock(
+    wall_step: float, server_offset: float | None
+) -> None:
+    """deletionTimestamp T0 + 30 (a 30 s grace asked at T0), first seen at elapsed 0: the
+    deleted-pod grace (60 s) runs from elapsed 30, whatever the node's wall clock does
+    (a 2 h step either way after the first sight) and whatever the server's Date said
+    (an offset of 3 min, none, or a year off)."""
     deadline = T0 + 30
-    pods = replace(watch(meta(UID_A, "api", CID_A, deletion=deadline)), server_offset_s=180.0)
+    pods = replace(
+        watch(meta(UID_A, "api", CID_A, deletion=deadline, grace=30)),
+        server_offset_s=server_offset,
+    )
     snapshot = node(
         [gpu_with_pod_process()],
         [alive(10, UID_A, CID_A)],
         pod_meta=pods,
         pod_resources=kubelet(("ml", "api", 0)),
     )
-
-    def judged(server_now: float) -> tuple[OrphanedMemory, ...]:
-        found, _ = find_orphans(
+    state = OrphanState()
+    seen: dict[float, tuple[OrphanedMemory, ...]] = {}
+    for elapsed in (0.0, 20.0, 40.0, 89.0, 90.0):
+        wall = T0 + elapsed + (wall_step if elapsed else 0.0)
+        seen[elapsed], state = find_orphans(
             snapshot,
             attribute(snapshot),
-            OrphanState(),
-            now=server_now + 180,  # the node's clock
+            state,
+            now=wall,
             policy=OrphanPolicy(deleted_pod_grace_s=60),
-            elapsed=server_now,
+            elapsed=elapsed,
+        )
+    assert [seen[e] for e in (0.0, 20.0, 40.0, 89.0)] == [(), (), (), ()]
+    (orphan,) = seen[90.0]
+    assert orphan.kind == KIND_DELETED_POD
+    assert orphan.first_seen == T0 + 30 + wall_step  # the stop's end, on the node's clock
+
+
+def test_a_shortened_grace_counts_from_the_request_that_shortened_it() -> None:
+    """A second delete may only shorten the grace; the API server then moves the
+    deletionTimestamp. Seen at 0 with 3600 s, shortened to 10 s at 500: the stop ends at
+    510 for this judgement, not at 10 (the first sight plus the new grace)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    state = OrphanState()
+
+    def judged(elapsed: float, deletion: float, grace: int) -> tuple[OrphanedMemory, ...]:
+        nonlocal state
+        snapshot = node(
+            [gpu_with_pod_process()],
+            [alive(10, UID_A, CID_A)],
+            pod_meta=watch(meta(UID_A, "api", CID_A, deletion=deletion, grace=grace)),
+            pod_resources=kubelet(("ml", "api", 0)),
+        )
+        found, state = find_orphans(
+            snapshot, attribute(snapshot), state, now=T0 + elapsed, policy=policy, elapsed=elapsed
         )
         return found
 
-    assert judged(deadline - 10) == ()  # inside the graceful stop
-    assert judged(deadline + 59) == ()  # inside the grace after it
-    (orphan,) = judged(deadline + 60)
-    assert orphan.kind == KIND_DELETED_POD
-    assert orphan.first_seen == deadline + 180  # the deadline, on the node's clock
+    assert judged(0, T0 + 3600, 3600) == ()
+    assert judged(500, T0 + 510, 10) == ()  # moved: counts from 500
+    assert judged(569, T0 + 510, 10) == ()
+    assert [o.kind for o in judged(570, T0 + 510, 10)] == [KIND_DELETED_POD]
+
+
+def test_terminating_sights_are_kept_through_a_watch_outage_and_dropped_with_the_process() -> None:
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    terminating = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30)),
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    outage = replace(terminating, pod_meta=watch(ok=False))
+    _, state = find_orphans(
+        terminating, attribute(terminating), OrphanState(), now=T0, policy=policy, elapsed=0
+    )
+    _, state = find_orphans(outage, attribute(outage), state, now=T0, policy=policy, elapsed=50)
+    assert state.pod_terminating_since == {UID_A: (T0 + 30, 0)}  # not restarted at 50
+    found, state = find_orphans(
+        terminating, attribute(terminating), state, now=T0 + 90, policy=policy, elapsed=90
+    )
+    assert [o.kind for o in found] == [KIND_DELETED_POD]
+    exited = node([gpu_with_pod_process()], [], pod_meta=watch())
+    _, state = find_orphans(exited, attribute(exited), state, now=T0, policy=policy, elapsed=91)
+    assert state.pod_terminating_since == {}
 
 
 def test_a_vanished_pods_grace_runs_on_the_monotonic_clock_through_a_wall_step() -> None:

@@ -18,10 +18,15 @@ A listed process counts in at most one kind (dead, then stuck, then deleted pod)
 kinds add up. Pure: the clock is ``now`` and memory between cycles is ``OrphanState``.
 
 Time: the deleted-pod grace is a window, measured on the monotonic clock (``elapsed``)
-from when a pod was first seen gone, so a wall-clock step neither cuts nor stretches it;
-a terminating pod's deadline is the API server's (``deletionTimestamp``), compared on
-the server's clock (``now`` less the node's offset from it, ``server_offset_s``), so a
-node clock minutes ahead does not read a pod in its graceful stop as past it.
+from when a pod was first seen gone, so a wall-clock step neither cuts nor stretches it.
+A terminating pod's graceful stop ends, for this judgement, its own grace period
+(``deletionGracePeriodSeconds``; ``DEFAULT_TERMINATION_GRACE_S`` where the API gives none)
+after this process first saw it terminating, on the same monotonic clock: never before
+the API server's deadline (``deletionTimestamp`` = request time + that grace period,
+and the request came no later than the first sight), and not moved by a step of the
+node's clock or a wrong or absent ``Date`` from the server. It can be later than the
+server's deadline by how late the pod was first seen (an exporter restarted during the
+stop starts counting again).
 Who keeps dead-process and unattributed memory alive is found by the holder scan
 source: analysis asks for it (``holder_request``) and names what the scan it delivered
 found (``orphan_holders``, ``driver_held``).
@@ -62,6 +67,10 @@ from exporter.model import (
 
 STUCK_STATES: Final = frozenset({"D", "Z"})  # uninterruptible sleep; exited, not reaped
 MIB: Final = 1024**2
+# A terminating pod's grace period where its metadata gives none: the Pod spec's default
+# terminationGracePeriodSeconds (https://kubernetes.io/docs/concepts/workloads/pods/
+# pod-lifecycle/#pod-termination: "The default grace period is 30 seconds").
+DEFAULT_TERMINATION_GRACE_S: Final = 30
 # Kinds whose memory may be kept alive by a live process NVML does not list, through the
 # device file it holds: a child forked after CUDA started, a process the fd was passed
 # to. A dead pid's context lives on while anyone has its /dev/nvidia<N> open, and a
@@ -140,16 +149,13 @@ def find_orphans(
     rows = [row for row in attribution.processes if row.uuid in healthy]
     pods = _pods(snapshot, attribution, state, policy.terminal_phases)
     stuck = _stuck_streaks(rows, snapshot, state, now)
-    clock = _Clock(
-        now=now,
-        elapsed=now if elapsed is None else elapsed,
-        server_now=now - (_server_offset(snapshot.pod_meta) or 0.0),
-    )
+    clock = _Clock(now=now, elapsed=now if elapsed is None else elapsed)
     missing = _missing_since(rows, pods, state, clock.elapsed)
+    terminating = _terminating_since(rows, pods, state, clock.elapsed)
 
     found: dict[tuple[str, OrphanKind], _Acc] = {}
     for row in rows:
-        judged = _kind(row, stuck, missing, pods, clock, policy)
+        judged = _kind(row, stuck, _PodClocks(missing, terminating), pods, clock, policy)
         if judged is not None:
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
@@ -189,6 +195,7 @@ def find_orphans(
         unattributed={uuid: streak for uuid, (streak, _) in streaks.items()},
         stuck=stuck,
         pod_missing_since=missing,
+        pod_terminating_since=terminating,
         pod_names=pods.names,
     )
     return orphans, next_state
@@ -201,21 +208,24 @@ def find_orphans(
 
 @dataclass(frozen=True, slots=True)
 class _Clock:
-    """One cycle's time on the three clocks orphans are judged by."""
+    """One cycle's time on the two clocks orphans are judged by."""
 
     now: float  # the node's wall clock: what first_seen is served on
-    elapsed: float  # the monotonic clock: windows
-    server_now: float  # the API server's clock: its deadlines
+    elapsed: float  # the monotonic clock: windows and deadlines
 
 
-def _server_offset(pod_meta: PodMetaSnapshot | None) -> float | None:
-    return pod_meta.server_offset_s if pod_meta is not None else None
+@dataclass(frozen=True, slots=True)
+class _PodClocks:
+    """Since when (monotonic) each live GPU process's pod has been gone, or terminating."""
+
+    missing: Mapping[str, float]
+    terminating: Mapping[str, tuple[float, float]]  # (deletionTimestamp, first seen)
 
 
 def _kind(
     row: AttributedProcess,
     stuck: Mapping[int, Streak],
-    missing: Mapping[str, float],
+    since: _PodClocks,
     pods: _Pods,
     clock: _Clock,
     policy: OrphanPolicy,
@@ -231,7 +241,7 @@ def _kind(
     if streak is not None and streak.cycles >= policy.stuck_cycles:
         return KIND_STUCK_PROCESS, streak.since
     if row.pod_uid is not None:
-        gone_for = _pod_gone_for(row.pod_uid, missing, pods, clock)
+        gone_for = _pod_gone_for(row.pod_uid, since, pods, clock)
         if gone_for is not None and gone_for >= policy.deleted_pod_grace_s:
             return KIND_DELETED_POD, clock.now - gone_for  # on the node's wall clock
     return None
@@ -336,21 +346,48 @@ def _missing_since(
     }
 
 
-def _pod_gone_for(
-    uid: str, missing: Mapping[str, float], pods: _Pods, clock: _Clock
-) -> float | None:
+def _terminating_since(
+    rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
+) -> dict[str, tuple[float, float]]:
+    """Since when (``now``: the monotonic clock) each live GPU process's pod has been seen
+    terminating with its present ``deletionTimestamp``: a new deletion request may only
+    shorten the grace period, and the API server then moves the timestamp, so a moved one
+    counts from when it was seen (the shortened grace from the new request, never from
+    the old one's sight). Without a usable watch this cycle it is not known whether a pod
+    still terminates: what was seen is kept, nothing added. Bounded by the live
+    processes' pods."""
+    previous = state.pod_terminating_since
+    uids = {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
+    if pods.watch is None:
+        return {uid: previous[uid] for uid in uids if uid in previous}
+    seen: dict[str, tuple[float, float]] = {}
+    for uid in uids:
+        meta = pods.watch.get(uid)
+        if meta is None or meta.deletion_timestamp is None:
+            continue
+        before = previous.get(uid)
+        same = before is not None and before[0] == meta.deletion_timestamp
+        seen[uid] = before if same and before is not None else (meta.deletion_timestamp, now)
+    return seen
+
+
+def _pod_gone_for(uid: str, since: _PodClocks, pods: _Pods, clock: _Clock) -> float | None:
     """How long a pod should have been gone; None while it should not be.
 
-    A terminating pod counts from its deletion timestamp, which the API server sets to
-    the request time plus the pod's own grace period, on its own clock; a vanished or
-    finished one from when we first saw it so, on the monotonic clock.
+    A terminating pod counts from the end of its graceful stop: its own grace period
+    after it was first seen terminating; a vanished or finished one from when we first
+    saw it so. Both on the monotonic clock.
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
     if meta is not None and uid not in pods.finished:
-        deadline = meta.deletion_timestamp
-        return None if deadline is None else clock.server_now - deadline
-    since = missing.get(uid)
-    return None if since is None else clock.elapsed - since
+        seen = since.terminating.get(uid)
+        if meta.deletion_timestamp is None or seen is None:
+            return None
+        started = seen[1]
+        grace = meta.deletion_grace_period_s
+        return clock.elapsed - started - (DEFAULT_TERMINATION_GRACE_S if grace is None else grace)
+    gone = since.missing.get(uid)
+    return None if gone is None else clock.elapsed - gone
 
 
 # ---------------------------------------------------------------------------

@@ -362,7 +362,10 @@ class PodMeta:
     namespace: str
     name: str
     phase: str | None = None
-    deletion_timestamp: float | None = None  # epoch seconds when deletion was requested
+    deletion_timestamp: float | None = None  # epoch seconds: request time + the grace period
+    # metadata.deletionGracePeriodSeconds: how long the kubelet lets the pod stop gracefully
+    # (None: absent or not a whole number >= 0)
+    deletion_grace_period_s: int | None = None
     containers: tuple[tuple[str, str], ...] = ()  # (bare container id, container name)
     # (container name, extended resource name, quantity as the API spells it): each
     # container's limits (its requests where it sets no limit) for resources with a

@@ -206,6 +206,7 @@ class SimEnvironment:
                     deletion_timestamp=(
                         node.api_time(pod.deletion_at) if pod.deletion_at is not None else None
                     ),
+                    deletion_grace_s=pod.deletion_grace_s,
                 )
                 for pod in node.pods
             }

@@ -195,6 +195,7 @@ def pod_dict(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     resource_claims: Sequence[str] = (),
+    deletion_grace_s: float | None = None,
 ) -> dict[str, Any]:
     """Build a pod as the API server serialises it.
 
@@ -213,7 +214,10 @@ def pod_dict(
         metadata["ownerReferences"] = [_controller_ref(namespace, *owner)]
     if deletion_timestamp is not None:
         metadata["deletionTimestamp"] = _rfc3339(deletion_timestamp)
-        metadata["deletionGracePeriodSeconds"] = 30
+        # the API server writes both together (30: the default terminationGracePeriodSeconds)
+        metadata["deletionGracePeriodSeconds"] = int(
+            30 if deletion_grace_s is None else deletion_grace_s
+        )
     spec: dict[str, Any] = {
         "nodeName": node,
         "containers": [{"name": n, "image": f"registry.example/{n}:latest"} for n, _ in containers],

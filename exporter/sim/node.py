@@ -692,6 +692,7 @@ class SimNode:
             pod = self._pod(args.get("pod", value))
             grace = float(args.get("grace_s", 30))
             pod.deletion_at = event.at + grace  # the API sets request time + grace
+            pod.deletion_grace_s = grace
 
     def _start_time(self, at: float) -> int:
         """A start time for a process started at simulated second ``at``: later than any

@@ -251,6 +251,7 @@ class SimPod:
     phase: str
     containers: list[SimContainer]
     deletion_at: float | None = None  # simulated time the API's deletionTimestamp names
+    deletion_grace_s: float | None = None  # its deletionGracePeriodSeconds
     owner: tuple[str, str] | None = None  # (kind, name): the controller ownerReference
     labels: dict[str, str] = field(default_factory=dict)  # metadata.labels
     # A static pod (``static: true``): ``uid`` is the kubelet's, the hash of its manifest

@@ -56,6 +56,14 @@ def _parse_time(value: Any) -> float | None:
     return parsed.timestamp()
 
 
+def _whole_seconds(value: Any) -> int | None:
+    """``deletionGracePeriodSeconds``, an int64 the API server keeps >= 0; anything else
+    (absent, a string, a float, negative) is None: the reader assumes the default."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
 def bare_container_id(container_id: str) -> str:
     """``containerd://<id>`` / ``cri-o://<id>`` / ``docker://<id>`` -> ``<id>``.
 
@@ -170,6 +178,7 @@ def pod_meta_from_dict(pod: Mapping[str, Any]) -> PodMeta | None:
         name=str(metadata.get("name") or ""),
         phase=phase if isinstance(phase, str) and phase else None,
         deletion_timestamp=_parse_time(metadata.get("deletionTimestamp")),
+        deletion_grace_period_s=_whole_seconds(metadata.get("deletionGracePeriodSeconds")),
         containers=tuple(containers),
         resources=tuple(_extended_resources(pod.get("spec"))),
         owner_kind=owner[0] if owner else None,

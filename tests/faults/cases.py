@@ -203,6 +203,11 @@ CASES: tuple[Case, ...] = (
         "the node's clock 3 min ahead of the API server during a pod's graceful stop",
     ),
     Case(
+        "terminating-pod-across-wall-clock-step",
+        "Kubernetes writes",
+        "the wall clock steps 2 h either way during a pod's graceful stop",
+    ),
+    Case(
         "writer-hold-survives-wall-clock-step",
         "Kubernetes writes",
         "the wall clock steps +2 h while an earlier run's True condition is held",

@@ -88,10 +88,41 @@ async def test_a_node_clock_ahead_of_the_api_server_gives_no_warning_in_a_gracef
         assert len(past) == 1 and "deleted_pod" in past[0]
     record_fault(
         "node-clock-ahead-of-api-server",
-        expected="A pod's deletionTimestamp is compared on the API server's clock (the "
-        "node's offset from it estimated from the Date headers of its list and watch "
-        "answers): no deleted-pod Warning inside the grace, one past it.",
+        expected="A terminating pod's stop ends its own grace period "
+        "(deletionGracePeriodSeconds) after the exporter first saw it terminating, on the "
+        "monotonic clock, never before the server's deadline: no deleted-pod Warning "
+        "inside the grace, one past it, whatever the node's clock says.",
         figure=f"node clock +180 s (estimated {offset:.0f} s): 0 GPUOrphanedMemory Events "
         "up to 100 s (deadline 50 s + 60 s grace), 1 (deleted_pod) at 110-120 s; before "
         "the fix: the Warning at 20 s, in the cycle the 30 s graceful stop began",
+    )
+
+
+async def test_a_wall_clock_step_in_a_graceful_stop_neither_hastens_nor_loses_the_warning(
+    record_fault: RecordFault,
+) -> None:
+    counts: dict[float, tuple[int, int]] = {}
+    for step_s in (7200.0, -7200.0):
+        async with simulated_exporter(
+            terminating_pod(f"sim-step-fault-{step_s < 0:d}", 0, step_s)
+        ) as h:
+            await cycles_until(h, 100)  # seen terminating at ~20 s + 30 s + 60 s grace
+            await quiet(h)
+            inside = len(orphan_events(h))
+            await cycles_until(h, 120)
+            await quiet(h)
+            past = orphan_events(h)
+            assert inside == 0
+            assert len(past) == 1 and "deleted_pod" in past[0]
+            counts[step_s] = (inside, len(past))
+    record_fault(
+        "terminating-pod-across-wall-clock-step",
+        expected="The graceful stop and the deleted-pod grace after it run on the monotonic "
+        "clock from the first sight of the deletionTimestamp: a wall-clock step neither "
+        "hastens nor loses the Warning.",
+        figure=f"step +7200 s at 30 s: {counts[7200.0][0]} GPUOrphanedMemory Events up to "
+        f"100 s, {counts[7200.0][1]} by 120 s; step -7200 s: {counts[-7200.0][0]} and "
+        f"{counts[-7200.0][1]}; before the fix (deadline compared on the server's clock, "
+        "estimated from Date headers): the Warning in the cycle of the +2 h step, inside "
+        "the 30 s graceful stop",
     )
