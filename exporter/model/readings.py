@@ -363,9 +363,6 @@ class PodMeta:
     name: str
     phase: str | None = None
     deletion_timestamp: float | None = None  # epoch seconds: request time + the grace period
-    # metadata.deletionGracePeriodSeconds: how long the kubelet lets the pod stop gracefully
-    # (None: absent or not a whole number >= 0)
-    deletion_grace_period_s: int | None = None
     containers: tuple[tuple[str, str], ...] = ()  # (bare container id, container name)
     # (container name, extended resource name, quantity as the API spells it): each
     # container's limits (its requests where it sets no limit) for resources with a
@@ -380,6 +377,9 @@ class PodMeta:
     pod_template_hash: str | None = None  # the pod's `pod-template-hash` label, if any
     api_uid: str | None = None  # a mirror pod's UID in the API, where it differs from uid
     resource_claims: bool = False  # spec.resourceClaims is not empty (DRA)
+    # metadata.deletionGracePeriodSeconds: how long the kubelet lets the pod stop gracefully
+    # (None: absent or not a whole number >= 0). Last, so positional fields keep their places.
+    deletion_grace_period_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +390,8 @@ class PodMetaSnapshot:
     pods: tuple[PodMeta, ...] = ()
     counts: WatchCounts = WatchCounts()
     # How far the node's wall clock is ahead of the API server's (its Date headers;
-    # sources/server_clock.py): deadlines it sets are compared on its clock. None: unknown.
+    # sources/server_clock.py): the writer compares a DeviceTaintRule's creation on its
+    # clock (orphans do not use it: their deadlines are monotonic). None: unknown.
     server_offset_s: float | None = None
 
 
