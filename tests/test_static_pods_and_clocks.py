@@ -32,6 +32,7 @@ from exporter.model import (
     PodMeta,
     XidEvent,
 )
+from exporter.sim.scenario import API_DATE_ABSENT
 from exporter.sources.kube import PodWatcher, pod_meta_from_dict
 from exporter.sources.server_clock import ServerClock
 from tests.harness import Harness, simulated_exporter
@@ -184,19 +185,34 @@ async def test_a_backward_wall_clock_step_does_not_stretch_the_xid_window() -> N
 # -- 8b: deadlines on the API server's clock -----------------------------------------
 
 
-def terminating_pod(node: str, ahead_s: float, step_s: float = 0.0) -> dict[str, object]:
+def terminating_pod(
+    node: str, ahead_s: float, step_s: float = 0.0, api_date: str | None = None
+) -> dict[str, object]:
     """Pod ``a`` on GPU 0 asked to stop at 20 s with a 30 s grace (deletionTimestamp:
     50 s on the API server's clock); its process holds its memory and never exits. The
     node's wall clock is ``ahead_s`` ahead of the API server's, and steps by ``step_s``
-    at 30 s, inside the graceful stop."""
+    at 30 s, inside the graceful stop; ``api_date``: what the server sends as ``Date``
+    (None: its clock; ``absent``: nothing)."""
     steps = [{"at": 30, "by": step_s}] if step_s else []
+    clock: dict[str, object] = {"offset_s": ahead_s, "steps": steps}
+    if api_date is not None:
+        clock["api_date"] = api_date
     return {
         "node_name": node,
         "gpus": [{}, {}],
         "pods": [exclusive("a", 0), exclusive("b", 1)],
         "timeline": [{"at": 20, "terminate_pod": {"pod": "ml/a", "grace_s": 30}}],
-        "node_clock": {"offset_s": ahead_s, "steps": steps},
+        "node_clock": clock,
     }
+
+
+# What the API server may send as Date instead of its clock: nothing (a proxy stripping
+# it), garbage, and a well-formed date more than a day off. None of them gives an offset.
+UNUSABLE_DATES = {
+    "absent": API_DATE_ABSENT,
+    "garbage": "yesterday",
+    "a-year-off": "Sat, 28 Nov 2025 12:00:00 GMT",
+}
 
 
 async def cycles_until(h: Harness, at: float) -> None:
@@ -227,6 +243,26 @@ async def test_a_wall_clock_step_inside_a_graceful_stop_neither_hastens_nor_lose
         await cycles_until(h, 100)
         await quiet(h)
         assert orphan_events(h) == []
+        await cycles_until(h, 120)
+        await quiet(h)
+        (note,) = orphan_events(h)
+        assert "GPU 0" in note and "deleted_pod" in note
+
+
+@pytest.mark.parametrize("date", sorted(UNUSABLE_DATES))
+async def test_no_usable_date_header_neither_hastens_nor_loses_the_warning(date: str) -> None:
+    """The node's clock 180 s ahead and no Date to measure that by: the stop still ends
+    30 s after the first sight (~20 s) on the monotonic clock, then the 60 s grace."""
+    async with simulated_exporter(
+        terminating_pod(f"sim-date-{date}", 180, api_date=UNUSABLE_DATES[date])
+    ) as h:
+        watch = h.agent.source("kube")
+        assert isinstance(watch, PodWatcher)
+        await cycles_until(h, 100)
+        await quiet(h)
+        assert orphan_events(h) == []
+        assert watch.server_clock.offset_s() is None  # no Date was ever usable
+        assert (watch.server_clock.rejected == 0) == (date == "absent")
         await cycles_until(h, 120)
         await quiet(h)
         (note,) = orphan_events(h)
@@ -272,6 +308,34 @@ def test_a_terminating_pods_stop_ends_its_grace_after_first_sight_on_the_monoton
     (orphan,) = seen[90.0]
     assert orphan.kind == KIND_DELETED_POD
     assert orphan.first_seen == T0 + 30 + wall_step  # the stop's end, on the node's clock
+
+
+def test_an_exporter_started_during_a_graceful_stop_counts_its_whole_grace_again() -> None:
+    """A restart forgets what it saw: a pod asked to stop an hour before (its
+    deletionTimestamp long past) and first seen now is given its 45 s grace from now,
+    then the 60 s deleted-pod grace; never less, whatever its timestamp says."""
+    asked = T0 - 3600
+    snapshot = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_A, "api", CID_A, deletion=asked + 45, grace=45)),
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    state = OrphanState()  # a fresh process
+    seen: dict[float, tuple[OrphanedMemory, ...]] = {}
+    for elapsed in (1000.0, 1044.0, 1104.0, 1105.0):
+        seen[elapsed], state = find_orphans(
+            snapshot,
+            attribute(snapshot),
+            state,
+            now=T0 + elapsed - 1000,
+            policy=OrphanPolicy(deleted_pod_grace_s=60),
+            elapsed=elapsed,
+        )
+    assert [seen[e] for e in (1000.0, 1044.0, 1104.0)] == [(), (), ()]
+    (orphan,) = seen[1105.0]
+    assert orphan.kind == KIND_DELETED_POD
+    assert orphan.first_seen == T0 + 45  # the stop's end as this process counts it
 
 
 def test_a_shortened_grace_counts_from_the_request_that_shortened_it() -> None:

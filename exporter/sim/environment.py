@@ -34,7 +34,7 @@ from exporter.sim.proctree import (
     write_host_pids,
     write_process,
 )
-from exporter.sim.scenario import Scenario, SimPod, SimProcess
+from exporter.sim.scenario import API_DATE_ABSENT, Scenario, SimPod, SimProcess
 
 log = logging.getLogger(__name__)
 SYNC_PERIOD_S = 0.2
@@ -106,6 +106,10 @@ class SimEnvironment:
         if self._with_kube_api and self.paths.kubeconfig is not None:
             self.kube_api = FakeKubeApi()
             self.kube_api.server_time = self.node.api_time  # its Date header
+            api_date = self.node.scenario.node_clock.api_date
+            self.kube_api.date_absent = api_date == API_DATE_ABSENT
+            if api_date is not None and api_date != API_DATE_ABSENT:
+                self.kube_api.date_override = api_date
             self.kube_api.writes.set_node(node_dict(self.node.scenario.node_name))
             url = self.kube_api.start_in_thread()
             write_kubeconfig(self.paths.kubeconfig, url)

@@ -362,9 +362,11 @@ class FakeKubeApi:
         # Events, Node status and DeviceTaintRules (kube_writes.py)
         self.writes: KubeWrites = KubeWrites(resource_slices_served=lambda: self._slices_served)
         # The server's clock for its Date header (None: aiohttp's, the real time), and a
-        # Date value served instead of it (a broken or hostile server: garbage, far off).
+        # Date value served instead of it (a broken or hostile server: garbage, far off),
+        # or none at all (``date_absent``: a proxy that strips it).
         self.server_time: Callable[[], float] | None = None
         self.date_override: str | None = None
+        self.date_absent = False
 
     # -- state, thread-safe ------------------------------------------------------------
 
@@ -574,8 +576,12 @@ class FakeKubeApi:
 
     async def _stamp_date(self, request: web.Request, response: web.StreamResponse) -> None:
         """Every answer's ``Date`` (RFC 9110 5.6.7) on the server's own clock, which
-        need not be the node's (a node clock ahead of the API server's)."""
-        if self.date_override is not None:
+        need not be the node's (a node clock ahead of the API server's). aiohttp has
+        stamped its own by now (``_prepare_headers`` runs before this hook): ``date_absent``
+        takes it off."""
+        if self.date_absent:
+            response.headers.popall("Date", None)
+        elif self.date_override is not None:
             response.headers["Date"] = self.date_override
         elif self.server_time is not None:
             response.headers["Date"] = formatdate(self.server_time(), usegmt=True)

@@ -30,6 +30,7 @@ SHIPPED = tuple(sorted(p.stem for p in (Path(__file__).parent / "scenarios").glo
 # Who allocates the GPUs, and so how the kubelet names them: NVIDIA's device plugin
 # (UUIDs), GKE's device plugin (nvidia<minor>...) or NVIDIA's DRA driver (claims).
 ALLOCATORS = ("nvidia", "gke", "dra")
+API_DATE_ABSENT = "absent"  # node_clock.api_date: the API server sends no Date header
 GPM_METRICS = OCCUPANCY_FIELDS  # the keys of a GPU's `gpm:` in a scenario
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
@@ -282,10 +283,14 @@ class SimKernelLog:
 class SimNodeClock:
     """The node's wall clock against the API server's (the true time): ``offset_s``
     ahead from the start, plus each ``(at, by)`` step from simulated second ``at`` on
-    (NTP stepping it, an operator's ``date -s``). The monotonic clock never steps."""
+    (NTP stepping it, an operator's ``date -s``). The monotonic clock never steps.
+    ``api_date``: the API server's ``Date`` header on every answer: None, its own clock;
+    ``API_DATE_ABSENT``, no header at all; any other string, served as it is (garbage,
+    or a date far off)."""
 
     offset_s: float = 0.0
     steps: tuple[tuple[float, float], ...] = ()
+    api_date: str | None = None
 
     def ahead_at(self, at: float) -> float:
         """How far the node's wall clock is ahead of the API server's at ``at``."""
@@ -906,9 +911,13 @@ def _seconds(value: object, where: str) -> float:
 
 
 def _node_clock(raw: object) -> SimNodeClock:
-    """``{offset_s: 180, steps: [{at: 20, by: 7220}]}``: the node's wall clock."""
+    """``{offset_s: 180, steps: [{at: 20, by: 7220}], api_date: absent}``: the node's
+    wall clock, and the API server's ``Date`` header."""
     data = _expect_mapping(raw, "node_clock")
-    _check_keys(data, {"offset_s", "steps"}, "node_clock")
+    _check_keys(data, {"offset_s", "steps", "api_date"}, "node_clock")
+    api_date = data.get("api_date")
+    if api_date is not None and not isinstance(api_date, str):
+        raise ScenarioError(f"node_clock.api_date: {api_date!r} is not a string")
     steps = []
     for i, item in enumerate(data.get("steps") or []):
         where = f"node_clock.steps[{i}]"
@@ -917,7 +926,9 @@ def _node_clock(raw: object) -> SimNodeClock:
         steps.append(
             (_seconds(step.get("at"), f"{where}.at"), _seconds(step.get("by"), f"{where}.by"))
         )
-    return SimNodeClock(_seconds(data.get("offset_s", 0.0), "node_clock.offset_s"), tuple(steps))
+    return SimNodeClock(
+        _seconds(data.get("offset_s", 0.0), "node_clock.offset_s"), tuple(steps), api_date
+    )
 
 
 def _cgroup_version(value: object) -> int:

@@ -208,6 +208,12 @@ CASES: tuple[Case, ...] = (
         "the wall clock steps 2 h either way during a pod's graceful stop",
     ),
     Case(
+        "terminating-pod-without-a-usable-date",
+        "Kubernetes writes",
+        "the API server's Date header absent, garbage or a year off during a pod's "
+        "graceful stop, the node's clock 3 min ahead",
+    ),
+    Case(
         "writer-hold-survives-wall-clock-step",
         "Kubernetes writes",
         "the wall clock steps +2 h while an earlier run's True condition is held",

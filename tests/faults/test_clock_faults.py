@@ -6,12 +6,14 @@ The real exporter runs on the simulator (tests/harness.py) and writes through th
 
 from __future__ import annotations
 
+from exporter.sources.kube import PodWatcher
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
 from tests.kube_writes import status_of
 from tests.test_kube_events import api, quiet, until
 from tests.test_static_pods_and_clocks import (
     GRACE_CYCLES,
+    UNUSABLE_DATES,
     XID_ARGV,
     cycles_until,
     fatal_xid_then_step,
@@ -125,4 +127,38 @@ async def test_a_wall_clock_step_in_a_graceful_stop_neither_hastens_nor_loses_th
         f"{counts[-7200.0][1]}; before the fix (deadline compared on the server's clock, "
         "estimated from Date headers): the Warning in the cycle of the +2 h step, inside "
         "the 30 s graceful stop",
+    )
+
+
+async def test_no_usable_date_from_the_api_server_neither_hastens_nor_loses_the_warning(
+    record_fault: RecordFault,
+) -> None:
+    counts: dict[str, tuple[int, int]] = {}
+    for date, value in sorted(UNUSABLE_DATES.items()):
+        async with simulated_exporter(
+            terminating_pod(f"sim-date-fault-{date}", 180, api_date=value)
+        ) as h:
+            watch = h.agent.source("kube")
+            assert isinstance(watch, PodWatcher)
+            await cycles_until(h, 100)  # seen terminating at ~20 s + 30 s + 60 s grace
+            await quiet(h)
+            inside = len(orphan_events(h))
+            await cycles_until(h, 120)
+            await quiet(h)
+            past = orphan_events(h)
+            assert watch.server_clock.offset_s() is None
+            assert inside == 0
+            assert len(past) == 1 and "deleted_pod" in past[0]
+            counts[date] = (inside, len(past))
+    record_fault(
+        "terminating-pod-without-a-usable-date",
+        expected="A terminating pod's stop is timed on the monotonic clock from the first "
+        "sight of its deletionTimestamp, not on the API server's clock estimated from Date "
+        "headers: without a usable Date the Warning comes neither early nor never.",
+        figure="; ".join(
+            f"Date {date}: {inside} GPUOrphanedMemory Events up to 100 s, {past} by 120 s"
+            for date, (inside, past) in counts.items()
+        )
+        + "; before the fix (no offset: the deadline compared on the node's clock, 180 s "
+        "ahead): the Warning at 20 s, in the cycle the 30 s graceful stop began",
     )
