@@ -329,7 +329,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         # resync_s (a collection not served here is asked about as seldom): the resync
         # is its period for staleness (exporter/sources/base.py).
         self._supervisor = Supervisor(self.name, resync_s)
-        # The API server's clock, from its answers' Date headers: deadlines it sets are
+        # The API server's clock, from its answers' Date headers: times it stamps are
         # compared on it (server_clock.py).
         self._server_clock = ServerClock(wall_clock)
 

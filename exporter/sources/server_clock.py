@@ -1,9 +1,12 @@
 """How far this node's wall clock is from the API server's, from its ``Date`` headers.
 
-Deadlines the API server sets (a pod's ``deletionTimestamp``: the request time plus its
-grace period) are times on the server's clock. A node clock minutes off (no NTP, a
-step) would read a pod inside its graceful stop as past its deadline, so they are
-compared on the server's clock: node time minus ``offset_s()``.
+Times the API server stamps are on its clock: a DeviceTaintRule's
+``creationTimestamp``, from which an earlier run's rule is held for the XID window
+(reporting/writer.py). A node clock minutes off (no NTP, a step) would end that hold
+early or late, so it is compared on the server's clock: node time minus ``offset_s()``.
+A terminating pod's ``deletionTimestamp`` is not judged this way: its graceful stop is
+timed on the monotonic clock from when it was first seen (analysis/orphans.py), which
+neither a wall-clock step nor a wrong or absent ``Date`` can bring forward.
 
 Every HTTP answer carries ``Date``, the moment the server made it (RFC 9110 section
 6.6.1; whole seconds, IMF-fixdate). One sample is the node's wall clock when the answer
