@@ -33,7 +33,8 @@ and the rules of the real kube-apiserver it keeps (Kubernetes 1.35 sources):
   pkg/registry/coordination/lease/strategy.go); a PUT of a Lease that does not exist
   creates it. ``leaseDurationSeconds`` must be > 0 and ``leaseTransitions`` >= 0
   (pkg/apis/coordination/validation/validation.go). Lease requests go to their own log
-  (``lease_log``) and faults (``set_lease_fault``), so the Event and write counts of
+  (``lease_log``) and faults (``set_lease_fault``: 403, 500, 409, garbage, an answer
+  without its resourceVersion, no answer), so the Event and write counts of
   the other tests stay what they were.
 
 Every write (POST, PATCH, DELETE) is recorded (``write_log``), and
@@ -52,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from aiohttp import web
 
@@ -76,6 +77,7 @@ from exporter.sim.kube_rules import (
 from exporter.sim.kube_selectors import SelectorError, parse_field_selector
 
 FaultMode = Literal["forbidden", "hang", "slow", "error"]
+LeaseFault = Literal["forbidden", "error", "conflict", "garbage", "no-version", "hang"]
 
 # k8s.io/api resource/v1alpha3/types.go at v0.35.0 (line 195) is the only DeviceTaintRule
 # of Kubernetes 1.33-1.35; resource/v1beta2 and resource/v1 define it from 1.36.
@@ -217,8 +219,9 @@ class KubeWrites:
         self._rv = 1
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         self._lease_log: list[WriteRecord] = []
-        self._lease_fault: FaultMode | None = None
+        self._lease_fault: LeaseFault | None = None
         self._lease_fault_times: int | None = None
+        self._lease_fault_generation = 0  # a hung Lease request waits until this changes
 
     # -- state, thread-safe ------------------------------------------------------------
 
@@ -346,32 +349,74 @@ class KubeWrites:
             lease["metadata"]["resourceVersion"] = self._next_rv_locked()
             self._leases[(namespace, name)] = lease
 
-    def set_lease_fault(
-        self, mode: Literal["forbidden", "error"] | None, *, times: int | None = None
-    ) -> None:
-        """Answer the Lease requests 403 (``"forbidden"``: the RBAC for leases missing)
-        or 500 (``"error"``) until cleared with None, or for the next ``times`` only."""
+    def set_lease_fault(self, mode: LeaseFault | None, *, times: int | None = None) -> None:
+        """Answer the Lease requests badly until cleared with None, or for the next
+        ``times`` only: 403 (``"forbidden"``: the RBAC for leases missing), 500
+        (``"error"``), 409 Conflict on every request (``"conflict"``), 200 with a body
+        that is not JSON (``"garbage"``), the request carried out but its answer without
+        ``metadata.resourceVersion`` (``"no-version"``: a proxy or an old server that
+        mangles it), or no answer at all (``"hang"``: held open until the fault is
+        changed or cleared, then answered)."""
         with self._lock:
             self._lease_fault = mode
             self._lease_fault_times = times if mode is not None else None
+            self._lease_fault_generation += 1
 
-    def _lease_request(
+    async def _lease_request(
         self, request: web.Request, body: Any, handle: Callable[[], web.Response]
     ) -> web.Response:
         record = WriteRecord(request.method, request.path, request.content_type, body)
         with self._lock:
             self._lease_log.append(record)
             mode = self._lease_fault
+            generation = self._lease_fault_generation
             if mode is not None and self._lease_fault_times is not None:
                 self._lease_fault_times -= 1
                 if self._lease_fault_times <= 0:
                     self._lease_fault, self._lease_fault_times = None, None
+        if mode == "hang":
+            while True:
+                with self._lock:
+                    if self._lease_fault_generation != generation:
+                        break
+                await asyncio.sleep(0.02)
         forbidden = (
             f'leases.coordination.k8s.io is forbidden: User "{FAULT_USER}" cannot '
             f'{request.method.lower()} resource "leases" in API group '
             f'"coordination.k8s.io" (fake API server fault)'
         )
-        return self._answer(record, mode, forbidden, handle)
+        if mode == "conflict":
+            name = request.match_info.get("name", "")
+
+            def handle() -> web.Response:
+                raise Refused(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": '
+                    "the object has been modified (fake API server fault)",
+                    {"name": name, "group": "coordination.k8s.io", "kind": "leases"},
+                )
+
+        elif mode == "garbage":
+            done = handle
+
+            def handle() -> web.Response:
+                done()  # carried out; the answer is what cannot be read
+                return web.Response(status=200, text="<html>502 upstream</html>")
+
+        elif mode == "no-version":
+            done = handle
+
+            def handle() -> web.Response:
+                answer = done()
+                lease = json.loads(cast(bytes, answer.body))
+                if isinstance(lease.get("metadata"), dict):
+                    lease["metadata"].pop("resourceVersion", None)
+                return web.json_response(lease, status=answer.status)
+
+        return self._answer(
+            record, mode if mode in ("forbidden", "error") else None, forbidden, handle
+        )
 
     def _answer(
         self,
@@ -403,7 +448,7 @@ class KubeWrites:
                 raise not_found("leases.coordination.k8s.io", name)
             return web.json_response(lease)
 
-        return self._lease_request(request, None, handle)
+        return await self._lease_request(request, None, handle)
 
     async def _create_lease(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
@@ -422,7 +467,7 @@ class KubeWrites:
                     )
                 return self._store_lease_locked(namespace, lease, 201)
 
-        return self._lease_request(request, body, handle)
+        return await self._lease_request(request, body, handle)
 
     async def _update_lease(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -461,7 +506,7 @@ class KubeWrites:
                 lease["metadata"]["uid"] = old["metadata"].get("uid")
                 return self._store_lease_locked(namespace, lease, 200)
 
-        return self._lease_request(request, body, handle)
+        return await self._lease_request(request, body, handle)
 
     def _store_lease_locked(
         self, namespace: str, lease: dict[str, Any], status: int
