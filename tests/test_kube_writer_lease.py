@@ -26,6 +26,12 @@ from exporter.agent import build_agent
 from exporter.config import parse_config
 from exporter.exposition.liveness import Liveness
 from exporter.exposition.server import MetricsCache, bound_port, build_app, start_server
+from exporter.reporting.lease import (
+    MAX_OTHER_DURATION_S,
+    decide,
+    lease_body,
+    parse_lease,
+)
 from exporter.reporting.writer import KubeReporter
 from tests.harness import Harness, simulated_exporter
 from tests.test_kube_condition_taints import dra_with_a_reset
@@ -54,9 +60,11 @@ def two_gpus(node: str = NODE) -> dict[str, object]:
 
 
 @asynccontextmanager
-async def second_exporter(h: Harness, argv: Sequence[str] = ()) -> AsyncIterator[Harness]:
+async def second_exporter(
+    h: Harness, argv: Sequence[str] = (), *, writer_on_simulated_clock: bool = False
+) -> AsyncIterator[Harness]:
     """Another real exporter on ``h``'s simulated node and API stand-in (flags as
-    tests/harness.py gives the first)."""
+    tests/harness.py gives the first; ``writer_on_simulated_clock`` as there)."""
     paths = h.env.paths
     config = parse_config(
         [
@@ -85,7 +93,11 @@ async def second_exporter(h: Harness, argv: Sequence[str] = ()) -> AsyncIterator
         build_app(cache, paths.node_name, liveness=liveness), "127.0.0.1", 0
     )
     agent = build_agent(
-        config, cache, wall_clock=h.env.node.wall_time, source_monotonic=h.env.node.now
+        config,
+        cache,
+        wall_clock=h.env.node.wall_time,
+        source_monotonic=h.env.node.now,
+        **({"monotonic": h.env.node.now} if writer_on_simulated_clock else {}),
     )
     try:
         for source in agent.sources:
@@ -405,3 +417,240 @@ async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None
     assert "True:GPULost" in seen  # the true side: the lost GPU was told
     assert final == "False:GPUsHealthy"
     assert rules == []
+
+
+# -- issue 40 follow-ups: a Lease outage loses no Warning; no update without a
+# resourceVersion; another holder's duration clamped; answers an adversary may give
+
+
+def events_about_gpu(h: Harness, index: int) -> list[dict[str, Any]]:
+    return [e for e in api(h).events() if f"GPU {index}" in e.get("note", "")]
+
+
+async def outage(first: Harness, second: Harness | None, start: float, end: float) -> None:
+    """Both cycle every 10 s of simulated time (the writers on it too) until 100 s; the
+    Lease API answers 500 from ``start`` to ``end``."""
+    while first.clock() < 100:
+        if first.clock() == start:
+            api(first).set_lease_fault("error")
+        if first.clock() == end:
+            api(first).set_lease_fault(None)
+        first.clock.advance(PHASE_S)
+        if second is not None:
+            await cycle(second)
+            await quiet(second)
+        first.clock.advance(10 - PHASE_S)
+        await cycle(first)
+        await quiet(first)
+
+
+@pytest.mark.slow  # the writer thread on the simulated clock, turns in real time
+async def test_warnings_raised_during_a_lease_outage_are_sent_once_it_is_held_again() -> None:
+    """The only exporter holds the Lease; its API answers 500 from 20 s to 80 s, so the
+    holder's renew deadline (20 s after its last renewal) passes at ~40 s and its state
+    is unknown; GPU 1's fatal XID comes at 45 s. Its Events wait and are sent once the
+    Lease is held again, none counted as shadowed (adversary B5: all were shadowed and
+    never sent)."""
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, writer_on_simulated_clock=True) as h:
+        await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
+        await outage(h, None, 20, 80)
+        await until(lambda: reporter(h).lease_state() == "held", "the Lease held again")
+        await settle(h)
+        gpu1 = events_about_gpu(h, 1)
+    assert {e["reason"] for e in gpu1} >= {"GPUFatalXID", "GPUUnhealthy"}
+    assert shadowed(h, "event") == 0
+
+
+@pytest.mark.slow  # two exporters, writers on the simulated clock
+async def test_two_exporters_through_a_lease_outage_send_each_warning_once() -> None:
+    """Holder and standby through the same outage: each of GPU 1's Warnings reaches the
+    API exactly once (the standby, past the holder's renew deadline, holds its writes
+    too, and counts them as shadowed once it sees the holder renew)."""
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, writer_on_simulated_clock=True) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv, writer_on_simulated_clock=True) as second:
+            await until(lambda: reporter(second).lease_state() == "standby", "the second")
+            await outage(first, second, 20, 80)
+            await until(lambda: reporter(first).lease_state() == "held", "held again")
+            await settle(first, second)
+            gpu1 = events_about_gpu(first, 1)
+    reasons = sorted(e["reason"] for e in gpu1)
+    assert "GPUFatalXID" in reasons and "GPUUnhealthy" in reasons
+    assert len(reasons) == len(set((e["reason"], about_key(e)) for e in gpu1))  # once each
+    assert sent(second) == 0
+
+
+def about_key(event: dict[str, Any]) -> tuple[str, str]:
+    r = event["regarding"]
+    return (r.get("kind", ""), r.get("name", ""))
+
+
+def puts_without_a_version(h: Harness) -> list[object]:
+    return [
+        w.body
+        for w in api(h).lease_log
+        if w.method == "PUT"
+        and not (isinstance(w.body, dict) and w.body.get("metadata", {}).get("resourceVersion"))
+    ]
+
+
+@pytest.mark.slow  # seconds of real time: the Lease renews every second
+async def test_an_answer_without_a_resource_version_is_read_again_before_the_next_update() -> None:
+    """The Lease's answers lose their resourceVersion (a mangling proxy): the holder
+    never PUTs without one (an unconditional update overwrites whoever holds the Lease
+    then): it reads the Lease again first, and keeps holding it (adversary W3)."""
+    argv = ["--kube-writer-lease-duration", "3", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, first_cycle=False) as h:
+        await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
+        api(h).set_lease_fault("no-version")
+        began = len(api(h).lease_log)
+        await until(lambda: len(api(h).lease_log) >= began + 6, "six Lease requests", 15.0)
+        api(h).set_lease_fault(None)
+        await asyncio.sleep(2.5)
+        state, log_ = reporter(h).lease_state(), api(h).lease_log
+    assert puts_without_a_version(h) == []
+    assert [w.status for w in log_ if w.method == "PUT" and w.status not in (200, 201)] == []
+    assert state == "held"
+
+
+@pytest.mark.parametrize("duration", ["30", 0, -5, None, 2.5, True])
+def test_anothers_unusable_duration_counts_as_ours(duration: object) -> None:
+    """A holder's leaseDurationSeconds that is no whole number of seconds > 0 neither
+    hands the Lease over at once nor holds it for good: it reads as ours (30 s)."""
+    body = lease_body(
+        "n",
+        "ns",
+        "other_1",
+        1,
+        acquire_time=None,
+        renew_time=None,
+        transitions=0,
+        resource_version="7",
+    )
+    body["spec"]["leaseDurationSeconds"] = duration
+    other = parse_lease(body, own_duration_s=30)
+    assert decide(other, observed_at=100, me="me_1", now=129.9) == "wait"
+    assert decide(other, observed_at=100, me="me_1", now=130) == "acquire"
+
+
+def test_anothers_huge_duration_is_clamped() -> None:
+    body = lease_body(
+        "n",
+        "ns",
+        "other_1",
+        1,
+        acquire_time=None,
+        renew_time=None,
+        transitions=0,
+        resource_version="7",
+    )
+    body["spec"]["leaseDurationSeconds"] = 10**12
+    other = parse_lease(body, own_duration_s=30)
+    assert other.duration_s == MAX_OTHER_DURATION_S == 3600
+    assert decide(other, observed_at=100, me="me_1", now=100 + 3599) == "wait"
+    assert decide(other, observed_at=100, me="me_1", now=100 + 3600) == "acquire"
+
+
+def test_anothers_transitions_out_of_range_still_make_a_valid_takeover() -> None:
+    """A negative or int32-overflowing leaseTransitions must not make every takeover
+    PUT invalid (422: leaseTransitions >= 0, int32)."""
+    for bad in (-3, 2**31 - 1, 10**12):
+        body = lease_body(
+            "n",
+            "ns",
+            "",
+            1,
+            acquire_time=None,
+            renew_time=None,
+            transitions=0,
+            resource_version="7",
+        )
+        body["spec"]["leaseTransitions"] = bad
+        record = parse_lease(body)
+        assert 0 <= record.transitions + 1 <= 2**31 - 1, bad
+
+
+@pytest.mark.slow  # seconds of real time
+async def test_a_lease_api_answering_409_to_everything_is_not_hammered() -> None:
+    """409 Conflict on every Lease request (a flapping webhook, another client writing
+    in a loop): one immediate re-read after a conflict, then the 2 s retry period, not
+    a request every turn of the writer (20 a second)."""
+    argv = ["--node-condition", "--kube-writer-lease-duration", "6", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, first_cycle=False) as h:
+        await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
+        api(h).set_lease_fault("conflict")
+        began = len(api(h).lease_log)
+        for _ in range(8):  # offers wake the writer, as cycles do
+            h.clock.advance(0.5)
+            await cycle(h)
+            await asyncio.sleep(0.5)
+        requests = len(api(h).lease_log) - began
+        api(h).set_lease_fault(None)
+        await until(lambda: reporter(h).lease_state() == "held", "held again", 10.0)
+    assert requests <= 2 * (4 / 2 + 1) + 2, requests
+
+
+@pytest.mark.slow  # seconds of real time: a hung request waits for its deadline
+async def test_a_hanging_lease_api_stalls_neither_the_cycle_nor_the_writer() -> None:
+    """The Lease API accepts and never answers: the sample cycle goes on at once (the
+    writer thread makes the calls), each Lease request is cut at its deadline (5 s),
+    and the holder keeps writing until its renew deadline."""
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, first_cycle=False) as h:
+        await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
+        api(h).set_lease_fault("hang")
+        slowest = 0.0
+        began = time.monotonic()
+        while time.monotonic() - began < 7.0:
+            t = time.monotonic()
+            h.clock.advance(1)
+            await cycle(h)
+            slowest = max(slowest, time.monotonic() - t)
+            await asyncio.sleep(0.2)
+        held = reporter(h).leading()
+        api(h).set_lease_fault(None)
+        h.clock.advance(15)  # GPU 0's fatal XID: written
+        await cycle(h)
+        await until(lambda: len(api(h).events()) >= 3, "the fault's Events", 15.0)
+    assert slowest < 1.0
+    assert held  # within 20 s of its last renewal
+
+
+@pytest.mark.slow  # three real exporters, seconds of real time
+async def test_three_exporters_one_lease_one_writer_and_a_takeover_after_a_death() -> None:
+    """Three exporters on one node: exactly one holds the Lease and writes; when it dies
+    without releasing, exactly one of the two others takes over, after the duration."""
+    argv = ["--node-condition", "--kube-writer-lease-duration", "6", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with (
+            second_exporter(first, argv) as second,
+            second_exporter(first, argv) as third,
+        ):
+            hs = (first, second, third)
+            await until(
+                lambda: [reporter(x).lease_state() for x in hs] == ["held", "standby", "standby"],
+                "two standbys",
+            )
+            await run_until(30, first, second)
+            await cycle(third)
+            await settle(*hs)
+            assert sent(second) == 0 and sent(third) == 0 and sent(first) > 0
+            api(first).set_lease_fault("error")  # the dying holder's release gets a 500
+            assert reporter(first).stop()
+            api(first).set_lease_fault(None)
+            began = time.monotonic()
+            await until(
+                lambda: "held" in (reporter(second).lease_state(), reporter(third).lease_state()),
+                "a takeover",
+                15.0,
+            )
+            took_s = time.monotonic() - began
+            await asyncio.sleep(3.0)
+            states = sorted(str(reporter(x).lease_state()) for x in (second, third))
+            writers = [x for x in (second, third) if reporter(x).leading()]
+    assert 2.0 < took_s < 6.0 + 2.0 + 2.0
+    assert states == ["held", "standby"]
+    assert len(writers) == 1

@@ -65,6 +65,8 @@ def test_a_lease_body_reads_back_as_its_record() -> None:
     assert parse_lease(body) == Record(ME, 30, "a", "r", 2, "9")
 
 
-def test_an_unreadable_lease_reads_as_free_with_no_duration() -> None:
+def test_an_unreadable_lease_reads_as_free_with_our_duration() -> None:
+    """No holder; a duration that is no whole number > 0 reads as ours (never 0: a
+    takeover at once; tests/test_kube_writer_lease.py has the clamp's cases)."""
     garbage = {"metadata": [], "spec": {"holderIdentity": 5, "leaseDurationSeconds": True}}
-    assert parse_lease(garbage) == Record("", 0, None, None, 0, "")
+    assert parse_lease(garbage, own_duration_s=12) == Record("", 12, None, None, 0, "")

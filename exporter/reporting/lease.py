@@ -23,12 +23,25 @@ tools/leaderelection/leaderelection.go, ``tryAcquireOrRenew``, ``isLeaseValid``,
 - A clean shutdown releases the Lease (holder emptied, duration 1 s, as client-go's
   ``release``), so the next exporter takes over at its next try, not a duration later.
 
+- Never an update without a ``resourceVersion`` (it would be unconditional: it would
+  overwrite whoever holds the Lease by then): the renewal carries the one of the
+  server's answer to our last write; an answer without one is read again (GET) first.
+- Another holder's ``leaseDurationSeconds`` is clamped (``parse_lease``): above
+  ``MAX_OTHER_DURATION_S`` (3600 s, the most our flag allows) it counts as that; one
+  that is no whole number > 0 (absent, a string, 0, negative) as our own duration.
+
 What cannot be decided with the Lease: a Lease API that refuses us (403: the chart's
 RBAC for leases missing; 404: the namespace does not exist) falls back to writing as
 an exporter without the lease did, logged once and served as state ``refused``; it is
-asked again every ``REFUSED_RETRY_S``. With no answer at all (API server down, 5xx)
-a holder keeps writing until its renew deadline, anyone else writes nothing (state
-``unknown``): nothing could be written then anyway.
+asked again every ``REFUSED_RETRY_S``. With no answer at all (API server down, 5xx,
+an answer that cannot be used) a holder keeps writing until its renew deadline on its
+own clock. After it, and for anyone that has not read the Lease or whose holder has
+not been seen to renew within that holder's renew deadline, the state is ``unknown``
+and writes are *held* (``mode``), neither sent nor shadowed: sending could double a
+live holder's writes (nothing says there is none), shadowing could lose a Warning no
+one sends (nothing says there is one). Whoever holds the Lease next sends them; an
+exporter that then sees another holder renew counts them as shadowed. Only
+``standby`` with a holder known to write shadows.
 
 The decisions (``decide``, ``lease_body``, ``parse_lease``) are pure; ``WriterLease``
 holds the observed record and makes the calls, from the writer thread only.
@@ -53,11 +66,28 @@ MAX_NAME = 253  # a Lease's name is a DNS subdomain (RFC 1123), like a Node's
 DEFAULT_DURATION_S = 30
 RETRY_PERIOD_S = 2.0  # a non-holder's tries (client-go's default RetryPeriod)
 REFUSED_RETRY_S = 300.0  # the Lease API refused us: ask again this much later
+# Another holder's leaseDurationSeconds as this process counts it: a whole number of
+# seconds in [1, MAX_OTHER_DURATION_S] as written; more is clamped to the most
+# --kube-writer-lease-duration allows (exporter/config.py); anything else (absent, a
+# string, 0, negative, fractional) reads as this process's own duration, the same flag
+# every exporter of a release has. Never at once, never for good.
+MAX_OTHER_DURATION_S = 3600
+INT32_MAX = 2**31 - 1  # leaseTransitions is an int32 >= 0 (ValidateLeaseSpec)
 LEASE_LABELS = {"app.kubernetes.io/name": "gpu-occupancy-exporter"}
 
 LeaseState = Literal["held", "standby", "unknown", "refused"]
 LEASE_STATES: tuple[LeaseState, ...] = ("held", "standby", "unknown", "refused")
 Decision = Literal["renew", "acquire", "wait"]
+# What the writer does with a write now: send it, count it as shadowed (another live
+# holder sends it), or keep it until one of those is known (``WriterLease.mode``).
+Mode = Literal["write", "shadow", "hold"]
+
+
+class LeaseAnswerError(Exception):
+    """A Lease answer that cannot be used (no resourceVersion to update it with): as no
+    answer at all."""
+
+    status: int | None = None
 
 
 class LeaseError(Protocol):
@@ -103,9 +133,11 @@ def identity(env: Mapping[str, str] | None = None) -> str:
     return f"{env.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(8)}"
 
 
-def parse_lease(obj: Mapping[str, Any]) -> Record:
-    """The record of a Lease the API server sent; missing fields read as client-go
-    reads them (no holder, duration 0)."""
+def parse_lease(obj: Mapping[str, Any], own_duration_s: int = DEFAULT_DURATION_S) -> Record:
+    """The record of a Lease the API server sent. A missing holder reads as none (as
+    client-go reads it); the duration is clamped (``MAX_OTHER_DURATION_S``: an unusable
+    one reads as ``own_duration_s``), and leaseTransitions to [0, INT32_MAX - 1], so
+    that our takeover's ``transitions + 1`` is valid."""
     meta = obj.get("metadata")
     spec = obj.get("spec")
     meta = meta if isinstance(meta, Mapping) else {}
@@ -117,12 +149,13 @@ def parse_lease(obj: Mapping[str, Any]) -> Record:
     def whole(value: object) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
+    duration = whole(spec.get("leaseDurationSeconds"))
     return Record(
         holder=text(spec.get("holderIdentity")) or "",
-        duration_s=whole(spec.get("leaseDurationSeconds")),
+        duration_s=min(duration, MAX_OTHER_DURATION_S) if duration > 0 else own_duration_s,
         acquire_time=text(spec.get("acquireTime")),
         renew_time=text(spec.get("renewTime")),
-        transitions=whole(spec.get("leaseTransitions")),
+        transitions=min(max(whole(spec.get("leaseTransitions")), 0), INT32_MAX - 1),
         resource_version=text(meta.get("resourceVersion")) or "",
     )
 
@@ -204,6 +237,7 @@ class WriterLease:
         self._renewed_at = -math.inf  # our last successful acquire or renewal
         self._next_try = -math.inf
         self._refusal_logged = False
+        self._conflicts = 0  # 409s in a row
 
     # -- what the writer asks ------------------------------------------------------------
 
@@ -213,6 +247,26 @@ class WriterLease:
         if self.state == "refused":
             return True
         return self.state == "held" and now < self._renewed_at + self.renew_deadline_s
+
+    def mode(self, now: float) -> Mode:
+        """What the writer does with a write now. ``write``: this process may write
+        (``writing``). ``shadow``: another holder is known alive and within its own
+        renew deadline (it renewed the record less than two thirds of its duration ago
+        on our clock), so it writes what we computed. ``hold``: neither is known (the
+        Lease not read, its API failing, a holder gone quiet): the write waits,
+        bounded, until one of the two is known; never counted as shadowed."""
+        if self.writing(now):
+            return "write"
+        record = self._record
+        if (
+            self.state == "standby"
+            and record is not None
+            and record.holder
+            and record.holder != self.me
+            and now < self._observed_at + 2 * record.duration_s / 3
+        ):
+            return "shadow"
+        return "hold"
 
     def wait_s(self, now: float) -> float:
         """Seconds until the next round of calls is due (0: now)."""
@@ -229,7 +283,7 @@ class WriterLease:
         self._next_try = now + RETRY_PERIOD_S  # unless the outcome says otherwise
         try:
             self._round(client, now)
-        except self._error as exc:
+        except (self._error, LeaseAnswerError) as exc:
             self._failed(exc, now)
         if self.state == "held" and self._renewed_at == now:
             self._next_try = now + self.renew_every_s
@@ -237,7 +291,12 @@ class WriterLease:
 
     def _round(self, client: LeaseClient, now: float) -> None:
         record = self._record
-        if self.state == "held" and record is not None and self.writing(now):
+        if (
+            self.state == "held"
+            and record is not None
+            and record.resource_version
+            and self.writing(now)
+        ):
             # client-go's fast path: renew the record we wrote, no read first
             self._put(client, record, record.acquire_time, record.transitions, now)
             return
@@ -257,7 +316,7 @@ class WriterLease:
             )
             self._took(client.create_lease(self.namespace, body), now)
             return
-        read = parse_lease(obj)
+        read = parse_lease(obj, self.duration_s)
         if record is None or _spec(read) != _spec(record):
             self._observed_at = now  # a change: its holder is alive as of now
         self._record = read
@@ -279,6 +338,13 @@ class WriterLease:
         transitions: int,
         now: float,
     ) -> None:
+        if not record.resource_version:
+            # an update without one is unconditional: it would overwrite whoever holds
+            # the Lease by then. Read it again at the next try.
+            self._record = None
+            raise LeaseAnswerError(
+                f"Lease {self.namespace}/{self.name} read without a resourceVersion"
+            )
         body = lease_body(
             self.name,
             self.namespace,
@@ -292,15 +358,21 @@ class WriterLease:
         self._took(client.replace_lease(self.namespace, self.name, body), now)
 
     def _took(self, answer: Mapping[str, Any], now: float) -> None:
+        """The API server took our create or update. Its answer is the Lease as stored,
+        with the resourceVersion our next renewal must carry; an answer without one (or
+        not our Lease) leaves no record, so the next round reads the Lease first."""
         if self.state != "held":
             log.info(
                 "this exporter now writes for the node (Lease %s/%s)", self.namespace, self.name
             )
-        self._record = parse_lease(answer) if isinstance(answer, Mapping) else None
+        record = parse_lease(answer, self.duration_s) if isinstance(answer, Mapping) else None
+        usable = record is not None and record.resource_version and record.holder == self.me
+        self._record = record if usable else None
         self._observed_at = self._renewed_at = now
         self.holder = self.me
         self.state = "held"
         self._refusal_logged = False
+        self._conflicts = 0
 
     def _standby(self, now: float) -> None:
         if self.state in ("unknown", "refused"):
@@ -320,6 +392,7 @@ class WriterLease:
                 self.name,
             )
         self.state = "standby"
+        self._conflicts = 0
         expires = self._observed_at + (self._record.duration_s if self._record else 0)
         self._next_try = min(now + RETRY_PERIOD_S, max(now, expires))
 
@@ -339,7 +412,11 @@ class WriterLease:
                 )
             elif self.state != "refused":
                 self.state = "standby"
-            self._next_try = now  # at the next turn, not a retry period later
+            # re-read at the next turn, not a retry period later; but a 409 on that
+            # re-read too (a Lease written in a loop, a webhook answering 409) waits the
+            # retry period: never a request every turn
+            self._conflicts += 1
+            self._next_try = now if self._conflicts == 1 else now + RETRY_PERIOD_S
             return
         if status in (401, 403, 404):
             if not self._refusal_logged:
@@ -357,12 +434,13 @@ class WriterLease:
             self._record = None
             self._next_try = now + REFUSED_RETRY_S
             return
-        # no answer, 429 or 5xx: a holder writes on until its renew deadline, a
-        # standby waits, anyone else does not know
+        # no answer, 429 or 5xx (or an answer we cannot use): a holder writes on until
+        # its renew deadline, a standby stays one while its holder is known to write
+        # (``mode``), anyone else does not know
         if self.state == "held":
             if not self.writing(now):
                 self.state = "unknown"
-        elif self.state != "standby":
+        elif self.state != "standby" or self.mode(now) == "hold":
             self.state = "unknown"
         self._next_try = now + RETRY_PERIOD_S
 

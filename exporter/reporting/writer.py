@@ -24,7 +24,11 @@ else happens here, one request at a time, each with a deadline:
 - **Sent or shadowed in one place** (``_shadowed``): with ``--kube-writes shadow`` a
   write is computed, budgeted and remembered exactly as if it had been sent, then only
   counted (``gpu_exporter_kube_writes_shadowed_total{kind,reason}``) and logged. Reads
-  (the Node's condition, the rule list) still happen.
+  (the Node's condition, the rule list) still happen. With a writer Lease
+  (lease.py) a write is sent while this process holds it, shadowed only while another
+  holder is known to write (``standby`` within that holder's renew deadline), and
+  otherwise (``unknown``: a Lease outage, a holder gone quiet) held: it waits, bounded
+  as everything here, until one of the two is known (``_route``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from exporter.model import Analysis
 from exporter.reporting.budget import (
@@ -88,6 +92,7 @@ WRITE_KINDS = ("node_condition", "device_taint_rule")
 # every kind --kube-writes may shadow (exporter/config.py KUBE_WRITE_KINDS)
 SHADOW_KINDS = ("event", *WRITE_KINDS)
 WRITE_RESULTS = ("ok", "failed")
+Route = Literal["send", "shadow", "hold"]
 
 
 class WriteError(Protocol):
@@ -276,14 +281,29 @@ class KubeReporter:
     # -- sent or shadowed: the one place that decides ---------------------------------
 
     def writes_enabled(self, kind: str) -> bool:
-        """Whether writes of ``kind`` (SHADOW_KINDS) go to the API server."""
-        return kind not in self.options.shadow and self.leading()
+        """Whether writes of ``kind`` (SHADOW_KINDS) go to the API server now."""
+        return self._route(kind) == "send"
+
+    def _route(self, kind: str) -> Route:
+        """What becomes of a write of ``kind`` now: sent; shadowed (``--kube-writes
+        shadow``, or another exporter holds the node's Lease and is known to write);
+        or held until one of those is known (the Lease's state is unknown: a write
+        then could double another holder's, and shadowing it could lose a Warning no
+        one sends). Held writes stay where they wait anyway, bounded: Events in the
+        recorder (``MAX_SERIES`` keys, one count each), the condition and the taints as
+        one desired state each."""
+        if kind in self.options.shadow:
+            return "shadow"
+        if self._lease is None:
+            return "send"
+        mode = self._lease.mode(self._clock())
+        return "send" if mode == "write" else mode
 
     # -- one writer per node (exporter/reporting/lease.py) ------------------------------
 
     def leading(self) -> bool:
         """This exporter holds the node's writer Lease (or has none to ask): another
-        that holds it writes, this one shadows."""
+        that holds it writes, this one shadows or holds (``_route``)."""
         return self._lease is None or self._lease.writing(self._clock())
 
     def lease_state(self) -> LeaseState | None:
@@ -304,19 +324,22 @@ class KubeReporter:
             self._sent_condition = None
             self._existing_rules = None
 
-    def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> bool:
-        """True: this write, computed and within its budget, is not sent; it is counted
-        and logged instead, and the caller carries on as if the API had taken it. Every
-        write of every kind passes here just before its request."""
-        if self.writes_enabled(kind):
-            return False
+    def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> Route:
+        """``shadow``: this write, computed and within its budget, is not sent; it is
+        counted and logged instead, and the caller carries on as if the API had taken
+        it. ``hold``: not sent and not counted; the caller leaves it waiting, as if it
+        had not been computed. Every write of every kind passes here just before its
+        request."""
+        route = self._route(kind)
+        if route != "shadow":
+            return route
         with self._lock:
             key = (kind, reason)
             self._shadowed_writes[key] = self._shadowed_writes.get(key, 0) + 1
         # one line per write; as many as the write budgets let through (no more than
         # on mode would send), so no flood filter is needed at info level
         log.info("shadow: would %s %s %s (reason %s); not sent", verb, kind, name, reason)
-        return True
+        return "shadow"
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -392,12 +415,20 @@ class KubeReporter:
                 self._lease_turn()
             except Exception:  # a bug: the Lease's state stays as it was
                 log.exception("the writer Lease's turn failed")
-        if not self._event_backoff.active():
+        if not self._event_backoff.active() and self._route("event") != "hold":
             self._guarded("Events", self._send_events, self._event_backoff)
-        if condition is not None and not self._condition_backoff.active():
+        if (
+            condition is not None
+            and not self._condition_backoff.active()
+            and self._route("node_condition") != "hold"
+        ):
             send = functools.partial(self._send_condition, condition)
             self._guarded("the node condition", send, self._condition_backoff)
-        if rules is not None and not self._taint_backoff.active():
+        if (
+            rules is not None
+            and not self._taint_backoff.active()
+            and self._route("device_taint_rule") != "hold"
+        ):
             taint = functools.partial(self._reconcile_taints, rules, healthy, published)
             self._guarded("DeviceTaintRules", taint, self._taint_backoff)
 
@@ -437,7 +468,11 @@ class KubeReporter:
                 if write is None:
                     return
                 self._tries = 0
-            if self._shadowed("event", write.reason, write.verb, write.name):
+            route = self._shadowed("event", write.reason, write.verb, write.name)
+            if route == "hold":
+                self._retry = write  # sent (or shadowed) first once that is known
+                return
+            if route == "shadow":
                 self._retry = None
                 self.recorder.sent(write)  # as if taken: the series and budget go on
                 continue
@@ -527,7 +562,10 @@ class KubeReporter:
             else:
                 transition = sent.transition_wall
             body = condition_body(desired, transition, wall)
-            shadowed = self._shadowed("node_condition", desired.reason, "patch", node)
+            route = self._shadowed("node_condition", desired.reason, "patch", node)
+            if route == "hold":
+                return  # sent as it is then, once this process may write
+            shadowed = route == "shadow"
             if not shadowed:
                 self._client.patch_node_conditions(node, [body])
         except self._error as exc:
@@ -602,7 +640,7 @@ class KubeReporter:
                 return
             listed = None
             resync = now - self._rules_listed_at >= TAINT_RESYNC_S
-            if not self.writes_enabled("device_taint_rule"):
+            if self._route("device_taint_rule") == "shadow":
                 resync = False  # shadowed: the rules as if written are the ones to keep
             if self._existing_rules is None or resync:
                 listed = self._client.list_device_taint_rules(
@@ -692,7 +730,10 @@ class KubeReporter:
     def _create_rule(self, version: str, rule: TaintRule) -> bool:
         assert self._client is not None and self._existing_rules is not None
         body = rule_body(rule, version, self.options.node_name, self.options.taint_effect)
-        if self._shadowed("device_taint_rule", rule.reason, "create", rule.name):
+        route = self._shadowed("device_taint_rule", rule.reason, "create", rule.name)
+        if route == "hold":
+            return True  # made at a later turn, once this process may write
+        if route == "shadow":
             self._existing_rules[rule.name] = made_rule(rule)  # as if made
             return True
         try:
@@ -718,7 +759,10 @@ class KubeReporter:
 
     def _delete_rule(self, version: str, name: str, why: Stale) -> bool:
         assert self._client is not None and self._existing_rules is not None
-        if self._shadowed("device_taint_rule", why, "delete", name):
+        route = self._shadowed("device_taint_rule", why, "delete", name)
+        if route == "hold":
+            return True  # deleted at a later turn, once this process may write
+        if route == "shadow":
             self._existing_rules.pop(name, None)
             self._inherited_rules.pop(name, None)
             return True

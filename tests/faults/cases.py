@@ -229,6 +229,11 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "the writer Lease refused (403: the RBAC for leases missing)",
     ),
+    Case(
+        "writer-lease-outage-keeps-warnings",
+        "Kubernetes writes",
+        "the writer Lease API answers 500 for 60 s across a fatal XID, holder and standby",
+    ),
     # -- issue 40: writer (taint ownership, write budgets)
     Case(
         "taint-on-replaced-gpu",

@@ -1,4 +1,5 @@
-"""One writer per node (issue 40): two exporters on one node, and a refused Lease API.
+"""One writer per node (issue 40): two exporters on one node, a refused Lease API, and
+a Lease API outage.
 
 The exporters are the real ones on one simulated node and one API stand-in
 (tests/test_kube_writer_lease.py has the two-exporter harness and the scenario: two
@@ -15,14 +16,19 @@ from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
 from tests.test_kube_events import api
 from tests.test_kube_writer_lease import (
+    LEASE_ARGV,
+    events_about_gpu,
     one_exporter_alone,
+    outage,
     reporter,
     run_until,
+    second_exporter,
     sent,
     settle,
     shadowed,
     two_exporters,
     two_gpus,
+    until,
 )
 
 
@@ -75,4 +81,34 @@ async def test_writer_lease_api_refused(
         figure=f"{events} Events and the condition written over 70 s of simulated time; "
         f"{requests} Lease request, {len(refusals)} log line; leader 1, state refused; "
         "before the fix: no lease state served",
+    )
+
+
+@pytest.mark.slow  # two exporters, their writers on the simulated clock
+async def test_writer_lease_outage_keeps_warnings(record_fault: RecordFault) -> None:
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(two_gpus(), argv=argv, writer_on_simulated_clock=True) as first:
+        await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
+        async with second_exporter(first, argv, writer_on_simulated_clock=True) as second:
+            await until(lambda: reporter(second).lease_state() == "standby", "the second")
+            await outage(first, second, 20, 80)  # GPU 1's fatal XID at 45 s
+            await until(lambda: reporter(first).lease_state() == "held", "held again")
+            await settle(first, second)
+            gpu1 = events_about_gpu(first, 1)
+    keys = [(e["reason"], e["regarding"]["kind"], e["regarding"]["name"]) for e in gpu1]
+    assert {"GPUFatalXID", "GPUUnhealthy"} <= {reason for reason, _, _ in keys}
+    assert len(keys) == len(set(keys))  # each Warning once
+    assert shadowed(first, "event") == 0 and sent(second) == 0
+
+    record_fault(
+        "writer-lease-outage-keeps-warnings",
+        expected="While the Lease API fails, the holder writes until its renew deadline "
+        "(2/3 of the duration after its last renewal, on its monotonic clock); after it, "
+        "and on a standby whose holder is no longer known to write, Events, the condition "
+        "and taint writes are held (bounded: the recorder's 4096 keys, one desired state "
+        "each), not shadowed: the exporter that holds the Lease next sends them, the "
+        "other counts them as shadowed.",
+        figure=f"GPU 1's {len(keys)} Warnings raised 25 s into a 60 s Lease outage sent "
+        "once each after it, 0 shadowed by the holder, 0 sent by the standby; before "
+        "the fix: 0 sent (all counted as shadowed)",
     )
