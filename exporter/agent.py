@@ -148,8 +148,9 @@ class SelfMetrics:
         self.kube_writer_leader = Gauge(
             "gpu_exporter_kube_writer_leader",
             EXPERIMENTAL + "1 while this exporter sends the node's Kubernetes writes (it "
-            "holds the node's writer Lease, or the Lease API refused it), 0 while it only "
-            "counts them as shadowed (another exporter holds the Lease, or it is unknown).",
+            "holds the node's writer Lease, or the Lease API refused it), 0 while it does not: "
+            "it counts them as shadowed while another exporter is known to hold the Lease, "
+            "and holds them back to send later while the Lease is unknown.",
             registry=registry,
         )
         self.kube_writer_lease_state = Gauge(
