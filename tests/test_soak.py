@@ -29,7 +29,7 @@ from tests.bench_scripts import load
 soak = load("soak")
 
 PERIOD = soak.FLAP_PERIOD_S  # cycles between samples: one period of every kind of churn
-PERIODS = 5  # the first is warm-up; the blocks' trend needs more than two samples
+PERIODS = 4  # the first is warm-up; the blocks' trend needs more than two samples
 
 
 def quiet_processes(at_s: float) -> int:
