@@ -515,11 +515,9 @@ async def test_an_answer_without_a_resource_version_is_read_again_before_the_nex
     assert state == "held"
 
 
-@pytest.mark.parametrize("duration", ["30", 0, -5, None, 2.5, True])
-def test_anothers_unusable_duration_counts_as_ours(duration: object) -> None:
-    """A holder's leaseDurationSeconds that is no whole number of seconds > 0 neither
-    hands the Lease over at once nor holds it for good: it reads as ours (30 s)."""
-    body = lease_body(
+def anothers_lease_body() -> dict[str, Any]:
+    """Another holder's Lease as the API serves it, for the duration tests to spoil."""
+    return lease_body(
         "n",
         "ns",
         "other_1",
@@ -529,6 +527,13 @@ def test_anothers_unusable_duration_counts_as_ours(duration: object) -> None:
         transitions=0,
         resource_version="7",
     )
+
+
+@pytest.mark.parametrize("duration", ["30", 0, -5, None, 2.5, True])
+def test_anothers_unusable_duration_counts_as_ours(duration: object) -> None:
+    """A holder's leaseDurationSeconds that is no whole number of seconds > 0 neither
+    hands the Lease over at once nor holds it for good: it reads as ours (30 s)."""
+    body = anothers_lease_body()
     body["spec"]["leaseDurationSeconds"] = duration
     other = parse_lease(body, own_duration_s=30)
     assert decide(other, observed_at=100, me="me_1", now=129.9) == "wait"
@@ -536,16 +541,7 @@ def test_anothers_unusable_duration_counts_as_ours(duration: object) -> None:
 
 
 def test_anothers_huge_duration_is_clamped() -> None:
-    body = lease_body(
-        "n",
-        "ns",
-        "other_1",
-        1,
-        acquire_time=None,
-        renew_time=None,
-        transitions=0,
-        resource_version="7",
-    )
+    body = anothers_lease_body()
     body["spec"]["leaseDurationSeconds"] = 10**12
     other = parse_lease(body, own_duration_s=30)
     assert other.duration_s == MAX_OTHER_DURATION_S == 3600

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from exporter.sources.kube import PodWatcher
 from tests.faults.conftest import RecordFault
-from tests.harness import simulated_exporter
+from tests.harness import Harness, simulated_exporter
 from tests.kube_writes import status_of
 from tests.test_kube_events import api, quiet, until
 from tests.test_static_pods_and_clocks import (
@@ -100,6 +100,20 @@ async def test_a_node_clock_ahead_of_the_api_server_gives_no_warning_in_a_gracef
     )
 
 
+async def warnings_inside_and_past_the_stop(h: Harness) -> tuple[int, int]:
+    """GPUOrphanedMemory Events of ``terminating_pod`` up to 100 s (seen terminating at
+    ~20 s + its 30 s stop + the 60 s grace: none) and by 120 s (exactly one, deleted_pod)."""
+    await cycles_until(h, 100)
+    await quiet(h)
+    inside = len(orphan_events(h))
+    await cycles_until(h, 120)
+    await quiet(h)
+    past = orphan_events(h)
+    assert inside == 0
+    assert len(past) == 1 and "deleted_pod" in past[0]
+    return inside, len(past)
+
+
 async def test_a_wall_clock_step_in_a_graceful_stop_neither_hastens_nor_loses_the_warning(
     record_fault: RecordFault,
 ) -> None:
@@ -108,15 +122,7 @@ async def test_a_wall_clock_step_in_a_graceful_stop_neither_hastens_nor_loses_th
         async with simulated_exporter(
             terminating_pod(f"sim-step-fault-{step_s < 0:d}", 0, step_s)
         ) as h:
-            await cycles_until(h, 100)  # seen terminating at ~20 s + 30 s + 60 s grace
-            await quiet(h)
-            inside = len(orphan_events(h))
-            await cycles_until(h, 120)
-            await quiet(h)
-            past = orphan_events(h)
-            assert inside == 0
-            assert len(past) == 1 and "deleted_pod" in past[0]
-            counts[step_s] = (inside, len(past))
+            counts[step_s] = await warnings_inside_and_past_the_stop(h)
     record_fault(
         "terminating-pod-across-wall-clock-step",
         expected="The graceful stop and the deleted-pod grace after it run on the monotonic "
@@ -140,16 +146,8 @@ async def test_no_usable_date_from_the_api_server_neither_hastens_nor_loses_the_
         ) as h:
             watch = h.agent.source("kube")
             assert isinstance(watch, PodWatcher)
-            await cycles_until(h, 100)  # seen terminating at ~20 s + 30 s + 60 s grace
-            await quiet(h)
-            inside = len(orphan_events(h))
-            await cycles_until(h, 120)
-            await quiet(h)
-            past = orphan_events(h)
+            counts[date] = await warnings_inside_and_past_the_stop(h)
             assert watch.server_clock.offset_s() is None
-            assert inside == 0
-            assert len(past) == 1 and "deleted_pod" in past[0]
-            counts[date] = (inside, len(past))
     record_fault(
         "terminating-pod-without-a-usable-date",
         expected="A terminating pod's stop is timed on the monotonic clock from the first "
