@@ -14,7 +14,7 @@ import pytest
 
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
-from tests.test_kube_events import api
+from tests.test_kube_events import api, until
 from tests.test_kube_writer_lease import (
     LEASE_ARGV,
     events_about_gpu,
@@ -28,7 +28,6 @@ from tests.test_kube_writer_lease import (
     shadowed,
     two_exporters,
     two_gpus,
-    until,
 )
 
 
