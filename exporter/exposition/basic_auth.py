@@ -53,7 +53,7 @@ from enum import Enum
 from functools import lru_cache
 
 from exporter.exposition.web_config import bcrypt_cost
-from exporter.token_bucket import TokenBucket as TokenBucket  # re-exported: its tests' name
+from exporter.token_bucket import TokenBucket
 
 QUEUE_SIZE = 8  # client addresses with a check waiting (one each)
 HISTORY_SIZE = 4096  # addresses whose latest check is remembered, for the queue's order

@@ -10,7 +10,7 @@ state that flipped back in the meantime costs nothing. Events have their own bud
 
 from __future__ import annotations
 
-from exporter.token_bucket import TokenBucket as TokenBucket  # writer.py's, re-exported
+from exporter.token_bucket import TokenBucket
 
 # The node condition: five changes go at once (an incident that grows: a GPU unhealthy,
 # a second one, one of them lost), then one write per 30 s at most; the 5-minute

@@ -39,15 +39,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol, cast
 
 from exporter.model import Analysis
-from exporter.reporting.budget import (
-    CONDITION_BURST,
-    CONDITION_PER_MINUTE,
-    RuleBudgets,
-    TokenBucket,
-)
+from exporter.reporting.budget import CONDITION_BURST, CONDITION_PER_MINUTE, RuleBudgets
 from exporter.reporting.condition import (
     CONDITION_TYPE,
     NodeCondition,
@@ -71,8 +66,9 @@ from exporter.reporting.device_taints import (
     stale_rules,
 )
 from exporter.reporting.events import EventIntent, ObjectRef, event_intents
-from exporter.reporting.lease import LeaseClient, LeaseState, WriterLease
+from exporter.reporting.lease import LeaseClient, LeaseState, Mode, WriterLease
 from exporter.reporting.recorder import RESULTS, Recorder, Result, Write
+from exporter.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +88,6 @@ WRITE_KINDS = ("node_condition", "device_taint_rule")
 # every kind --kube-writes may shadow (exporter/config.py KUBE_WRITE_KINDS)
 SHADOW_KINDS = ("event", *WRITE_KINDS)
 WRITE_RESULTS = ("ok", "failed")
-Route = Literal["send", "shadow", "hold"]
 
 
 class WriteError(Protocol):
@@ -282,10 +277,10 @@ class KubeReporter:
 
     def writes_enabled(self, kind: str) -> bool:
         """Whether writes of ``kind`` (SHADOW_KINDS) go to the API server now."""
-        return self._route(kind) == "send"
+        return self._route(kind) == "write"
 
-    def _route(self, kind: str) -> Route:
-        """What becomes of a write of ``kind`` now: sent; shadowed (``--kube-writes
+    def _route(self, kind: str) -> Mode:
+        """What becomes of a write of ``kind`` now: sent (``write``); shadowed (``--kube-writes
         shadow``, or another exporter holds the node's Lease and is known to write);
         or held until one of those is known (the Lease's state is unknown: a write
         then could double another holder's, and shadowing it could lose a Warning no
@@ -295,9 +290,8 @@ class KubeReporter:
         if kind in self.options.shadow:
             return "shadow"
         if self._lease is None:
-            return "send"
-        mode = self._lease.mode(self._clock())
-        return "send" if mode == "write" else mode
+            return "write"
+        return self._lease.mode(self._clock())
 
     # -- one writer per node (exporter/reporting/lease.py) ------------------------------
 
@@ -324,7 +318,7 @@ class KubeReporter:
             self._sent_condition = None
             self._existing_rules = None
 
-    def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> Route:
+    def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> Mode:
         """``shadow``: this write, computed and within its budget, is not sent; it is
         counted and logged instead, and the caller carries on as if the API had taken
         it. ``hold``: not sent and not counted; the caller leaves it waiting, as if it
