@@ -366,8 +366,9 @@ def _terminating_since(
         if meta is None or meta.deletion_timestamp is None:
             continue
         before = previous.get(uid)
-        same = before is not None and before[0] == meta.deletion_timestamp
-        seen[uid] = before if same and before is not None else (meta.deletion_timestamp, now)
+        if before is None or before[0] != meta.deletion_timestamp:
+            before = (meta.deletion_timestamp, now)
+        seen[uid] = before
     return seen
 
 
@@ -380,12 +381,11 @@ def _pod_gone_for(uid: str, since: _PodClocks, pods: _Pods, clock: _Clock) -> fl
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
     if meta is not None and uid not in pods.finished:
-        seen = since.terminating.get(uid)
-        if meta.deletion_timestamp is None or seen is None:
+        seen = since.terminating.get(uid)  # only for a pod with a deletionTimestamp
+        if seen is None:
             return None
-        started = seen[1]
         grace = meta.deletion_grace_period_s
-        return clock.elapsed - started - (DEFAULT_TERMINATION_GRACE_S if grace is None else grace)
+        return clock.elapsed - seen[1] - (DEFAULT_TERMINATION_GRACE_S if grace is None else grace)
     gone = since.missing.get(uid)
     return None if gone is None else clock.elapsed - gone
 
