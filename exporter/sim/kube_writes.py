@@ -375,11 +375,7 @@ class KubeWrites:
                 if self._lease_fault_times <= 0:
                     self._lease_fault, self._lease_fault_times = None, None
         if mode == "hang":
-            while True:
-                with self._lock:
-                    if self._lease_fault_generation != generation:
-                        break
-                await asyncio.sleep(0.02)
+            await self._hang(lambda: self._lease_fault_generation, generation)
         forbidden = (
             f'leases.coordination.k8s.io is forbidden: User "{FAULT_USER}" cannot '
             f'{request.method.lower()} resource "leases" in API group '
@@ -417,6 +413,15 @@ class KubeWrites:
         return self._answer(
             record, mode if mode in ("forbidden", "error") else None, forbidden, handle
         )
+
+    async def _hang(self, generation_now: Callable[[], int], generation: int) -> None:
+        """Never answer (a server that accepted and went quiet) until the fault that
+        made this request hang is changed or cleared (its generation moves on)."""
+        while True:
+            with self._lock:
+                if generation_now() != generation:
+                    return
+            await asyncio.sleep(0.02)
 
     def _answer(
         self,
@@ -582,11 +587,7 @@ class KubeWrites:
                 self._writes.append(record)
             mode, delay, generation = self._take_fault_locked(request.path)
         if mode == "hang":
-            while True:
-                with self._lock:
-                    if self._fault_generation != generation:
-                        break
-                await asyncio.sleep(0.02)
+            await self._hang(lambda: self._fault_generation, generation)
         elif mode == "slow":
             await asyncio.sleep(delay)
         forbidden = (
