@@ -24,10 +24,10 @@ from exporter.exposition.basic_auth import (
     QUEUE_SIZE,
     BasicAuth,
     PasswordWorker,
-    TokenBucket,
     Verdict,
 )
 from exporter.exposition.web_config import WebConfigError, bcrypt_cost, parse_web_config
+from exporter.token_bucket import TokenBucket
 from tests.clock import Clock
 from tests.exporter_process import free_port, ready, start, terminate, wait_for
 
