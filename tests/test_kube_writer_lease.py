@@ -34,6 +34,7 @@ from exporter.reporting.lease import (
 )
 from exporter.reporting.writer import KubeReporter
 from tests.harness import Harness, simulated_exporter
+from tests.kube_writes import leave_condition
 from tests.test_kube_condition_taints import dra_with_a_reset
 from tests.test_kube_events import api, exclusive, quiet, until
 
@@ -402,8 +403,12 @@ async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None
         "timeline": [{"at": 30, "lose": 0}, {"at": 70, "restore": 0}],
     }
     argv = ["--node-condition", "--dra-device-taints", *LEASE_ARGV]
-    async with simulated_exporter(scenario, argv=argv, writer_on_simulated_clock=True) as h:
+    async with simulated_exporter(
+        scenario, argv=argv, writer_on_simulated_clock=True, first_cycle=False
+    ) as h:
+        leave_condition(h, EARLIER_FALSE)
         seen: set[str | None] = set()
+        transitions: dict[str, str] = {}
         while h.clock() < 200:
             if h.clock() == 50:
                 api(h).set_lease_fault("error")
@@ -413,10 +418,31 @@ async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None
             await cycle(h)
             await quiet(h)
             seen.add(_condition(h))
+            transitions.setdefault(str(_condition(h)), _transition(h))
         final, rules = _condition(h), api(h).device_taint_rules()
     assert "True:GPULost" in seen  # the true side: the lost GPU was told
     assert final == "False:GPUsHealthy"
     assert rules == []
+    # The earlier run's False kept its time until the loss; the False after the outage
+    # is a new transition, after the True's (adversary H: it went back to 2020).
+    assert transitions["False:GPUsHealthy"] == EARLIER_FALSE["lastTransitionTime"]
+    assert _transition(h) > transitions["True:GPULost"] > EARLIER_FALSE["lastTransitionTime"]
+
+
+EARLIER_FALSE = {
+    "type": "GPUUnhealthy",
+    "status": "False",
+    "reason": "GPUsHealthy",
+    "message": "",
+    "lastHeartbeatTime": "2020-01-01T00:00:00Z",
+    "lastTransitionTime": "2020-01-01T00:00:00Z",
+}
+
+
+def _transition(h: Harness) -> str:
+    node = api(h).node(NODE) or {}
+    (condition,) = [c for c in node["status"]["conditions"] if c["type"] == "GPUUnhealthy"]
+    return str(condition["lastTransitionTime"])
 
 
 # -- issue 40 follow-ups: a Lease outage loses no Warning; no update without a

@@ -206,7 +206,6 @@ class KubeReporter:
         # fixed once when read (issue 40: windows on the monotonic clock, deadlines on
         # the API server's): a wall-clock step later neither ends nor stretches them.
         self._hold_false_until: float | None = None  # None: the Node not read yet
-        self._inherited_transition: float | None = None
         # rules listed at start and not yet wanted by this run -> held until (monotonic)
         self._inherited_rules: dict[str, float] = {}
         # how far the node's wall clock is ahead of the API server's (the pod watch's
@@ -214,6 +213,8 @@ class KubeReporter:
         self._server_offset_s: float | None = None
         self._listed_once = False
         self._sent_condition: SentCondition | None = None
+        # the Node's condition as last read: (status, lastTransitionTime); None: to read
+        self._node_said: tuple[str, float | None] | None = None
         self._taint_version: str | bool | None = False  # False: not asked yet
         self._existing_rules: dict[str, ExistingRule] | None = None
         self._rules_listed_at = float("-inf")
@@ -316,6 +317,7 @@ class KubeReporter:
         assert self._client is not None and self._lease is not None
         if self._lease.step(cast(LeaseClient, self._client), self._clock()):
             self._sent_condition = None
+            self._node_said = None
             self._existing_rules = None
 
     def _shadowed(self, kind: str, reason: str, verb: str, name: str) -> Mode:
@@ -542,15 +544,17 @@ class KubeReporter:
             return
         node = self.options.node_name
         try:
-            if self._hold_false_until is None:
-                self._read_inherited_condition(desired)
-            assert self._hold_false_until is not None
+            if self._node_said is None:
+                self._read_node_condition()
+            assert self._node_said is not None and self._hold_false_until is not None
             if desired.status == "False" and now < self._hold_false_until:
                 return  # an earlier run's True may rest on XIDs this run never saw
             if not self._condition_budget_ok(now):
                 return  # sent when a token comes, as it is then
-            if sent is None:
-                transition = self._inherited_transition or wall
+            if sent is None:  # the Node's, when it says the same status already
+                said_status, said_transition = self._node_said
+                kept = said_transition if said_status == desired.status else None
+                transition = wall if kept is None else min(kept, wall)  # never in the future
             elif sent.condition.status != desired.status:
                 transition = wall
             else:
@@ -580,29 +584,36 @@ class KubeReporter:
             self._count_write("node_condition", "ok")
         self._condition_backoff.succeeded()
 
-    def _read_inherited_condition(self, desired: NodeCondition) -> None:
-        """Read the Node's condition once, before the first write. Its
-        lastTransitionTime is kept when the status is the same (a restart is not a
-        transition). A True left by an earlier run is not turned False before
-        ``xid_window_s`` after its last heartbeat: its verdict may rest on fatal XIDs
-        this run cannot see (without --kmsg, XIDs from before start are unknown). The
-        heartbeat is on this node's wall clock (the earlier run wrote it); the hold's end
-        becomes a monotonic deadline here, once, so a later wall-clock step does not
-        move it."""
+    def _read_node_condition(self) -> None:
+        """Read the Node's condition: before the first write, and again after the Lease
+        was regained (another exporter may have written meanwhile). Its
+        lastTransitionTime is kept when its status is the one sent next (a restart, or
+        another exporter's write of the same verdict, is not a transition); otherwise
+        the transition is now. Read again after a regain, not kept from start: reusing
+        the first read's time for a later status put a False's lastTransitionTime years
+        back after a Lease outage (adversary H, issue 40).
+
+        On the first read only, the hold: a True left by an earlier run is not turned
+        False before ``xid_window_s`` after its last heartbeat: its verdict may rest on
+        fatal XIDs this run cannot see (without --kmsg, XIDs from before start are
+        unknown). The heartbeat is on this node's wall clock (the earlier run wrote it);
+        the hold's end becomes a monotonic deadline here, once, so a later wall-clock
+        step does not move it."""
         assert self._client is not None
-        self._inherited_transition = None
+        first = self._hold_false_until is None
+        said: tuple[str, float | None] = ("Unknown", None)
         hold = float("-inf")
         now, wall = self._clock(), self._wall()
         for condition in self._client.node_conditions(self.options.node_name):
             if condition.get("type") != CONDITION_TYPE:
                 continue
-            if condition.get("status") == desired.status:
-                self._inherited_transition = _parse_time(condition.get("lastTransitionTime"))
-            if condition.get("status") == "True":
+            status = condition.get("status")
+            said = (str(status), _parse_time(condition.get("lastTransitionTime")))
+            if first and status == "True":
                 seen = _parse_time(condition.get("lastHeartbeatTime")) or self._started_wall
                 hold_wall = min(seen, self._started_wall) + self.options.xid_window_s
                 hold = now + (hold_wall - wall)
-                if desired.status == "False" and wall < hold_wall:
+                if wall < hold_wall:
                     log.info(
                         "the Node's %s condition is True from an earlier run; it is kept "
                         "until %s unless this run sees the GPUs recover first "
@@ -610,7 +621,9 @@ class KubeReporter:
                         CONDITION_TYPE,
                         time.strftime("%H:%M:%S", time.gmtime(hold_wall)),
                     )
-        self._hold_false_until = hold
+        self._node_said = said
+        if first:
+            self._hold_false_until = hold
 
     def _reconcile_taints(
         self, desired: frozenset[TaintRule], healthy: frozenset[str], published: Published | None
