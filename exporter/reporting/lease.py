@@ -41,7 +41,11 @@ and writes are *held* (``mode``), neither sent nor shadowed: sending could doubl
 live holder's writes (nothing says there is none), shadowing could lose a Warning no
 one sends (nothing says there is one). Whoever holds the Lease next sends them; an
 exporter that then sees another holder renew counts them as shadowed. Only
-``standby`` with a holder known to write shadows.
+``standby`` with a holder known to write shadows. Held, not for ever: a Lease API that
+has given no usable answer for ``UNREACHABLE_AFTER`` durations (the API server up for
+the other writes, its Lease API not: a webhook, a flow-control rule) makes the state
+``unreachable``: logged once, and written as ``refused`` is (a doubled Warning is
+better than one never sent), asking again every renewal period.
 
 The decisions (``decide``, ``lease_body``, ``parse_lease``) are pure; ``WriterLease``
 holds the observed record and makes the calls, from the writer thread only.
@@ -66,6 +70,9 @@ MAX_NAME = 253  # a Lease's name is a DNS subdomain (RFC 1123), like a Node's
 DEFAULT_DURATION_S = 30
 RETRY_PERIOD_S = 2.0  # a non-holder's tries (client-go's default RetryPeriod)
 REFUSED_RETRY_S = 300.0  # the Lease API refused us: ask again this much later
+# No usable answer from the Lease API for this many of our durations (150 s at the
+# default 30 s): written without a lease (state ``unreachable``), not held for ever.
+UNREACHABLE_AFTER = 5
 # Another holder's leaseDurationSeconds as this process counts it: a whole number of
 # seconds in [1, MAX_OTHER_DURATION_S] as written; more is clamped to the most
 # --kube-writer-lease-duration allows (exporter/config.py); anything else (absent, a
@@ -75,8 +82,8 @@ MAX_OTHER_DURATION_S = 3600
 INT32_MAX = 2**31 - 1  # leaseTransitions is an int32 >= 0 (ValidateLeaseSpec)
 LEASE_LABELS = {"app.kubernetes.io/name": "gpu-occupancy-exporter"}
 
-LeaseState = Literal["held", "standby", "unknown", "refused"]
-LEASE_STATES: tuple[LeaseState, ...] = ("held", "standby", "unknown", "refused")
+LeaseState = Literal["held", "standby", "unknown", "refused", "unreachable"]
+LEASE_STATES: tuple[LeaseState, ...] = ("held", "standby", "unknown", "refused", "unreachable")
 Decision = Literal["renew", "acquire", "wait"]
 # What the writer does with a write now: send it, count it as shadowed (another live
 # holder sends it), or keep it until one of those is known (``WriterLease.mode``).
@@ -238,13 +245,15 @@ class WriterLease:
         self._next_try = -math.inf
         self._refusal_logged = False
         self._conflicts = 0  # 409s in a row
+        self._failing_since: float | None = None  # first of the failures in a row (no answer)
 
     # -- what the writer asks ------------------------------------------------------------
 
     def writing(self, now: float) -> bool:
         """May this process write now: it holds the Lease within its renew deadline, or
-        the Lease API refused us (written as before the lease existed)."""
-        if self.state == "refused":
+        the Lease API refused us or has not answered for ``UNREACHABLE_AFTER`` durations
+        (written as before the lease existed)."""
+        if self.state in ("refused", "unreachable"):
             return True
         return self.state == "held" and now < self._renewed_at + self.renew_deadline_s
 
@@ -370,12 +379,25 @@ class WriterLease:
         self._record = record if usable else None
         self._observed_at = self._renewed_at = now
         self.holder = self.me
+        self._answered()
         self.state = "held"
         self._refusal_logged = False
         self._conflicts = 0
 
+    def _answered(self) -> None:
+        """The Lease API answered (any answer but a failure): the failures in a row end."""
+        if self.state == "unreachable":
+            log.warning(
+                "the Lease API answers again (Lease %s/%s): this exporter writes only "
+                "while it holds the Lease",
+                self.namespace,
+                self.name,
+            )
+        self._failing_since = None
+
     def _standby(self, now: float) -> None:
-        if self.state in ("unknown", "refused"):
+        self._answered()
+        if self.state in ("unknown", "refused", "unreachable"):
             log.info(
                 "exporter %s holds this node's Lease %s/%s: this one computes and counts "
                 "its writes as shadowed until it holds the Lease",
@@ -399,6 +421,8 @@ class WriterLease:
     def _failed(self, exc: BaseException, now: float) -> None:
         status = getattr(exc, "status", None)
         log.debug("writer lease: %s", getattr(exc, "reason", exc))
+        if status in (401, 403, 404, 409):
+            self._answered()
         if status == 409 or (status == 404 and self._record is not None):
             # someone else wrote (or deleted) the Lease since we read it: read again
             self._record = None
@@ -436,13 +460,44 @@ class WriterLease:
             return
         # no answer, 429 or 5xx (or an answer we cannot use): a holder writes on until
         # its renew deadline, a standby stays one while its holder is known to write
-        # (``mode``), anyone else does not know
+        # (``mode``), anyone else does not know; for UNREACHABLE_AFTER durations
+        first = self._failing_since is None
+        if self._failing_since is None:
+            self._failing_since = now
+        self._next_try = now + RETRY_PERIOD_S
+        if self.state == "unreachable":
+            self._next_try = now + self.renew_every_s
+            return
+        if now - self._failing_since >= UNREACHABLE_AFTER * self.duration_s:
+            log.warning(
+                "the Lease API has given no usable answer for %d s (Lease %s/%s; last: %s): "
+                "this exporter writes without a lease until it answers, so another "
+                "exporter on this node may write the same; held writes are sent now",
+                now - self._failing_since,
+                self.namespace,
+                self.name,
+                _what(exc, status),
+            )
+            self.state = "unreachable"
+            self._record = None
+            self._next_try = now + self.renew_every_s
+            return
+        before = self.state
         if self.state == "held":
             if not self.writing(now):
                 self.state = "unknown"
         elif self.state != "standby" or self.mode(now) == "hold":
             self.state = "unknown"
-        self._next_try = now + RETRY_PERIOD_S
+        if self.state == "unknown" and (before != "unknown" or first):
+            log.warning(
+                "the Lease API gives no usable answer (Lease %s/%s; %s): Kubernetes "
+                "writes are held until it decides who writes; after %d s without one "
+                "this exporter writes without a lease",
+                self.namespace,
+                self.name,
+                _what(exc, status),
+                UNREACHABLE_AFTER * self.duration_s,
+            )
 
     def release(self, client: LeaseClient) -> bool:
         """Give the Lease up on a clean shutdown (holder emptied, duration 1 s, as
@@ -473,6 +528,13 @@ class WriterLease:
         self.state = "standby"
         self.holder = ""
         return True
+
+
+def _what(exc: BaseException, status: int | None) -> str:
+    """A failure in a few words, for a log line."""
+    if isinstance(exc, LeaseAnswerError):
+        return "an answer without a resourceVersion"
+    return "no answer" if status is None else f"HTTP {status}"
 
 
 def _spec(record: Record) -> tuple[object, ...]:

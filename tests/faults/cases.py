@@ -230,6 +230,11 @@ CASES: tuple[Case, ...] = (
         "the writer Lease refused (403: the RBAC for leases missing)",
     ),
     Case(
+        "writer-lease-api-unreachable",
+        "Kubernetes writes",
+        "the writer Lease API answers 500 for good, the rest of the API server up",
+    ),
+    Case(
         "writer-lease-outage-keeps-warnings",
         "Kubernetes writes",
         "the writer Lease API answers 500 for 60 s across a fatal XID, holder and standby",

@@ -14,9 +14,10 @@ import pytest
 
 from tests.faults.conftest import RecordFault
 from tests.harness import simulated_exporter
-from tests.test_kube_events import api, until
+from tests.test_kube_events import api, quiet, until
 from tests.test_kube_writer_lease import (
     LEASE_ARGV,
+    cycle,
     events_about_gpu,
     one_exporter_alone,
     outage,
@@ -110,4 +111,59 @@ async def test_writer_lease_outage_keeps_warnings(record_fault: RecordFault) -> 
         figure=f"GPU 1's {len(keys)} Warnings raised 25 s into a 60 s Lease outage sent "
         "once each after it, 0 shadowed by the holder, 0 sent by the standby; before "
         "the fix: 0 sent (all counted as shadowed)",
+    )
+
+
+@pytest.mark.slow  # the writer thread on the simulated clock, turns in real time
+async def test_writer_lease_api_unreachable(
+    record_fault: RecordFault, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Lease API answers 500 from the start (the API server up for the rest): the
+    Warnings are held while the Lease may still decide, then, 150 s (5 durations) of
+    failures on, the exporter writes without a lease and says so, once; the Lease
+    answering again makes it the holder (adversary H: held, and logged at debug only,
+    for as long as the outage lasted)."""
+    caplog.set_level(logging.WARNING, logger="exporter.reporting.lease")
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(
+        two_gpus(), argv=argv, writer_on_simulated_clock=True, first_cycle=False
+    ) as h:
+        api(h).set_lease_fault("error")
+        events_before: int | None = None
+        while h.clock() < 240:
+            h.clock.advance(10)
+            await cycle(h)
+            await quiet(h)
+            if h.clock() == 140:
+                events_before = len(api(h).events())
+                assert reporter(h).lease_state() == "unknown"
+        await settle(h)
+        events_after, state = len(api(h).events()), reporter(h).lease_state()
+        requests = len(api(h).lease_log)
+        scrape = await h.scrape()
+        api(h).set_lease_fault(None)
+        h.clock.advance(10)
+        await cycle(h)
+        await until(lambda: reporter(h).lease_state() == "held", "the Lease held again")
+    assert events_before == 0 and events_after >= 4  # both fatal XIDs' Warnings
+    assert state == "unreachable"
+    assert scrape.get("gpu_exporter_kube_writer_leader") == 1
+    assert scrape.get("gpu_exporter_kube_writer_lease_state", state="unreachable") == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "exporter.reporting.lease"]
+    first = [m for m in said if "gives no usable answer" in m]
+    fallback = [m for m in said if "writes without a lease until it answers" in m]
+    again = [m for m in said if "answers again" in m]
+    assert (len(first), len(fallback), len(again)) == (1, 1, 1)
+    assert requests <= 150 / 2 + 90 / 10 + 2  # every 2 s while held, 10 s after
+
+    record_fault(
+        "writer-lease-api-unreachable",
+        expected="Writes are held while the Lease may still decide; after 5 durations "
+        "(150 s) with no usable answer the state is unreachable, logged once at warning: "
+        "the held Warnings are sent and the exporter writes without a lease, asking "
+        "every 10 s; the Lease's first answer makes it the holder, logged once.",
+        figure=f"0 Events in the first 140 s, {events_after} by 240 s; {requests} Lease "
+        f"requests in 240 s; {len(first)}+{len(fallback)}+{len(again)} warning lines "
+        "(first failure, fallback, answered again); before the fix: 0 Events for the "
+        "whole outage, nothing logged above debug",
     )
