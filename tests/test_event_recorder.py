@@ -321,6 +321,44 @@ def test_a_full_table_drops_a_burst_of_new_keys_without_scanning_it_for_each() -
     assert elapsed < 3.0, f"{elapsed:.1f} s to drop 100k intents"
 
 
+def test_a_full_table_of_unsent_events_makes_room_for_a_more_urgent_one() -> None:
+    """Full of GPUOrphanedMemory Events not yet sent (a Lease outage holds them), a
+    GPULost takes the place of the newest of them; another GPUOrphanedMemory is dropped
+    itself (adversary H: the newest was dropped whatever it was)."""
+    clock = Clock()
+    r = recorder(clock, max_series=3)
+    r.observe(tuple(intent(pod=p, reason="GPUOrphanedMemory") for p in "abc"))
+    assert r.observe((intent(pod="d", reason="GPUOrphanedMemory"),)) == [
+        ("GPUOrphanedMemory", "dropped")
+    ]
+    lost = EventIntent(node_ref(NODE), None, "GPULost", "Warning", "lost", "GPU-b")
+    assert r.observe((lost,)) == [("GPUOrphanedMemory", "dropped")]
+    writes, _ = drain(r)
+    assert [(w.reason, w.body["regarding"]["name"]) for w in writes] == [
+        ("GPULost", NODE),
+        ("GPUOrphanedMemory", "a"),
+        ("GPUOrphanedMemory", "b"),
+    ]
+
+
+def test_time_held_is_not_spent_from_a_new_events_wait_for_a_token() -> None:
+    """Events held 10 minutes (the writer Lease undecided) then let go: the burst goes,
+    and the rest still wait CREATE_WAIT_S for tokens rather than being rate-limited at
+    once (adversary H: 25 created, every other one rate_limited on the spot)."""
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST + 20)))
+    for minute in range(1, 11):
+        clock.now = 60.0 * minute
+        r.restart_waits()
+    writes, settled = drain(r)
+    assert len(writes) == NODE_BURST and settled == []
+    clock.now += CREATE_WAIT_S - 1.0
+    writes, settled = drain(r)
+    assert len(writes) == int((CREATE_WAIT_S - 1.0) * NODE_WRITES_PER_MINUTE / 60)
+    assert settled == []
+
+
 def test_a_settled_key_is_forgotten_to_make_room_for_a_new_one() -> None:
     clock = Clock()
     r = recorder(clock, max_series=3)

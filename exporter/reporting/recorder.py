@@ -13,9 +13,13 @@ The rules, and where they come from (client-go, tools/events and tools/record):
   recorder's spam filter is a burst of 25 refilled at 1 per 300 s per object). New
   Events go before series updates; one that finds the bucket empty waits up to
   ``CREATE_WAIT_S`` for a token, then is not sent (``rate_limited``); a series update
-  waits for a token as long as it takes, its count only grows.
+  waits for a token as long as it takes, its count only grows. The wait counts while
+  writes may be sent: time held (the writer Lease undecided, ``restart_waits``) is not
+  spent from it.
 - **Bounded memory**: at most ``MAX_SERIES`` keys (client-go's cache holds 4096); the
-  oldest settled key is forgotten first.
+  oldest settled key is forgotten first. Full of Events not yet sent, a new one more
+  urgent (``URGENCY``) than the least urgent of them takes its place (that one is
+  ``dropped``); one no more urgent is dropped itself.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class _Series:
     intent: EventIntent
     first_wall: float  # when first seen (eventTime)
     created_at: float  # monotonic: when this Event's window began
+    waiting_since: float  # monotonic: since when a create waits for a token
     name: str | None = None  # set once the Event exists in the API
     sent_count: int = 0  # occurrences the API knows
     pending: int = 0  # occurrences not yet sent
@@ -138,6 +143,7 @@ class Recorder:
         now, clock_wall = self._clock(), self._wall()
         settled: list[tuple[str, Result]] = []
         full = False  # nothing is evictable (observing settles nothing): no more scans
+        displaceable: list[_Series] | None = None  # when full: unsent, least urgent last
         for intent in intents:
             wall = clock_wall if intent.at is None else intent.at
             series = self._series.get(intent.key)
@@ -147,14 +153,23 @@ class Recorder:
                 continue
             if series is None and len(self._series) >= self._max and (full or not self._evict()):
                 full = True
-                settled.append((intent.reason, "dropped"))
-                continue
+                if displaceable is None:
+                    displaceable = sorted(
+                        (s for s in self._series.values() if s.name is None), key=_urgency
+                    )
+                least = displaceable[-1] if displaceable else None
+                if least is None or _rank(least.intent) <= _rank(intent):
+                    settled.append((intent.reason, "dropped"))
+                    continue
+                displaceable.pop()
+                del self._series[least.intent.key]
+                settled.append((least.intent.reason, "dropped"))
             old = self._series.pop(intent.key, None)  # an old window: a new Event, a new name
             if old is not None and old.name is not None and old.pending:
                 # its last series update never found a token: counted, not lost silently
                 settled.append((intent.reason, "rate_limited"))
             self._series[intent.key] = _Series(
-                intent, wall, now, pending=intent.count, last_wall=wall
+                intent, wall, now, now, pending=intent.count, last_wall=wall
             )
         return settled
 
@@ -192,7 +207,7 @@ class Recorder:
                 if series.name is None or now - series.created_at >= self._new_every:
                     del self._series[key]  # settled, and its window is over
             elif series.name is None:
-                if now - series.created_at >= self._create_wait and self._tokens_now(now) < 1:
+                if now - series.waiting_since >= self._create_wait and self._tokens_now(now) < 1:
                     settled.append((series.intent.reason, "rate_limited"))
                     del self._series[key]
                 else:
@@ -214,6 +229,15 @@ class Recorder:
             self._creates_since_patch += 1
             return self._create(min(waiting, key=_urgency), now), settled
         return None, settled
+
+    def restart_waits(self) -> None:
+        """Writes are held (the writer Lease undecided): the Events waiting to be
+        created have not been waiting for a token; their ``CREATE_WAIT_S`` starts again
+        when writes may go. Called on each turn that holds them."""
+        now = self._clock()
+        for series in self._series.values():
+            if series.name is None:
+                series.waiting_since = now
 
     def _tokens_now(self, now: float) -> float:
         """The bucket as it stands at ``now``, refilled since the last take."""
@@ -302,10 +326,13 @@ class Recorder:
         return settled
 
 
+def _rank(intent: EventIntent) -> tuple[int, int]:
+    """How urgent a new Event is, lowest first: its reason, then the Node before a pod."""
+    return (URGENCY.get(intent.reason, 5), 0 if intent.regarding.kind == "Node" else 1)
+
+
 def _urgency(series: _Series) -> tuple[int, int, float]:
-    intent = series.intent
-    node_first = 0 if intent.regarding.kind == "Node" else 1
-    return (URGENCY.get(intent.reason, 5), node_first, series.created_at)
+    return (*_rank(series.intent), series.created_at)
 
 
 def _reference(ref: ObjectRef) -> dict[str, str]:

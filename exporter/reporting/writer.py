@@ -411,7 +411,9 @@ class KubeReporter:
                 self._lease_turn()
             except Exception:  # a bug: the Lease's state stays as it was
                 log.exception("the writer Lease's turn failed")
-        if not self._event_backoff.active() and self._route("event") != "hold":
+        if self._route("event") == "hold":
+            self.recorder.restart_waits()  # a held Event has not waited for a token
+        elif not self._event_backoff.active():
             self._guarded("Events", self._send_events, self._event_backoff)
         if (
             condition is not None
@@ -467,6 +469,7 @@ class KubeReporter:
             route = self._shadowed("event", write.reason, write.verb, write.name)
             if route == "hold":
                 self._retry = write  # sent (or shadowed) first once that is known
+                self.recorder.restart_waits()
                 return
             if route == "shadow":
                 self._retry = None
