@@ -79,24 +79,36 @@ async def test_a_gpu_this_run_sees_unhealthy_ends_the_hold_with_its_own_verdicts
         await until(lambda: status_of(h) == ("False", "GPUsHealthy"), "the condition False")
 
 
-def rule_scenario(node_ahead_s: float) -> dict[str, object]:
+def rule_scenario(node_ahead_s: float, api_date: str | None = None) -> dict[str, object]:
     """The ``dra`` scenario, all healthy; the node's clock ``node_ahead_s`` ahead of the
-    API server's (negative: behind)."""
+    API server's (negative: behind); ``api_date``: the server's Date header
+    (exporter/sim/scenario.py, ``absent``: none)."""
     data = dra_with_a_reset(unhealthy_at=10_000, healthy_at=20_000)
     data["node_clock"] = {"offset_s": node_ahead_s}
+    if api_date is not None:
+        data["node_clock"]["api_date"] = api_date  # type: ignore[index]
     return data
 
 
-@pytest.mark.parametrize("ahead_s", [180, -180], ids=["node-ahead-3min", "node-behind-3min"])
+@pytest.mark.parametrize(
+    ("ahead_s", "api_date"),
+    [(180, None), (-180, None), (-400 * 86_400, "absent")],
+    ids=["node-ahead-3min", "node-behind-3min", "node-behind-400d-no-date"],
+)
 async def test_an_inherited_rules_hold_ends_at_creation_plus_window_on_the_servers_clock(
-    ahead_s: float,
+    ahead_s: float, api_date: str | None
 ) -> None:
     """The rule's creationTimestamp is the API server's time. Before the fix it was
     compared with the node's wall clock: 3 min ahead, the 120 s hold was over before it
-    began (the rule deleted in the first cycle); 3 min behind, it lasted 300 s."""
+    began (the rule deleted in the first cycle); 3 min behind, it lasted 300 s. With no
+    Date header to tell the server's time, the node's clock 400 days behind held the
+    taint on a healthy GPU for 400 days; now the hold ends the window after start."""
     argv = ["--dra-device-taints", "--health-xid-window", str(WINDOW_S)]
     async with simulated_exporter(
-        rule_scenario(ahead_s), argv=argv, first_cycle=False, writer_on_simulated_clock=True
+        rule_scenario(ahead_s, api_date),
+        argv=argv,
+        first_cycle=False,
+        writer_on_simulated_clock=True,
     ) as h:
         uuid = next(g.uuid for g in h.env.node.gpus if g.index == 0)
         created = h.clock()  # the stand-in stamps creationTimestamp on the server's clock

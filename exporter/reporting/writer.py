@@ -702,15 +702,18 @@ class KubeReporter:
 
     def _rule_hold_until(self, created: float | None, now: float) -> float:
         """The monotonic deadline of an inherited rule's hold: ``xid_window_s`` after
-        its creation on the API server's clock (unknown creation: after this run's
-        start). Without an offset estimate the node's clock stands in for the server's."""
+        its creation on the API server's clock, never more than ``xid_window_s`` from
+        now (a rule is not made in the future: a node clock years behind held a taint
+        for years). Unknown creation, or no estimate yet of how far this node's clock
+        is from the server's: ``xid_window_s`` after this run's start (the node's own
+        clock, perhaps stepped, does not stand in for the server's)."""
         window = self.options.xid_window_s
-        if created is None:
-            return self._started + window
         with self._lock:
-            offset = self._server_offset_s or 0.0
+            offset = self._server_offset_s
+        if created is None or offset is None:
+            return self._started + window
         server_now = self._wall() - offset
-        return now + (created + window - server_now)
+        return now + min(window, max(0.0, created + window - server_now))
 
     # -- write budgets (budget.py) ----------------------------------------------------
 
