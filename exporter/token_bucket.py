@@ -1,6 +1,8 @@
 """A token bucket for any layer that bounds a rate (stdlib only, imports nothing from the
-exporter): the write budgets of ``exporter/reporting/budget.py``, and the failed-login
-budgets and the bcrypt pace of ``exporter/exposition/basic_auth.py``.
+exporter): the write budgets of ``exporter/reporting/budget.py``, the Event recorder's
+node budget (``exporter/reporting/recorder.py``), the LIST budget of the Kubernetes
+watches (``exporter/sources/backoff.py``, ``RateBudget``), and the failed-login budgets
+and the bcrypt pace of ``exporter/exposition/basic_auth.py``.
 
 Time is whatever the caller passes as ``now`` (monotonic seconds, or a test's clock):
 the bucket reads no clock of its own. A ``now`` earlier than one already seen refills
@@ -61,6 +63,11 @@ class TokenBucket:
     def give_back(self) -> None:
         """Return a token taken for something that did not happen (never above ``burst``)."""
         self.tokens = min(self.burst, self.tokens + 1)
+
+    def available(self, now: float) -> float:
+        """The tokens at ``now`` (fractions included), taking none."""
+        self._refill(now)
+        return self.tokens
 
     def full(self, now: float) -> bool:
         self._refill(now)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from exporter.reporting.events import ACTION, CONTROLLER, EventIntent, ObjectRef
+from exporter.token_bucket import TokenBucket
 
 NEW_EVENT_EVERY_S = 600.0
 SERIES_FLUSH_S = 30.0
@@ -118,12 +119,9 @@ class Recorder:
         self._wall = wall
         self._new_every = new_event_every_s
         self._flush = series_flush_s
-        self._burst = float(burst)
-        self._rate = writes_per_minute / 60.0
         self._max = max_series
         self._create_wait = create_wait_s
-        self._tokens = float(burst)
-        self._refilled = clock()
+        self._budget = TokenBucket(burst, per_minute=writes_per_minute, now=clock())
         self._series: dict[tuple[ObjectRef, str, str], _Series] = {}
         self._last_ns = 0
         self._creates_since_patch = 0
@@ -183,14 +181,6 @@ class Recorder:
 
     # -- writes out ------------------------------------------------------------------
 
-    def _take_token(self, now: float) -> bool:
-        self._tokens = self._tokens_now(now)
-        self._refilled = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
-
     def next_write(self) -> tuple[Write | None, list[tuple[str, Result]]]:
         """The next write due now, if any, and the intents settled on the way.
 
@@ -207,7 +197,8 @@ class Recorder:
                 if series.name is None or now - series.created_at >= self._new_every:
                     del self._series[key]  # settled, and its window is over
             elif series.name is None:
-                if now - series.waiting_since >= self._create_wait and self._tokens_now(now) < 1:
+                waited = now - series.waiting_since >= self._create_wait
+                if waited and self._budget.available(now) < 1:
                     settled.append((series.intent.reason, "rate_limited"))
                     del self._series[key]
                 else:
@@ -222,10 +213,10 @@ class Recorder:
                 ),
                 None,
             )
-        if patch is not None and self._take_token(now):
+        if patch is not None and self._budget.take(now):
             self._creates_since_patch = 0
             return self._patch(patch, now), settled
-        if waiting and self._take_token(now):
+        if waiting and self._budget.take(now):
             self._creates_since_patch += 1
             return self._create(min(waiting, key=_urgency), now), settled
         return None, settled
@@ -238,10 +229,6 @@ class Recorder:
         for series in self._series.values():
             if series.name is None:
                 series.waiting_since = now
-
-    def _tokens_now(self, now: float) -> float:
-        """The bucket as it stands at ``now``, refilled since the last take."""
-        return min(self._burst, self._tokens + (now - self._refilled) * self._rate)
 
     def _create(self, series: _Series, now: float) -> Write:
         intent = series.intent

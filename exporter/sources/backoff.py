@@ -21,6 +21,8 @@ import random
 import time
 from collections.abc import Callable
 
+from exporter.token_bucket import TokenBucket
+
 
 class Backoff:
     """Delays ``initial_s * factor**n`` capped at ``max_s``, each scaled by random jitter.
@@ -107,23 +109,15 @@ class RateBudget:
             raise ValueError(f"burst must be >= 1, got {burst}")
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0, got {period_s}")
-        self._burst = burst
         self._period_s = period_s
         self._clock = clock
-        self._tokens = float(burst)
-        self._at = clock()
-
-    def _refill(self) -> float:
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._at) / self._period_s)
-        self._at = now
-        return self._tokens
+        self._bucket = TokenBucket(burst, per_s=1.0 / period_s, now=clock())
 
     def wait_s(self) -> float:
         """Seconds until a request may be made (0: now)."""
-        missing = 1.0 - self._refill()
+        missing = 1.0 - self._bucket.available(self._clock())
         return max(0.0, missing * self._period_s)
 
     def take(self) -> None:
-        """Spend one request (call once ``wait_s()`` is 0; never goes below empty)."""
-        self._tokens = max(0.0, self._refill() - 1.0)
+        """Spend one request (call once ``wait_s()`` is 0)."""
+        self._bucket.take(self._clock())
