@@ -64,8 +64,6 @@ from exporter import allocator  # noqa: E402
 from exporter.agent import Agent, build_agent  # noqa: E402
 from exporter.config import parse_config  # noqa: E402
 from exporter.exposition.server import (  # noqa: E402
-    OPENMETRICS,
-    TEXT,
     MetricsCache,
     bound_port,
     build_app,
@@ -212,7 +210,7 @@ def measure(*, steady: bool = True) -> dict[str, Any]:
 
 
 def render_every_format(agent: Agent) -> None:
-    """Render text and OpenMetrics from the latest cycle, where not yet rendered.
+    """Render text and OpenMetrics from the latest cycle (``MetricsCache.render_afresh``).
 
     Each format keeps the families of its own last render (exporter/exposition/
     render.py), and a format renders only when a request is expected (scrape_demand.py):
@@ -229,13 +227,7 @@ def render_every_format(agent: Agent) -> None:
     the name): +671 blocks between the first two samples of a loaded run with nothing
     leaked, as much as the +637 on which fresh-clone CI once failed the short form
     (2026-11-28)."""
-    for fmt in (TEXT, OPENMETRICS):
-        agent.cache.render_now(fmt)
-    renderer, registry = agent.cache._renderer, agent.cache._registry
-    assert registry is not None
-    for openmetrics in (False, True):
-        renderer.forget(openmetrics=openmetrics)
-        (renderer.openmetrics if openmetrics else renderer.text)(registry)
+    agent.cache.render_afresh()
 
 
 def sample(cycle: int, agent: Agent, scraper: Scraper) -> dict[str, Any]:

@@ -151,6 +151,23 @@ class MetricsCache:
                 done = self._rendered.setdefault(fmt, done)
         return done
 
+    def render_afresh(self) -> None:
+        """Render every format from the current cycle, then each once more from nothing
+        (``Renderer.forget``), so the renderer holds the families and series names of
+        exactly the served output, whichever families changed since each format's last
+        render. For measurements (benchmarks/soak.py), whose figures must not depend on
+        when the last scrape came; blocking: run it in a thread, not on the event loop."""
+        for fmt in self._renderers:
+            self.render_now(fmt)
+        with self._lock:
+            registry = self._registry
+        if registry is None:
+            raise RuntimeError("no cycle has been rendered yet")
+        for openmetrics in (False, True):
+            self._renderer.forget(openmetrics=openmetrics)
+            render = self._renderer.openmetrics if openmetrics else self._renderer.text
+            render(registry)
+
 
 def _quality(params: list[str]) -> float:
     """The ``q=`` weight among an Accept header entry's parameters (default 1)."""
