@@ -6,7 +6,7 @@ Every ``import`` in exporter/ is read with ``ast`` (also those inside functions 
 - ``exporter.analysis.*`` imports only ``exporter.model`` and ``exporter.analysis``;
 - ``exporter.sources.*`` imports only ``exporter.model``, its own package
   (``exporter.sources.*``: base, backoff, threaded, ...), the neutral ``exporter.text``
-  and the kubelet's protocol ``exporter.kubelet_api``;
+  and ``exporter.token_bucket``, and the kubelet's protocol ``exporter.kubelet_api``;
 - ``exporter.config`` is a leaf: it imports only ``exporter.model`` (and the package, for
   its version), so parsing flags loads no analysis, exposition or prometheus_client;
 - ``exporter.sim`` is the node outside the exporter: it imports only ``exporter.model``,
@@ -127,9 +127,9 @@ RULES = [
         _only("exporter.model", "exporter.analysis"),
     ),
     Rule(
-        "sources import only model, sources, text and the kubelet API",
+        "sources import only model, sources, the neutral helpers and the kubelet API",
         lambda m: _within(m, "exporter.sources"),
-        _only("exporter.model", "exporter.sources", "exporter.text", "exporter.kubelet_api"),
+        _only("exporter.model", "exporter.sources", *NEUTRAL, "exporter.kubelet_api"),
     ),
     Rule(
         "config is a leaf: it imports only model",
