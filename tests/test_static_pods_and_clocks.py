@@ -27,6 +27,7 @@ from exporter.analysis.xid import XidLedger
 from exporter.model import (
     KIND_DELETED_POD,
     MIRROR_POD_ANNOTATION,
+    NodeSnapshot,
     OrphanedMemory,
     OrphanState,
     PodMeta,
@@ -40,9 +41,12 @@ from tests.kube_writes import dra_with_a_reset, status_of
 from tests.test_kube_events import api, exclusive, quiet, step, until
 from tests.test_orphans import (
     CID_A,
+    CID_B,
     T0,
     UID_A,
+    UID_B,
     alive,
+    gpu,
     gpu_with_pod_process,
     kubelet,
     meta,
@@ -98,7 +102,19 @@ async def test_a_deleted_pod_whose_process_lives_on_is_still_deleted_pod_memory(
 
 @pytest.mark.parametrize(
     ("value", "read"),
-    [(45, 45), (0, 0), (-5, None), ("30", None), (30.5, None), (True, None), (None, None)],
+    [
+        (45, 45),
+        (0, 0),
+        (-5, None),
+        ("30", None),
+        (30.5, None),
+        (True, None),
+        (None, None),
+        (2**63 - 1, 2**63 - 1),
+        (2**63, None),  # beyond int64: no API server sends it
+        # no float holds it: every cycle failed (adversary, issue 40)
+        pytest.param(10**400, None, id="10**400-None"),
+    ],
 )
 def test_the_deletion_grace_period_is_a_whole_number_of_seconds_or_unknown(
     value: object, read: int | None
@@ -377,7 +393,7 @@ def test_terminating_sights_are_kept_through_a_watch_outage_and_dropped_with_the
         terminating, attribute(terminating), OrphanState(), now=T0, policy=policy, elapsed=0
     )
     _, state = find_orphans(outage, attribute(outage), state, now=T0, policy=policy, elapsed=50)
-    assert state.pod_terminating_since == {UID_A: (T0 + 30, 0)}  # not restarted at 50
+    assert state.pod_terminating_since == {UID_A: (T0 + 30, 0, 30)}  # not restarted at 50
     found, state = find_orphans(
         terminating, attribute(terminating), state, now=T0 + 90, policy=policy, elapsed=90
     )
@@ -385,6 +401,73 @@ def test_terminating_sights_are_kept_through_a_watch_outage_and_dropped_with_the
     exited = node([gpu_with_pod_process()], [], pod_meta=watch())
     _, state = find_orphans(exited, attribute(exited), state, now=T0, policy=policy, elapsed=91)
     assert state.pod_terminating_since == {}
+
+
+def judge_each(
+    policy: OrphanPolicy, snapshots: list[tuple[float, NodeSnapshot]]
+) -> list[tuple[float, list[str]]]:
+    """find_orphans over (elapsed, snapshot) in turn, one state: the kinds found each time."""
+    state = OrphanState()
+    kinds: list[tuple[float, list[str]]] = []
+    for elapsed, snapshot in snapshots:
+        found, state = find_orphans(
+            snapshot, attribute(snapshot), state, now=T0 + elapsed, policy=policy, elapsed=elapsed
+        )
+        kinds.append((elapsed, [o.kind for o in found]))
+    return kinds
+
+
+def test_a_same_name_replacement_does_not_hide_the_old_pods_leak() -> None:
+    """ml/api (UID_A) deleted with its process still holding memory, and a new ml/api
+    (UID_B, a StatefulSet replica) running: the kubelet lists the name, but it is the
+    new pod's (adversary, issue 40: never reported)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    replaced = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_B, "api", CID_B)),
+        pod_resources=kubelet(("ml", "api", 1)),
+    )
+    before = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_A, "api", CID_A)),
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    seen = judge_each(policy, [(0, before), (10, replaced), (69, replaced), (70, replaced)])
+    assert seen == [(0, []), (10, []), (69, []), (70, [KIND_DELETED_POD])]
+
+
+def test_a_watch_outage_after_the_verdict_keeps_it() -> None:
+    """Terminating (grace 30) from 0: deleted_pod at 90; the watch then down with the
+    kubelet still listing the pod: the verdict stays (adversary, issue 40: it cleared
+    during the outage, the alert's for: started again, the Event came twice)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    terminating = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30)),
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    outage = replace(terminating, pod_meta=watch(ok=False))
+    seen = judge_each(policy, [(0, terminating), (90, terminating), (100, outage), (110, outage)])
+    assert seen == [(0, []), *((t, [KIND_DELETED_POD]) for t in (90, 100, 110))]
+
+
+def test_a_process_missing_from_one_cycle_keeps_its_pods_first_sight() -> None:
+    """A GPU or /proc read that misses the process at 80 s does not start the pod's
+    graceful stop again (adversary, issue 40: the verdict moved from 90 s to 180 s)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    pod = watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30))
+    terminating = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=pod,
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    missed = node([gpu(0)], [], pod_meta=pod, pod_resources=kubelet(("ml", "api", 0)))
+    seen = judge_each(policy, [(0, terminating), (80, missed), (90, terminating)])
+    assert seen == [(0, []), (80, []), (90, [KIND_DELETED_POD])]
 
 
 def test_a_vanished_pods_grace_runs_on_the_monotonic_clock_through_a_wall_step() -> None:

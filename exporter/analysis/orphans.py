@@ -123,6 +123,9 @@ class _Pods:
     kubelet: frozenset[tuple[str, str]] | None  # (namespace, pod); None: PodResources down
     names: dict[str, PodName] = field(default_factory=dict)  # by uid
     finished: frozenset[str] = frozenset()  # uids of pods in a terminal phase
+    # (namespace, pod) of every pod the watch lists: a name listed under another uid
+    # is a same-name replacement, whatever the kubelet says of the name
+    watched_names: frozenset[tuple[str, str]] = frozenset()
 
 
 def find_orphans(
@@ -219,7 +222,9 @@ class _PodClocks:
     """Since when (monotonic) each live GPU process's pod has been gone, or terminating."""
 
     missing: Mapping[str, float]
-    terminating: Mapping[str, tuple[float, float]]  # (deletionTimestamp, first seen)
+    terminating: Mapping[
+        str, tuple[float, float, int | None]
+    ]  # (deletionTimestamp, first seen, grace)
 
 
 def _kind(
@@ -304,7 +309,10 @@ def _pods(
             meta = watch.get(uid)
             if meta is not None:
                 names[uid] = PodName(meta.namespace, meta.name)
-    return _Pods(watch=watch, kubelet=kubelet, names=names, finished=finished)
+    watched_names = frozenset((m.namespace, m.name) for m in known)
+    return _Pods(
+        watch=watch, kubelet=kubelet, names=names, finished=finished, watched_names=watched_names
+    )
 
 
 def _watch(pod_meta: PodMetaSnapshot | None) -> dict[str, PodMeta] | None:
@@ -329,6 +337,8 @@ def _gone(uid: str, pods: _Pods) -> bool:
     if pods.watch is not None:
         if uid in pods.watch:
             return uid in pods.finished
+        if name is not None and (name.namespace, name.name) in pods.watched_names:
+            return True  # the name is a new pod's (a StatefulSet replica): this one is gone
         return not listed_by_kubelet
     return pods.kubelet is not None and name is not None and not listed_by_kubelet
 
@@ -348,27 +358,27 @@ def _missing_since(
 
 def _terminating_since(
     rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
-) -> dict[str, tuple[float, float]]:
-    """Since when (``now``: the monotonic clock) each live GPU process's pod has been seen
-    terminating with its present ``deletionTimestamp``: a new deletion request may only
-    shorten the grace period, and the API server then moves the timestamp, so a moved one
-    counts from when it was seen (the shortened grace from the new request, never from
-    the old one's sight). Without a usable watch this cycle it is not known whether a pod
-    still terminates: what was seen is kept, nothing added. Bounded by the live
-    processes' pods."""
+) -> dict[str, tuple[float, float, int | None]]:
+    """Since when (``now``: the monotonic clock) each GPU process's pod has been seen
+    terminating with its present ``deletionTimestamp``, and its grace period: a new
+    deletion request may only shorten the grace period, and the API server then moves
+    the timestamp, so a moved one counts from when it was seen (the shortened grace from
+    the new request, never from the old one's sight). Kept while the pod terminates even
+    when its process is missing from a cycle (a GPU or /proc read failed once: the first
+    sight stays). Without a usable watch this cycle it is not known whether a pod still
+    terminates: what was seen is kept, nothing added. Bounded by the watch's pods."""
     previous = state.pod_terminating_since
-    uids = {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
     if pods.watch is None:
-        return {uid: previous[uid] for uid in uids if uid in previous}
-    seen: dict[str, tuple[float, float]] = {}
-    for uid in uids:
+        return dict(previous)
+    uids = {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
+    seen: dict[str, tuple[float, float, int | None]] = {}
+    for uid in uids | previous.keys():
         meta = pods.watch.get(uid)
         if meta is None or meta.deletion_timestamp is None:
             continue
         before = previous.get(uid)
-        if before is None or before[0] != meta.deletion_timestamp:
-            before = (meta.deletion_timestamp, now)
-        seen[uid] = before
+        first = now if before is None or before[0] != meta.deletion_timestamp else before[1]
+        seen[uid] = (meta.deletion_timestamp, first, meta.deletion_grace_period_s)
     return seen
 
 
@@ -380,12 +390,14 @@ def _pod_gone_for(uid: str, since: _PodClocks, pods: _Pods, clock: _Clock) -> fl
     saw it so. Both on the monotonic clock.
     """
     meta = pods.watch.get(uid) if pods.watch is not None else None
-    if meta is not None and uid not in pods.finished:
-        seen = since.terminating.get(uid)  # only for a pod with a deletionTimestamp
-        if seen is None:
+    seen = since.terminating.get(uid)  # only for a pod seen with a deletionTimestamp
+    if (meta is not None or pods.watch is None) and uid not in pods.finished:
+        # listed and not finished; or, the watch down, as last seen: its graceful stop
+        if seen is not None:
+            _, first, grace = seen
+            return clock.elapsed - first - (DEFAULT_TERMINATION_GRACE_S if grace is None else grace)
+        if meta is not None:
             return None
-        grace = meta.deletion_grace_period_s
-        return clock.elapsed - seen[1] - (DEFAULT_TERMINATION_GRACE_S if grace is None else grace)
     gone = since.missing.get(uid)
     return None if gone is None else clock.elapsed - gone
 

@@ -43,8 +43,11 @@ class OrphanState:
     """pid -> cycles it has been in state D or Z."""
     pod_missing_since: Mapping[str, float] = field(default_factory=dict)
     """pod uid -> when (monotonic clock) its pod was first seen gone."""
-    pod_terminating_since: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    """pod uid -> (its deletionTimestamp, when (monotonic clock) it was first seen so)."""
+    pod_terminating_since: Mapping[str, tuple[float, float, int | None]] = field(
+        default_factory=dict
+    )
+    """pod uid -> (its deletionTimestamp, when (monotonic clock) it was first seen so, its
+    deletionGracePeriodSeconds as last seen): kept while the watch cannot say."""
     pod_names: Mapping[str, PodName] = field(default_factory=dict)
     """pod uid -> its name, learned while it could be named."""
 

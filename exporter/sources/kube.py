@@ -56,10 +56,14 @@ def _parse_time(value: Any) -> float | None:
     return parsed.timestamp()
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _whole_seconds(value: Any) -> int | None:
     """``deletionGracePeriodSeconds``, an int64 the API server keeps >= 0; anything else
-    (absent, a string, a float, negative) is None: the reader assumes the default."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    (absent, a string, a float, negative, beyond int64: no float holds 10**400) is
+    None: the reader assumes the default."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
         return None
     return value
 
