@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -204,12 +204,17 @@ async def simulated_exporter(
     argv: Sequence[str] = (),
     first_cycle: bool = True,
     writer_on_simulated_clock: bool = False,
+    before_start: Callable[[SimEnvironment], None] | None = None,
 ) -> AsyncIterator[Harness]:
     """``writer_on_simulated_clock``: the Kubernetes writer's windows and budgets run
-    on the simulated clock (a test of budgets over minutes), not on real time."""
+    on the simulated clock (a test of budgets over minutes), not on real time.
+    ``before_start``: called with the started simulated node before the exporter
+    starts (a fault its first requests must already meet, e.g. the Lease API's)."""
     clock = ManualClock()
     env = SimEnvironment(scenario_from(scenario), clock=clock, kube_api=kube_api)
     paths = await env.start()
+    if before_start is not None:
+        before_start(env)
     try:
         config = parse_config(
             [

@@ -341,6 +341,33 @@ def test_a_full_table_of_unsent_events_makes_room_for_a_more_urgent_one() -> Non
     ]
 
 
+def test_room_for_a_more_urgent_one_is_made_neither_from_the_retried_write_nor_lost() -> None:
+    """Full of GPUOrphanedMemory Events: ``a`` sent with an occurrence still to send,
+    ``b`` created but its answer not back (the writer's retry, ``keep``), ``c`` not
+    sent. Two GPULost come: ``c`` and ``a``'s count make room, never ``b``, which its
+    retry settles (adversary helper-28: displaced and then created, counted twice; a
+    sent series never made room)."""
+    clock = Clock()
+    r = recorder(clock, max_series=3)
+    r.observe(tuple(intent(pod=p, reason="GPUOrphanedMemory") for p in "ab"))
+    first, _ = r.next_write()
+    assert first is not None
+    r.sent(first)
+    retried, _ = r.next_write()  # in flight: neither sent nor failed yet
+    assert retried is not None and retried.body["regarding"]["name"] == "b"
+    r.observe(
+        (intent(pod="a", reason="GPUOrphanedMemory"), intent(pod="c", reason="GPUOrphanedMemory"))
+    )
+    lost = [
+        EventIntent(node_ref(NODE), None, "GPULost", "Warning", "lost", g) for g in ("G1", "G2")
+    ]
+    settled = r.observe(tuple(lost), keep=retried.key)
+    assert settled == [("GPUOrphanedMemory", "dropped")] * 2
+    assert r.sent(retried) == "created"
+    writes, _ = drain(r)
+    assert [w.reason for w in writes] == ["GPULost", "GPULost"]
+
+
 def test_time_held_is_not_spent_from_a_new_events_wait_for_a_token() -> None:
     """Events held 10 minutes (the writer Lease undecided) then let go: the burst goes,
     and the rest still wait CREATE_WAIT_S for tokens rather than being rate-limited at

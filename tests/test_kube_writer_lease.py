@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,6 +33,8 @@ from exporter.reporting.lease import (
     parse_lease,
 )
 from exporter.reporting.writer import KubeReporter
+from exporter.sim.environment import SimEnvironment
+from exporter.sim.kube_writes import LeaseFault
 from tests.harness import Harness, simulated_exporter
 from tests.kube_writes import leave_condition
 from tests.test_kube_condition_taints import dra_with_a_reset
@@ -114,6 +116,17 @@ async def second_exporter(
         await agent.close()
 
 
+def lease_fault(mode: LeaseFault) -> Callable[[SimEnvironment], None]:
+    """For ``simulated_exporter(before_start=...)``: the Lease API answers ``mode`` from
+    the exporter's first request on."""
+
+    def set_fault(env: SimEnvironment) -> None:
+        assert env.kube_api is not None
+        env.kube_api.writes.set_lease_fault(mode)
+
+    return set_fault
+
+
 def reporter(h: Harness) -> KubeReporter:
     assert h.agent.reporter is not None
     return h.agent.reporter
@@ -165,9 +178,21 @@ def shadowed(h: Harness, kind: str) -> int:
     return sum(n for (k, _), n in reporter(h).shadow_counts().items() if k == kind)
 
 
+# A standby holds its writes until it has seen the holder renew (a renewal period, 10 s
+# of real time for a writer on it), then counts them as shadowed.
+SETTLE_S = 15.0
+
+
+async def shadowing(h: Harness) -> None:
+    """Until ``h``, a standby, has seen the holder renew: it shadows from then on."""
+    lease = reporter(h)._lease
+    assert lease is not None
+    await until(lambda: lease.mode(lease._clock()) == "shadow", "a renewal seen", SETTLE_S)
+
+
 async def settle(*hs: Harness) -> None:
     for h in hs:
-        await until(reporter(h).settled, "the writer to send what it has")
+        await until(reporter(h).settled, "the writer to send what it has", SETTLE_S)
         await quiet(h)
 
 
@@ -313,8 +338,9 @@ async def test_a_conflict_on_renewal_makes_this_exporter_a_standby() -> None:
 async def test_a_refused_lease_api_falls_back_to_writing() -> None:
     """403 on the Lease (the chart's RBAC for leases missing): the exporter writes as
     it did before the lease, says so in its state, and Events still get through."""
-    async with simulated_exporter(two_gpus(), argv=[*LEASE_ARGV], first_cycle=False) as h:
-        api(h).set_lease_fault("forbidden")
+    async with simulated_exporter(
+        two_gpus(), argv=[*LEASE_ARGV], first_cycle=False, before_start=lease_fault("forbidden")
+    ) as h:
         await run_until(30, h)
         await settle(h)
         scrape = await h.scrape()
@@ -345,6 +371,7 @@ async def test_two_exporters_make_and_remove_a_device_taint_rule_once() -> None:
     async with simulated_exporter(dra_with_a_reset(), argv=argv) as first:
         await until(lambda: reporter(first).lease_state() == "held", "the first to hold")
         async with second_exporter(first, argv) as second:
+            await shadowing(second)  # else its writes are held, and the two coalesce
             await run_until(30, first, second)
             await until(lambda: len(api(first).device_taint_rules()) == 1, "the rule")
             await run_until(60, first, second)
@@ -676,3 +703,55 @@ async def test_three_exporters_one_lease_one_writer_and_a_takeover_after_a_death
     assert 2.0 < took_s < 6.0 + 2.0 + 2.0
     assert states == ["held", "standby"]
     assert len(writers) == 1
+
+
+def dead_holder_and(mode: LeaseFault) -> Callable[[SimEnvironment], None]:
+    """For ``before_start``: the Lease held by an exporter that died (a restarted pod's
+    old identity, never renewed again), and the Lease API answering ``mode``."""
+
+    def set_up(env: SimEnvironment) -> None:
+        assert env.kube_api is not None
+        stamp = "2026-01-01T00:00:00.000000Z"
+        env.kube_api.writes.set_lease(
+            lease_body(
+                LEASE,
+                NAMESPACE,
+                "old-pod_deadbeef",
+                30,
+                acquire_time=stamp,
+                renew_time=stamp,
+                transitions=0,
+                resource_version=None,
+            )
+        )
+        env.kube_api.writes.set_lease_fault(mode)
+
+    return set_up
+
+
+@pytest.mark.slow  # the writer thread on the simulated clock, turns in real time
+@pytest.mark.parametrize("mode", ["conflict", "no-version"])
+async def test_a_dead_holder_and_a_lease_that_cannot_be_taken_lose_no_warning(
+    mode: LeaseFault,
+) -> None:
+    """A dead exporter's identity in the Lease, and every Lease request answered 409, or
+    every answer without a resourceVersion: the writes are held (never shadowed: no
+    renewal was ever seen), then written once 150 s have shown no live writer
+    (adversary helper-28: shadowed and lost, or held for good, nothing logged)."""
+    argv = ["--node-condition", *LEASE_ARGV]
+    async with simulated_exporter(
+        two_gpus(),
+        argv=argv,
+        writer_on_simulated_clock=True,
+        first_cycle=False,
+        before_start=dead_holder_and(mode),
+    ) as h:
+        while h.clock() < 200:
+            h.clock.advance(10)
+            await cycle(h)
+            await quiet(h)
+        await settle(h)
+        events, state = len(api(h).events()), reporter(h).lease_state()
+    assert state == "unreachable"
+    assert shadowed(h, "event") == 0
+    assert events >= 4  # both fatal XIDs' Warnings, on the pods and the Node

@@ -41,11 +41,17 @@ and writes are *held* (``mode``), neither sent nor shadowed: sending could doubl
 live holder's writes (nothing says there is none), shadowing could lose a Warning no
 one sends (nothing says there is one). Whoever holds the Lease next sends them; an
 exporter that then sees another holder renew counts them as shadowed. Only
-``standby`` with a holder known to write shadows. Held, not for ever: a Lease API that
-has given no usable answer for ``UNREACHABLE_AFTER`` durations (the API server up for
-the other writes, its Lease API not: a webhook, a flow-control rule) makes the state
-``unreachable``: logged once, and written as ``refused`` is (a doubled Warning is
-better than one never sent), asking again every renewal period.
+``standby`` with a holder known to write shadows. Held, not for ever: writes held for
+``UNREACHABLE_AFTER`` durations with no evidence of a live writer (this process taking
+or renewing the Lease, or its record seen to change: a read of the same old record, a
+409 or a failed update is none) make the state ``unreachable``: logged, and written as
+``refused`` is (a doubled Warning is better than one never sent), asking again every
+renewal period. That covers a Lease API that does not answer while the rest of the API
+server does (a webhook, a flow-control rule), one that answers 409 to every update, and
+one whose answers carry no resourceVersion. The record observed, and since when, is
+kept through failed requests (client-go's observedRecord): a dead holder's old record
+is not taken for a live one because an update failed. Warnings of one kind are logged
+at most every ``WARN_QUIET_S``.
 
 The decisions (``decide``, ``lease_body``, ``parse_lease``) are pure; ``WriterLease``
 holds the observed record and makes the calls, from the writer thread only.
@@ -70,9 +76,11 @@ MAX_NAME = 253  # a Lease's name is a DNS subdomain (RFC 1123), like a Node's
 DEFAULT_DURATION_S = 30
 RETRY_PERIOD_S = 2.0  # a non-holder's tries (client-go's default RetryPeriod)
 REFUSED_RETRY_S = 300.0  # the Lease API refused us: ask again this much later
-# No usable answer from the Lease API for this many of our durations (150 s at the
-# default 30 s): written without a lease (state ``unreachable``), not held for ever.
+# Writes held this many of our durations (150 s at the default 30 s) with no evidence of
+# a live writer (this process holding the Lease, or its record seen to change): written
+# without a lease (state ``unreachable``), not held for ever.
 UNREACHABLE_AFTER = 5
+WARN_QUIET_S = 600.0  # one warning of a kind per this many seconds; the rest at debug
 # Another holder's leaseDurationSeconds as this process counts it: a whole number of
 # seconds in [1, MAX_OTHER_DURATION_S] as written; more is clamped to the most
 # --kube-writer-lease-duration allows (exporter/config.py); anything else (absent, a
@@ -239,13 +247,27 @@ class WriterLease:
         self._error = error_type
         self.state: LeaseState = "unknown"
         self.holder = ""  # the holder last observed
+        # The record an update carries the resourceVersion of (None: read it first),
+        # and, apart from it, the record last observed and since when it has stood
+        # unchanged (client-go's observedRecord/observedTime): a failed or refused
+        # update does not make an old record new again, so a holder that stopped
+        # renewing long ago never looks alive again because a request failed.
         self._record: Record | None = None
+        self._seen: Record | None = None
         self._observed_at = -math.inf
+        # The record was seen to change (someone wrote it) since this process first read
+        # it: its holder is known to renew. A first sight is no such evidence (a dead
+        # exporter's record looks the same): writes are then held, not shadowed.
+        self._renewal_seen = False
         self._renewed_at = -math.inf  # our last successful acquire or renewal
         self._next_try = -math.inf
         self._refusal_logged = False
         self._conflicts = 0  # 409s in a row
-        self._failing_since: float | None = None  # first of the failures in a row (no answer)
+        # Since when writes have been held with no evidence of a live writer (this
+        # process holding, or the record seen to change); None: not held
+        self._held_since: float | None = None
+        self._last_failure = "no answer"
+        self._warned_at: dict[str, float] = {}  # message -> when last logged at warning
 
     # -- what the writer asks ------------------------------------------------------------
 
@@ -260,15 +282,17 @@ class WriterLease:
     def mode(self, now: float) -> Mode:
         """What the writer does with a write now. ``write``: this process may write
         (``writing``). ``shadow``: another holder is known alive and within its own
-        renew deadline (it renewed the record less than two thirds of its duration ago
-        on our clock), so it writes what we computed. ``hold``: neither is known (the
-        Lease not read, its API failing, a holder gone quiet): the write waits,
+        renew deadline (this process saw it renew the record, less than two thirds of
+        its duration ago on our clock), so it writes what we computed. ``hold``: neither
+        is known (the Lease not read, its API failing, a holder gone quiet, a holder
+        read once and not yet seen to renew): the write waits,
         bounded, until one of the two is known; never counted as shadowed."""
         if self.writing(now):
             return "write"
-        record = self._record
+        record = self._seen
         if (
             self.state == "standby"
+            and self._renewal_seen
             and record is not None
             and record.holder
             and record.holder != self.me
@@ -296,6 +320,7 @@ class WriterLease:
             self._failed(exc, now)
         if self.state == "held" and self._renewed_at == now:
             self._next_try = now + self.renew_every_s
+        self._check_held(now)
         return self.state == "held" and not was
 
     def _round(self, client: LeaseClient, now: float) -> None:
@@ -326,9 +351,12 @@ class WriterLease:
             self._took(client.create_lease(self.namespace, body), now)
             return
         read = parse_lease(obj, self.duration_s)
-        if record is None or _spec(read) != _spec(record):
+        if self._seen is None or _changed(self._seen, read):
             self._observed_at = now  # a change: its holder is alive as of now
-        self._record = read
+            self._renewal_seen = self._seen is not None and read.holder != self.me
+            if self._renewal_seen:
+                self._evidence(now)  # someone else wrote it since: a live writer
+        self._seen = self._record = read
         self.holder = read.holder
         decision = decide(read, self._observed_at, self.me, now)
         if decision == "wait":
@@ -377,26 +405,78 @@ class WriterLease:
         record = parse_lease(answer, self.duration_s) if isinstance(answer, Mapping) else None
         usable = record is not None and record.resource_version and record.holder == self.me
         self._record = record if usable else None
+        if record is not None:
+            self._seen = record
+        self._renewal_seen = False
         self._observed_at = self._renewed_at = now
         self.holder = self.me
-        self._answered()
+        self._evidence(now)
         self.state = "held"
         self._refusal_logged = False
         self._conflicts = 0
 
-    def _answered(self) -> None:
-        """The Lease API answered (any answer but a failure): the failures in a row end."""
+    def _evidence(self, now: float) -> None:
+        """Someone is known to write: this process took or renewed the Lease, or its
+        record was seen to change. The held time ends."""
         if self.state == "unreachable":
-            log.warning(
+            self._warn(
+                now,
+                "answers",
                 "the Lease API answers again (Lease %s/%s): this exporter writes only "
                 "while it holds the Lease",
                 self.namespace,
                 self.name,
             )
-        self._failing_since = None
+        self._held_since = None
+
+    def _warn(self, now: float, key: str, message: str, *args: object) -> None:
+        """A warning at most once per ``WARN_QUIET_S`` per kind of message (the rest at
+        debug): a Lease API that flaps must not flood the log."""
+        if now - self._warned_at.get(key, -math.inf) >= WARN_QUIET_S:
+            self._warned_at[key] = now
+            log.warning(message, *args)
+        else:
+            log.debug(message, *args)
+
+    def _check_held(self, now: float) -> None:
+        """Writes held (``mode``: no holder known to write) start the clock; held for
+        ``UNREACHABLE_AFTER`` durations with no evidence of a live writer, the state is
+        ``unreachable`` and this process writes without a lease."""
+        if self.state in ("refused", "unreachable") or self.mode(now) != "hold":
+            return
+        if self._held_since is None:
+            self._held_since = now
+            self._warn(
+                now,
+                "held",
+                "the node's writer Lease %s/%s does not say who writes (last: %s): "
+                "Kubernetes writes are held until it does; after %d s without a live "
+                "writer this exporter writes without a lease",
+                self.namespace,
+                self.name,
+                self._last_failure,
+                UNREACHABLE_AFTER * self.duration_s,
+            )
+            return
+        if now - self._held_since < UNREACHABLE_AFTER * self.duration_s:
+            return
+        self._warn(
+            now,
+            "unreachable",
+            "the node's writer Lease %s/%s has shown no live writer for %d s (last: %s): "
+            "this exporter writes without a lease until it holds it or sees another "
+            "renew it, so another exporter on this node may write the same; held writes "
+            "are sent now",
+            self.namespace,
+            self.name,
+            now - self._held_since,
+            self._last_failure,
+        )
+        self.state = "unreachable"
+        self._record = None
+        self._next_try = now + self.renew_every_s
 
     def _standby(self, now: float) -> None:
-        self._answered()
         if self.state in ("unknown", "refused", "unreachable"):
             log.info(
                 "exporter %s holds this node's Lease %s/%s: this one computes and counts "
@@ -415,32 +495,37 @@ class WriterLease:
             )
         self.state = "standby"
         self._conflicts = 0
-        expires = self._observed_at + (self._record.duration_s if self._record else 0)
+        expires = self._observed_at + (self._seen.duration_s if self._seen else 0)
         self._next_try = min(now + RETRY_PERIOD_S, max(now, expires))
 
     def _failed(self, exc: BaseException, now: float) -> None:
         status = getattr(exc, "status", None)
         log.debug("writer lease: %s", getattr(exc, "reason", exc))
-        if status in (401, 403, 404, 409):
-            self._answered()
+        self._last_failure = _what(exc, status)
         if status == 409 or (status == 404 and self._record is not None):
-            # someone else wrote (or deleted) the Lease since we read it: read again
+            # someone else wrote (or deleted) the Lease since we read it: read again.
+            # No evidence by itself that anyone writes (a webhook may answer 409 to
+            # everything): the record read next says whether someone renews it.
             self._record = None
             if self.state == "held":
                 self.state = "standby"
-                log.warning(
+                self._warn(
+                    now,
+                    "conflict",
                     "this node's Lease %s/%s was written by another exporter: this one "
                     "stops writing until it holds it again",
                     self.namespace,
                     self.name,
                 )
-            elif self.state != "refused":
+            elif self.state not in ("refused", "unreachable"):
                 self.state = "standby"
             # re-read at the next turn, not a retry period later; but a 409 on that
             # re-read too (a Lease written in a loop, a webhook answering 409) waits the
             # retry period: never a request every turn
             self._conflicts += 1
             self._next_try = now if self._conflicts == 1 else now + RETRY_PERIOD_S
+            if self.state == "unreachable":
+                self._next_try = now + self.renew_every_s
             return
         if status in (401, 403, 404):
             if not self._refusal_logged:
@@ -456,48 +541,20 @@ class WriterLease:
                 self._refusal_logged = True
             self.state = "refused"
             self._record = None
+            self._held_since = None
             self._next_try = now + REFUSED_RETRY_S
             return
         # no answer, 429 or 5xx (or an answer we cannot use): a holder writes on until
         # its renew deadline, a standby stays one while its holder is known to write
-        # (``mode``), anyone else does not know; for UNREACHABLE_AFTER durations
-        first = self._failing_since is None
-        if self._failing_since is None:
-            self._failing_since = now
-        self._next_try = now + RETRY_PERIOD_S
+        # (``mode``), anyone else does not know (``_check_held`` counts how long)
         if self.state == "unreachable":
             self._next_try = now + self.renew_every_s
             return
-        if now - self._failing_since >= UNREACHABLE_AFTER * self.duration_s:
-            log.warning(
-                "the Lease API has given no usable answer for %d s (Lease %s/%s; last: %s): "
-                "this exporter writes without a lease until it answers, so another "
-                "exporter on this node may write the same; held writes are sent now",
-                now - self._failing_since,
-                self.namespace,
-                self.name,
-                _what(exc, status),
-            )
-            self.state = "unreachable"
-            self._record = None
-            self._next_try = now + self.renew_every_s
-            return
-        before = self.state
         if self.state == "held":
             if not self.writing(now):
                 self.state = "unknown"
         elif self.state != "standby" or self.mode(now) == "hold":
             self.state = "unknown"
-        if self.state == "unknown" and (before != "unknown" or first):
-            log.warning(
-                "the Lease API gives no usable answer (Lease %s/%s; %s): Kubernetes "
-                "writes are held until it decides who writes; after %d s without one "
-                "this exporter writes without a lease",
-                self.namespace,
-                self.name,
-                _what(exc, status),
-                UNREACHABLE_AFTER * self.duration_s,
-            )
 
     def release(self, client: LeaseClient) -> bool:
         """Give the Lease up on a clean shutdown (holder emptied, duration 1 s, as
@@ -535,6 +592,16 @@ def _what(exc: BaseException, status: int | None) -> str:
     if isinstance(exc, LeaseAnswerError):
         return "an answer without a resourceVersion"
     return "no answer" if status is None else f"HTTP {status}"
+
+
+def _changed(seen: Record, read: Record) -> bool:
+    """Someone wrote the Lease since ``seen``: its spec differs, or its resourceVersion
+    (where both have one: a renewal within the same microsecond of a stopped wall clock
+    still is one)."""
+    versions = seen.resource_version and read.resource_version
+    return _spec(read) != _spec(seen) or bool(
+        versions and read.resource_version != seen.resource_version
+    )
 
 
 def _spec(record: Record) -> tuple[object, ...]:

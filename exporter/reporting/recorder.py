@@ -17,9 +17,10 @@ The rules, and where they come from (client-go, tools/events and tools/record):
   writes may be sent: time held (the writer Lease undecided, ``restart_waits``) is not
   spent from it.
 - **Bounded memory**: at most ``MAX_SERIES`` keys (client-go's cache holds 4096); the
-  oldest settled key is forgotten first. Full of Events not yet sent, a new one more
-  urgent (``URGENCY``) than the least urgent of them takes its place (that one is
-  ``dropped``); one no more urgent is dropped itself.
+  oldest settled key is forgotten first. Full of Events with something to send (a
+  create, or a series count), a new one more urgent (``URGENCY``) than the least urgent
+  of them takes its place (that one's unsent occurrences are ``dropped``); one no more
+  urgent is dropped itself.
 """
 
 from __future__ import annotations
@@ -135,9 +136,15 @@ class Recorder:
 
     # -- intents in ------------------------------------------------------------------
 
-    def observe(self, intents: tuple[EventIntent, ...]) -> list[tuple[str, Result]]:
+    def observe(
+        self,
+        intents: tuple[EventIntent, ...],
+        keep: tuple[ObjectRef, str, str] | None = None,
+    ) -> list[tuple[str, Result]]:
         """Record occurrences; returns (reason, result) for intents settled at once
-        (dropped because the key table is full of unsent Events)."""
+        (dropped because the key table is full of Events with something to send).
+        ``keep``: the Event whose write waits for its retry (settled by it, never
+        displaced)."""
         now, clock_wall = self._clock(), self._wall()
         settled: list[tuple[str, Result]] = []
         full = False  # nothing is evictable (observing settles nothing): no more scans
@@ -151,9 +158,9 @@ class Recorder:
                 continue
             if series is None and len(self._series) >= self._max and (full or not self._evict()):
                 full = True
-                if displaceable is None:
+                if displaceable is None:  # all have something to send: the least urgent goes
                     displaceable = sorted(
-                        (s for s in self._series.values() if s.name is None), key=_urgency
+                        (s for key, s in self._series.items() if key != keep), key=_urgency
                     )
                 least = displaceable[-1] if displaceable else None
                 if least is None or _rank(least.intent) <= _rank(intent):

@@ -401,7 +401,7 @@ class KubeReporter:
             published = self._published
         for reason, n in overflow.items():
             self._count_event(reason, "dropped", n)
-        self._settle(self.recorder.observe(tuple(intents)))
+        self._settle(self.recorder.observe(tuple(intents), keep=self._retrying()))
         if self._event_backoff.active():
             self._settle(self.recorder.drop_unsent(keep=self._retrying()))
         if self._client is None:
@@ -573,8 +573,8 @@ class KubeReporter:
             self._count_write("node_condition", "failed")
             log.debug("node condition: %s", getattr(exc, "reason", exc))
             log.warning(
-                "patching the %s condition on the Node failed (%s); it needs patch on "
-                "nodes/status and get on nodes (chart: nodeCondition.enabled)",
+                "reading or patching the %s condition on the Node failed (%s); it needs "
+                "patch on nodes/status and get on nodes (chart: nodeCondition.enabled)",
                 CONDITION_TYPE,
                 "no answer" if getattr(exc, "status", None) is None else f"HTTP {exc.status}",  # type: ignore[attr-defined]
             )
@@ -610,8 +610,11 @@ class KubeReporter:
         for condition in self._client.node_conditions(self.options.node_name):
             if condition.get("type") != CONDITION_TYPE:
                 continue
-            status = condition.get("status")
-            said = (str(status), _parse_time(condition.get("lastTransitionTime")))
+            status = condition.get("status")  # "True", "False" or "Unknown"; else unusable
+            said = (
+                status if isinstance(status, str) else "Unknown",
+                _parse_time(condition.get("lastTransitionTime")),
+            )
             if first and status == "True":
                 seen = _parse_time(condition.get("lastHeartbeatTime")) or self._started_wall
                 hold_wall = min(seen, self._started_wall) + self.options.xid_window_s

@@ -19,6 +19,7 @@ from tests.test_kube_writer_lease import (
     LEASE_ARGV,
     cycle,
     events_about_gpu,
+    lease_fault,
     one_exporter_alone,
     outage,
     reporter,
@@ -58,8 +59,12 @@ async def test_writer_lease_api_refused(
     record_fault: RecordFault, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="exporter.reporting.lease")
-    async with simulated_exporter(two_gpus(), argv=["--node-condition"], first_cycle=False) as h:
-        api(h).set_lease_fault("forbidden")
+    async with simulated_exporter(
+        two_gpus(),
+        argv=["--node-condition"],
+        first_cycle=False,
+        before_start=lease_fault("forbidden"),
+    ) as h:
         await run_until(70, h)
         await settle(h)
         scrape = await h.scrape()
@@ -126,9 +131,12 @@ async def test_writer_lease_api_unreachable(
     caplog.set_level(logging.WARNING, logger="exporter.reporting.lease")
     argv = ["--node-condition", *LEASE_ARGV]
     async with simulated_exporter(
-        two_gpus(), argv=argv, writer_on_simulated_clock=True, first_cycle=False
+        two_gpus(),
+        argv=argv,
+        writer_on_simulated_clock=True,
+        first_cycle=False,
+        before_start=lease_fault("error"),
     ) as h:
-        api(h).set_lease_fault("error")
         events_before: int | None = None
         while h.clock() < 240:
             h.clock.advance(10)
@@ -150,8 +158,8 @@ async def test_writer_lease_api_unreachable(
     assert scrape.get("gpu_exporter_kube_writer_leader") == 1
     assert scrape.get("gpu_exporter_kube_writer_lease_state", state="unreachable") == 1
     said = [r.getMessage() for r in caplog.records if r.name == "exporter.reporting.lease"]
-    first = [m for m in said if "gives no usable answer" in m]
-    fallback = [m for m in said if "writes without a lease until it answers" in m]
+    first = [m for m in said if "does not say who writes" in m]
+    fallback = [m for m in said if "writes without a lease until it holds it" in m]
     again = [m for m in said if "answers again" in m]
     assert (len(first), len(fallback), len(again)) == (1, 1, 1)
     assert requests <= 150 / 2 + 90 / 10 + 2  # every 2 s while held, 10 s after
