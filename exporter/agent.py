@@ -78,6 +78,7 @@ class SelfMetrics:
 
     sample_duration: Histogram
     read_seconds: Gauge
+    start_time: Gauge
     errors: Counter
     events: Counter
     kube_writes: Counter
@@ -101,6 +102,14 @@ class SelfMetrics:
                 "gpu_exporter_sample_duration_seconds",
                 STABLE + "Wall time of one sample cycle: sources and analysis, up to rendering.",
                 buckets=SAMPLE_BUCKETS,
+                registry=registry,
+            ),
+            start_time=Gauge(
+                "gpu_exporter_start_timestamp_seconds",
+                EXPERIMENTAL
+                + "Unix time at which this exporter process started: each change is a "
+                "restart (the alerts count restarts and carry an orphan's age across "
+                "them with it).",
                 registry=registry,
             ),
             read_seconds=Gauge(
@@ -234,6 +243,7 @@ class Agent:
         for name in (*(s.name for s in self.sources), AGENT):
             self.self_metrics.errors.labels(name)  # present from the start, at 0
         self.wall_clock = wall_clock
+        self.self_metrics.start_time.set(wall_clock())
         self.monotonic = monotonic  # analysis measures its windows on it
         self.policy = policy_from(config)
         self.state = initial_state(self.policy, config.xid_classes)

@@ -25,6 +25,7 @@ SELF_INSTRUMENTS = {
     "gpu_exporter_kube_writer_lease_state",
     "gpu_exporter_sample_duration_seconds",
     "gpu_exporter_source_read_seconds",
+    "gpu_exporter_start_timestamp_seconds",
 }
 # Families node-8gpu's H100s cannot show, each with the smallest node that does: data-centre
 # GPUs are passively cooled, so NVML has no fan to report (NOT_SUPPORTED: no series).
