@@ -106,8 +106,7 @@ class SelfMetrics:
             ),
             start_time=Gauge(
                 "gpu_exporter_start_timestamp_seconds",
-                EXPERIMENTAL
-                + "Unix time at which this exporter process started: each change is a "
+                EXPERIMENTAL + "Unix time at which this exporter process started: each change is a "
                 "restart (the alerts count restarts and carry an orphan's age across "
                 "them with it).",
                 registry=registry,
