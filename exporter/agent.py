@@ -183,6 +183,7 @@ def policy_from(config: Config) -> Policy:
             unattributed_threshold_bytes=config.orphan_threshold_bytes,
             unattributed_cycles=config.orphan_cycles,
             stuck_cycles=config.orphan_cycles,
+            dead_cycles=config.orphan_cycles,
             deleted_pod_grace_s=config.deleted_pod_grace_s,
         ),
         idle=IdlePolicy(

@@ -557,8 +557,8 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
     )
     add(
         "--orphan-cycles",
-        "Consecutive cycles unaccounted memory (or a process stuck in "
-        "state D/Z) must persist before it is reported.",
+        "Consecutive cycles unaccounted memory, a process stuck in state D/Z, or "
+        "a process NVML lists with no /proc entry must persist before it is reported.",
         default="3",
         metavar="N",
         bounds=Bounds(1, 10_000, whole=True),

@@ -47,7 +47,8 @@ from exporter.model import (
 MIB = 1024**2
 GIB = 1024**3
 T0 = 1_700_000_000.0
-POLICY = OrphanPolicy()
+# A dead pid judged at once here; the default's confirmation has its own tests below.
+POLICY = OrphanPolicy(dead_cycles=1)
 UID_A = "11111111-1111-1111-1111-111111111111"
 UID_B = "22222222-2222-2222-2222-222222222222"
 CID_A = "a" * 64
@@ -188,6 +189,26 @@ def test_memory_of_pids_nvml_lists_without_a_proc_entry_is_dead_process_memory()
     assert orphans[0].first_seen == T0
 
 
+def test_a_pid_that_exits_between_the_nvml_listing_and_the_proc_read_is_no_orphan() -> None:
+    """NVML lists pid 10, which exits before /proc is read: dead for one cycle, gone
+    from NVML the next. With the default (3 cycles) it is never an orphan (before: a
+    GPUOrphanedMemory Warning for a process that exited normally)."""
+    run = Run(OrphanPolicy())
+    raced = node([gpu(0, processes=[proc(10, 2 * GIB)])], [dead(10)])
+    exited = node([gpu(0)], [])
+    assert run.cycle(raced, T0) == ()
+    assert run.cycle(exited, T0 + 10) == ()
+
+
+def test_a_dead_pid_still_listed_for_the_confirmation_cycles_dates_from_its_first() -> None:
+    run = Run(OrphanPolicy())
+    zombie = node([gpu(0, processes=[proc(10, 2 * GIB)])], [dead(10)])
+    assert run.cycle(zombie, T0) == ()
+    assert run.cycle(zombie, T0 + 10) == ()
+    found = run.cycle(zombie, T0 + 20)
+    assert [(o.kind, o.first_seen) for o in found] == [(KIND_DEAD_PROCESS, T0)]
+
+
 def test_dead_process_memory_unknown_to_nvml_counts_the_process_but_not_as_zero_bytes() -> None:
     snapshot = node(
         [
@@ -218,7 +239,7 @@ def test_a_pid_procfs_never_identified_is_no_orphan() -> None:
 @pytest.mark.parametrize("state", ["D", "Z"])
 def test_a_process_in_d_or_z_is_stuck_after_the_configured_cycles(state: str) -> None:
     snapshot = node([gpu(0, processes=[proc(10, 5 * GIB)])], [alive(10, state=state)])
-    run = Run(OrphanPolicy(stuck_cycles=3))
+    run = Run(OrphanPolicy(dead_cycles=1, stuck_cycles=3))
     assert run.cycle(snapshot, T0) == ()
     assert run.cycle(snapshot, T0 + 10) == ()
     orphans = run.cycle(snapshot, T0 + 20)
@@ -229,7 +250,7 @@ def test_a_process_in_d_or_z_is_stuck_after_the_configured_cycles(state: str) ->
 def test_a_process_only_briefly_in_d_is_never_stuck() -> None:
     busy = node([gpu(0, processes=[proc(10, 5 * GIB)])], [alive(10, state="D")])
     running = node([gpu(0, processes=[proc(10, 5 * GIB)])], [alive(10, state="R")])
-    run = Run(OrphanPolicy(stuck_cycles=2))
+    run = Run(OrphanPolicy(dead_cycles=1, stuck_cycles=2))
     for step in range(6):  # D, R, D, R, ...: the streak never reaches 2
         snapshot = busy if step % 2 == 0 else running
         assert run.cycle(snapshot, T0 + 10 * step) == ()
@@ -245,7 +266,7 @@ def gpu_with_pod_process() -> GpuSample:
 
 
 def test_a_live_process_whose_pod_left_api_and_kubelet_is_deleted_pod_after_the_grace() -> None:
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     identity = [alive(10, UID_A, CID_A)]
     known = node(
         [gpu_with_pod_process()],
@@ -264,7 +285,7 @@ def test_a_live_process_whose_pod_left_api_and_kubelet_is_deleted_pod_after_the_
 
 def test_a_pod_the_kubelet_still_lists_is_not_deleted_though_the_api_forgot_it() -> None:
     """Force deletion removes the API object at once; the kubelet is still killing it."""
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     identity = [alive(10, UID_A, CID_A)]
     known = node(
         [gpu_with_pod_process()],
@@ -284,7 +305,7 @@ def test_a_pod_the_kubelet_still_lists_is_not_deleted_though_the_api_forgot_it()
 
 
 def test_a_new_pod_the_watch_has_not_delivered_yet_is_not_flagged_within_the_grace() -> None:
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     lagging = node(
         [gpu_with_pod_process()],
         [alive(10, UID_A, CID_A)],
@@ -313,7 +334,7 @@ def test_a_terminating_pod_is_flagged_only_grace_seconds_after_its_deletion_dead
         pod_meta=watch(meta(UID_A, "api", CID_A, deletion=deadline)),
         pod_resources=kubelet(("ml", "api", 0)),
     )
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     assert run.cycle(terminating, T0) == ()
     assert run.cycle(terminating, deadline + 59) == ()
     orphans = run.cycle(terminating, deadline + 60)
@@ -330,7 +351,7 @@ def test_a_live_process_of_a_finished_pod_is_deleted_pod_after_the_grace() -> No
         pod_meta=watch(finished),
         pod_resources=kubelet(("ml", "job-1", 0)),  # a kubelet still listing it changes nothing
     )
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     assert run.cycle(snapshot, T0) == ()
     orphans = run.cycle(snapshot, T0 + 60)
     assert kinds(orphans) == {(0, KIND_DELETED_POD): (7 * GIB, 1)}
@@ -348,12 +369,12 @@ def test_a_recreated_pod_of_the_same_name_keeps_the_old_ones_name_listed() -> No
         pod_meta=watch(old, new),
         pod_resources=kubelet(("ml", "web-0", 0)),
     )
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     assert kinds(run.cycle(snapshot, T0)) == {(0, KIND_DELETED_POD): (7 * GIB, 1)}
 
 
 def test_without_the_pod_watch_podresources_alone_flags_a_pod_it_named_before() -> None:
-    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=60))
     identity = [alive(10, UID_A, CID_A)]
     allocated = node([gpu_with_pod_process()], identity, pod_resources=kubelet(("ml", "t", 0)))
     released = node([gpu_with_pod_process()], identity, pod_resources=kubelet())
@@ -365,7 +386,7 @@ def test_without_the_pod_watch_podresources_alone_flags_a_pod_it_named_before() 
 
 def test_without_the_pod_watch_a_pod_holding_a_dra_claim_is_listed_by_the_kubelet() -> None:
     """A DRA pod's only PodResources entry is its claim device: that lists it too."""
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     claim = ClaimDevice("ml", "t", "main", "ml", "t-gpu", "gpu.nvidia.com", "n1", "gpu-0")
     claimed = PodResourcesSnapshot(ok=True, timestamp=T0, claims=(claim,))
     identity = [alive(10, UID_A, CID_A)]
@@ -385,14 +406,14 @@ def test_without_the_pod_watch_a_pod_holding_a_dra_claim_is_listed_by_the_kubele
 
 def test_without_the_pod_watch_a_pod_never_named_is_not_flagged() -> None:
     """A UID alone cannot tell a deleted pod from one using a GPU it was not given."""
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     snapshot = node([gpu_with_pod_process()], [alive(10, UID_A, CID_A)], pod_resources=kubelet())
     for step in range(5):
         assert run.cycle(snapshot, T0 + 100 * step) == ()
 
 
 def test_with_neither_the_watch_nor_podresources_no_pod_is_flagged_deleted() -> None:
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     named = node(
         [gpu_with_pod_process()],
         [alive(10, UID_A, CID_A)],
@@ -414,7 +435,7 @@ def test_host_processes_are_never_deleted_pods() -> None:
     snapshot = node(
         [gpu_with_pod_process()], [alive(10)], pod_meta=watch(), pod_resources=kubelet()
     )
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     assert run.cycle(snapshot, T0) == ()
     assert run.cycle(snapshot, T0 + 100) == ()
 
@@ -426,7 +447,7 @@ def test_each_process_counts_in_one_kind_dead_then_stuck_then_deleted_pod() -> N
         pod_meta=watch(),
         pod_resources=kubelet(),
     )
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0, stuck_cycles=2))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0, stuck_cycles=2))
     first = kinds(run.cycle(snapshot, T0))
     assert first == {(0, KIND_DEAD_PROCESS): (1 * GIB, 1), (0, KIND_DELETED_POD): (6 * GIB, 2)}
     second = kinds(run.cycle(snapshot, T0 + 10))
@@ -451,7 +472,9 @@ def leaking(excess: int, *, reserved: int | None = 512 * MIB) -> NodeSnapshot:
 
 
 def test_unaccounted_memory_is_flagged_after_n_cycles_with_the_whole_excess() -> None:
-    run = Run(OrphanPolicy(unattributed_threshold_bytes=256 * MIB, unattributed_cycles=3))
+    run = Run(
+        OrphanPolicy(dead_cycles=1, unattributed_threshold_bytes=256 * MIB, unattributed_cycles=3)
+    )
     snapshot = leaking(6 * GIB)
     assert run.cycle(snapshot, T0) == ()
     assert run.cycle(snapshot, T0 + 10) == ()
@@ -461,14 +484,16 @@ def test_unaccounted_memory_is_flagged_after_n_cycles_with_the_whole_excess() ->
 
 
 def test_an_allocation_spike_seen_in_one_cycle_is_not_flagged() -> None:
-    run = Run(OrphanPolicy(unattributed_cycles=3))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=3))
     steady, spike = leaking(0), leaking(4 * GIB)
     for step, snapshot in enumerate([steady, spike, steady, spike, spike, steady, steady]):
         assert run.cycle(snapshot, T0 + 10 * step) == ()
 
 
 def test_unaccounted_memory_at_or_below_the_threshold_is_not_flagged() -> None:
-    run = Run(OrphanPolicy(unattributed_threshold_bytes=256 * MIB, unattributed_cycles=1))
+    run = Run(
+        OrphanPolicy(dead_cycles=1, unattributed_threshold_bytes=256 * MIB, unattributed_cycles=1)
+    )
     assert run.cycle(leaking(256 * MIB), T0) == ()
     assert kinds(run.cycle(leaking(256 * MIB + 1), T0 + 10)) == {
         (0, KIND_UNATTRIBUTED): (256 * MIB + 1, 0)
@@ -480,7 +505,7 @@ def test_processes_of_every_kind_including_dead_ones_count_as_accounted() -> Non
         [gpu(0, used=10 * GIB, processes=[proc(10, 6 * GIB), proc(11, 4 * GIB)])],
         [dead(10), alive(11)],
     )
-    run = Run(OrphanPolicy(unattributed_cycles=1))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     assert kinds(run.cycle(snapshot, T0)) == {(0, KIND_DEAD_PROCESS): (6 * GIB, 1)}
 
 
@@ -491,14 +516,14 @@ def test_processes_on_mig_instances_count_towards_their_gpu() -> None:
     ]
     healthy = node([gpu(0, used=8 * GIB, mig=mig)], [alive(20), alive(21)])
     leaking_mig = node([gpu(0, used=9 * GIB, mig=mig)], [alive(20), alive(21)])
-    run = Run(OrphanPolicy(unattributed_cycles=1))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     assert run.cycle(healthy, T0) == ()
     assert kinds(run.cycle(leaking_mig, T0 + 10)) == {(0, KIND_UNATTRIBUTED): (1 * GIB, 0)}
 
 
 def test_without_memory_info_v2_unattributed_memory_is_not_judged() -> None:
     """v1 ``used`` includes the driver reserve, whose size is then unknown."""
-    run = Run(OrphanPolicy(unattributed_cycles=1))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     for step in range(3):
         assert run.cycle(leaking(6 * GIB, reserved=None), T0 + 10 * step) == ()
 
@@ -508,7 +533,7 @@ def test_a_process_with_unknown_memory_makes_the_gpu_unjudged() -> None:
         [gpu(0, used=30 * GIB, processes=[proc(10, 20 * GIB), proc(11, None)])],
         [alive(10), alive(11)],
     )
-    run = Run(OrphanPolicy(unattributed_cycles=1))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     assert run.cycle(snapshot, T0) == ()
 
 
@@ -530,7 +555,7 @@ def test_first_seen_persists_while_the_condition_holds_and_resets_after_it_clear
 
 
 def test_unattributed_first_seen_resets_when_the_excess_drops_below_the_threshold() -> None:
-    run = Run(OrphanPolicy(unattributed_cycles=2))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=2))
     run.cycle(leaking(2 * GIB), T0)
     assert [o.first_seen for o in run.cycle(leaking(2 * GIB), T0 + 10)] == [T0]
     assert run.cycle(leaking(0), T0 + 20) == ()
@@ -540,7 +565,7 @@ def test_unattributed_first_seen_resets_when_the_excess_drops_below_the_threshol
 
 def test_a_lost_gpu_is_skipped_and_its_history_dropped() -> None:
     processes = [proc(10, 2 * GIB)]
-    run = Run(OrphanPolicy(unattributed_cycles=1))
+    run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     zombie_and_leak = node([gpu(0, used=5 * GIB, processes=processes), gpu(1)], [dead(10)])
     lost = node([gpu(0, error="GpuIsLost"), gpu(1)], [])
     assert {o.kind for o in run.cycle(zombie_and_leak, T0)} == {
@@ -563,7 +588,7 @@ def test_nvml_down_reports_nothing_and_keeps_every_clock() -> None:
 
 
 def test_the_state_only_remembers_what_is_current() -> None:
-    run = Run(OrphanPolicy(deleted_pod_grace_s=0))
+    run = Run(OrphanPolicy(dead_cycles=1, deleted_pod_grace_s=0))
     with_pod = node(
         [gpu_with_pod_process()],
         [alive(10, UID_A, CID_A, state="D")],

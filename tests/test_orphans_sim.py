@@ -220,7 +220,7 @@ def expected(scenario: Scenario, epoch: float, t: int) -> dict[tuple[int, str], 
     confirm = at + STEP_S * (POLICY.unattributed_cycles - 1)
     grace_end = at + int(POLICY.deleted_pod_grace_s)
     want: dict[tuple[int, str], tuple[int, float]] = {}
-    if t >= at:
+    if t >= at + STEP_S * (POLICY.dead_cycles - 1):
         want[(killed.gpu, KIND_DEAD_PROCESS)] = (killed.memory, epoch + at)
     if t >= at + STEP_S * (POLICY.stuck_cycles - 1):
         want[(stuck.gpu, KIND_STUCK_PROCESS)] = (stuck.memory, epoch + at)
@@ -283,12 +283,13 @@ def test_holders_are_scanned_for_dead_then_unattributed_memory_then_every_minute
     with_kube: tuple[dict[int, Cycle], float],
 ) -> None:
     cycles, _ = with_kube
-    # dead_process is confirmed at once (t=30) and asks; the scan answers the next cycle
-    dead = 30 + STEP_S
-    # unattributed is confirmed later and asks for GPUs the first walk did not cover
+    # dead_process is confirmed after its cycles (from t=30) and asks; the scan answers
+    # the next cycle
+    dead = 30 + STEP_S * (POLICY.dead_cycles - 1) + STEP_S
+    # unattributed is confirmed after its own and asks for GPUs a walk did not cover
     confirm = 30 + STEP_S * (POLICY.unattributed_cycles - 1)
     asked = confirm + STEP_S
-    assert [t for t, c in cycles.items() if c.scanned] == [dead, asked, asked + 60]
+    assert [t for t, c in cycles.items() if c.scanned] == sorted({dead, asked, asked + 60})
 
 
 def test_the_forked_child_is_named_and_the_daemons_are_management(
@@ -370,7 +371,8 @@ async def test_the_exporter_names_the_child_holding_a_dead_but_listed_parents_me
     child, gpu = str(forked["child_pid"]), str(parent.gpu)
     caplog.set_level(logging.WARNING, logger="exporter.health")
     async with simulated_exporter("orphans") as h:
-        for _ in range(4):  # t=40: the kill at 30, the scan it asked for at 40
+        # t=60: the kill at 30, confirmed at 50 (3 cycles), the scan it asked for at 60
+        for _ in range(6):
             await h.advance(10)
         scrape = await h.scrape()
         assert h.env.kube_api is not None

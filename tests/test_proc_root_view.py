@@ -65,7 +65,8 @@ def procfs_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def live_baseline(h: Harness) -> Scrape:
     await h.refresh_pod_resources()
-    await h.advance(5)
+    for _ in range(3):  # a dead pid is an orphan after 3 cycles (--orphan-cycles)
+        await h.advance(5)
     scrape = await h.scrape()
     assert scrape.get("gpu_exporter_source_up", **PROCFS) == 1
     assert owners(scrape) == ["dead", "host", "pod", "pod"]

@@ -284,7 +284,8 @@ def test_snapshot_prints_unknown_memory_as_a_question_mark_not_zero(
     )
     snapshot = NodeSnapshot(node_name="sim-node", nvml=sample, processes=gone)
     attribution = attribute(snapshot)
-    orphans, _ = find_orphans(snapshot, attribution, OrphanState(), now=0.0, policy=OrphanPolicy())
+    one_cycle = OrphanPolicy(dead_cycles=1)  # the rendering, not the confirmation
+    orphans, _ = find_orphans(snapshot, attribution, OrphanState(), now=0.0, policy=one_cycle)
     text = render_text(Analysis(node=snapshot, attribution=attribution, orphans=orphans))
     owners = text.split("\nNOT OWNED BY ANY CONTAINER\n")[1].split("\n\n")[0].splitlines()
     # GPU 0's memory is unknown

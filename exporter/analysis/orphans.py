@@ -5,7 +5,8 @@ tears the CUDA context down, and a SIGKILL, a forced pod deletion or a process s
 the driver can keep that from happening. Each kind is a separate series because each
 needs a different fix:
 
-- ``dead_process``: NVML lists a pid that has no ``/proc`` entry (killed, context left);
+- ``dead_process``: NVML lists a pid that has no ``/proc`` entry for ``dead_cycles``
+  cycles (killed, context left; one cycle can be an exit between the two reads);
 - ``stuck_process``: a live pid in state D or Z for ``stuck_cycles`` cycles (a thread
   wedged in the driver; SIGKILL cannot help);
 - ``deleted_pod``: a live pid whose pod the API and the kubelet no longer know, or
@@ -96,13 +97,16 @@ class OrphanPolicy:
     unattributed_cycles: int = 3
     deleted_pod_grace_s: float = 60.0
     stuck_cycles: int = 3
+    # A listed pid with no /proc entry in this many consecutive cycles: one cycle can be
+    # a process that exited between the NVML listing and the /proc read.
+    dead_cycles: int = 3
     # A pod in one of these phases has no running containers left, per the kubelet.
     terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
     def __post_init__(self) -> None:
         if self.unattributed_threshold_bytes < 0:
             raise ValueError("unattributed_threshold_bytes must be >= 0")
-        if self.unattributed_cycles < 1 or self.stuck_cycles < 1:
+        if min(self.unattributed_cycles, self.stuck_cycles, self.dead_cycles) < 1:
             raise ValueError("cycle counts must be >= 1")
         if self.deleted_pod_grace_s < 0:
             raise ValueError("deleted_pod_grace_s must be >= 0")
@@ -152,13 +156,14 @@ def find_orphans(
     rows = [row for row in attribution.processes if row.uuid in healthy]
     pods = _pods(snapshot, attribution, state, policy.terminal_phases)
     stuck = _stuck_streaks(rows, snapshot, state, now)
+    dead = _dead_streaks(rows, state, now)
     clock = _Clock(now=now, elapsed=now if elapsed is None else elapsed)
     missing = _missing_since(rows, pods, state, clock.elapsed)
     terminating = _terminating_since(rows, pods, state, clock.elapsed)
 
     found: dict[tuple[str, OrphanKind], _Acc] = {}
     for row in rows:
-        judged = _kind(row, stuck, _PodClocks(missing, terminating), pods, clock, policy)
+        judged = _kind(row, stuck, dead, _PodClocks(missing, terminating), pods, clock, policy)
         if judged is not None:
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
@@ -197,6 +202,7 @@ def find_orphans(
         first_seen={(o.uuid, o.kind): o.first_seen for o in orphans},
         unattributed={uuid: streak for uuid, (streak, _) in streaks.items()},
         stuck=stuck,
+        dead=dead,
         pod_missing_since=missing,
         pod_terminating_since=terminating,
         pod_names=pods.names,
@@ -230,6 +236,7 @@ class _PodClocks:
 def _kind(
     row: AttributedProcess,
     stuck: Mapping[int, Streak],
+    dead: Mapping[int, Streak],
     since: _PodClocks,
     pods: _Pods,
     clock: _Clock,
@@ -241,7 +248,10 @@ def _kind(
     one only briefly in D stays in its deleted-pod series, whose age must not reset.
     """
     if row.owner == OWNER_DEAD:
-        return KIND_DEAD_PROCESS, clock.now
+        streak = dead.get(row.pid)
+        if streak is None or streak.cycles < policy.dead_cycles:
+            return None  # it may have exited between the NVML listing and the /proc read
+        return KIND_DEAD_PROCESS, streak.since
     streak = stuck.get(row.pid)
     if streak is not None and streak.cycles >= policy.stuck_cycles:
         return KIND_STUCK_PROCESS, streak.since
@@ -250,6 +260,18 @@ def _kind(
         if gone_for is not None and gone_for >= policy.deleted_pod_grace_s:
             return KIND_DELETED_POD, clock.now - gone_for  # on the node's wall clock
     return None
+
+
+def _dead_streaks(
+    rows: Iterable[AttributedProcess], state: OrphanState, now: float
+) -> dict[int, Streak]:
+    """How long each listed pid has had no /proc entry (cycles, and since when)."""
+    streaks: dict[int, Streak] = {}
+    for row in rows:
+        if row.owner == OWNER_DEAD:
+            seen = state.dead.get(row.pid, Streak(0, now))
+            streaks[row.pid] = Streak(seen.cycles + 1, seen.since)
+    return streaks
 
 
 def _stuck_streaks(

@@ -41,6 +41,8 @@ class OrphanState:
     """GPU uuid -> cycles its unaccounted memory has stayed above the threshold."""
     stuck: Mapping[int, Streak] = field(default_factory=dict)
     """pid -> cycles it has been in state D or Z."""
+    dead: Mapping[int, Streak] = field(default_factory=dict)
+    """pid -> cycles NVML has listed it with no /proc entry."""
     pod_missing_since: Mapping[str, float] = field(default_factory=dict)
     """pod uid -> when (monotonic clock) its pod was first seen gone."""
     pod_terminating_since: Mapping[str, tuple[float, float, int | None]] = field(

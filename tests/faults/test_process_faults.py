@@ -178,6 +178,7 @@ def test_as_nobody_on_a_partly_unreadable_proc_it_serves_and_says_unknown(
             if "proc root " in line:
                 root = Path(line.rsplit("proc root ", 1)[1].strip())
         wait_for(lambda: ready(url), process)
+        time.sleep(1.0)  # five cycles: the scenario's dead pid confirmed (--orphan-cycles 3)
         before = scrape(url)
         pids = sorted((d for d in root.iterdir() if d.name.isdigit()), key=lambda d: int(d.name))
         locked = pids[::3]
