@@ -164,7 +164,7 @@ class SelfMetrics:
         self.kube_writer_lease_state = Gauge(
             "gpu_exporter_kube_writer_lease_state",
             EXPERIMENTAL + "The node's writer Lease as this exporter sees it: 1 for the "
-            "current state (held, standby, unknown, refused), 0 for the others.",
+            "current state (held, standby, unknown, refused, unreachable), 0 for the others.",
             ["state"],
             registry=registry,
         )
