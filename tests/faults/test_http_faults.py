@@ -29,6 +29,10 @@ PROMETHEUS_ACCEPT = (
 )
 
 
+# Connections accepted beyond the cap and not yet closed when the fds are sampled.
+REFUSED_IN_FLIGHT = 8
+
+
 @dataclass
 class Exporter:
     url: str
@@ -146,7 +150,10 @@ async def test_200_concurrent_scrapers(exporter: Exporter, record_fault: RecordF
     # refused one lives a loop turn or two after its accept; without the cap: 200 more).
     assert made > 200
     fds_typical, fds_peak = sorted(fds_seen)[len(fds_seen) // 2], max(fds_seen)
-    assert fds_typical <= fds_before + DEFAULT_MAX_CONNECTIONS + 2
+    # + REFUSED_IN_FLIGHT: refused connections accepted and not yet closed, which on a
+    # loaded 2-core CI machine outlast more samples (a fresh-clone CI run: 148 with 16
+    # before, cap 128); without the cap the median is 200 over
+    assert fds_typical <= fds_before + DEFAULT_MAX_CONNECTIONS + REFUSED_IN_FLIGHT
     fds_after, settle_s = await exporter.settled_fds(fds_before + 2, within_s=3)
     assert fds_after <= fds_before + 2
     rss_growth = exporter.rss() - rss_before
