@@ -380,14 +380,20 @@ def test_a_shortened_grace_counts_from_the_request_that_shortened_it() -> None:
     assert [o.kind for o in judged(570, T0 + 510, 10)] == [KIND_DELETED_POD]
 
 
-def test_terminating_sights_are_kept_through_a_watch_outage_and_dropped_with_the_process() -> None:
-    policy = OrphanPolicy(deleted_pod_grace_s=60)
-    terminating = node(
+def api_terminating_from_0() -> NodeSnapshot:
+    """ml/api's process on GPU 0, the pod terminating (grace 30, deletionTimestamp T0+30),
+    the kubelet still listing it."""
+    return node(
         [gpu_with_pod_process()],
         [alive(10, UID_A, CID_A)],
         pod_meta=watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30)),
         pod_resources=kubelet(("ml", "api", 0)),
     )
+
+
+def test_terminating_sights_are_kept_through_a_watch_outage_and_dropped_with_the_process() -> None:
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    terminating = api_terminating_from_0()
     outage = replace(terminating, pod_meta=watch(ok=False))
     _, state = find_orphans(
         terminating, attribute(terminating), OrphanState(), now=T0, policy=policy, elapsed=0
@@ -443,12 +449,7 @@ def test_a_watch_outage_after_the_verdict_keeps_it() -> None:
     kubelet still listing the pod: the verdict stays (adversary, issue 40: it cleared
     during the outage, the alert's for: started again, the Event came twice)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
-    terminating = node(
-        [gpu_with_pod_process()],
-        [alive(10, UID_A, CID_A)],
-        pod_meta=watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30)),
-        pod_resources=kubelet(("ml", "api", 0)),
-    )
+    terminating = api_terminating_from_0()
     outage = replace(terminating, pod_meta=watch(ok=False))
     seen = judge_each(policy, [(0, terminating), (90, terminating), (100, outage), (110, outage)])
     assert seen == [(0, []), *((t, [KIND_DELETED_POD]) for t in (90, 100, 110))]
