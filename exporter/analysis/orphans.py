@@ -266,12 +266,7 @@ def _dead_streaks(
     rows: Iterable[AttributedProcess], state: OrphanState, now: float
 ) -> dict[int, Streak]:
     """How long each listed pid has had no /proc entry (cycles, and since when)."""
-    streaks: dict[int, Streak] = {}
-    for row in rows:
-        if row.owner == OWNER_DEAD:
-            seen = state.dead.get(row.pid, Streak(0, now))
-            streaks[row.pid] = Streak(seen.cycles + 1, seen.since)
-    return streaks
+    return _streaks({row.pid for row in rows if row.owner == OWNER_DEAD}, state.dead, now)
 
 
 def _stuck_streaks(
@@ -280,11 +275,16 @@ def _stuck_streaks(
     """How long each live listed pid has been in D or Z."""
     states = {p.pid: p.state for p in snapshot.processes if p.alive}
     listed = {row.pid for row in rows if row.owner != OWNER_DEAD}
+    return _streaks({pid for pid in listed if states.get(pid) in STUCK_STATES}, state.stuck, now)
+
+
+def _streaks(pids: Iterable[int], previous: Mapping[int, Streak], now: float) -> dict[int, Streak]:
+    """One more cycle for each of ``pids``, from ``previous`` (a new one starts at ``now``);
+    a pid not among them this cycle is dropped."""
     streaks: dict[int, Streak] = {}
-    for pid in listed:
-        if states.get(pid) in STUCK_STATES:
-            seen = state.stuck.get(pid, Streak(0, now))
-            streaks[pid] = Streak(seen.cycles + 1, seen.since)
+    for pid in pids:
+        seen = previous.get(pid, Streak(0, now))
+        streaks[pid] = Streak(seen.cycles + 1, seen.since)
     return streaks
 
 
