@@ -231,6 +231,34 @@ def test_a_pid_procfs_never_identified_is_no_orphan() -> None:
     assert run.cycle(snapshot, T0 + 3600) == ()
 
 
+def test_a_proc_read_failure_keeps_dead_stuck_and_deleted_pod_verdicts_and_their_age() -> None:
+    """/proc unreadable for one cycle in three says nothing of any process: a confirmed
+    dead pid, a stuck one and a deleted pod's stay reported with their first age (adversary,
+    issue 40: the dead pid's streak restarted, and one failure in three hid it for good)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60, dead_cycles=3, stuck_cycles=3)
+    gpus = [gpu(0, processes=[proc(10, 7 * GIB)]), gpu(1, processes=[proc(20, GIB)])]
+    gpus.append(gpu(2, processes=[proc(30, 2 * GIB)]))
+    readable = node(
+        gpus,
+        [alive(10, UID_A, CID_A), dead(20), alive(30, state="D")],
+        pod_meta=watch(),
+        pod_resources=kubelet(),
+    )
+    unreadable = replace(readable, processes=())
+    state = OrphanState()
+    first: dict[str, float] = {}
+    for step in range(30):
+        snapshot = unreadable if step % 3 == 2 else readable
+        found, state = find_orphans(
+            snapshot, attribute(snapshot), state, now=T0 + 10 * step, policy=policy
+        )
+        kinds = {o.kind: o.first_seen for o in found}
+        first = {**kinds, **first}
+        if step >= 8:  # 60 s grace from 10 s; three read cycles by 40 s
+            assert set(kinds) == {KIND_DELETED_POD, KIND_DEAD_PROCESS, KIND_STUCK_PROCESS}, step
+            assert kinds == first, step
+
+
 # ---------------------------------------------------------------------------
 # stuck_process
 # ---------------------------------------------------------------------------

@@ -444,6 +444,40 @@ def test_a_same_name_replacement_does_not_hide_the_old_pods_leak() -> None:
     assert seen == [(0, []), (10, []), (69, []), (70, [KIND_DELETED_POD])]
 
 
+def test_a_same_name_replacement_verdict_stays_through_a_watch_outage() -> None:
+    """The watch down for one cycle after the replacement verdict: the kubelet lists the
+    name, but it cannot say whose uid it is (adversary, issue 40: the orphan vanished and
+    came back younger, and a watch down one cycle in five hid it for good)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    replaced = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(meta(UID_B, "api", CID_B)),
+        pod_resources=kubelet(("ml", "api", 1)),
+    )
+    outage = replace(replaced, pod_meta=watch(ok=False))
+    seen = judge_each(
+        policy, [(0, replaced), (60, replaced), (70, outage), (80, replaced), (90, outage)]
+    )
+    assert seen == [(0, []), *((t, [KIND_DELETED_POD]) for t in (60, 70, 80, 90))]
+
+
+def test_a_kubelet_only_verdict_is_not_kept_once_the_kubelet_lists_the_pod_again() -> None:
+    """The watch down all along: a verdict from the kubelet's listing alone is the
+    kubelet's, and ends when it lists the name again."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    listed = node(
+        [gpu_with_pod_process()],
+        [alive(10, UID_A, CID_A)],
+        pod_meta=watch(ok=False),
+        pod_resources=kubelet(("ml", "api", 0)),
+    )
+    named = replace(listed, pod_meta=watch(meta(UID_A, "api", CID_A)))
+    blip = replace(listed, pod_resources=kubelet())
+    seen = judge_each(policy, [(0, named), (10, blip), (70, blip), (80, listed), (200, listed)])
+    assert seen == [(0, []), (10, []), (70, [KIND_DELETED_POD]), (80, []), (200, [])]
+
+
 def test_a_watch_outage_after_the_verdict_keeps_it() -> None:
     """Terminating (grace 30) from 0: deleted_pod at 90; the watch then down with the
     kubelet still listing the pod: the verdict stays (adversary, issue 40: it cleared

@@ -154,16 +154,19 @@ def find_orphans(
         return (), state
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
-    pods = _pods(snapshot, attribution, state, policy.terminal_phases)
-    stuck = _stuck_streaks(rows, snapshot, state, now)
-    dead = _dead_streaks(rows, state, now)
+    unread = _unread(rows, snapshot)
+    pod_uids = _pod_uids(rows, unread, state)
+    pods = _pods(snapshot, attribution, state, policy.terminal_phases, pod_uids)
+    stuck = _stuck_streaks(rows, snapshot, state, now, unread)
+    dead = _dead_streaks(rows, state, now, unread)
     clock = _Clock(now=now, elapsed=now if elapsed is None else elapsed)
-    missing = _missing_since(rows, pods, state, clock.elapsed)
-    terminating = _terminating_since(rows, pods, state, clock.elapsed)
+    missing, gone_per_watch = _missing_since(pod_uids, pods, state, clock.elapsed)
+    terminating = _terminating_since(pod_uids, pods, state, clock.elapsed)
 
     found: dict[tuple[str, OrphanKind], _Acc] = {}
+    pod_clocks = _PodClocks(missing, terminating)
     for row in rows:
-        judged = _kind(row, stuck, dead, _PodClocks(missing, terminating), pods, clock, policy)
+        judged = _kind(row, pod_uids.get(row.pid), stuck, dead, pod_clocks, pods, clock, policy)
         if judged is not None:
             kind, since = judged
             acc = found.setdefault((row.uuid, kind), _Acc(since))
@@ -206,6 +209,8 @@ def find_orphans(
         pod_missing_since=missing,
         pod_terminating_since=terminating,
         pod_names=pods.names,
+        pod_uids=pod_uids,
+        pods_gone_per_watch=gone_per_watch,
     )
     return orphans, next_state
 
@@ -235,6 +240,7 @@ class _PodClocks:
 
 def _kind(
     row: AttributedProcess,
+    pod_uid: str | None,
     stuck: Mapping[int, Streak],
     dead: Mapping[int, Streak],
     since: _PodClocks,
@@ -246,36 +252,67 @@ def _kind(
 
     A process stuck long enough outranks its deleted pod (killing it will not work);
     one only briefly in D stays in its deleted-pod series, whose age must not reset.
+    A process /proc said nothing of this cycle is judged as it was last read.
     """
-    if row.owner == OWNER_DEAD:
-        streak = dead.get(row.pid)
-        if streak is None or streak.cycles < policy.dead_cycles:
+    streak = dead.get(row.pid)  # no /proc entry now, or none when last read
+    if streak is not None:
+        if streak.cycles < policy.dead_cycles:
             return None  # it may have exited between the NVML listing and the /proc read
         return KIND_DEAD_PROCESS, streak.since
     streak = stuck.get(row.pid)
     if streak is not None and streak.cycles >= policy.stuck_cycles:
         return KIND_STUCK_PROCESS, streak.since
-    if row.pod_uid is not None:
-        gone_for = _pod_gone_for(row.pod_uid, since, pods, clock)
+    if pod_uid is not None:
+        gone_for = _pod_gone_for(pod_uid, since, pods, clock)
         if gone_for is not None and gone_for >= policy.deleted_pod_grace_s:
             return KIND_DELETED_POD, clock.now - gone_for  # on the node's wall clock
     return None
 
 
+def _unread(rows: Iterable[AttributedProcess], snapshot: NodeSnapshot) -> frozenset[int]:
+    """Listed pids /proc said nothing of this cycle (procfs unreadable): neither dead
+    nor alive, so their streaks and pods are kept as they were, not counted on."""
+    read = {p.pid for p in snapshot.processes}
+    return frozenset(row.pid for row in rows if row.pid not in read)
+
+
+def _pod_uids(
+    rows: Iterable[AttributedProcess], unread: frozenset[int], state: OrphanState
+) -> dict[int, str]:
+    """pid -> pod uid of each live listed process, the unread ones' as last read."""
+    uids = {pid: state.pod_uids[pid] for pid in unread if pid in state.pod_uids}
+    for row in rows:
+        if row.pod_uid is not None and row.owner != OWNER_DEAD:
+            uids[row.pid] = row.pod_uid
+    return uids
+
+
 def _dead_streaks(
-    rows: Iterable[AttributedProcess], state: OrphanState, now: float
+    rows: Iterable[AttributedProcess], state: OrphanState, now: float, unread: frozenset[int]
 ) -> dict[int, Streak]:
     """How long each listed pid has had no /proc entry (cycles, and since when)."""
-    return _streaks({row.pid for row in rows if row.owner == OWNER_DEAD}, state.dead, now)
+    dead = {row.pid for row in rows if row.owner == OWNER_DEAD}
+    return _streaks(dead, state.dead, now) | _kept(unread, state.dead)
 
 
 def _stuck_streaks(
-    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState, now: float
+    rows: Iterable[AttributedProcess],
+    snapshot: NodeSnapshot,
+    state: OrphanState,
+    now: float,
+    unread: frozenset[int],
 ) -> dict[int, Streak]:
     """How long each live listed pid has been in D or Z."""
     states = {p.pid: p.state for p in snapshot.processes if p.alive}
     listed = {row.pid for row in rows if row.owner != OWNER_DEAD}
-    return _streaks({pid for pid in listed if states.get(pid) in STUCK_STATES}, state.stuck, now)
+    stuck = {pid for pid in listed if states.get(pid) in STUCK_STATES}
+    return _streaks(stuck, state.stuck, now) | _kept(unread, state.stuck)
+
+
+def _kept(pids: Iterable[int], previous: Mapping[int, Streak]) -> dict[int, Streak]:
+    """The streaks of ``pids`` unchanged: a cycle that could not tell neither ends nor
+    extends them."""
+    return {pid: previous[pid] for pid in pids if pid in previous}
 
 
 def _streaks(pids: Iterable[int], previous: Mapping[int, Streak], now: float) -> dict[int, Streak]:
@@ -293,6 +330,7 @@ def _pods(
     attribution: Attribution,
     state: OrphanState,
     terminal_phases: frozenset[str],
+    pod_uids: Mapping[int, str],
 ) -> _Pods:
     """Pod lookups, with names remembered for the UIDs of live GPU processes.
 
@@ -321,7 +359,7 @@ def _pods(
         row.pod_uid
         for row in attribution.processes
         if row.pod_uid is not None and row.owner != OWNER_DEAD
-    }
+    } | set(pod_uids.values())
     names = {uid: name for uid, name in state.pod_names.items() if uid in live_uids}
     for row in attribution.processes:
         if row.owner == OWNER_POD and row.pod_uid and row.namespace and row.pod:
@@ -366,20 +404,27 @@ def _gone(uid: str, pods: _Pods) -> bool:
 
 
 def _missing_since(
-    rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
-) -> dict[str, float]:
+    pod_uids: Mapping[int, str], pods: _Pods, state: OrphanState, now: float
+) -> tuple[dict[str, float], frozenset[str]]:
     """Since when (``now``'s clock: the monotonic one) each live GPU process's pod has
-    been gone, for the grace period."""
+    been gone, for the grace period; and which of them the watch said so.
+
+    A uid is never reused, so a verdict the watch gave stays while the watch cannot say:
+    the kubelet names pods, and its listing of the name may be a same-name replacement's.
+    """
     previous = state.pod_missing_since
-    return {
+    missing = {
         uid: previous.get(uid, now)
-        for uid in {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
-        if _gone(uid, pods)
+        for uid in set(pod_uids.values())
+        if _gone(uid, pods) or (pods.watch is None and uid in state.pods_gone_per_watch)
     }
+    if pods.watch is not None:
+        return missing, frozenset(missing)
+    return missing, state.pods_gone_per_watch & missing.keys()
 
 
 def _terminating_since(
-    rows: Iterable[AttributedProcess], pods: _Pods, state: OrphanState, now: float
+    pod_uids: Mapping[int, str], pods: _Pods, state: OrphanState, now: float
 ) -> dict[str, tuple[float, float, int | None]]:
     """Since when (``now``: the monotonic clock) each GPU process's pod has been seen
     terminating with its present ``deletionTimestamp``, and its grace period: a new
@@ -392,7 +437,7 @@ def _terminating_since(
     previous = state.pod_terminating_since
     if pods.watch is None:
         return dict(previous)
-    uids = {r.pod_uid for r in rows if r.pod_uid is not None and r.owner != OWNER_DEAD}
+    uids = set(pod_uids.values())
     seen: dict[str, tuple[float, float, int | None]] = {}
     for uid in uids | previous.keys():
         meta = pods.watch.get(uid)

@@ -52,6 +52,12 @@ class OrphanState:
     deletionGracePeriodSeconds as last seen): kept while the watch cannot say."""
     pod_names: Mapping[str, PodName] = field(default_factory=dict)
     """pod uid -> its name, learned while it could be named."""
+    pod_uids: Mapping[int, str] = field(default_factory=dict)
+    """pid -> its pod's uid, for a live listed process: kept for a cycle whose /proc read
+    failed, which says nothing of whose a process is."""
+    pods_gone_per_watch: frozenset[str] = frozenset()
+    """pod uids judged gone while the pod watch could say (a uid is never reused): the
+    verdict stays while the watch cannot say, whatever the kubelet lists by name."""
 
 
 @dataclass(frozen=True, slots=True)
