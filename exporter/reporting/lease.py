@@ -266,7 +266,8 @@ class WriterLease:
         # Since when writes have been held with no evidence of a live writer (this
         # process holding, or the record seen to change); None: not held
         self._held_since: float | None = None
-        self._last_failure = "no answer"
+        self._held_warned = False  # this hold has been logged at warning
+        self._last_failure = "none"
         self._warned_at: dict[str, float] = {}  # message -> when last logged at warning
 
     # -- what the writer asks ------------------------------------------------------------
@@ -445,20 +446,33 @@ class WriterLease:
         if self.state in ("refused", "unreachable") or self.mode(now) != "hold":
             return
         if self._held_since is None:
+            # a standby's normal start: its first read cannot yet show the holder
+            # renewing, which the next reads do within a renewal period
             self._held_since = now
-            self._warn(
-                now,
-                "held",
-                "the node's writer Lease %s/%s does not say who writes (last: %s): "
-                "Kubernetes writes are held until it does; after %d s without a live "
-                "writer this exporter writes without a lease",
+            self._held_warned = False
+            log.info(
+                "the node's writer Lease %s/%s: Kubernetes writes are held until it shows "
+                "who writes",
                 self.namespace,
                 self.name,
-                self._last_failure,
-                UNREACHABLE_AFTER * self.duration_s,
             )
             return
-        if now - self._held_since < UNREACHABLE_AFTER * self.duration_s:
+        held_for = now - self._held_since
+        if held_for < UNREACHABLE_AFTER * self.duration_s:
+            if held_for >= self.duration_s and not self._held_warned:
+                self._held_warned = True
+                self._warn(
+                    now,
+                    "held",
+                    "the node's writer Lease %s/%s has not shown who writes for %d s (last "
+                    "failure: %s): Kubernetes writes are held until it does; after %d s "
+                    "without a live writer this exporter writes without a lease",
+                    self.namespace,
+                    self.name,
+                    held_for,
+                    self._last_failure,
+                    UNREACHABLE_AFTER * self.duration_s,
+                )
             return
         self._warn(
             now,
