@@ -67,6 +67,7 @@ def gpu(
     processes: Sequence[GpuProcess] = (),
     mig: Sequence[MigInstance] = (),
     error: str | None = None,
+    lost: bool = False,
 ) -> GpuSample:
     """A GPU whose used memory defaults to exactly what its processes list."""
     listed = [*processes, *(p for m in mig for p in m.processes)]
@@ -77,6 +78,7 @@ def gpu(
         uuid=uuid_of(index),
         minor_number=index,
         error=error,
+        lost=lost,
         memory_total_bytes=None if error else 80 * GIB,
         memory_used_bytes=None if error else used,
         memory_reserved_bytes=None if error else reserved,
@@ -595,7 +597,7 @@ def test_a_lost_gpu_is_skipped_and_its_history_dropped() -> None:
     processes = [proc(10, 2 * GIB)]
     run = Run(OrphanPolicy(dead_cycles=1, unattributed_cycles=1))
     zombie_and_leak = node([gpu(0, used=5 * GIB, processes=processes), gpu(1)], [dead(10)])
-    lost = node([gpu(0, error="GpuIsLost"), gpu(1)], [])
+    lost = node([gpu(0, error="GpuIsLost", lost=True), gpu(1)], [])
     assert {o.kind for o in run.cycle(zombie_and_leak, T0)} == {
         KIND_DEAD_PROCESS,
         KIND_UNATTRIBUTED,
@@ -603,6 +605,41 @@ def test_a_lost_gpu_is_skipped_and_its_history_dropped() -> None:
     assert run.cycle(lost, T0 + 10) == ()
     assert run.state.first_seen == {} and run.state.unattributed == {}
     assert {o.first_seen for o in run.cycle(zombie_and_leak, T0 + 20)} == {T0 + 20}
+
+
+def test_a_gpu_unreadable_for_a_cycle_keeps_its_orphans_ages() -> None:
+    """A GPU whose reading failed without NVML saying it is lost (NVML_ERROR_UNKNOWN once)
+    was not reset: its orphans are still there, and come back with their first age
+    (before: the dead pid's confirmation, the deleted pod's grace and the unattributed
+    streak all started again)."""
+    policy = OrphanPolicy(dead_cycles=3, unattributed_cycles=3, deleted_pod_grace_s=60)
+    run = Run(policy)
+    readable = node(
+        [
+            gpu(0, used=5 * GIB, processes=[proc(10, 2 * GIB)]),
+            gpu(1, processes=[proc(20, 3 * GIB)]),
+        ],
+        [dead(10), alive(20, UID_A, CID_A)],
+        pod_meta=watch(),
+        pod_resources=kubelet(),
+    )
+    unreadable = replace(
+        readable,
+        nvml=replace(readable.nvml, gpus=(gpu(0, error="Unknown"), gpu(1, error="Unknown"))),
+    )
+    for step in range(7):
+        run.cycle(readable, T0 + 10 * step)
+    assert {o.kind: o.first_seen for o in run.cycle(readable, T0 + 70)} == {
+        KIND_DEAD_PROCESS: T0,
+        KIND_UNATTRIBUTED: T0,
+        KIND_DELETED_POD: T0,
+    }
+    assert run.cycle(unreadable, T0 + 80) == ()  # nothing known of them this cycle
+    assert {o.kind: o.first_seen for o in run.cycle(readable, T0 + 90)} == {
+        KIND_DEAD_PROCESS: T0,
+        KIND_UNATTRIBUTED: T0,
+        KIND_DELETED_POD: T0,
+    }
 
 
 def test_nvml_down_reports_nothing_and_keeps_every_clock() -> None:

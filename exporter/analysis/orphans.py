@@ -146,15 +146,16 @@ def find_orphans(
     ``now`` is the node's wall clock (what ``first_seen`` is served on), ``elapsed`` the
     monotonic clock windows are measured on (None: ``now`` stands in for it).
 
-    GPUs that failed (lost) are skipped and their history dropped: their memory is
-    unknowable until they answer again. With NVML down nothing is reported and the
-    state is kept as it was.
+    GPUs whose reading failed are skipped: their memory is unknowable until they answer
+    again. A lost one's history is dropped (its reset frees its memory); another's is
+    kept, not counted on, for when it answers. With NVML down nothing is reported and
+    the state is kept as it was.
     """
     if not snapshot.nvml.ok:  # no data is not "cleared": keep every clock running
         return (), state
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
-    unread = _unread(rows, snapshot)
+    unread = _unread(rows, snapshot, state)
     pod_uids = _pod_uids(rows, unread, state)
     pods = _pods(snapshot, attribution, state, policy.terminal_phases, pod_uids)
     stuck = _stuck_streaks(rows, snapshot, state, now, unread)
@@ -178,6 +179,7 @@ def find_orphans(
             acc.processes += 1
 
     streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)
+    unread_gpus = {g.uuid for g in snapshot.nvml.gpus if g.error is not None and not g.lost}
     for uuid, (streak, excess) in streaks.items():
         if streak.cycles >= policy.unattributed_cycles:
             found[(uuid, KIND_UNATTRIBUTED)] = _Acc(streak.since, memory=excess)
@@ -203,7 +205,8 @@ def find_orphans(
     )
     next_state = OrphanState(
         first_seen={(o.uuid, o.kind): o.first_seen for o in orphans},
-        unattributed={uuid: streak for uuid, (streak, _) in streaks.items()},
+        unattributed={uuid: streak for uuid, (streak, _) in streaks.items()}
+        | {uuid: state.unattributed[uuid] for uuid in unread_gpus & state.unattributed.keys()},
         stuck=stuck,
         dead=dead,
         pod_missing_since=missing,
@@ -269,11 +272,21 @@ def _kind(
     return None
 
 
-def _unread(rows: Iterable[AttributedProcess], snapshot: NodeSnapshot) -> frozenset[int]:
-    """Listed pids /proc said nothing of this cycle (procfs unreadable): neither dead
-    nor alive, so their streaks and pods are kept as they were, not counted on."""
+def _unread(
+    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState
+) -> frozenset[int]:
+    """Pids this cycle says nothing of: listed, but /proc said nothing of them (procfs
+    unreadable); and, while a GPU's reading failed without NVML saying it is lost, the
+    pids followed last cycle and not listed now (they may be that GPU's). Neither dead
+    nor alive: their streaks and pods are kept as they were, not counted on. A lost
+    GPU's are not kept: its reset frees its memory."""
     read = {p.pid for p in snapshot.processes}
-    return frozenset(row.pid for row in rows if row.pid not in read)
+    listed = {row.pid for row in rows}
+    unread = {pid for pid in listed if pid not in read}
+    if any(g.error is not None and not g.lost for g in snapshot.nvml.gpus):
+        followed = state.dead.keys() | state.stuck.keys() | state.pod_uids.keys()
+        unread |= followed - listed
+    return frozenset(unread)
 
 
 def _pod_uids(
