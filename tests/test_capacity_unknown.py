@@ -3,7 +3,7 @@ down or silent about a device (docs/health.md, "Unknown")."""
 
 from __future__ import annotations
 
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -12,14 +12,19 @@ from exporter.analysis.health import HealthPolicy, assess
 from exporter.model import (
     AllocatableDevices,
     Allocation,
+    Analysis,
+    Attribution,
     ContainerRef,
     DeviceCapacity,
     DeviceRef,
     GpuSample,
+    NodeSnapshot,
+    NvmlSnapshot,
     PodResourcesSnapshot,
     ResourceSliceSnapshot,
     SliceDevice,
 )
+from exporter.reporting.condition import NodeCondition, desired_condition
 
 GPUS = tuple(GpuSample(index=i, uuid=f"GPU-{i}") for i in range(4))
 UUIDS = tuple(g.uuid for g in GPUS)
@@ -200,3 +205,21 @@ def test_a_guessed_set_serves_no_allocation_even_when_ids_match() -> None:
 def test_an_advertised_set_from_the_kubelet_keeps_its_allocation_counts() -> None:
     (cap,) = node_capacity(GPUS, HEALTH, kubelet(*UUIDS), [held("GPU-1")], nvml_ok=True)
     assert (cap.allocated, cap.allocatable) == (1, 3)
+
+
+def test_a_gpu_nvml_does_not_list_keeps_the_node_condition_from_saying_all_healthy() -> None:
+    """NVML enumerates 3 of the 4 GPUs the kubelet advertises (one missing from the count
+    at start): the 3 are healthy, but "all 3 GPUs are healthy" would clear a GPULost
+    condition an earlier run set for the fourth (adversary, issue 40). The condition is
+    left as it is; with every advertised GPU listed it says False again."""
+    listed = GPUS[:3]
+    health = assess(listed, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())
+    capacity = node_capacity(listed, health, kubelet(*UUIDS), [], nvml_ok=True)
+    node = NodeSnapshot(node_name="n1", nvml=NvmlSnapshot(ok=True, timestamp=0.0, gpus=listed))
+    partial = Analysis(node=node, attribution=Attribution(), health=health, capacity=capacity)
+    assert desired_condition(partial) is None
+    whole = node_capacity(GPUS, HEALTH, kubelet(*UUIDS), [], nvml_ok=True)
+    every = replace(partial, health=HEALTH, capacity=whole)
+    assert desired_condition(every) == NodeCondition(
+        "False", "GPUsHealthy", "all 4 GPUs are healthy"
+    )

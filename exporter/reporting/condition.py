@@ -40,7 +40,8 @@ def desired_condition(analysis: Analysis) -> NodeCondition | None:
 
     A GPU known unhealthy that NVML no longer lists (``Analysis.unlisted_unhealthy``)
     still counts: a GPU dropping out of the listing is no verdict of healthy. True needs
-    one GPU unhealthy; False needs every GPU healthy (an unknown one leaves it alone)."""
+    one GPU unhealthy; False needs every GPU healthy (an unknown one, or a device
+    advertised on a GPU NVML does not list, leaves it alone)."""
     if not analysis.node.nvml.ok or not analysis.health:
         return None
     # a UUID two GPUs share carries no hardware verdict: it counts as unknown
@@ -53,7 +54,10 @@ def desired_condition(analysis: Analysis) -> NodeCondition | None:
     bad += [("?", uuid, (*reasons, "not listed")) for uuid, reasons in analysis.unlisted_unhealthy]
     total = len(analysis.health) + len(analysis.unlisted_unhealthy)
     if not bad:
-        if shared or any(h.unknown for h in analysis.health):
+        # a device the kubelet or a DRA driver advertises on a GPU NVML does not list
+        # (capacity counts it unhealthy): not every GPU is known healthy
+        unseen = any(c.unhealthy for c in analysis.capacity)
+        if shared or unseen or any(h.unknown for h in analysis.health):
             return None
         return NodeCondition("False", "GPUsHealthy", f"all {total} GPUs are healthy")
     lost = any("gpu_lost" in reasons for _, _, reasons in bad)
