@@ -642,6 +642,48 @@ def test_a_gpu_unreadable_for_a_cycle_keeps_its_orphans_ages() -> None:
     }
 
 
+def test_a_failed_process_listing_keeps_the_gpus_orphans_ages() -> None:
+    """One of a GPU's process listings failing (processes_listed False, no error) says
+    nothing of its processes either (adversary, issue 40: a confirmed dead pid took 3
+    cycles to return, younger, and a listing failing one cycle in three hid it)."""
+    run = Run(OrphanPolicy(dead_cycles=3, unattributed_cycles=3))
+    readable = node([gpu(0, used=5 * GIB, processes=[proc(10, 2 * GIB)])], [dead(10)])
+    unlisted = replace(
+        readable,
+        nvml=replace(readable.nvml, gpus=(replace(gpu(0, used=5 * GIB), processes_listed=False),)),
+    )
+    for step in range(3):
+        run.cycle(readable, T0 + 10 * step)
+    for step in range(3, 30):
+        found = run.cycle(unlisted if step % 3 == 0 else readable, T0 + 10 * step)
+        expected = {} if step % 3 == 0 else {KIND_DEAD_PROCESS: T0, KIND_UNATTRIBUTED: T0}
+        assert {o.kind: o.first_seen for o in found} == expected, step
+
+
+def test_what_is_kept_for_a_gpu_that_cannot_list_stays_that_gpus() -> None:
+    """GPU 1 failing for 2,000 cycles while GPU 0 runs a new pod's process each cycle:
+    only what GPU 1 had is kept (adversary, issue 40: every exited pid was kept, 2,000
+    of each, and a reused pid read no /proc once inherited a pod gone 5 hours)."""
+    run = Run(OrphanPolicy(deleted_pod_grace_s=60))
+    for i in range(2000):
+        uid = f"{i:08x}-0000-0000-0000-000000000000"
+        job = node(
+            [gpu(0, processes=[proc(1000 + i, GIB)]), gpu(1, error="Unknown")],
+            [alive(1000 + i, uid, CID_A)],
+            pod_meta=watch(meta(uid, f"job{i}", CID_A)),
+            pod_resources=kubelet(("ml", f"job{i}", 0)),
+        )
+        assert run.cycle(job, T0 + 10 * i) == ()
+    assert max(len(run.state.pod_uids), len(run.state.pod_names), len(run.state.pid_gpus)) <= 1
+    reused = node(
+        [gpu(0), gpu(1, processes=[proc(1000, GIB)])],  # pid 1000 again, on the other GPU
+        [],  # /proc unreadable this cycle
+        pod_meta=watch(meta(UID_B, "fresh", CID_B)),
+        pod_resources=kubelet(("ml", "fresh", 1)),
+    )
+    assert run.cycle(reused, T0 + 20_000) == ()
+
+
 def test_nvml_down_reports_nothing_and_keeps_every_clock() -> None:
     run = Run()
     run.cycle(node([gpu(0, processes=[proc(10, 2 * GIB)])], [dead(10)]), T0)

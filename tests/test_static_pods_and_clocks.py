@@ -42,6 +42,7 @@ from tests.test_kube_events import api, exclusive, quiet, step, until
 from tests.test_orphans import (
     CID_A,
     CID_B,
+    GIB,
     T0,
     UID_A,
     UID_B,
@@ -51,6 +52,7 @@ from tests.test_orphans import (
     kubelet,
     meta,
     node,
+    proc,
     watch,
 )
 
@@ -455,11 +457,31 @@ def test_a_same_name_replacement_verdict_stays_through_a_watch_outage() -> None:
         pod_meta=watch(meta(UID_B, "api", CID_B)),
         pod_resources=kubelet(("ml", "api", 1)),
     )
+    named = replace(replaced, pod_meta=watch(meta(UID_A, "api", CID_A)))
     outage = replace(replaced, pod_meta=watch(ok=False))
     seen = judge_each(
-        policy, [(0, replaced), (60, replaced), (70, outage), (80, replaced), (90, outage)]
+        policy,
+        [(0, named), (10, replaced), (70, replaced), (80, outage), (90, replaced), (100, outage)],
     )
-    assert seen == [(0, []), *((t, [KIND_DELETED_POD]) for t in (60, 70, 80, 90))]
+    assert seen == [(0, []), (10, []), *((t, [KIND_DELETED_POD]) for t in (70, 80, 90, 100))]
+
+
+def test_a_pod_the_watch_has_not_delivered_is_no_watch_verdict_to_keep() -> None:
+    """A time-sliced GPU, so a new pod cannot be named from an exclusive allocation; the
+    watch answers once without it, then goes down: the kubelet lists it, and no verdict
+    is kept for a pod never named (adversary, issue 40: a deleted_pod Warning 60 s later
+    for a running pod)."""
+    policy = OrphanPolicy(deleted_pod_grace_s=60)
+    shared = gpu(0, processes=[proc(10, 4 * GIB), proc(20, GIB)])
+    lagging = node(
+        [shared],
+        [alive(10, UID_A, CID_A), alive(20, UID_B, CID_B)],
+        pod_meta=watch(meta(UID_B, "x", CID_B)),
+        pod_resources=kubelet(("ml", "new", 0), ("ml", "x", 0)),
+    )
+    down = replace(lagging, pod_meta=watch(ok=False))
+    seen = judge_each(policy, [(0, lagging), *((t, down) for t in range(10, 310, 10))])
+    assert all(kinds == [] for _, kinds in seen), seen
 
 
 def test_a_kubelet_only_verdict_is_not_kept_once_the_kubelet_lists_the_pod_again() -> None:

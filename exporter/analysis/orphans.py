@@ -155,7 +155,8 @@ def find_orphans(
         return (), state
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
-    unread = _unread(rows, snapshot, state)
+    blind = _blind_gpus(snapshot)
+    unread = _unread(rows, snapshot, state, blind)
     pod_uids = _pod_uids(rows, unread, state)
     pods = _pods(snapshot, attribution, state, policy.terminal_phases, pod_uids)
     stuck = _stuck_streaks(rows, snapshot, state, now, unread)
@@ -179,7 +180,6 @@ def find_orphans(
             acc.processes += 1
 
     streaks = _unattributed_streaks(healthy.values(), rows, state, now, policy)
-    unread_gpus = {g.uuid for g in snapshot.nvml.gpus if g.error is not None and not g.lost}
     for uuid, (streak, excess) in streaks.items():
         if streak.cycles >= policy.unattributed_cycles:
             found[(uuid, KIND_UNATTRIBUTED)] = _Acc(streak.since, memory=excess)
@@ -203,16 +203,19 @@ def find_orphans(
             key=lambda o: (o.gpu, ORPHAN_KINDS.index(o.kind)),
         )
     )
+    # what a GPU that could not list its processes had is kept for when it can
     next_state = OrphanState(
-        first_seen={(o.uuid, o.kind): o.first_seen for o in orphans},
+        first_seen={(o.uuid, o.kind): o.first_seen for o in orphans}
+        | {key: seen for key, seen in state.first_seen.items() if key[0] in blind},
         unattributed={uuid: streak for uuid, (streak, _) in streaks.items()}
-        | {uuid: state.unattributed[uuid] for uuid in unread_gpus & state.unattributed.keys()},
+        | {uuid: streak for uuid, streak in state.unattributed.items() if uuid in blind},
         stuck=stuck,
         dead=dead,
         pod_missing_since=missing,
         pod_terminating_since=terminating,
         pod_names=pods.names,
         pod_uids=pod_uids,
+        pid_gpus=_pid_gpus(rows, dead.keys() | stuck.keys() | pod_uids.keys(), state),
         pods_gone_per_watch=gone_per_watch,
     )
     return orphans, next_state
@@ -272,21 +275,59 @@ def _kind(
     return None
 
 
+def _blind_gpus(snapshot: NodeSnapshot) -> frozenset[str]:
+    """GPUs that could not list their processes this cycle (the reading failed, or one
+    of its listings did), without NVML saying they are lost: a lost GPU's reset frees
+    its memory, so nothing of it is kept."""
+    return frozenset(
+        g.uuid
+        for g in snapshot.nvml.gpus
+        if not g.lost and (g.error is not None or not g.processes_listed)
+    )
+
+
 def _unread(
-    rows: Iterable[AttributedProcess], snapshot: NodeSnapshot, state: OrphanState
+    rows: Iterable[AttributedProcess],
+    snapshot: NodeSnapshot,
+    state: OrphanState,
+    blind: frozenset[str],
 ) -> frozenset[int]:
     """Pids this cycle says nothing of: listed, but /proc said nothing of them (procfs
-    unreadable); and, while a GPU's reading failed without NVML saying it is lost, the
-    pids followed last cycle and not listed now (they may be that GPU's). Neither dead
-    nor alive: their streaks and pods are kept as they were, not counted on. A lost
-    GPU's are not kept: its reset frees its memory."""
+    unreadable); and, not listed now, last listed on a GPU that could not list its
+    processes this cycle. Neither dead nor alive: their streaks and pods are kept as
+    they were, not counted on: a pid listed on none of the GPUs it was last listed on
+    is taken for another process (a reused pid), and nothing of it is kept."""
     read = {p.pid for p in snapshot.processes}
-    listed = {row.pid for row in rows}
-    unread = {pid for pid in listed if pid not in read}
-    if any(g.error is not None and not g.lost for g in snapshot.nvml.gpus):
-        followed = state.dead.keys() | state.stuck.keys() | state.pod_uids.keys()
-        unread |= followed - listed
+    on: dict[int, set[str]] = defaultdict(set)
+    for row in rows:
+        on[row.pid].add(row.uuid)
+    listed = on.keys()
+    unread = {
+        pid
+        for pid, gpus in on.items()
+        if pid not in read and (pid not in state.pid_gpus or gpus & state.pid_gpus[pid])
+    }
+    if blind:
+        unread |= {
+            pid for pid, gpus in state.pid_gpus.items() if pid not in listed and gpus & blind
+        }
     return frozenset(unread)
+
+
+def _pid_gpus(
+    rows: Iterable[AttributedProcess], followed: Iterable[int], state: OrphanState
+) -> dict[int, frozenset[str]]:
+    """The GPUs each followed pid was last listed on: this cycle's, else as kept."""
+    listed: dict[int, set[str]] = defaultdict(set)
+    for row in rows:
+        listed[row.pid].add(row.uuid)
+    gpus: dict[int, frozenset[str]] = {}
+    for pid in followed:
+        if pid in listed:
+            gpus[pid] = frozenset(listed[pid])
+        elif pid in state.pid_gpus:
+            gpus[pid] = state.pid_gpus[pid]
+    return gpus
 
 
 def _pod_uids(
@@ -432,7 +473,8 @@ def _missing_since(
         if _gone(uid, pods) or (pods.watch is None and uid in state.pods_gone_per_watch)
     }
     if pods.watch is not None:
-        return missing, frozenset(missing)
+        # a pod never named may be one the watch has not delivered yet: no verdict of its
+        return missing, frozenset(uid for uid in missing if uid in pods.names)
     return missing, state.pods_gone_per_watch & missing.keys()
 
 

@@ -55,6 +55,9 @@ class OrphanState:
     pod_uids: Mapping[int, str] = field(default_factory=dict)
     """pid -> its pod's uid, for a live listed process: kept for a cycle whose /proc read
     failed, which says nothing of whose a process is."""
+    pid_gpus: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    """pid -> the GPUs (uuid) it was last listed on, for the pids followed above: a pid
+    not listed while one of them could not list its processes is kept, not dropped."""
     pods_gone_per_watch: frozenset[str] = frozenset()
     """pod uids judged gone while the pod watch could say (a uid is never reused): the
     verdict stays while the watch cannot say, whatever the kubelet lists by name."""
