@@ -113,6 +113,8 @@ class _Context:
     other_held: frozenset[tuple[ContainerRef, str, str | None]] = frozenset()
     # pids judged against an answer begun after their first sighting; None: not asked
     settled: frozenset[int] | None = None
+    # (pid, pod UID, GPU UUID, MIG UUID) seen allocated in an earlier answer
+    held_before: frozenset[tuple[int, str, str, str | None]] = frozenset()
 
 
 def attribute(
@@ -120,12 +122,15 @@ def attribute(
     *,
     terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"}),
     settled: frozenset[int] | None = None,
+    held_before: frozenset[tuple[int, str, str, str | None]] = frozenset(),
 ) -> Attribution:
     """Attribute every NVML process and every PodResources device of one snapshot.
 
     ``settled``: the pids whose first sighting the PodResources answer postdates (the
     pipeline keeps that memory, ``allocation_evidence``); a pid outside it is never a
-    leak this cycle. None judges the snapshot alone (one-shot use)."""
+    leak this cycle. None judges the snapshot alone (one-shot use). ``held_before``: the
+    devices pod processes were seen allocated earlier (``allocation_evidence.held_before``);
+    an answer that now lists one without it is no evidence of a leak."""
     gpus = snapshot.nvml.gpus
     finished = _finished_pods(snapshot.pod_meta, terminal_phases)
     allocations = _allocations(snapshot.pod_resources, gpus, snapshot.resource_slices, finished)
@@ -143,6 +148,7 @@ def attribute(
         claims_unreported=_claims_unreported(snapshot.pod_resources, snapshot.pod_meta),
         other_held=_other_held(snapshot.pod_resources, gpus, snapshot.resource_slices),
         settled=settled,
+        held_before=held_before,
     )
     processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
     return Attribution(
@@ -154,6 +160,7 @@ def attribute(
         other_resource_devices=_other_counts(
             snapshot.pod_resources, gpus, snapshot.resource_slices
         ),
+        unaccounted_gpus=_unaccounted_gpus(processes, context),
     )
 
 
@@ -379,7 +386,39 @@ def _judged(
         return False  # allocated under a resource name outside --resource-names
     if identity is not None and is_mps_daemon(identity.comm):
         return False
+    held = (pid, identity.pod_uid if identity else None, device.uuid, mig_uuid)
+    if held in context.held_before:
+        return False  # allocated it before: a running container's devices stay
     return context.settled is None or pid in context.settled
+
+
+def _unaccounted_gpus(processes: Sequence[AttributedProcess], context: _Context) -> frozenset[str]:
+    """GPUs a pod's process uses whose allocation the answer cannot show: the kubelet
+    does not list its container (just restarted, a pod newer than the answer, an init
+    container), reports none of its pod's claims, or lists it without a device it was
+    seen to hold; or a pod's process that cannot be named on a GPU the answer allocates
+    nothing on. The kubelet may count a device of it allocated; capacity must not call
+    it free."""
+    if context.listed is None or context.allocations is None:
+        return frozenset()
+    unaccounted: set[str] = set()
+    for row in processes:
+        if row.owner == OWNER_UNKNOWN and row.pod_uid is not None:
+            # a pod's process that cannot be named (no pod metadata): unaccounted where
+            # the answer allocates nothing on its GPU it could belong to
+            if not context.allocations.get(row.uuid):
+                unaccounted.add(row.uuid)
+            continue
+        if row.owner != OWNER_POD or row.allocated is not None or row.namespace is None:
+            continue
+        ref = ContainerRef(row.namespace, row.pod or "", row.container or "")
+        if (
+            ref not in context.listed
+            or (row.namespace, row.pod) in context.claims_unreported
+            or (row.pid, row.pod_uid, row.uuid, row.mig_uuid) in context.held_before
+        ):
+            unaccounted.add(row.uuid)
+    return frozenset(unaccounted)
 
 
 # /proc/<pid>/comm of nvidia-cuda-mps-control and nvidia-cuda-mps-server: the kernel

@@ -57,10 +57,14 @@ def node_capacity(
     slices: ResourceSliceSnapshot | None = None,
     *,
     nvml_ok: bool,
+    unaccounted: frozenset[str] = frozenset(),
 ) -> tuple[DeviceCapacity, ...]:
     """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
     ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU).
-    ``nvml_ok``: NVML answered this cycle (``gpus`` and ``health`` are its word)."""
+    ``nvml_ok``: NVML answered this cycle (``gpus`` and ``health`` are its word).
+    ``unaccounted``: GPUs a pod's process uses that the answer does not account for
+    (``Attribution.unaccounted_gpus``); a resource with a device on one that no listed
+    allocation takes has unknown ``allocated`` and ``allocatable``."""
     resolver = DeviceResolver(gpus, slices)
     # resource -> device id -> physical GPU UUID (None: names no GPU)
     advertised: dict[str, dict[str, str | None]] = {}
@@ -84,10 +88,15 @@ def node_capacity(
     allocated: dict[str, set[str]] = {}
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
-    return tuple(
-        _count(resource, devices, judge, allocated.get(resource, set()) if allocation_ok else None)
-        for resource, devices in sorted(advertised.items())
-    )
+    counts = []
+    for resource, devices in sorted(advertised.items()):
+        taken = allocated.get(resource, set()) if allocation_ok else None
+        if taken is not None and any(
+            uuid in unaccounted and device not in taken for device, uuid in devices.items()
+        ):
+            taken = None  # one of them may be the unlisted container's
+        counts.append(_count(resource, devices, judge, taken))
+    return tuple(counts)
 
 
 class _Judge:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from exporter.analysis.allocation_evidence import ProcessKey, settled_pids
+from exporter.analysis.allocation_evidence import HeldKey, ProcessKey, held_before, settled_pids
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.cgroup_signals import cgroup_signals
@@ -77,6 +77,9 @@ class CarriedState:
     # (pid, pod UID, container id) -> PodResources refreshes begun when it was first
     # seen (analysis/allocation_evidence.py): a leak needs an answer begun after that
     first_seen: Mapping[ProcessKey, int] = field(default_factory=dict)
+    # devices each pod process was seen allocated (allocation_evidence.held_before): a
+    # later answer without them is no evidence of a leak
+    held: frozenset[HeldKey] = frozenset()
 
 
 def initial_state(policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
@@ -91,7 +94,7 @@ def analyse(
     gpus = prefer_dcgm(snapshot.nvml.gpus, snapshot.dcgm)
     snapshot = replace(snapshot, nvml=replace(snapshot.nvml, gpus=gpus))
     settled, first_seen = settled_pids(snapshot, state.first_seen)
-    attribution = attribute(snapshot, settled=settled)
+    attribution = attribute(snapshot, settled=settled, held_before=state.held)
     # Windows run on the monotonic clock: a wall-clock step must not end a fatal XID's
     # window early (a true fault cleared) or stretch it (a healthy GPU kept unhealthy).
     elapsed_now = snapshot.monotonic if snapshot.monotonic is not None else now
@@ -115,6 +118,7 @@ def analyse(
         attribution.allocations,
         snapshot.resource_slices,
         nvml_ok=snapshot.nvml.ok,
+        unaccounted=attribution.unaccounted_gpus,
     )
     elapsed, counted_to = elapsed_since(state.last_timestamp, elapsed_now, policy.idle)
     idle = account_idle(
@@ -200,6 +204,7 @@ def analyse(
         known_facts=known_facts,
         last_timestamp=counted_to,
         first_seen=first_seen,
+        held=held_before(attribution, state.held),
     )
     return analysis, state
 

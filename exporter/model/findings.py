@@ -139,6 +139,10 @@ class Attribution:
     # (resource name, device ids) under resource names outside --resource-names that
     # name a GPU of this node: allocations the flag leaves out (never a leak; a hint)
     other_resource_devices: tuple[tuple[str, int], ...] = ()
+    # physical GPUs a pod's process uses that the PodResources answer does not account
+    # for (its container unlisted, or listed without a device it held before): what is
+    # allocated on them is unknown
+    unaccounted_gpus: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,7 +158,7 @@ async def test_writer_lease_api_unreachable(
     assert scrape.get("gpu_exporter_kube_writer_leader") == 1
     assert scrape.get("gpu_exporter_kube_writer_lease_state", state="unreachable") == 1
     said = [r.getMessage() for r in caplog.records if r.name == "exporter.reporting.lease"]
-    first = [m for m in said if "does not say who writes" in m]
+    first = [m for m in said if "has not shown who writes" in m]
     fallback = [m for m in said if "writes without a lease until it holds it" in m]
     again = [m for m in said if "answers again" in m]
     assert (len(first), len(fallback), len(again)) == (1, 1, 1)
@@ -172,6 +172,6 @@ async def test_writer_lease_api_unreachable(
         "every 10 s; the Lease's first answer makes it the holder, logged once.",
         figure=f"0 Events in the first 140 s, {events_after} by 240 s; {requests} Lease "
         f"requests in 240 s; {len(first)}+{len(fallback)}+{len(again)} warning lines "
-        "(first failure, fallback, answered again); before the fix: 0 Events for the "
+        "(held past a duration, fallback, answered again); before the fix: 0 Events for the "
         "whole outage, nothing logged above debug",
     )
