@@ -6,6 +6,7 @@ through the pure pipeline, cycle by cycle, as the agent runs it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -145,3 +146,57 @@ def test_a_container_listed_without_a_device_it_never_held_still_leaks() -> None
             [(u.container.pod, u.device.gpu) for u in analysis.attribution.unallocated_use]
         )
     assert leaks[-1] == [("a", 0)]
+
+
+def test_an_allocation_only_a_stale_answer_showed_is_not_remembered() -> None:
+    """Pod a re-created under its name: the first answer its process meets predates it and
+    still gives a/main GPU 0 (its predecessor's); the new pod got GPU 1 and its process
+    runs on GPU 0: a leak from the first answer that postdates the process (adversary
+    helper-34: the stale answer's allocation was remembered, and the leak hidden for good)."""
+    policy = Policy()
+    state = initial_state(policy, {})
+    leaks = []
+    for seq in range(1, 5):
+        device = UUIDS[0] if seq == 1 else UUIDS[1]  # seq 1: the predecessor's allocation
+        pod_resources = PodResourcesSnapshot(
+            ok=True,
+            timestamp=float(seq),
+            containers=(ContainerDevices("ml", "a", "main", "nvidia.com/gpu", (device,)),),
+            allocatable=ADVERTISED,
+            allocatable_ok=True,
+            listed=frozenset({("ml", "a", "main")}),
+            sequence=seq,
+            begun=seq,
+        )
+        analysis, state = analyse(snapshot(1000.0 + 10 * seq, pod_resources), state, policy)
+        use = analysis.attribution.unallocated_use
+        leaks.append([(u.container.pod, u.device.gpu) for u in use])
+    assert leaks == [[], [("a", 0)], [("a", 0)], [("a", 0)]]
+
+
+def test_an_owner_named_by_guess_is_not_remembered_as_allocated() -> None:
+    """Pod a's `side` container (no GPU) runs on GPU 0, allocated to `main`; for one cycle
+    the pod status does not list side's container id yet, so the process is named as
+    main's, allocated: side's leak is still reported once it is named (adversary
+    helper-34: the guess was remembered as an allocation, the leak never reported)."""
+    policy = Policy()
+    state = initial_state(policy, {})
+    leaks = []
+    for seq in range(1, 5):
+        listed = frozenset({("ml", "a", "main"), ("ml", "a", "side"), ("ml", "b", "main")})
+        pod_resources = replace(answer(seq, devices=(0, 1), listed=(0, 1)), listed=listed)
+        base = snapshot(1000.0 + 10 * seq, pod_resources)
+        assert base.pod_meta is not None
+        side = ("c" * 64, "side")
+        containers = (("a" * 64, "main"),) if seq == 1 else (("a" * 64, "main"), side)
+        pods = tuple(
+            replace(p, containers=containers) if p.name == "a" else p for p in base.pod_meta.pods
+        )
+        processes = tuple(
+            replace(p, container_id="c" * 64) if p.pid == 10 else p for p in base.processes
+        )
+        node = replace(base, pod_meta=replace(base.pod_meta, pods=pods), processes=processes)
+        analysis, state = analyse(node, state, policy)
+        use = analysis.attribution.unallocated_use
+        leaks.append([(u.container.container, u.device.gpu) for u in use])
+    assert leaks[1:] == [[("side", 0)]] * 3

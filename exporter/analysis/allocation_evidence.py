@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exporter.model import Attribution, NodeSnapshot
+from exporter.model import NodeSnapshot
 
 # (pid, pod UID, container id): a pid reused by another container is a new sighting
 ProcessKey = tuple[int, str | None, str | None]
-# (pid, pod UID, GPU UUID, MIG UUID or None for the whole GPU): a device a pod's process
-# was seen allocated
-HeldKey = tuple[int, str, str, str | None]
+# (pid, pod UID, container id, GPU UUID, MIG UUID or None for the whole GPU): a device a
+# pod's process was seen allocated (attribution.py keeps them: Attribution.held)
+HeldKey = tuple[int, str, str, str, str | None]
 
 
 def settled_pids(
@@ -54,19 +54,3 @@ def settled_pids(
     # a pid two keys share (read as another container this cycle) is settled only if both are
     unsettled = {key[0] for key, begun in memory.items() if pod_resources.sequence <= begun}
     return settled - unsettled, memory
-
-
-def held_before(attribution: Attribution, previous: frozenset[HeldKey]) -> frozenset[HeldKey]:
-    """The devices each pod process NVML lists has been seen allocated, for the next
-    cycle. A running container's devices do not change, so an answer that later lists it
-    without them (the kubelet lost its device records: a restart with a damaged
-    checkpoint) is no evidence that it uses a device it was not given. Kept while the
-    process is listed on the device; as small as the set of GPU processes."""
-    held: set[HeldKey] = set()
-    for row in attribution.processes:
-        if row.pod_uid is None:
-            continue
-        key = (row.pid, row.pod_uid, row.uuid, row.mig_uuid)
-        if row.allocated or key in previous:
-            held.add(key)
-    return frozenset(held)

@@ -81,6 +81,7 @@ class _Owner:
     pod: str | None = None
     container: str | None = None
     reason: str | None = None
+    by_container_id: bool = False  # named by the process's own container id, not a guess
 
     @property
     def ref(self) -> ContainerRef | None:
@@ -114,7 +115,7 @@ class _Context:
     # pids judged against an answer begun after their first sighting; None: not asked
     settled: frozenset[int] | None = None
     # (pid, pod UID, GPU UUID, MIG UUID) seen allocated in an earlier answer
-    held_before: frozenset[tuple[int, str, str, str | None]] = frozenset()
+    held_before: frozenset[tuple[int, str, str, str, str | None]] = frozenset()
 
 
 def attribute(
@@ -122,14 +123,14 @@ def attribute(
     *,
     terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"}),
     settled: frozenset[int] | None = None,
-    held_before: frozenset[tuple[int, str, str, str | None]] = frozenset(),
+    held_before: frozenset[tuple[int, str, str, str, str | None]] = frozenset(),
 ) -> Attribution:
     """Attribute every NVML process and every PodResources device of one snapshot.
 
     ``settled``: the pids whose first sighting the PodResources answer postdates (the
     pipeline keeps that memory, ``allocation_evidence``); a pid outside it is never a
     leak this cycle. None judges the snapshot alone (one-shot use). ``held_before``: the
-    devices pod processes were seen allocated earlier (``allocation_evidence.held_before``);
+    devices pod processes were seen allocated earlier (the last cycle's ``Attribution.held``);
     an answer that now lists one without it is no evidence of a leak."""
     gpus = snapshot.nvml.gpus
     finished = _finished_pods(snapshot.pod_meta, terminal_phases)
@@ -150,7 +151,8 @@ def attribute(
         settled=settled,
         held_before=held_before,
     )
-    processes = tuple(sorted((_attribute_one(item, context) for item in listed), key=_row_order))
+    attributed = [_attribute_one(item, context) for item in listed]
+    processes = tuple(sorted((row for row, _ in attributed), key=_row_order))
     return Attribution(
         processes=processes,
         containers=_container_usage(processes),
@@ -161,6 +163,8 @@ def attribute(
             snapshot.pod_resources, gpus, snapshot.resource_slices
         ),
         unaccounted_gpus=_unaccounted_gpus(processes, context),
+        dra_unreported=bool(context.claims_unreported),
+        held=frozenset(key for _, key in attributed if key is not None),
     )
 
 
@@ -250,11 +254,27 @@ def _sharers(
 # ---------------------------------------------------------------------------
 
 
-def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
+def _attribute_one(
+    entry: _Listed, context: _Context
+) -> tuple[AttributedProcess, tuple[int, str, str, str, str | None] | None]:
+    """The process's row, and its held key for the next cycle (None: none to keep)."""
     device, process = entry.device, entry.process
     identity = context.identities.get(process.pid)
     owner = _owner(identity, device, context)
-    return AttributedProcess(
+    allocated = _is_allocated(owner, device, context, identity, process.pid)
+    held = None
+    if identity is not None and identity.pod_uid and identity.container_id:
+        key = (process.pid, identity.pod_uid, identity.container_id, device.uuid, device.key[1])
+        # only what its own container (by container id, not a guess) was given, in an
+        # answer that postdates the process (a stale one may be a predecessor's)
+        proven = (
+            allocated is True
+            and owner.by_container_id
+            and context.settled is not None
+            and process.pid in context.settled
+        )
+        held = key if proven or key in context.held_before else None
+    row = AttributedProcess(
         gpu=device.gpu,
         uuid=device.uuid,
         mig_uuid=device.key[1],
@@ -271,9 +291,10 @@ def _attribute_one(entry: _Listed, context: _Context) -> AttributedProcess:
         pod=owner.pod,
         container=owner.container,
         reason=owner.reason,
-        allocated=_is_allocated(owner, device, context, identity, process.pid),
+        allocated=allocated,
         pod_uid=identity.pod_uid if identity is not None and identity.alive else None,
     )
+    return row, held
 
 
 def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context) -> _Owner:
@@ -294,8 +315,9 @@ def _owner(identity: ProcessIdentity | None, device: _Device, context: _Context)
     if meta is None:
         return _Owner(OWNER_UNKNOWN, reason=REASON_POD_NOT_ON_NODE)
     container = dict(meta.containers).get(identity.container_id or "")
-    if container is None:
-        container = _sole_allocated_container(meta, device, context.allocations)
+    if container is not None:
+        return _Owner(OWNER_POD, meta.namespace, meta.name, container, by_container_id=True)
+    container = _sole_allocated_container(meta, device, context.allocations)
     if container is None:
         return _Owner(OWNER_UNKNOWN, meta.namespace, meta.name, reason=REASON_CONTAINER_UNKNOWN)
     return _Owner(OWNER_POD, meta.namespace, meta.name, container)
@@ -386,9 +408,10 @@ def _judged(
         return False  # allocated under a resource name outside --resource-names
     if identity is not None and is_mps_daemon(identity.comm):
         return False
-    held = (pid, identity.pod_uid if identity else None, device.uuid, mig_uuid)
-    if held in context.held_before:
-        return False  # allocated it before: a running container's devices stay
+    if identity is not None and identity.pod_uid and identity.container_id:
+        held = (pid, identity.pod_uid, identity.container_id, device.uuid, mig_uuid)
+        if held in context.held_before:
+            return False  # allocated it before: a running container's devices stay
     return context.settled is None or pid in context.settled
 
 
@@ -401,6 +424,7 @@ def _unaccounted_gpus(processes: Sequence[AttributedProcess], context: _Context)
     it free."""
     if context.listed is None or context.allocations is None:
         return frozenset()
+    held = {(pid, uid, uuid, mig) for pid, uid, _, uuid, mig in context.held_before}
     unaccounted: set[str] = set()
     for row in processes:
         if row.owner == OWNER_UNKNOWN and row.pod_uid is not None:
@@ -415,7 +439,7 @@ def _unaccounted_gpus(processes: Sequence[AttributedProcess], context: _Context)
         if (
             ref not in context.listed
             or (row.namespace, row.pod) in context.claims_unreported
-            or (row.pid, row.pod_uid, row.uuid, row.mig_uuid) in context.held_before
+            or (row.pid, row.pod_uid, row.uuid, row.mig_uuid) in held
         ):
             unaccounted.add(row.uuid)
     return frozenset(unaccounted)

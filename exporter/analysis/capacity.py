@@ -58,13 +58,15 @@ def node_capacity(
     *,
     nvml_ok: bool,
     unaccounted: frozenset[str] = frozenset(),
+    dra_unreported: bool = False,
 ) -> tuple[DeviceCapacity, ...]:
     """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
     ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU).
     ``nvml_ok``: NVML answered this cycle (``gpus`` and ``health`` are its word).
     ``unaccounted``: GPUs a pod's process uses that the answer does not account for
     (``Attribution.unaccounted_gpus``); a resource with a device on one that no listed
-    allocation takes has unknown ``allocated`` and ``allocatable``."""
+    allocation takes has unknown ``allocated`` and ``allocatable``. ``dra_unreported``: a
+    pod's claims go unreported in the answer, so every DRA driver's are unknown."""
     resolver = DeviceResolver(gpus, slices)
     # resource -> device id -> physical GPU UUID (None: names no GPU)
     advertised: dict[str, dict[str, str | None]] = {}
@@ -88,9 +90,12 @@ def node_capacity(
     allocated: dict[str, set[str]] = {}
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
+    drivers = {d.driver for d in slices.devices} if slices is not None and slices.ok else set()
     counts = []
     for resource, devices in sorted(advertised.items()):
         taken = allocated.get(resource, set()) if allocation_ok else None
+        if dra_unreported and resource in drivers:
+            taken = None  # its claims' allocations are not in the answer
         if taken is not None and any(
             uuid in unaccounted and device not in taken for device, uuid in devices.items()
         ):

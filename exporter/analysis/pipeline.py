@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from exporter.analysis.allocation_evidence import HeldKey, ProcessKey, held_before, settled_pids
+from exporter.analysis.allocation_evidence import HeldKey, ProcessKey, settled_pids
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import node_capacity
 from exporter.analysis.cgroup_signals import cgroup_signals
@@ -77,8 +77,8 @@ class CarriedState:
     # (pid, pod UID, container id) -> PodResources refreshes begun when it was first
     # seen (analysis/allocation_evidence.py): a leak needs an answer begun after that
     first_seen: Mapping[ProcessKey, int] = field(default_factory=dict)
-    # devices each pod process was seen allocated (allocation_evidence.held_before): a
-    # later answer without them is no evidence of a leak
+    # devices each pod process was seen allocated (Attribution.held): a later answer
+    # without them is no evidence of a leak
     held: frozenset[HeldKey] = frozenset()
 
 
@@ -119,6 +119,7 @@ def analyse(
         snapshot.resource_slices,
         nvml_ok=snapshot.nvml.ok,
         unaccounted=attribution.unaccounted_gpus,
+        dra_unreported=attribution.dra_unreported,
     )
     elapsed, counted_to = elapsed_since(state.last_timestamp, elapsed_now, policy.idle)
     idle = account_idle(
@@ -204,7 +205,7 @@ def analyse(
         known_facts=known_facts,
         last_timestamp=counted_to,
         first_seen=first_seen,
-        held=held_before(attribution, state.held),
+        held=attribution.held,
     )
     return analysis, state
 

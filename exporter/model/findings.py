@@ -143,6 +143,12 @@ class Attribution:
     # for (its container unlisted, or listed without a device it held before): what is
     # allocated on them is unknown
     unaccounted_gpus: frozenset[str] = frozenset()
+    # DRA allocations the answer cannot show: a pod's claims go unreported (the kubelet's
+    # KubeletPodResourcesDynamicResources gate off), so a driver's devices are not "free"
+    dra_unreported: bool = False
+    # (pid, pod UID, container id, GPU UUID, MIG UUID) seen allocated, by the process's own
+    # container, in an answer begun after it was first seen: for the next cycle
+    held: frozenset[tuple[int, str, str, str, str | None]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
