@@ -35,6 +35,7 @@ from exporter.analysis.pipeline import Policy, analyse, initial_state
 from exporter.analysis.why_idle import WhyIdlePolicy
 from exporter.config import Config
 from exporter.exposition.metrics import ExpositionOptions, SnapshotCollector
+from exporter.exposition.readiness import Readiness
 from exporter.exposition.server import MetricsCache
 from exporter.model import Analysis, NodeSnapshot, SourceStatus
 from exporter.model.families import EXPERIMENTAL, STABLE
@@ -203,6 +204,7 @@ def build_agent(
     wall_clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
     source_monotonic: Callable[[], float] | None = None,
+    readiness: Readiness | None = None,
 ) -> Agent:
     """The one wiring of sources, analysis and exposition (server, snapshot, tests).
     ``monotonic`` paces the Kubernetes writes (their windows and budget); a simulated
@@ -217,6 +219,7 @@ def build_agent(
         wall_clock=wall_clock,
         monotonic=source_monotonic or monotonic,  # the clock the sources stamp XIDs on
         reporter=build_reporter(config, wall_clock=wall_clock, monotonic=monotonic),
+        readiness=readiness,
     )
 
 
@@ -230,8 +233,10 @@ class Agent:
         wall_clock: Callable[[], float] = time.time,
         reporter: KubeReporter | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        readiness: Readiness | None = None,
     ) -> None:
         self.config = config
+        self.readiness = readiness  # told each cycle whether the node's GPUs are seen
         self.reporter = reporter  # writes Events etc. from its own thread
         self.cache = cache
         self.sources = tuple(sources)
@@ -499,6 +504,14 @@ class Agent:
         self.self_metrics.sample_duration.observe(time.perf_counter() - started)
         self.cache.render(self.registry, formats)
         self.latest = analysis
+        if self.readiness is not None:
+            nvml = analysis.node.nvml
+            self.readiness.observe(
+                nvml_ok=nvml.ok,
+                nvml_error=nvml.error,
+                gpus=len(nvml.gpus),
+                advertised=sum(c.advertised for c in analysis.capacity),
+            )
         if not self._frozen and self._settled():
             # Start-up is over: what is loaded now (kubernetes, pydantic,
             # prometheus_client: ~150k objects) lives as long as the process. Out of the

@@ -15,6 +15,7 @@ from exporter import allocator
 from exporter.agent import Agent, build_agent
 from exporter.config import Config, ConfigError, fail, parse_config
 from exporter.exposition.liveness import Liveness
+from exporter.exposition.readiness import Readiness
 from exporter.exposition.server import MetricsCache, build_app, start_server
 from exporter.exposition.web_config import WebConfigError
 from exporter.exposition.web_security import WebSecurity
@@ -176,9 +177,10 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
     # under --simulate the landing page names the simulated node, not this host
     node = scenario.node_name if scenario is not None else config.node_name
     liveness = Liveness(cache, interval_s=config.interval_s, cycles=config.liveness_cycles)
+    readiness = Readiness(grace_s=config.ready_grace_s)
     try:
         runner = await start_server(
-            build_app(cache, node, security=security, liveness=liveness),
+            build_app(cache, node, security=security, liveness=liveness, readiness=readiness),
             config.listen_host,
             config.listen_port,
             header_timeout_s=config.http_header_timeout_s,
@@ -196,7 +198,7 @@ async def serve(config: Config, scenario: Scenario | None) -> None:
     try:
         if scenario is not None:
             config, sim = await _simulated(config, scenario)
-        agent = build_agent(config, cache)
+        agent = build_agent(config, cache, readiness=readiness)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stop)

@@ -30,6 +30,7 @@ from exporter.model import (
 )
 from exporter.model.families import DEFAULT_OFF, FamilySelectionError, select_families
 from exporter.model.vocabulary import (
+    DEFAULT_READY_GRACE_S,
     LIVENESS_DEFAULT_CYCLES,
     LIVENESS_MAX_CYCLES,
     LIVENESS_MIN_CYCLES,
@@ -94,6 +95,7 @@ class Config:
     http_max_connections: int = 128
     web_config_file: Path | None = None
     liveness_cycles: int = LIVENESS_DEFAULT_CYCLES
+    ready_grace_s: float = DEFAULT_READY_GRACE_S
     kube_events: str = "auto"  # "auto" | "off": Events where API credentials exist
     node_condition: bool = False
     dra_device_taints: bool = False
@@ -170,6 +172,7 @@ SERVER_ONLY_FLAGS = frozenset(
         "--interval",
         "--slow-interval",
         "--liveness-cycles",
+        "--ready-grace",
         "--web-config-file",
         "--http-header-timeout",
         "--http-max-connections",
@@ -287,6 +290,17 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         default=str(LIVENESS_DEFAULT_CYCLES),
         metavar="N",
         bounds=Bounds(LIVENESS_MIN_CYCLES, LIVENESS_MAX_CYCLES, whole=True),
+    )
+    add(
+        "--ready-grace",
+        "/readyz answers 503, naming the likely cause, once the exporter has not seen the "
+        "node's GPUs for this many seconds: NVML down (no driver library in the container, "
+        "no driver, no permission), or NVML listing no GPU while the kubelet advertises "
+        "some (an unprivileged pod on a hardened NVIDIA container toolkit). /healthz is "
+        "not affected (a restart would not help).",
+        default=_plain(DEFAULT_READY_GRACE_S),
+        metavar="SECONDS",
+        bounds=Bounds(0, 86_400, "seconds"),
     )
     add(
         "--web-config-file",
@@ -851,6 +865,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         http_header_timeout_s=args.http_header_timeout,
         http_max_connections=args.http_max_connections,
         liveness_cycles=args.liveness_cycles,
+        ready_grace_s=args.ready_grace,
         kube_events=args.kube_events,
         node_condition=bool(args.node_condition),
         dra_device_taints=bool(args.dra_device_taints),

@@ -32,6 +32,7 @@ from exporter.exposition.connections import (
     GuardedTCPSite,
 )
 from exporter.exposition.liveness import Liveness
+from exporter.exposition.readiness import Readiness
 from exporter.exposition.render import Renderer
 from exporter.exposition.scrape_demand import ClientDemands
 from exporter.exposition.web_security import WebSecurity
@@ -217,10 +218,12 @@ def build_app(
     *,
     security: WebSecurity | None = None,
     liveness: Liveness | None = None,
+    readiness: Readiness | None = None,
 ) -> web.Application:
     """The routes; with ``security`` (``--web-config-file``) behind its auth middleware.
     With ``liveness``, /healthz and /readyz answer 503 with its reason while no cycle
-    completes (exposition/liveness.py)."""
+    completes (exposition/liveness.py); with ``readiness``, /readyz also answers 503 while
+    the exporter cannot see the node's GPUs past its grace (exposition/readiness.py)."""
 
     async def metrics(request: web.Request) -> web.Response:
         if not cache.ready:
@@ -247,7 +250,13 @@ def build_app(
     async def readyz(request: web.Request) -> web.Response:
         if not cache.ready:
             return web.Response(status=503, text="waiting for the first sample\n")
-        return not_live() or web.Response(text="ready\n")
+        dead = not_live()
+        if dead is not None:
+            return dead
+        blind = readiness.problem() if readiness is not None else None
+        if blind is not None:
+            return web.Response(status=503, text=blind + "\n")
+        return web.Response(text="ready\n")
 
     async def landing(request: web.Request) -> web.Response:
         return web.Response(

@@ -163,6 +163,10 @@ LIVENESS_DEFAULT_CYCLES: Final = 10
 LIVENESS_MIN_CYCLES: Final = 2
 LIVENESS_MAX_CYCLES: Final = 1000
 LIVENESS_STARTUP_GRACE_S: Final = 60.0
+# /readyz fails once the exporter has not seen the node's GPUs for this long
+# (--ready-grace, exporter/exposition/readiness.py): a driver container or a first
+# nvmlInit may take a minute on a node that has just booted.
+DEFAULT_READY_GRACE_S: Final = 60.0
 
 
 # --simulate-start and --simulate-speed (the simulator's clock, exporter/sim/node.py

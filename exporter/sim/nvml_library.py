@@ -330,7 +330,7 @@ class SimNvmlLibrary:
         error = self.injected_error("nvmlDeviceGetCount_v2", None, None)
         if error is not None:
             return error
-        _out(out).value = len(self.node.gpus)
+        _out(out).value = 0 if self.node.scenario.nvml_sees_no_gpu else len(self.node.gpus)
         return SUCCESS
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> int:

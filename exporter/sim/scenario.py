@@ -323,6 +323,10 @@ class Scenario:
     # False: the kubelet's KubeletPodResourcesDynamicResources gate is off (its default
     # through 1.33): List reports no dynamic_resources, though pods have claims
     kubelet_reports_claims: bool = True
+    # the container's NVML enumerates no GPU (nvmlDeviceGetCount 0) while the kubelet
+    # still advertises the node's: an unprivileged pod on a container toolkit with
+    # accept-nvidia-visible-devices-envvar-when-unprivileged = false gets no device nodes
+    nvml_sees_no_gpu: bool = False
 
     @property
     def has_cgroups(self) -> bool:
@@ -827,6 +831,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "cgroup_version",
             "node_clock",
             "kubelet_reports_claims",
+            "nvml_sees_no_gpu",
         },
         name,
     )
@@ -901,6 +906,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
         cgroup_version=_cgroup_version(root.get("cgroup_version", 2)),
         node_clock=_node_clock(root.get("node_clock") or {}),
         kubelet_reports_claims=root.get("kubelet_reports_claims", True) is not False,
+        nvml_sees_no_gpu=root.get("nvml_sees_no_gpu", False) is True,
     )
 
 
