@@ -58,9 +58,7 @@ class Readiness:
         self._why: str | None = None
         self._failing = False
 
-    def observe(
-        self, *, nvml_ok: bool, nvml_error: str | None, gpus: int, advertised: int
-    ) -> None:
+    def observe(self, *, nvml_ok: bool, nvml_error: str | None, gpus: int, advertised: int) -> None:
         """One cycle's view: NVML up or not (with its error), the GPUs it listed, and the
         devices the kubelet and DRA drivers advertise (0: none, or not known)."""
         if not nvml_ok:
