@@ -217,6 +217,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "pod-monitor-without-service": {"service": {"enabled": False}, "podMonitor": {"enabled": True}},
     "on-delete-updates": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}},
     "plain-cluster": {"driverUpgradeEviction": {"enabled": False}},
+    "operator-26-7": {"gpuOperator": {"version": "v26.7.0"}},
     # -- platforms (tests/test_helm_chart_platforms.py checks what each one needs)
     "platform-gke": {"platform": "gke"},
     "platform-plain": {"platform": "plain"},
@@ -226,7 +227,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "gke-example": yaml.safe_load((CHART / "examples" / "gke-values.yaml").read_text()),
     "custom-eviction-label": {
-        "driverUpgradeEviction": {"nodeLabel": "example.com/gpu-clients"},
+        "driverUpgradeEviction": {"enabled": True, "nodeLabel": "example.com/gpu-clients"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
     },
     "mig-monitoring": {"migMonitoring": {"enabled": True}},
@@ -973,9 +974,12 @@ def test_scheduled_on_gpu_nodes_only_by_default() -> None:
         for term in terms["nodeSelectorTerms"]
         for e in term["matchExpressions"]
     ]
+    paused = ("nvidia.com/gpu.deploy.client", "NotIn", [PAUSED])  # leaves a paused node
     assert selected == [  # two terms: ORed
         ("nvidia.com/gpu.present", "In", ["true"]),
+        paused,
         ("feature.node.kubernetes.io/pci-10de.present", "In", ["true"]),
+        paused,
     ]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
@@ -986,7 +990,11 @@ def test_scheduled_on_gpu_nodes_only_by_default() -> None:
 def test_custom_node_terms_and_affinity_combine() -> None:
     spec = pod_spec(VALUE_SETS["flags-and-extras"])
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"] == VALUE_SETS["flags-and-extras"]["gpuNodeSelectorTerms"]
+    paused = {"key": "nvidia.com/gpu.deploy.client", "operator": "NotIn", "values": [PAUSED]}
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [*term["matchExpressions"], paused]}
+        for term in VALUE_SETS["flags-and-extras"]["gpuNodeSelectorTerms"]
+    ]
     assert "podAntiAffinity" in spec["affinity"]
     assert "priorityClassName" not in spec
     own: dict[str, Any] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
@@ -1032,26 +1040,50 @@ def driver_manager_waits_for(daemonset: dict[str, Any], key: str) -> bool:
     )
 
 
-def test_driver_upgrade_evicts_the_exporter_and_brings_it_back() -> None:
-    """Before unloading the driver the GPU Operator's driver manager pauses
+# A GPU node as each GPU Operator labels it: every version sets nvidia.com/gpu.present
+# (state_manager.go, v23.9.0 lines 46-47); only v26.7.0 and later set
+# nvidia.com/gpu.deploy.client=true (commit 45fb0db6e, state_manager.go lines 108-124),
+# which only their k8s-driver-manager (v0.12.0) pauses (cmd/driver-manager/main.go).
+OPERATOR_24_NODE = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.driver": "true"}
+
+
+@pytest.mark.parametrize("version", ["", "23.9.0", "v24.9.2", "26.3.3"])
+def test_the_default_schedules_on_every_operator_and_leaves_a_paused_node(version: str) -> None:
+    """Issue 41: the default used to select on nvidia.com/gpu.deploy.client=true, which
+    Operators before v26.7.0 never set: no pod at all. Now (version unknown to `helm
+    template`, or older) a NotIn expression: it runs on both kinds of node, and leaves one
+    whose label the driver manager paused (not waited for: no nodeSelector)."""
+    values = {"gpuOperator": {"version": version}}
+    daemonset = one(values, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert runs_on(spec, OPERATOR_24_NODE)
+    assert runs_on(spec, OPERATOR_NODE)
+    assert not runs_on(spec, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.client": PAUSED})
+    assert not driver_manager_waits_for(daemonset, "nvidia.com/gpu.deploy.client")
+
+
+@pytest.mark.parametrize("version", ["26.7.0", "v26.7.1", "27.1.0"])
+def test_driver_upgrade_evicts_the_exporter_and_brings_it_back(version: str) -> None:
+    """From v26.7.0, before unloading the driver the GPU Operator's driver manager pauses
     nvidia.com/gpu.deploy.client and waits for the DaemonSet pods selecting on it; a
     drain would skip them. The exporter must be one, or /dev/nvidia* stays open."""
-    daemonset = one({}, "DaemonSet")
+    daemonset = one({"gpuOperator": {"version": version}}, "DaemonSet")
     spec = daemonset["spec"]["template"]["spec"]
     assert driver_manager_waits_for(daemonset, "nvidia.com/gpu.deploy.client")
     assert runs_on(spec, OPERATOR_NODE)
     assert not runs_on(spec, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.client": PAUSED})
     assert runs_on(spec, OPERATOR_NODE)  # label restored after the upgrade: back again
+    assert not runs_on(spec, OPERATOR_24_NODE)  # why it needs the version
 
 
 def test_plain_clusters_turn_the_eviction_label_off() -> None:
     plain_node = {"feature.node.kubernetes.io/pci-10de.present": "true"}
-    assert not runs_on(pod_spec({}), plain_node)  # the label does not exist there
+    assert runs_on(pod_spec({}), plain_node)  # the NotIn expression admits a missing label
     spec = pod_spec(VALUE_SETS["plain-cluster"])
     assert "nodeSelector" not in spec and runs_on(spec, plain_node)
+    notes = render({"gpuOperator": {"version": "26.7.0"}})
     assert (
-        "driverUpgradeEviction.enabled=false"
-        in render({})["gpu-occupancy-exporter/templates/NOTES.txt"]
+        "driverUpgradeEviction.enabled=false" in notes["gpu-occupancy-exporter/templates/NOTES.txt"]
     )
 
 

@@ -52,7 +52,10 @@ def test_the_default_platform_is_the_gpu_operator() -> None:
     assert yaml.safe_load((CHART / "values.yaml").read_text())["platform"] == "operator"
     spec = pod_spec({})
     assert spec["runtimeClassName"] == "nvidia"  # created by the Operator
-    assert spec["nodeSelector"] == {EVICTION_LABEL: "true"}  # set by the Operator
+    assert "nodeSelector" not in spec  # the label exists only from Operator v26.7.0
+    paused = {"key": EVICTION_LABEL, "operator": "NotIn", "values": ["paused-for-driver-upgrade"]}
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert all(paused in t["matchExpressions"] for t in required["nodeSelectorTerms"])
     assert GKE_LABEL not in _node_keys(spec)
     assert "LD_LIBRARY_PATH" not in env_of({})
     assert container({})["securityContext"]["privileged"] is False

@@ -36,13 +36,37 @@ default in values.yaml) takes the platform's.
 {{- end -}}
 {{- end -}}
 
-{{- /* "true" when the driver-upgrade eviction label goes into the nodeSelector. */ -}}
+{{- /* How the pod leaves a node whose driver is being upgraded (empty: it does not):
+  selector  nodeSelector {nodeLabel: "true"}: k8s-driver-manager v0.12.0+ (GPU Operator
+            v26.7.0+) pauses the label and waits for such DaemonSet pods to leave; only
+            there does the Operator set the label at all (state_manager.go).
+  affinity  a required node-affinity expression nodeLabel NotIn [paused-for-driver-upgrade]:
+            schedules on nodes without the label (older Operators) and leaves a node
+            whose label is paused, without the driver manager waiting for it.
+  enabled: true picks selector, false nothing; null on platform operator picks selector
+  when gpuOperator.version is 26.7.0 or later, or, with no version, when the cluster
+  (Helm lookup, at install) has a node with the label; else affinity, which `helm
+  template` (no cluster) renders. */ -}}
 {{- define "gpu-occupancy-exporter.driverUpgradeEviction" -}}
 {{- $set := .Values.driverUpgradeEviction.enabled -}}
 {{- if kindIs "invalid" $set -}}
-{{- if eq (include "gpu-occupancy-exporter.platform" .) "operator" }}true{{ end -}}
+{{- if eq (include "gpu-occupancy-exporter.platform" .) "operator" -}}
+{{- $version := toString (default "" .Values.gpuOperator.version) -}}
+{{- if $version -}}
+{{- if semverCompare ">=26.7.0-0" $version }}selector{{ else }}affinity{{ end -}}
+{{- else -}}
+{{- $labelled := false -}}
+{{- $nodes := lookup "v1" "Node" "" "" -}}
+{{- range $node := (default list (get (default dict $nodes) "items")) -}}
+{{- if hasKey (default dict $node.metadata.labels) $.Values.driverUpgradeEviction.nodeLabel -}}
+{{- $labelled = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $labelled }}selector{{ else }}affinity{{ end -}}
+{{- end -}}
+{{- end -}}
 {{- else if $set -}}
-true
+selector
 {{- end -}}
 {{- end -}}
 
@@ -67,6 +91,15 @@ true
 {{- if and $terms (include "gpu-occupancy-exporter.gkeDriver" .) -}}
 {{- $gke := dict "matchExpressions" (list (dict "key" "cloud.google.com/gke-accelerator" "operator" "Exists")) -}}
 {{- $terms = append $terms $gke -}}
+{{- end -}}
+{{- if eq (include "gpu-occupancy-exporter.driverUpgradeEviction" .) "affinity" -}}
+{{- $paused := dict "key" .Values.driverUpgradeEviction.nodeLabel "operator" "NotIn" "values" (list "paused-for-driver-upgrade") -}}
+{{- $each := list -}}
+{{- range $term := $terms -}}
+{{- $expressions := append (default list $term.matchExpressions) $paused -}}
+{{- $each = append $each (merge (dict "matchExpressions" $expressions) (omit $term "matchExpressions")) -}}
+{{- end -}}
+{{- $terms = $each -}}
 {{- end -}}
 {{- toJson $terms -}}
 {{- end -}}
