@@ -5,7 +5,8 @@ toolkit. Each helper below resolves one setting: an explicit value wins, null (t
 default in values.yaml) takes the platform's.
 
   operator  RuntimeClass nvidia (created by the Operator), the driver-upgrade eviction
-            label nvidia.com/gpu.deploy.client (set by the Operator on its GPU nodes).
+            label nvidia.com/gpu.deploy.client (set by the Operator on its GPU nodes from
+            v26.7.0: driverUpgradeEviction below).
   gke       no RuntimeClass and no NVIDIA runtime: GKE installs the driver under
             /home/kubernetes/bin/nvidia; the chart mounts it read-only at
             gke.driverMountPath, sets LD_LIBRARY_PATH to its lib64, and runs the
