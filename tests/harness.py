@@ -252,7 +252,7 @@ async def simulated_exporter(
             cache,
             wall_clock=env.node.wall_time,
             source_monotonic=env.node.now,
-            **({"monotonic": env.node.now} if writer_on_simulated_clock else {}),
+            monotonic=env.node.now if writer_on_simulated_clock else time.monotonic,
         )
         try:
             # Background sources start, but no refresh task runs: the test decides when

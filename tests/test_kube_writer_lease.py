@@ -100,7 +100,7 @@ async def second_exporter(
         cache,
         wall_clock=h.env.node.wall_time,
         source_monotonic=h.env.node.now,
-        **({"monotonic": h.env.node.now} if writer_on_simulated_clock else {}),
+        monotonic=h.env.node.now if writer_on_simulated_clock else time.monotonic,
     )
     try:
         for source in agent.sources:

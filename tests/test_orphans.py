@@ -36,6 +36,7 @@ from exporter.model import (
     NodeSnapshot,
     NvmlSnapshot,
     OrphanedMemory,
+    OrphanKind,
     OrphanState,
     PodMeta,
     PodMetaSnapshot,
@@ -248,7 +249,7 @@ def test_a_proc_read_failure_keeps_dead_stuck_and_deleted_pod_verdicts_and_their
     )
     unreadable = replace(readable, processes=())
     state = OrphanState()
-    first: dict[str, float] = {}
+    first: dict[OrphanKind, float] = {}
     for step in range(30):
         snapshot = unreadable if step % 3 == 2 else readable
         found, state = find_orphans(

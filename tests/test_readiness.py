@@ -28,10 +28,10 @@ class Clock:
 def test_nvml_down_past_the_grace_is_not_ready_with_its_likely_cause() -> None:
     clock = Clock()
     readiness = Readiness(grace_s=60, clock=clock)
-    down = {"nvml_ok": False, "nvml_error": "LibraryNotFound: libnvidia-ml.so.1", "gpus": 0}
-    readiness.observe(**down, advertised=8)
+    error = "LibraryNotFound: libnvidia-ml.so.1"
+    readiness.observe(nvml_ok=False, nvml_error=error, gpus=0, advertised=8)
     clock.now += 59
-    readiness.observe(**down, advertised=8)
+    readiness.observe(nvml_ok=False, nvml_error=error, gpus=0, advertised=8)
     assert readiness.problem() is None  # within the grace: a driver may still be loading
     clock.now += 1
     problem = readiness.problem()
