@@ -7,7 +7,7 @@ copy of alerts/gpu-occupancy-exporter.rules.yaml in which every time constant, a
 nothing else, is divided by ``SCALE`` with a floor of ``FLOOR_S`` seconds:
 
 - every `for:`;
-- every range `[d]` and every `offset d` in an expression;
+- every range `[d]`, subquery `[d:r]` (both) and `offset d` in an expression;
 - every number of seconds compared with an age, `time() - <...> > N`.
 
 The floor keeps every window at several 1 s scrapes and sample cycles, so a rate has
@@ -39,6 +39,7 @@ EVALUATION_S = 1  # the e2e Prometheus evaluates rules every second (stack.prome
 
 _DURATION = r"(?:\d+(?:ms|s|m|h|d|w|y))+"
 _RANGE = re.compile(rf"\[({_DURATION})\]")
+_SUBQUERY = re.compile(rf"\[({_DURATION}):({_DURATION})\]")
 _OFFSET = re.compile(rf"\boffset\s+({_DURATION})\b")
 # `time() - <anything without a comparison> > N`: N is an age in seconds
 _AGE = re.compile(r"(\btime\(\)\s*-[^<>=!]*?>\s*)(\d+(?:\.\d+)?)\b")
@@ -59,6 +60,10 @@ def shrink_interval(text: str, scale: int = SCALE) -> str:
 
 def shrink_expr(expr: str, scale: int = SCALE) -> str:
     expr = _RANGE.sub(lambda m: f"[{shrink_duration(m.group(1), scale)}]", expr)
+    expr = _SUBQUERY.sub(
+        lambda m: f"[{shrink_duration(m.group(1), scale)}:{shrink_duration(m.group(2), scale)}]",
+        expr,
+    )
     expr = _OFFSET.sub(lambda m: f"offset {shrink_duration(m.group(1), scale)}", expr)
     return _AGE.sub(lambda m: f"{m.group(1)}{shrink_seconds(float(m.group(2)), scale)}", expr)
 
@@ -66,6 +71,7 @@ def shrink_expr(expr: str, scale: int = SCALE) -> str:
 def time_constants_blanked(expr: str) -> str:
     """The expression with every constant ``shrink_expr`` may change replaced by ``T``."""
     expr = _RANGE.sub("[T]", expr)
+    expr = _SUBQUERY.sub("[T:T]", expr)
     expr = _OFFSET.sub("offset T", expr)
     return _AGE.sub(lambda m: f"{m.group(1)}T", expr)
 
