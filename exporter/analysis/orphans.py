@@ -156,7 +156,8 @@ def find_orphans(
     healthy = {g.uuid: g for g in snapshot.nvml.gpus if g.error is None}
     rows = [row for row in attribution.processes if row.uuid in healthy]
     blind = _blind_gpus(snapshot)
-    unread = _unread(rows, snapshot, state, blind)
+    listed_on = _listed_on(rows)
+    unread = _unread(listed_on, snapshot, state, blind)
     pod_uids = _pod_uids(rows, unread, state)
     pods = _pods(snapshot, attribution, state, policy.terminal_phases, pod_uids)
     stuck = _stuck_streaks(rows, snapshot, state, now, unread)
@@ -215,7 +216,7 @@ def find_orphans(
         pod_terminating_since=terminating,
         pod_names=pods.names,
         pod_uids=pod_uids,
-        pid_gpus=_pid_gpus(rows, dead.keys() | stuck.keys() | pod_uids.keys(), state),
+        pid_gpus=_pid_gpus(listed_on, dead.keys() | stuck.keys() | pod_uids.keys(), state),
         pods_gone_per_watch=gone_per_watch,
     )
     return orphans, next_state
@@ -286,8 +287,16 @@ def _blind_gpus(snapshot: NodeSnapshot) -> frozenset[str]:
     )
 
 
+def _listed_on(rows: Iterable[AttributedProcess]) -> dict[int, frozenset[str]]:
+    """pid -> the GPUs (uuid) NVML lists it on this cycle."""
+    on: dict[int, set[str]] = defaultdict(set)
+    for row in rows:
+        on[row.pid].add(row.uuid)
+    return {pid: frozenset(gpus) for pid, gpus in on.items()}
+
+
 def _unread(
-    rows: Iterable[AttributedProcess],
+    listed_on: Mapping[int, frozenset[str]],
     snapshot: NodeSnapshot,
     state: OrphanState,
     blind: frozenset[str],
@@ -298,33 +307,26 @@ def _unread(
     they were, not counted on: a pid listed on none of the GPUs it was last listed on
     is taken for another process (a reused pid), and nothing of it is kept."""
     read = {p.pid for p in snapshot.processes}
-    on: dict[int, set[str]] = defaultdict(set)
-    for row in rows:
-        on[row.pid].add(row.uuid)
-    listed = on.keys()
     unread = {
         pid
-        for pid, gpus in on.items()
+        for pid, gpus in listed_on.items()
         if pid not in read and (pid not in state.pid_gpus or gpus & state.pid_gpus[pid])
     }
     if blind:
         unread |= {
-            pid for pid, gpus in state.pid_gpus.items() if pid not in listed and gpus & blind
+            pid for pid, gpus in state.pid_gpus.items() if pid not in listed_on and gpus & blind
         }
     return frozenset(unread)
 
 
 def _pid_gpus(
-    rows: Iterable[AttributedProcess], followed: Iterable[int], state: OrphanState
+    listed_on: Mapping[int, frozenset[str]], followed: Iterable[int], state: OrphanState
 ) -> dict[int, frozenset[str]]:
     """The GPUs each followed pid was last listed on: this cycle's, else as kept."""
-    listed: dict[int, set[str]] = defaultdict(set)
-    for row in rows:
-        listed[row.pid].add(row.uuid)
     gpus: dict[int, frozenset[str]] = {}
     for pid in followed:
-        if pid in listed:
-            gpus[pid] = frozenset(listed[pid])
+        if pid in listed_on:
+            gpus[pid] = listed_on[pid]
         elif pid in state.pid_gpus:
             gpus[pid] = state.pid_gpus[pid]
     return gpus
