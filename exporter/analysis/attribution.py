@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.analysis.allocation_evidence import HeldKey
 from exporter.analysis.devices import SHARED_RESOURCE_SUFFIX, DeviceResolver, resolver_key
 from exporter.model import (
     OWNER_DEAD,
@@ -114,8 +115,8 @@ class _Context:
     other_held: frozenset[tuple[ContainerRef, str, str | None]] = frozenset()
     # pids judged against an answer begun after their first sighting; None: not asked
     settled: frozenset[int] | None = None
-    # (pid, pod UID, GPU UUID, MIG UUID) seen allocated in an earlier answer
-    held_before: frozenset[tuple[int, str, str, str, str | None]] = frozenset()
+    # (pid, pod UID, container id, GPU UUID, MIG UUID) seen allocated in an earlier answer
+    held_before: frozenset[HeldKey] = frozenset()
 
 
 def attribute(
@@ -123,7 +124,7 @@ def attribute(
     *,
     terminal_phases: frozenset[str] = frozenset({"Succeeded", "Failed"}),
     settled: frozenset[int] | None = None,
-    held_before: frozenset[tuple[int, str, str, str, str | None]] = frozenset(),
+    held_before: frozenset[HeldKey] = frozenset(),
 ) -> Attribution:
     """Attribute every NVML process and every PodResources device of one snapshot.
 
@@ -254,26 +255,31 @@ def _sharers(
 # ---------------------------------------------------------------------------
 
 
-def _attribute_one(
-    entry: _Listed, context: _Context
-) -> tuple[AttributedProcess, tuple[int, str, str, str, str | None] | None]:
+def _held_key(pid: int, identity: ProcessIdentity | None, device: _Device) -> HeldKey | None:
+    """What ``Attribution.held`` remembers a pod process's device by; None without the
+    pod and container the process's cgroup names."""
+    if identity is None or not identity.pod_uid or not identity.container_id:
+        return None
+    return (pid, identity.pod_uid, identity.container_id, device.uuid, device.key[1])
+
+
+def _attribute_one(entry: _Listed, context: _Context) -> tuple[AttributedProcess, HeldKey | None]:
     """The process's row, and its held key for the next cycle (None: none to keep)."""
     device, process = entry.device, entry.process
     identity = context.identities.get(process.pid)
     owner = _owner(identity, device, context)
     allocated = _is_allocated(owner, device, context, identity, process.pid)
-    held = None
-    if identity is not None and identity.pod_uid and identity.container_id:
-        key = (process.pid, identity.pod_uid, identity.container_id, device.uuid, device.key[1])
-        # only what its own container (by container id, not a guess) was given, in an
-        # answer that postdates the process (a stale one may be a predecessor's)
-        proven = (
-            allocated is True
-            and owner.by_container_id
-            and context.settled is not None
-            and process.pid in context.settled
-        )
-        held = key if proven or key in context.held_before else None
+    held = _held_key(process.pid, identity, device)
+    # only what its own container (by container id, not a guess) was given, in an answer
+    # that postdates the process (a stale one may be a predecessor's), or held before
+    proven = (
+        allocated is True
+        and owner.by_container_id
+        and context.settled is not None
+        and process.pid in context.settled
+    )
+    if not proven and held not in context.held_before:
+        held = None
     row = AttributedProcess(
         gpu=device.gpu,
         uuid=device.uuid,
@@ -408,10 +414,8 @@ def _judged(
         return False  # allocated under a resource name outside --resource-names
     if identity is not None and is_mps_daemon(identity.comm):
         return False
-    if identity is not None and identity.pod_uid and identity.container_id:
-        held = (pid, identity.pod_uid, identity.container_id, device.uuid, mig_uuid)
-        if held in context.held_before:
-            return False  # allocated it before: a running container's devices stay
+    if _held_key(pid, identity, device) in context.held_before:
+        return False  # allocated it before: a running container's devices stay
     return context.settled is None or pid in context.settled
 
 
