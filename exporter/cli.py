@@ -44,8 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 0.5 ms (benchmarks/README.md). It only matters while two threads want the GIL.
     sys.setswitchinterval(0.0005)
     allocator.limit_arenas()  # before any thread starts (exporter/allocator.py says why)
+    quiet = {"snapshot": "warning", "doctor": "error"}  # the report is the output
+    command = "doctor" if config.doctor else "snapshot" if config.snapshot else None
     setup_logging(
-        "warning" if config.snapshot and config.log_level == "info" else config.log_level,
+        quiet[command] if command and config.log_level == "info" else config.log_level,
         config.log_format,
     )
     try:
@@ -53,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = _attached(config)
         if config.snapshot:
             return asyncio.run(take_snapshot(config, scenario))
+        if config.doctor:
+            return asyncio.run(doctor(config, scenario))
         asyncio.run(serve(config, scenario))
     except ConfigError as exc:
         fail(str(exc))
@@ -154,6 +158,27 @@ async def take_snapshot(config: Config, scenario: Scenario | None) -> int:
         sys.stderr.write(f"gpu-occupancy-exporter snapshot: NVML is down: {nvml.error}\n")
         return 1
     return 0
+
+
+async def doctor(config: Config, scenario: Scenario | None) -> int:
+    """Check what the exporter with these flags depends on (exporter/doctor/); on the
+    simulated node under ``--simulate``. Exit status 0 when no check is missing."""
+    from exporter.doctor.check import exit_status
+    from exporter.doctor.render import render_json as doctor_json
+    from exporter.doctor.render import render_text as doctor_text
+    from exporter.doctor.run import run_checks
+
+    sim = None
+    if scenario is not None:
+        config, sim = await _simulated(config, scenario)
+    try:
+        checks = await run_checks(config, config.doctor_timeout_s)
+    finally:
+        if sim is not None:
+            await sim.stop()
+    sys.stdout.write((doctor_json if config.doctor_json else doctor_text)(checks))
+    sys.stdout.flush()
+    return exit_status(checks)
 
 
 async def _allocations_after_first_cycle(agent: Agent) -> None:

@@ -85,12 +85,16 @@ class Config:
     kmsg_path: Path
     dcgm: DcgmMode
     dcgm_bindings_path: str | None
+    dcgm_library_path: str | None
     dra_drivers: tuple[str, ...]
     log_level: str
     log_format: str  # "text" | "json"
     snapshot: bool = False  # the `snapshot` subcommand, not the server
     snapshot_json: bool = False  # snapshot subcommand only
     snapshot_window_s: float = 1.0
+    doctor: bool = False  # the `doctor` subcommand: check what the exporter depends on
+    doctor_json: bool = False
+    doctor_timeout_s: float = 10.0  # each check's deadline
     http_header_timeout_s: float = 10.0
     http_max_connections: int = 128
     web_config_file: Path | None = None
@@ -191,14 +195,27 @@ SERVER_ONLY_FLAGS = frozenset(
 )
 
 
-def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
+DOCTOR_USAGE = "%(prog)s [--json] [--timeout SECONDS] [every exporter flag]"
+
+
+def build_parser(
+    env: Mapping[str, str], *, snapshot: bool = False, doctor: bool = False
+) -> _Parser:
+    if doctor:
+        prog, usage = "gpu-occupancy-exporter doctor", DOCTOR_USAGE
+    elif snapshot:
+        prog, usage = (
+            "gpu-occupancy-exporter snapshot",
+            "%(prog)s [--json] [--window SECONDS] [flags]",
+        )
+    else:
+        prog = "gpu-occupancy-exporter"
+        usage = (
+            "%(prog)s [snapshot|doctor] [flags]  (snapshot --help, doctor --help: the subcommands)"
+        )
     parser = _Parser(
-        prog="gpu-occupancy-exporter snapshot" if snapshot else "gpu-occupancy-exporter",
-        usage=(
-            "%(prog)s [--json] [--window SECONDS] [flags]"
-            if snapshot
-            else "%(prog)s [snapshot] [flags]  (snapshot --help: the one-shot subcommand)"
-        ),
+        prog=prog,
+        usage=usage,
         description=(
             "Node-level GPU telemetry for Kubernetes: true SM occupancy next to GPU-Util, "
             "GPU memory and time per pod and container, orphaned memory and GPU health, "
@@ -207,11 +224,16 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            "Print one analysed sample of the node (no server) with the same flags and "
+            "Check, on this node, everything the exporter with these flags depends on: one "
+            "line per check (ok / degraded / missing, with the fix), or JSON; exit status 0 "
+            "when none is missing, 1 otherwise (docs/doctor.md)."
+            if doctor
+            else "Print one analysed sample of the node (no server) with the same flags and "
             "code path: gpu-occupancy-exporter snapshot [--json] [--window S] [flags]"
             if snapshot
-            else "subcommand: 'gpu-occupancy-exporter snapshot --help' prints one analysed "
-            "sample as tables or JSON, for an operator on the node. Docs: README.md, docs/."
+            else "subcommands: 'gpu-occupancy-exporter snapshot --help' prints one analysed "
+            "sample as tables or JSON, for an operator on the node; 'gpu-occupancy-exporter "
+            "doctor --help' checks what the exporter depends on. Docs: README.md, docs/."
         ),
     )
 
@@ -616,6 +638,14 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
         default=None,
         metavar="PATH",
     )
+    add(
+        "--dcgm-library-path",
+        "Directory holding libdcgm.so.4 (DCGM 3: libdcgm.so.3), loaded from there before "
+        "the bindings look in /usr/lib/<arch>-linux-gnu and /usr/lib64; the chart's "
+        "init container copies it out of NVIDIA's DCGM image to such a directory.",
+        default=None,
+        metavar="PATH",
+    )
     add("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS)
     add("--log-format", "Log line format.", default="text", choices=("text", "json"))
     if snapshot:
@@ -628,6 +658,17 @@ def build_parser(env: Mapping[str, str], *, snapshot: bool = False) -> _Parser:
             metavar="SECONDS",
             help="Seconds between the two samples GPM occupancy needs "
             f"(default: %(default)s; range {window}).",
+        )
+    if doctor:
+        parser.add_argument("--json", action="store_true", help="Print JSON, not lines.")
+        deadline = Bounds(0.5, 120, "seconds")
+        parser.add_argument(
+            "--timeout",
+            default="10",
+            type=deadline.check,
+            metavar="SECONDS",
+            help="Seconds each check may take before it counts as failed (a silent "
+            f"socket or API server) (default: %(default)s; range {deadline}).",
         )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
@@ -794,12 +835,15 @@ def parse_kube_writes(value: str, named: str = "--kube-writes") -> frozenset[str
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
-    """Exporter flags; ``snapshot`` as the first argument selects the subcommand's flags."""
+    """Exporter flags; ``snapshot`` or ``doctor`` as the first argument selects that
+    subcommand's flags (``doctor`` takes every exporter flag: it checks what the exporter
+    with them would use)."""
     env = os.environ if env is None else env
     argv = list(argv)
     snapshot = bool(argv) and argv[0] == "snapshot"
-    parser = build_parser(env, snapshot=snapshot)
-    args = parser.parse_args(argv[1:] if snapshot else argv)
+    doctor = bool(argv) and argv[0] == "doctor"
+    parser = build_parser(env, snapshot=snapshot, doctor=doctor)
+    args = parser.parse_args(argv[1:] if snapshot or doctor else argv)
     parser.resolve_env(args)
     for flag, choices in (
         ("kube_api", ("auto", "off")),
@@ -899,12 +943,16 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         kmsg_path=Path(args.kmsg_path),
         dcgm=dcgm,
         dcgm_bindings_path=args.dcgm_bindings_path,
+        dcgm_library_path=args.dcgm_library_path,
         dra_drivers=tuple(d.strip() for d in args.dra_drivers.split(",") if d.strip()),
         log_level=args.log_level,
         log_format=args.log_format,
         snapshot=snapshot,
-        snapshot_json=bool(getattr(args, "json", False)),
+        snapshot_json=snapshot and bool(args.json),
         snapshot_window_s=getattr(args, "window", 1.0),
+        doctor=doctor,
+        doctor_json=doctor and bool(args.json),
+        doctor_timeout_s=getattr(args, "timeout", 10.0),
         simulate_start_s=args.simulate_start,
         simulate_speed=args.simulate_speed,
     )

@@ -151,7 +151,7 @@ def test_help_shows_one_real_default_per_flag_and_names_the_subcommand() -> None
     assert "(default: None)" not in text and "(default: )" not in text
     for block in text.split("\n  --")[1:]:  # one block per flag
         assert " ".join(block.split()).count("default:") <= 1, block
-    assert text.startswith("usage: gpu-occupancy-exporter [snapshot]")
+    assert text.startswith("usage: gpu-occupancy-exporter [snapshot|doctor]")
 
 
 def test_snapshot_help_offers_only_flags_that_act_there() -> None:

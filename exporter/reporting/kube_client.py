@@ -233,6 +233,42 @@ class KubeWriteClient:
             missing_ok=True,
         )
 
+    # What the doctor subcommand asks before any write (exporter/doctor/kube_checks.py)
+
+    def access_review(self, attributes: Mapping[str, str]) -> tuple[bool, str]:
+        """Whether this client's identity may do what ``attributes`` (a
+        ``ResourceAttributes``: verb, group, resource, subresource, namespace, name)
+        describe, asked with a SelfSubjectAccessReview (authorization.k8s.io/v1), which
+        every authenticated user may create: (allowed, the authorizer's reason)."""
+        answer = self._request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            None,
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": dict(attributes)},
+            },
+            what=f"access review {attributes.get('verb')} {attributes.get('resource')}",
+        )
+        status = answer.get("status") if isinstance(answer, Mapping) else None
+        if not isinstance(status, Mapping):
+            raise KubeWriteError(None, "access review: the answer has no status")
+        reason = str(status.get("reason") or status.get("evaluationError") or "")
+        return status.get("allowed") is True, one_line(reason)
+
+    def node_pods(self, node: str, limit: int = 200) -> list[dict[str, Any]]:
+        """One page of the pods bound to ``node`` (the pod watch's own selector)."""
+        answer = self._request(
+            "GET",
+            "/api/v1/pods",
+            None,
+            query=[("fieldSelector", f"spec.nodeName={node}"), ("limit", str(limit))],
+            what=f"list pods on node {node}",
+        )
+        items = answer.get("items") if isinstance(answer, Mapping) else None
+        return [dict(i) for i in items or () if isinstance(i, Mapping)]
+
     # coordination.k8s.io/v1 Leases: the node's writer lease (exporter/reporting/lease.py)
 
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import yaml
 from aiohttp import web
 
+from exporter.sim.kube_access import mount_access_review
 from exporter.sim.kube_core_events import mount_core_events
 from exporter.sim.kube_discovery import mount_discovery
 from exporter.sim.kube_selectors import SelectorError, parse_field_selector
@@ -593,6 +594,7 @@ class FakeKubeApi:
             app.router.add_get(what.path, functools.partial(self._handle, what))
         app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get_pod)
         self.writes.mount(app)
+        mount_access_review(app, self.writes.forbids, self._reads_forbidden)
         # What a real client (kubectl) reads besides: discovery and core/v1 Events
         groups = self.writes.resource_group
         mount_discovery(app, lambda: [g] if (g := groups()) is not None else [])
@@ -604,6 +606,12 @@ class FakeKubeApi:
             lambda: self.server_time() if self.server_time is not None else time.time(),
         )
         return app
+
+    def _reads_forbidden(self, resource: str) -> bool:
+        """Whether reads of ``resource`` are answered 403 now (``set_error``)."""
+        with self._lock:
+            error = self._errors.get(resource) or self._errors.get(None)  # type: ignore[call-overload, unused-ignore]
+        return error is not None and error[0] == 403
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         """One pod by namespace and name (``kubectl describe pod``), with the ``kind``

@@ -319,6 +319,16 @@ class KubeWrites:
             self._fault_times = times if mode is not None else None
             self._fault_generation += 1
 
+    def forbids(self, path: str) -> bool:
+        """Whether a write to ``path`` would be answered 403 now (the write fault for
+        writes, the lease fault for Leases), without spending a ``times`` use: what
+        a SelfSubjectAccessReview answers from (sim/kube_access.py)."""
+        with self._lock:
+            if "/leases" in path:
+                return self._lease_fault == "forbidden"
+            only = self._fault_only
+            return self._fault == "forbidden" and (only is None or only in path)
+
     # leases
 
     @property

@@ -1,0 +1,2 @@
+"""``gpu-occupancy-exporter doctor``: what the exporter depends on, checked on this node
+(docs/doctor.md)."""
