@@ -86,6 +86,7 @@ def dcgm_source(config: Config) -> DcgmSource:
     return DcgmSource(
         config.dcgm,
         bindings_path=config.dcgm_bindings_path,
+        library_path=config.dcgm_library_path,
         update_interval_s=min(config.interval_s, 1.0),
     )
 

@@ -234,6 +234,20 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "dcgm-auto-operator": {
         "dcgm": {"mode": "auto", "operatorNamespace": "gpu-ops,nvidia-gpu-operator"}
     },
+    # tests/test_helm_chart_dcgm.py: the dcgm-bindings init container
+    "dcgm-image-paths": {
+        "dcgm": {
+            "bindingsImage": {
+                "repository": "registry.example.com/nvidia/dcgm",
+                "tag": "4.2.3-1-ubuntu22.04",
+                "pullPolicy": "Always",
+                "bindingsDir": "/opt/dcgm/python3 /opt/dcgm3/python3",
+                "libraryDir": "/opt/dcgm/lib",
+            }
+        }
+    },
+    "dcgm-no-bindings-image": {"dcgm": {"bindingsImage": {"enabled": False}}},
+    "operator-24-9": {"gpuOperator": {"version": "24.9.2"}},
     # -- securing /metrics (tests/test_helm_chart_security.py serves what these render)
     "tls-basic-auth": {
         "tls": {"enabled": True, "secretName": "gpu-exporter-tls", "minVersion": "TLS13"},

@@ -23,6 +23,7 @@ from exporter.analysis.health import HealthPolicy, KnownFacts, assess, with_know
 from exporter.analysis.idle import IdlePolicy, account_idle
 from exporter.analysis.ledger import account_ledger, listed
 from exporter.analysis.limits import container_limits
+from exporter.analysis.occupancy_source import occupancy_sources
 from exporter.analysis.orphans import (
     OrphanPolicy,
     driver_held,
@@ -34,7 +35,7 @@ from exporter.analysis.owners import pod_owners
 from exporter.analysis.sharing import MemoryHistory, SharingPolicy, analyse_sharing
 from exporter.analysis.transitions import with_transitions
 from exporter.analysis.why_idle import WhyIdlePolicy, causes, readings_by_key, why_idle
-from exporter.analysis.xid import XidLedger, bus_id_map
+from exporter.analysis.xid import XidLedger, bus_id_map, xid_counts
 from exporter.model import (
     Analysis,
     DcgmSnapshot,
@@ -44,7 +45,6 @@ from exporter.model import (
     LedgerState,
     NodeSnapshot,
     OrphanState,
-    XidCount,
 )
 
 
@@ -172,15 +172,14 @@ def analyse(
     analysis = Analysis(
         node=snapshot,
         attribution=attribution,
+        occupancy_sources=occupancy_sources(gpus, snapshot.dcgm),
         health=health,
         capacity=capacity,
         idle=idle,
         ledger=ledger.allocations,
         energy=ledger.energy,
-        xid_counts=tuple(XidCount(*key, count) for key, count in xids.counts.items()),
-        xid_counts_before_start=tuple(
-            XidCount(*key, count) for key, count in xids.counts_before_start.items()
-        ),
+        xid_counts=xid_counts(xids, xids.counts),
+        xid_counts_before_start=xid_counts(xids, xids.counts_before_start),
         orphans=orphans,
         orphan_holders=orphan_holders(snapshot, orphans),
         driver_held=driver_held(orphans, snapshot.holder_scan),

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from exporter.model import GpuSample, XidEvent
+from exporter.model import GpuSample, XidCount, XidEvent
 from exporter.model.xid_classes import (
     APPLICATION,
     FATAL,
@@ -165,6 +165,11 @@ def bus_id_map(gpus: Iterable[GpuSample]) -> dict[str, tuple[int, str]]:
     return out
 
 
+# PCI addresses kept per count that names no GPU: more than a node has GPUs, fewer than a
+# kernel log of garbage bus ids could make (outside input is bounded).
+MAX_UNRESOLVED_PCI = 32
+
+
 class XidKey(NamedTuple):
     """One ``gpu_xid_errors_total`` series; MIG XIDs also name their instance."""
 
@@ -207,6 +212,10 @@ class XidLedger:
     counts: Mapping[XidKey, int] = field(default_factory=dict)  # raised while we ran
     counts_before_start: Mapping[XidKey, int] = field(default_factory=dict)  # backlog
     recent: Mapping[str | None, tuple[RecordedXid, ...]] = field(default_factory=dict)
+    # A count that names no GPU (a kernel-log record whose bus id no GPU NVML listed has)
+    # -> the PCI addresses (normalised) its records named: where NVML never gave the
+    # GPU's index or UUID, the kernel log's address is what there is to say which GPU.
+    unresolved_pci: Mapping[XidKey, frozenset[str]] = field(default_factory=dict)
 
     def record(
         self,
@@ -229,6 +238,7 @@ class XidLedger:
         }
         counts = dict(self.counts)
         before = dict(self.counts_before_start)
+        unresolved = dict(self.unresolved_pci)
         recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
         twins: dict[str | None, _TwinIndex] = {}
         for raw_event in events:
@@ -257,6 +267,11 @@ class XidLedger:
             key = _key(event, severity)
             tally = before if event.backlog else counts
             tally[key] = tally.get(key, 0) + 1
+            if event.uuid is None and event.pci_bus_id is not None:
+                bus = normalize_pci_bus_id(event.pci_bus_id)
+                named = unresolved.get(key, frozenset())
+                if bus is not None and len(named) < MAX_UNRESOLVED_PCI:
+                    unresolved[key] = named | {bus}
             entries.append(RecordedXid(event, severity, frozenset({event.source}), event.backlog))
             index.appended()
         horizon = now - self.retention_s
@@ -268,7 +283,13 @@ class XidLedger:
             )[-self.max_recent_per_gpu :]
             if kept:
                 pruned[uuid] = tuple(kept)
-        return replace(self, counts=counts, counts_before_start=before, recent=pruned)
+        return replace(
+            self,
+            counts=counts,
+            counts_before_start=before,
+            recent=pruned,
+            unresolved_pci=unresolved,
+        )
 
     def events_since(
         self, gpu_uuid: str, since_ts: float, severity: str | None = None
@@ -294,6 +315,15 @@ class XidLedger:
             if codes:
                 out[uuid] = codes
         return out
+
+
+def xid_counts(ledger: XidLedger, counts: Mapping[XidKey, int]) -> tuple[XidCount, ...]:
+    """``counts`` (the ledger's ``counts`` or ``counts_before_start``) as findings; one
+    that names no GPU carries the PCI addresses its kernel-log records named."""
+    return tuple(
+        XidCount(*key, count, tuple(sorted(ledger.unresolved_pci.get(key, ()))))
+        for key, count in counts.items()
+    )
 
 
 class _TwinIndex:

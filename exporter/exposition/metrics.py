@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from exporter.analysis.occupancy_source import OCCUPANCY_SOURCES
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
     DROPPED_LINE_REASONS,
@@ -198,8 +199,10 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     _add_watch_counts(out, "resourceslices", node.resource_slices)
     out.add("gpu_exporter_kmsg_overruns", {}, node.kmsg_overruns)  # absent without --kmsg
     migs: dict[str, dict[str, str]] = {}
+    sources = dict(analysis.occupancy_sources)
     for gpu in nvml.gpus:
         _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")
+        _add_occupancy_source(out, gpu, sources.get(gpu.uuid))
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
@@ -367,6 +370,16 @@ def _add_mig_profiles(out: FamilyBuilder, gpus: Iterable[GpuSample]) -> None:
             out.add("gpu_mig_profile_memory_bytes", named, profile.memory_bytes)
             share = profile.compute_slices / profile.gpu_slices if profile.gpu_slices else None
             out.add("gpu_mig_profile_sm_share_ratio", named, share)
+
+
+def _add_occupancy_source(out: FamilyBuilder, gpu: GpuSample, source: str | None) -> None:
+    """One series per possible source, 1 for the GPU's: a change of source is a change of
+    value, not a series that ends (absent while the source is not known)."""
+    if source is None or not out.wants("gpu_occupancy_source"):
+        return
+    labels = _device_labels(gpu.index, gpu.uuid)
+    for name in OCCUPANCY_SOURCES:
+        out.add("gpu_occupancy_source", {**labels, "source": name}, int(name == source))
 
 
 def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | None) -> None:

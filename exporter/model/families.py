@@ -129,6 +129,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         STABLE + "GPM: share of time the graphics/compute engine was active.",
     ),
     "gpu_sm_active_ratio": (GAUGE, STABLE + "GPM: share of SMs busy, averaged over the cycle."),
+    "gpu_occupancy_source": (
+        GAUGE,
+        EXPERIMENTAL + "1 for the source of the GPU's occupancy (gpm, dcgm, or none: "
+        "GPU-Util only), 0 for the others.",
+    ),
     "gpu_sm_occupancy_ratio": (GAUGE, STABLE + "GPM: resident warps relative to the SMs' maximum."),
     "gpu_tensor_active_ratio": (GAUGE, STABLE + "GPM: share of time tensor pipes were active."),
     "gpu_dram_active_ratio": (GAUGE, STABLE + "GPM: DRAM bandwidth used relative to the maximum."),

@@ -358,6 +358,9 @@ class XidCount:
     gpu_instance_id: int | None  # only on MIG XIDs
     compute_instance_id: int | None
     count: int
+    # gpu None: the PCI addresses the kernel log named for it (no GPU NVML listed had
+    # them, e.g. one lost before the exporter started), normalised "dddd:bb:dd"
+    pci_bus_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +468,8 @@ class Analysis:
 
     node: NodeSnapshot
     attribution: Attribution
+    # (GPU UUID, "gpm" | "dcgm" | "none"): where its occupancy comes from
+    occupancy_sources: tuple[tuple[str, str], ...] = ()
     health: tuple[GpuHealth, ...] = ()
     capacity: tuple[DeviceCapacity, ...] = ()
     idle: tuple[IdleAllocation, ...] = ()

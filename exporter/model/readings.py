@@ -189,6 +189,9 @@ class GpuSample:
     # The GPU instance profiles it offers; () for none or not known (not MIG-capable, a
     # driver without the call, or not read yet).
     mig_profiles: tuple[MigProfileInfo, ...] = ()
+    # Whether NVML's GPM answers on this GPU (or, in MIG mode, on one of its GPU
+    # instances): False on pre-Hopper GPUs; None until asked (or while it cannot be).
+    gpm_supported: bool | None = None
 
     def all_processes(self) -> tuple[GpuProcess, ...]:
         """Processes on the whole GPU and on every MIG instance of it."""
@@ -568,6 +571,8 @@ class DcgmSnapshot:
     timestamp: float  # wall-clock seconds when the cycle started
     error: str | None = None
     occupancy: tuple[tuple[str, Occupancy], ...] = ()  # (GPU UUID, occupancy)
+    # UUIDs of the GPUs whose profiling fields DCGM watches, values or not this cycle
+    profiled: tuple[str, ...] = ()
     incidents: tuple[DcgmHealthIncident, ...] = ()
     health: str | None = None
 

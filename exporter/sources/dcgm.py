@@ -152,6 +152,9 @@ class _Connection:
     handle: Any
     where: str  # "host engine 127.0.0.1:5555" | EMBEDDED
     uuids: dict[int, str] = field(default_factory=dict)  # DCGM gpu id -> GPU UUID
+    # GPUs that gave a profiling value on this connection: DCGM is their occupancy
+    # source, also in a cycle where their values are blank
+    profiled: set[str] = field(default_factory=set)
     group: Any = None
     field_group: Any = None
     profiling_error: str | None = None
@@ -172,6 +175,7 @@ class DcgmSource(Source):
         mode: DcgmMode,
         *,
         bindings_path: str | None = None,
+        library_path: str | None = None,
         update_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         backoff: Backoff | None = None,
@@ -183,6 +187,7 @@ class DcgmSource(Source):
         self._seen_up = False
         self._errors_total = 0
         self._bindings_path = bindings_path
+        self._library_path = library_path
         self._update_interval_s = update_interval_s
         self._clock = clock
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0)
@@ -342,6 +347,7 @@ class DcgmSource(Source):
             timestamp=started,
             error="; ".join(notes) or None,
             occupancy=occupancy,
+            profiled=tuple(sorted(conn.profiled)),
             incidents=incidents,
             health=health,
         )
@@ -357,6 +363,7 @@ class DcgmSource(Source):
             }
             if any(v is not None for v in ratios.values()):
                 found.append((uuid, Occupancy(source="dcgm", **ratios)))
+                conn.profiled.add(uuid)
         return tuple(found)
 
     def _health(
@@ -408,6 +415,9 @@ class DcgmSource(Source):
                 "point --dcgm-bindings-path at the directory holding pydcgm.py"
             ) from exc
 
+        if self._library_path is not None:
+            self._load_library(structs, self._library_path)
+
         def statuses(names: tuple[str, ...]) -> frozenset[int]:
             return frozenset(int(getattr(structs, n)) for n in names if hasattr(structs, n))
 
@@ -419,6 +429,23 @@ class DcgmSource(Source):
             unavailable=statuses(_UNAVAILABLE_STATUSES),
             held=statuses(_HELD_STATUSES),
         )
+
+    @staticmethod
+    def _load_library(structs: Any, path: str) -> None:
+        """Load libdcgm from ``path`` before any handle does: the bindings' own loader
+        (``dcgm_structs._LoadDcgmLibrary``) looks in /usr/lib/<arch>-linux-gnu and
+        /usr/lib64 unless given a directory (DCGM 4 also tries $LD_LIBRARY_PATH, DCGM 3
+        does not), and loads once, so every later ``_dcgmInit()`` uses this one."""
+        path = os.path.abspath(path)
+        if not os.path.isdir(path):
+            raise DcgmUnavailable(f"--dcgm-library-path {path} is not a directory")
+        try:
+            structs._LoadDcgmLibrary(path)
+        except structs.DCGMError as exc:
+            raise DcgmUnavailable(
+                f"libdcgm could not be loaded from {path} ({_describe(exc)}): it needs "
+                "libdcgm.so.4 (DCGM 4) or libdcgm.so.3 (DCGM 3) there, matching the bindings"
+            ) from exc
 
     def _connect(self, b: _Bindings) -> _Connection:
         handle, where = self._handle(b)

@@ -483,6 +483,7 @@ class NvmlSource(Source):
             mig_instances=mig_instances,
             occupancy=None if mig_enabled else self._gpm(device, None),
             mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
+            gpm_supported=_gpm_supported(device),  # after _gpm: what it found out
         )
 
     def _read_slow(self, device: _Device, nvlinks: int, branch: int | None) -> _Slow:
@@ -977,6 +978,13 @@ class NvmlSource(Source):
             ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
             values[key] = _gpm_ratio(get(metric, "value")) if ok else None
         return Occupancy(source="gpm", **values)
+
+
+def _gpm_supported(device: _Device) -> bool | None:
+    """True when GPM answers for the GPU or one of its GPU instances, False when every
+    one asked said unsupported, None when none was asked yet."""
+    known = [s.supported for s in device.gpm.values() if s.supported is not None]
+    return any(known) if known else None
 
 
 def _gpm_ratio(percent: float) -> float | None:

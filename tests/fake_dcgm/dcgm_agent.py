@@ -9,6 +9,10 @@ re-read on every call, so a test changes the node mid-run by rewriting it.
 State keys (all optional)::
 
     library_found   bool, default true: false -> _dcgmInit raises LibraryNotFound
+    library_dirs    ["/usr/lib/x86_64-linux-gnu", ...]: the system directories; with
+                    this key the library is found only as a file libdcgm.so.4 in the
+                    loader's directory argument, $LD_LIBRARY_PATH or one of these
+                    (dcgm_structs._LoadDcgmLibrary), as DCGM 4 looks for it
     hostengines     ["127.0.0.1:5555", ...] addresses that accept connections; a
                     connected handle whose address disappears gets ConnectionNotValid
     failed_connect_waits  bool, default false: a connection that fails takes the

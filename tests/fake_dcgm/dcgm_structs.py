@@ -277,11 +277,28 @@ def _fake_state() -> dict[str, Any]:
 
 
 def _LoadDcgmLibrary(libDcgmPath: str | None = None) -> None:
+    """As DCGM 4's: ``libDcgmPath``/libdcgm.so.4, then each $LD_LIBRARY_PATH entry, then
+    the system directories (testing/python3/dcgm_structs.py, ``_LoadDcgmLibrary``).
+    Here the system directories are the state's ``library_dirs`` when it names them
+    (a file named libdcgm.so.4 there counts as the library); without that key the
+    library is found unless ``library_found`` is false."""
     global dcgmLib
     if dcgmLib is None:
         with libLoadLock:
             if dcgmLib is None:
-                if not _fake_state().get("library_found", True):
+                state = _fake_state()
+                if "library_dirs" in state:
+                    dirs = [libDcgmPath] if libDcgmPath else []
+                    dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+                    dirs += state["library_dirs"]
+                    found = [d for d in dirs if os.path.isfile(os.path.join(d, "libdcgm.so.4"))]
+                    if not found:
+                        _dcgmCheckReturn(DCGM_ST_LIBRARY_NOT_FOUND)
+                    log = state.get("calls_log")
+                    if log:
+                        with open(log, "a", encoding="utf-8") as f:
+                            f.write(json.dumps({"fn": "_LoadDcgmLibrary", "from": found[0]}) + "\n")
+                elif not state.get("library_found", True):
                     _dcgmCheckReturn(DCGM_ST_LIBRARY_NOT_FOUND)
                 dcgmLib = object()
 

@@ -50,11 +50,6 @@ TokenReviews and SubjectAccessReviews. */}}
 {{- if or (include "gpu-occupancy-exporter.podWatch" .) .Values.kubeRbacProxy.enabled }}true{{ end }}
 {{- end }}
 
-{{/* dcgm.mode as the flag spells it (false: off); empty: pass no --dcgm at all. */}}
-{{- define "gpu-occupancy-exporter.dcgmMode" -}}
-{{- if eq (toString .Values.dcgm.mode) "false" }}off{{ else }}{{ .Values.dcgm.mode }}{{ end }}
-{{- end }}
-
 {{- define "gpu-occupancy-exporter.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "gpu-occupancy-exporter.fullname" .) .Values.serviceAccount.name }}
@@ -120,11 +115,14 @@ TokenReviews and SubjectAccessReviews. */}}
 {{- end }}
 - {{ printf "--log-level=%s" .Values.logLevel | quote }}
 - {{ printf "--log-format=%s" .Values.logFormat | quote }}
-{{- with include "gpu-occupancy-exporter.dcgmMode" . }}
-- {{ printf "--dcgm=%s" . | quote }}
-{{- end }}
+- {{ printf "--dcgm=%s" (include "gpu-occupancy-exporter.dcgmMode" .) | quote }}
+{{- if include "gpu-occupancy-exporter.dcgmCopy" . }}
+- {{ printf "--dcgm-bindings-path=%s/bindings" (include "gpu-occupancy-exporter.dcgmMount" .) | quote }}
+- {{ printf "--dcgm-library-path=%s/lib" (include "gpu-occupancy-exporter.dcgmMount" .) | quote }}
+{{- else }}
 {{- with .Values.dcgm.bindingsPath }}
 - {{ printf "--dcgm-bindings-path=%s" . | quote }}
+{{- end }}
 {{- end }}
 {{- with .Values.dcgm.operatorNamespace }}
 - {{ printf "--dcgm-operator-namespace=%s" . | quote }}
