@@ -20,6 +20,8 @@ from exporter.model import (
     IdleReason,
     MigInstance,
     SharedGpu,
+    XidCount,
+    placeholder_uuid,
 )
 
 GIB = 1024**3
@@ -47,12 +49,18 @@ def _pct(ratio: float | None) -> str | None:
     return None if ratio is None else f"{ratio * 100:.0f}%"
 
 
+def _uuid_cell(gpu: GpuSample) -> str:
+    """The UUID's first 12 characters; "unknown" while NVML never gave it (the
+    placeholder ``unknown-gpu-<index>`` cut to 12 would read as a broken UUID)."""
+    return "unknown" if gpu.uuid == placeholder_uuid(gpu.index) else gpu.uuid[:12]
+
+
 def _gpu_row(gpu: GpuSample, health: dict[str, str]) -> list[object]:
     occupancy = gpu.occupancy
     util = None if gpu.utilization_gpu_percent is None else gpu.utilization_gpu_percent / 100
     return [
         gpu.index,
-        gpu.uuid[:12],
+        _uuid_cell(gpu),
         gpu.name,
         f"{_gib(gpu.memory_used_bytes)}/{_gib(gpu.memory_total_bytes)}"
         if gpu.memory_total_bytes
@@ -348,11 +356,21 @@ def _xid_lines(analysis: Analysis) -> list[str]:
             lines += _table(
                 ["GPU", "XID", "CLASS", "COUNT"],
                 (
-                    [x.gpu, x.xid, x.severity, x.count]
+                    [_xid_gpu(x), x.xid, x.severity, x.count]
                     for x in sorted(counts, key=lambda x: (str(x.gpu), x.xid, x.severity))
                 ),
             )
     return lines
+
+
+def _xid_gpu(count: XidCount) -> object:
+    """The GPU's index; for a kernel-log XID of a device NVML did not list (lost before
+    the exporter started), the PCI address the log named; else "unknown"."""
+    if count.gpu is not None:
+        return count.gpu
+    if count.pci_bus_ids:
+        return ",".join(f"PCI:{bus}" for bus in count.pci_bus_ids)
+    return "unknown"
 
 
 def _capacity_lines(analysis: Analysis) -> list[str]:

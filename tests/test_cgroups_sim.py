@@ -255,9 +255,9 @@ async def test_why_idle_serves_each_containers_counters() -> None:
 
 
 async def test_a_node_without_cgroup_keys_serves_no_cgroup_series() -> None:
-    """node-8gpu (and every scenario without a ``cgroup:`` key) runs with
+    """single-gpu (and every scenario without a ``cgroup:`` key) runs with
     --cgroup-root=off: no source, no series, not zeros, and never the host's tree."""
-    async with simulated_exporter("node-8gpu") as h:
+    async with simulated_exporter("single-gpu") as h:
         await h.advance(5)
         scrape = await h.scrape()
         assert h.agent.source("cgroups") is None

@@ -73,7 +73,8 @@ def test_readme_snapshot_demo_shows_xids_zombie_memory_its_holder_and_the_hog() 
     argv, _ = doc_command("README.md", "snapshot --simulate node-8gpu")
     rows = [line.split() for line in run(argv).splitlines()]
     assert ["XID", "ERRORS", "BEFORE", "START", "(kernel", "log)"] in rows
-    assert ["-", "79", "fatal", "1"] in rows  # GPU 7 fell off the bus (gpu unknown: lost)
+    # GPU 7 fell off the bus before start: its index unknown, the kernel log's address named
+    assert ["PCI:0000:88:00", "79", "fatal", "1"] in rows
     assert ["0", "154", "warning", "1"] in rows  # GPU 0 asked for a reset
     assert ["1", "dead_process", "61.0", "1"] in rows  # the SIGKILLed trainer (zombie)
     assert ["4", "unattributed", "3.0", "0"] in rows  # what tiny-kernels left...

@@ -29,9 +29,8 @@ SELF_INSTRUMENTS = {
 }
 # Families node-8gpu's H100s cannot show, each with the smallest node that does: data-centre
 # GPUs are passively cooled, so NVML has no fan to report (NOT_SUPPORTED: no series).
-# node-8gpu's containers have no simulated cgroup (docs/simulator.md, `cgroup:`), so the
-# cgroup families (gpu_container_cpu_*, gpu_container_*_pressure_seconds) come from one
-# container that has one.
+# The cgroup families (gpu_container_cpu_*, gpu_container_*_pressure_seconds) come from
+# node-8gpu's containers (docs/simulator.md, `cgroup:`) and again from one small node.
 ELSEWHERE: dict[str, dict[str, object]] = {
     # a GPU allocated under a resource name outside --resource-names (issue 40)
     "gpu_exporter_podresources_other_resource_devices": {

@@ -462,7 +462,8 @@ async def test_on_the_simulated_node_idle_time_goes_to_the_cause_the_cgroup_show
     counted): at every cycle every allocation's causes sum to its idle + no_process
     seconds. On why-idle, the starved pod's idle time all goes to cpu_throttled; the
     CPU-bound pod's GPU is busy (no idle time to explain); the notebook's idle time has
-    no CPU cause (unknown). node-8gpu's pods have no cgroup key: no CPU cause either."""
+    no CPU cause (unknown). On node-8gpu, tiny-kernels' kernel loop is throttled (40 %):
+    its idle time goes to cpu_throttled; the other pods are quiet (unknown)."""
     async with simulated_exporter(scenario) as h:
         for _ in range(21):
             await h.advance(5.0, cycle=False)
@@ -479,6 +480,8 @@ async def test_on_the_simulated_node_idle_time_goes_to_the_cause_the_cgroup_show
                 )
     pods = {pod: split for (pod, _), split in causes.items()}
     if scenario == "node-8gpu":
+        tiny = pods.pop("tiny-kernels")
+        assert tiny["cpu_throttled"] == pytest.approx(105.0) == sum(tiny.values())
         assert all(s == 0 for split in pods.values() for c, s in split.items() if c != "unknown")
         assert any(split["unknown"] > 0 for split in pods.values())
         return

@@ -763,6 +763,7 @@ class SimNode:
                 str(c.get("id") or derived_container_id(node, key, c["name"], event)),
                 {k: list(v) for k, v in c.get("devices", {}).items()},
                 {str(k): str(v) for k, v in (c.get("limits") or {}).items()},
+                cgroup=c.get("cgroup"),  # parsed at load (scenario._added_pod_cgroups)
                 init=c.get("init") is True,
             )
             for c in args.get("containers", [])  # type: ignore[attr-defined]

@@ -779,7 +779,24 @@ def _event(raw: object, i: int) -> SimEvent:
     if actions[0] == "fork_orphan":
         _check_fork(value, f"timeline[{i}].fork_orphan")
     args = value if isinstance(value, dict) else {"value": value}
+    if actions[0] == "add_pod":
+        args = _added_pod_cgroups(args, f"timeline[{i}].add_pod")
     return SimEvent(at=float(data["at"]), action=actions[0], args=dict(args))
+
+
+def _added_pod_cgroups(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """``add_pod``'s containers with their ``cgroup:`` keys parsed (as a scenario pod's
+    are), so a pod added later gets a cgroup directory too."""
+    containers = args.get("containers")
+    if not isinstance(containers, list):
+        return args
+    parsed = [
+        {**c, "cgroup": _cgroup(c.get("cgroup"), f"{where}.containers[{j}].cgroup")}
+        if isinstance(c, dict)
+        else c
+        for j, c in enumerate(containers)
+    ]
+    return {**args, "containers": parsed}
 
 
 def _check_fork(value: object, where: str) -> None:
