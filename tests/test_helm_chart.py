@@ -247,7 +247,37 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         }
     },
     "dcgm-no-bindings-image": {"dcgm": {"bindingsImage": {"enabled": False}}},
+    "dcgm-image-digest": {"dcgm": {"bindingsImage": {"digest": "sha256:" + "ab" * 32}}},
     "operator-24-9": {"gpuOperator": {"version": "24.9.2"}},
+    # tests/test_helm_chart_doctor.py
+    "doctor-enforced": {
+        "doctor": {"initContainer": {"enabled": True, "enforce": True, "timeout": 30}}
+    },
+    # tests/test_helm_chart_gmp.py: Google Managed Prometheus
+    "gmp-pod-monitoring": {
+        "googleManagedPrometheus": {"podMonitoring": {"enabled": True}, "interval": "15s"}
+    },
+    "gmp-cluster-pod-monitoring-secured": {
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls"},
+        "basicAuth": {"users": {"prometheus": BCRYPT_HASH}},
+        "googleManagedPrometheus": {
+            "clusterPodMonitoring": {"enabled": True},
+            "timeout": "10s",
+            "basicAuth": {
+                "username": "prometheus",
+                "secretName": "gmp-scrape",
+                "passwordKey": "pass",
+            },
+        },
+    },
+    "gmp-behind-kube-rbac-proxy": {
+        "tls": {"enabled": True, "secretName": "gpu-exporter-tls"},
+        "kubeRbacProxy": {"enabled": True},
+        "googleManagedPrometheus": {
+            "podMonitoring": {"enabled": True},
+            "bearerToken": {"secretName": "gmp-token", "key": "t"},
+        },
+    },
     # -- securing /metrics (tests/test_helm_chart_security.py serves what these render)
     "tls-basic-auth": {
         "tls": {"enabled": True, "secretName": "gpu-exporter-tls", "minVersion": "TLS13"},
@@ -562,6 +592,115 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
         }
     ),
 }
+
+
+def _gmp_secret(namespaced: bool) -> dict[str, Any]:
+    """GMP's SecretSelector: a PodMonitoring may not name a namespace (pod_types.go,
+    "Namespace not allowed on PodMonitoring secret references")."""
+    ref: dict[str, Any] = {"name": {"type": "string"}, "key": {"type": "string"}}
+    if not namespaced:
+        ref["namespace"] = {"type": "string"}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["secret"],
+        "properties": {
+            "secret": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["key", "name"],
+                "properties": ref,
+            }
+        },
+    }
+
+
+def _gmp_crd(kind: str) -> dict[str, Any]:
+    """A subset of prometheus-engine's monitoring.googleapis.com/v1 PodMonitoring and
+    ClusterPodMonitoring schemas (charts/operator/crds/, pod_types.go at 2ffde4e): the
+    fields the chart renders, unknown ones refused, a timeout needing an interval."""
+    namespaced = kind == "PodMonitoring"
+    secret = _gmp_secret(namespaced)
+    metadata_keys = ["container", "node", "pod", "top_level_controller_name"]
+    metadata_keys += ["top_level_controller_type"] + ([] if namespaced else ["namespace"])
+    endpoint = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["interval", "port"],
+        "properties": {
+            "port": {"type": ["string", "integer"], "minLength": 1},
+            "path": {"type": "string"},
+            "interval": DURATION,
+            "timeout": DURATION,
+            "scheme": {"enum": ["http", "https"]},
+            "tls": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "ca": secret,
+                    "cert": secret,
+                    "key": secret,
+                    "serverName": {"type": "string"},
+                    "insecureSkipVerify": {"type": "boolean"},
+                    "minVersion": {"type": "string"},
+                    "maxVersion": {"type": "string"},
+                },
+            },
+            "basicAuth": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"username": {"type": "string"}, "password": secret},
+            },
+            "authorization": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"type": {"type": "string"}, "credentials": secret},
+            },
+        },
+        # at most one of basicAuth, authorization (and oauth2)
+        "not": {"required": ["basicAuth", "authorization"]},
+    }
+    metadata: dict[str, Any] = {"type": "object", "required": ["name"]}
+    metadata["properties"] = {"name": {"type": "string"}, "labels": STRING_MAP}
+    if namespaced:
+        metadata["required"] = ["name", "namespace"]
+    else:
+        metadata["not"] = {"required": ["namespace"]}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.googleapis.com/v1"},
+            "kind": {"const": kind},
+            "metadata": metadata,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["endpoints", "selector"],
+                "properties": {
+                    "selector": SELECTOR,
+                    "endpoints": {"type": "array", "minItems": 1, "items": endpoint},
+                    "targetLabels": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "metadata": {
+                                "type": "array",
+                                "uniqueItems": True,
+                                "items": {"enum": metadata_keys},
+                            },
+                            "fromPod": {"type": "array", "maxItems": 100},
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+CRD_SCHEMAS["PodMonitoring"] = _gmp_crd("PodMonitoring")
+CRD_SCHEMAS["ClusterPodMonitoring"] = _gmp_crd("ClusterPodMonitoring")
 
 # -- sample alert and dashboard files, for a chart whose files/ content is known --------
 

@@ -21,6 +21,9 @@ default in values.yaml) takes the platform's.
 */ -}}
 {{- define "gpu-occupancy-exporter.platform" -}}
 {{- $p := .Values.platform -}}
+{{- if eq (toString $p) "gke-autopilot" -}}
+{{- fail "platform gke-autopilot: GKE Autopilot admits no privileged, hostPath or hostPID pods, and the exporter needs all three (the host's /proc and PodResources socket, /dev/nvidia*); run it on a GKE Standard GPU node pool (platform: gke), or use GKE's managed DCGM metrics on Autopilot (docs/install.md, \"GKE Autopilot\")" -}}
+{{- end -}}
 {{- if not (has $p (list "operator" "gke" "plain")) -}}
 {{- fail (printf "platform %q is not one of operator, gke, plain (docs/install.md, \"Platforms\")" (toString $p)) -}}
 {{- end -}}

@@ -174,6 +174,24 @@ podMetricsEndpoint, matching the pod. Called with (dict "monitor" VALUES "kind" 
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $gmp := $v.googleManagedPrometheus }}
+{{- if or $gmp.podMonitoring.enabled $gmp.clusterPodMonitoring.enabled }}
+{{- if and $v.basicAuth.users (not $gmp.basicAuth.secretName) }}
+{{- fail "basicAuth.users is set: Google Managed Prometheus needs the password, or every scrape is 401: set googleManagedPrometheus.basicAuth.username and .secretName (a Secret with the key passwordKey)" }}
+{{- end }}
+{{- if and $gmp.basicAuth.secretName (not $gmp.basicAuth.username) }}
+{{- fail "googleManagedPrometheus.basicAuth.secretName needs googleManagedPrometheus.basicAuth.username (GMP takes the user name as plain text)" }}
+{{- end }}
+{{- if and $proxy (not $gmp.bearerToken.secretName) }}
+{{- fail "googleManagedPrometheus with kubeRbacProxy.enabled needs googleManagedPrometheus.bearerToken.secretName (a Secret holding a ServiceAccount token allowed to get /metrics): GMP sends no token of its own" }}
+{{- end }}
+{{- if and $gmp.bearerToken.secretName (not $proxy) }}
+{{- fail "googleManagedPrometheus.bearerToken is for kubeRbacProxy.enabled; the exporter itself takes basic auth (googleManagedPrometheus.basicAuth)" }}
+{{- end }}
+{{- if (include "gpu-occupancy-exporter.clientCertsRequired" $) }}
+{{- fail "tls.clientAuthType RequireAndVerifyClientCert with googleManagedPrometheus: the chart does not give GMP a client certificate; use VerifyClientCertIfGiven or basic auth" }}
+{{- end }}
+{{- end }}
 {{- if not (include "gpu-occupancy-exporter.podWatch" $) }}
 {{- range $key, $on := dict "nodeCondition" $v.nodeCondition.enabled "draDeviceTaints" $v.draDeviceTaints.enabled }}
 {{- if $on }}
