@@ -865,6 +865,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
             "whole simulated node in this process)"
         )
     _check_simulated_clock(args)
+    for flag in ("--dcgm-bindings-path", "--dcgm-library-path"):
+        if getattr(args, flag[2:].replace("-", "_")) == "":
+            raise ConfigError(
+                f"{parser.named(flag)} is empty: give the directory (an empty path would be "
+                "the working directory), or leave the flag out"
+            )
     slow_given = _env_name("--slow-interval") in env or any(
         a == "--slow-interval" or a.startswith("--slow-interval=") for a in argv
     )

@@ -88,6 +88,8 @@ def dcgm_source(config: Config) -> DcgmSource:
         bindings_path=config.dcgm_bindings_path,
         library_path=config.dcgm_library_path,
         update_interval_s=min(config.interval_s, 1.0),
+        # a share of the cycle, so that a slow host engine never stalls it
+        read_deadline_s=min(1.0, config.interval_s / 4),
     )
 
 

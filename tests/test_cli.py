@@ -238,6 +238,18 @@ def test_dcgm_errors_name_the_environment_variable_the_value_came_from() -> None
         parse_config(["--dcgm-operator-namespace", "Bad_NS"], env={})
 
 
+def test_empty_dcgm_paths_are_refused_not_taken_as_the_working_directory() -> None:
+    for flag in ("--dcgm-library-path", "--dcgm-bindings-path"):
+        with pytest.raises(ConfigError, match=f"^{flag} is empty: give the directory"):
+            parse_config([f"{flag}="], env={})
+    env = {"GPU_EXPORTER_DCGM_LIBRARY_PATH": ""}
+    with pytest.raises(ConfigError, match=r"^GPU_EXPORTER_DCGM_LIBRARY_PATH is empty"):
+        parse_config([], env=env)
+    assert parse_config(["--dcgm-library-path", "/opt/dcgm/lib"], env={}).dcgm_library_path == (
+        "/opt/dcgm/lib"
+    )
+
+
 def _wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -16,17 +16,38 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import pytest
 
 from exporter.config import parse_config
 from tests.harness import simulated_exporter
-from tests.test_helm_chart import VALUE_SETS, container, pod_spec
+from tests.test_helm_chart import VALUE_SETS, container, pod_spec, render
 from tests.test_occupancy_source import OPERATOR_HOSTENGINE, a100_dcgm_state, served_source
 
 pytestmark = pytest.mark.slow
 
 FAKE_BINDINGS = Path(__file__).parent / "fake_dcgm"
 MOUNT = "/etc/gpu-occupancy-exporter/dcgm"
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's directory, opened to the pod's user (uid 65532) that the scripts run as;
+    an emptyDir is world-writable too."""
+    for parent in [tmp_path, *tmp_path.parents]:
+        if parent == Path("/tmp"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o711)
+    tmp_path.chmod(0o777)
+    return tmp_path
+
+
+def volume(tmp_path: Path) -> Path:
+    """An emptyDir: world-writable."""
+    out = tmp_path / "volume"
+    out.mkdir()
+    out.chmod(0o777)
+    return out
 
 
 def init_container(values: dict[str, Any]) -> dict[str, Any] | None:
@@ -113,6 +134,15 @@ def test_image_and_paths_are_values() -> None:
     assert env["LIBRARY_DIRS"] == "/opt/dcgm/lib"
 
 
+def test_a_digest_pins_the_dcgm_image_and_bad_references_are_refused() -> None:
+    init = init_container(VALUE_SETS["dcgm-image-digest"])
+    assert init is not None
+    assert init["image"] == "nvcr.io/nvidia/cloud-native/dcgm@sha256:" + "ab" * 32
+    for bad in ({"repository": "nvcr.io/x y"}, {"repository": "nvcr.io/dcgm:4.0"}, {"tag": " "}):
+        with pytest.raises(helm.HelmValuesError):
+            render({"dcgm": {"bindingsImage": bad}})
+
+
 def dcgm_image(root: Path, *, library: str = "libdcgm.so.4") -> tuple[Path, Path]:
     """A directory laid out as the DCGM image keeps the bindings and libdcgm (the
     library a versioned file behind a symlink, as the Debian package installs it)."""
@@ -125,12 +155,20 @@ def dcgm_image(root: Path, *, library: str = "libdcgm.so.4") -> tuple[Path, Path
     return bindings, lib
 
 
+def as_pod_user() -> list[str]:
+    """The init container runs as uid 65532 without capabilities; as root here, so do we
+    (root would overwrite read-only files and read unreadable ones)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return []
+    return ["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "--inh-caps=-all"]
+
+
 def run_init_script(values: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
     init = init_container(values)
     assert init is not None
     env = {e["name"]: e["value"] for e in init["env"]}
     env["OUT"] = str(out)  # the volume's mount path, /dcgm in the pod
-    command = [*init["command"], *init["args"]]
+    command = [*as_pod_user(), *init["command"], *init["args"]]
     return subprocess.run(
         command, env={**env, "PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30
     )
@@ -151,8 +189,7 @@ def test_the_init_script_copies_bindings_and_the_library_behind_its_symlink(
     tmp_path: Path,
 ) -> None:
     dcgm_image(tmp_path / "image")
-    out = tmp_path / "volume"
-    out.mkdir()
+    out = volume(tmp_path)
     done = run_init_script(image_values(tmp_path / "image"), out)
     assert done.returncode == 0, done.stderr
     assert (out / "bindings/pydcgm.py").is_file()
@@ -165,11 +202,49 @@ def test_an_image_without_dcgm_leaves_the_volume_empty_and_the_pod_starting(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "image").mkdir()
-    out = tmp_path / "volume"
-    out.mkdir()
+    out = volume(tmp_path)
     done = run_init_script(image_values(tmp_path / "image"), out)
     assert done.returncode == 0  # DCGM is optional: the exporter must still start
     assert "no pydcgm.py" in done.stderr and "dcgm.mode=off" in done.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_a_rerun_over_its_own_read_only_copy_succeeds(tmp_path: Path) -> None:
+    """The init container runs again when the pod sandbox is recreated; the emptyDir keeps
+    the first run's files, read-only where the image's were (helper-41)."""
+    bindings, lib = dcgm_image(tmp_path / "image")
+    for f in [*bindings.iterdir(), lib / "libdcgm.so.4.6.0"]:
+        if f.is_file():
+            f.chmod(0o444)
+    out = volume(tmp_path)
+    for _ in range(2):
+        done = run_init_script(image_values(tmp_path / "image"), out)
+        assert done.returncode == 0 and "dcgm-bindings: copied" in done.stdout, done.stderr
+    assert (out / "bindings/pydcgm.py").is_file() and (out / "lib/libdcgm.so.4").is_file()
+    assert not (out / ".staging").exists()
+
+
+def test_a_failed_copy_leaves_the_volume_empty_and_the_pod_starting(tmp_path: Path) -> None:
+    """A copy error (here: the volume is not a directory, so nothing can be made in it;
+    as root no permission bit stops cp) is logged, nothing is left: DCGM is optional, the
+    exporter must still start."""
+    dcgm_image(tmp_path / "image")
+    out = tmp_path / "volume"
+    out.write_text("not a directory")
+    done = run_init_script(image_values(tmp_path / "image"), out)
+    assert done.returncode == 0
+    assert "failed" in done.stderr and "DCGM stays unavailable" in done.stderr
+    assert out.read_text() == "not a directory"
+
+
+def test_a_library_that_is_a_directory_or_dangling_is_not_taken(tmp_path: Path) -> None:
+    _, lib = dcgm_image(tmp_path / "image")
+    (lib / "libdcgm.so.4").unlink()
+    (lib / "libdcgm.so.4").mkdir()
+    (lib / "libdcgm.so.3").symlink_to("missing.so")
+    out = volume(tmp_path)
+    done = run_init_script(image_values(tmp_path / "image"), out)
+    assert done.returncode == 0 and "no pydcgm.py" in done.stderr
     assert list(out.iterdir()) == []
 
 
@@ -184,9 +259,8 @@ async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
     """The done-when of issue 41: defaults, the init script, the exporter's own DCGM path.
     libdcgm is in no system directory of the exporter's image: only the copy reaches it."""
     dcgm_image(tmp_path / "image")
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    assert run_init_script(image_values(tmp_path / "image"), volume).returncode == 0
+    volume_dir = volume(tmp_path)
+    assert run_init_script(image_values(tmp_path / "image"), volume_dir).returncode == 0
     state = a100_dcgm_state(tmp_path / "dcgm.json")
     data = json.loads(state.read_text())
     data["library_dirs"] = [str(tmp_path / "exporter-image-usr-lib")]
@@ -194,7 +268,7 @@ async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
     state.write_text(json.dumps(data))
     monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
-    argv = rendered_dcgm_flags({}, volume)
+    argv = rendered_dcgm_flags({}, volume_dir)
     assert argv[0] == "--dcgm=auto"
     async with simulated_exporter("a100", argv=argv) as h:
         await h.advance(5)
@@ -203,7 +277,7 @@ async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
     assert scrape.get("gpu_sm_active_ratio", gpu="0") == 0.41
     assert served_source(scrape, "0") == "dcgm"
     loads = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    assert {"fn": "_LoadDcgmLibrary", "from": str(volume / "lib")} in loads
+    assert {"fn": "_LoadDcgmLibrary", "from": str(volume_dir / "lib")} in loads
     hostengines = [c for c in loads if c["fn"] == "dcgmConnect_v3"]
     assert hostengines and OPERATOR_HOSTENGINE in json.dumps(hostengines)
 
@@ -214,16 +288,15 @@ async def test_without_the_library_path_the_copied_bindings_find_no_libdcgm(
     """What --dcgm-library-path is for: the bindings alone look only in system
     directories (and DCGM 4 in $LD_LIBRARY_PATH), where the exporter's image has none."""
     dcgm_image(tmp_path / "image")
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    assert run_init_script(image_values(tmp_path / "image"), volume).returncode == 0
+    volume_dir = volume(tmp_path)
+    assert run_init_script(image_values(tmp_path / "image"), volume_dir).returncode == 0
     state = a100_dcgm_state(tmp_path / "dcgm.json")
     data = json.loads(state.read_text())
     data["library_dirs"] = [str(tmp_path / "exporter-image-usr-lib")]
     state.write_text(json.dumps(data))
     monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
-    argv = [a for a in rendered_dcgm_flags({}, volume) if not a.startswith("--dcgm-library")]
+    argv = [a for a in rendered_dcgm_flags({}, volume_dir) if not a.startswith("--dcgm-library")]
     async with simulated_exporter("a100", argv=argv) as h:
         await h.advance(5)
         scrape = await h.scrape()

@@ -7,6 +7,7 @@ cases a scrape cannot stage in one cycle."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -131,13 +132,135 @@ def test_unknown_gpm_support_or_a_failed_read_serves_no_source() -> None:
     assert occupancy_sources((gpu(gpm_supported=False, error="GpuIsLost"),), None) == ()
 
 
-def test_dcgm_profiled_without_values_this_cycle_is_dcgm_but_dcgm_down_is_not() -> None:
+def test_dcgm_profiled_stays_dcgm_without_values_and_while_its_host_engine_is_down() -> None:
     up = DcgmSnapshot(ok=True, timestamp=0.0, profiled=("GPU-a",))
-    down = DcgmSnapshot(ok=False, timestamp=0.0, profiled=("GPU-a",))
+    down = DcgmSnapshot(ok=False, timestamp=0.0, profiled=("GPU-a",), settled=False)
     assert occupancy_sources((gpu(gpm_supported=False),), up) == (("GPU-a", "dcgm"),)
-    assert occupancy_sources((gpu(gpm_supported=False),), down) == (("GPU-a", "none"),)
+    assert occupancy_sources((gpu(gpm_supported=False),), down) == (("GPU-a", "dcgm"),)
+
+
+def test_none_needs_dcgms_answer_settled() -> None:
+    unsettled = DcgmSnapshot(ok=True, timestamp=0.0, settled=False)
+    settled = DcgmSnapshot(ok=True, timestamp=0.0, settled=True)
+    assert occupancy_sources((gpu(gpm_supported=False),), unsettled) == ()
+    assert occupancy_sources((gpu(gpm_supported=False),), settled) == (("GPU-a", "none"),)
+    # a GPM GPU needs no DCGM answer
+    assert occupancy_sources((gpu(gpm_supported=True),), unsettled) == (("GPU-a", "gpm"),)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_host_engine_restart_never_flips_a_profiled_gpu_to_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCGM connected with blank first reads, then values, then gone, then back blank:
+    the source is unknown until DCGM has answered, then dcgm throughout (helper-41)."""
+    from exporter.model import DcgmMode
+    from exporter.sources.dcgm import SETTLE_READS, DcgmSource
+
+    state = tmp_path / "dcgm.json"
+    uuids = ("GPU-a", "GPU-b")
+
+    def write(*, up: bool = True, values: bool = True) -> None:
+        fields = {"1002": 0.4} if values else {}
+        gpus = [
+            {"id": i, "uuid": u, "arch": "ampere", "fields": fields} for i, u in enumerate(uuids)
+        ]
+        hostengines = [OPERATOR_HOSTENGINE] if up else []
+        state.write_text(json.dumps({"hostengines": hostengines, "embedded": False, "gpus": gpus}))
+
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    clock = Clock()
+    mode = DcgmMode("auto", remote_info=OPERATOR_HOSTENGINE)
+    source = DcgmSource(mode, bindings_path=FAKE_BINDINGS, clock=clock)
+    a100s = tuple(gpu(index=i, uuid=u, gpm_supported=False) for i, u in enumerate(uuids))
+
+    def step() -> dict[str, str]:
+        clock.now += 120  # past any backoff
+        return dict(occupancy_sources(a100s, source.sample()))
+
+    try:
+        write(values=False)
+        assert step() == {}  # connected, nothing yet: unknown, not "none"
+        write()
+        assert step() == {"GPU-a": "dcgm", "GPU-b": "dcgm"}
+        write(values=False)
+        assert step() == {"GPU-a": "dcgm", "GPU-b": "dcgm"}
+        write(up=False)
+        assert step() == {"GPU-a": "dcgm", "GPU-b": "dcgm"}  # down: still its source
+        write(values=False)
+        for _ in range(SETTLE_READS + 1):
+            assert step() == {"GPU-a": "dcgm", "GPU-b": "dcgm"}
+    finally:
+        source.close()
+
+
+def test_a_gpu_dcgm_never_profiles_becomes_none_once_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.model import DcgmMode
+    from exporter.sources.dcgm import SETTLE_READS, DcgmSource
+
+    state = tmp_path / "dcgm.json"
+    gpus = [{"id": 0, "uuid": "GPU-a", "arch": "ampere", "fields": {}}]
+    state.write_text(json.dumps({"hostengines": [OPERATOR_HOSTENGINE], "gpus": gpus}))
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    clock = Clock()
+    source = DcgmSource(
+        DcgmMode("auto", remote_info=OPERATOR_HOSTENGINE), bindings_path=FAKE_BINDINGS, clock=clock
+    )
+    a100 = (gpu(gpm_supported=False),)
+    try:
+        seen = [dict(occupancy_sources(a100, source.sample())) for _ in range(SETTLE_READS)]
+        assert seen[:-1] == [{}] * (SETTLE_READS - 1)
+        assert seen[-1] == {"GPU-a": "none"}
+    finally:
+        source.close()
+
+
+async def test_a_named_host_engine_down_from_the_start_leaves_the_source_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = a100_dcgm_state(tmp_path / "dcgm.json")
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    argv = ["--dcgm", "10.255.0.1:5555", "--dcgm-bindings-path", FAKE_BINDINGS]
+    async with simulated_exporter("a100", argv=argv) as h:
+        await h.advance(5)
+        scrape = await h.scrape()
+    assert scrape.get("gpu_exporter_source_up", source="dcgm") == 0
+    assert served_source(scrape, "0") is None
 
 
 def test_served_values_decide_over_capability() -> None:
     served = gpu(gpm_supported=True, occupancy=Occupancy(source="dcgm", sm_active=0.5))
     assert occupancy_sources((served,), None) == (("GPU-a", "dcgm"),)
+
+
+async def test_absent_host_engines_never_stall_the_sample_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's default on a GPU Operator without its host engine: auto tries three
+    addresses, each costing DCGM 4's connect timeout (1 s in auto). The cycle waits at
+    most its DCGM deadline (a quarter of --interval, at most 1 s), then goes on; the
+    connect attempts finish on the worker thread (helper-41)."""
+    state = a100_dcgm_state(tmp_path / "dcgm.json")
+    data = json.loads(state.read_text())
+    data["hostengines"] = []
+    data["failed_connect_waits"] = True
+    state.write_text(json.dumps(data))
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    argv = ["--dcgm", "auto", "--dcgm-bindings-path", FAKE_BINDINGS, "--interval", "2"]
+    async with simulated_exporter("a100", argv=argv, first_cycle=False) as h:
+        began = time.monotonic()
+        await h.cycle()
+        took = time.monotonic() - began
+        scrape = await h.scrape()
+    assert took < 2.0, f"a cycle took {took:.1f} s while DCGM connect attempts ran"
+    assert served_source(scrape, "0") is None  # DCGM's answer not settled yet
+    assert scrape.get("gpu_utilization_ratio", gpu="0") == pytest.approx(0.92)

@@ -114,6 +114,32 @@ def test_unresolved_xids_keep_the_pci_addresses_they_came_from() -> None:
     assert listed.index == 0
 
 
+def test_unresolved_addresses_are_bounded_over_all_counts() -> None:
+    """A hostile kernel log: 2,000 XID numbers from 40 addresses no GPU has. The counts
+    are the log's; the addresses kept stay bounded, per count and in all (helper-41)."""
+    from exporter.analysis.xid import MAX_UNRESOLVED_PCI, MAX_UNRESOLVED_PCI_TOTAL
+
+    events = [
+        XidEvent(
+            timestamp=1.0,
+            gpu=None,
+            uuid=None,
+            xid=xid,
+            source="kmsg",
+            pci_bus_id=f"0000:{b:02x}:00",
+        )
+        for xid in range(2000)
+        for b in range(40)
+    ]
+    ledger = XidLedger().record(events, now=2.0, bus_ids={})
+    assert sum(ledger.counts.values()) == 80_000
+    kept = [len(named) for named in ledger.unresolved_pci.values()]
+    assert max(kept) <= MAX_UNRESOLVED_PCI
+    assert sum(kept) == MAX_UNRESOLVED_PCI_TOTAL
+    again = ledger.record(events[:400], now=3.0, bus_ids={})
+    assert sum(len(n) for n in again.unresolved_pci.values()) == MAX_UNRESOLVED_PCI_TOTAL
+
+
 def test_an_xid_row_without_gpu_or_address_reads_unknown() -> None:
     from exporter.model import XidCount
 

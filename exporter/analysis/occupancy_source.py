@@ -4,9 +4,11 @@ A dashboard shows "GPU-Util only on this GPU" from this instead of an empty pane
 an operator finds the pre-Hopper GPUs that need DCGM. The choice follows the values
 actually served (pipeline.prefer_dcgm: DCGM's where it has them, else GPM's); in a cycle
 without values it follows what the sources said they can do, so a first cycle (GPM only
-primes its buffers) or a blank DCGM read does not flip a GPU to "none". "none" needs
-evidence: NVML said GPM is not supported and DCGM gave no value for the GPU; a GPU
-whose GPM support is not known yet, or whose read failed, has no source served.
+primes its buffers), a blank DCGM read or a host engine that restarts does not flip a
+GPU to "none". "none" needs evidence: NVML said GPM is not supported and DCGM's answer
+is settled without a value for the GPU (DcgmSnapshot.settled: several reads gave none,
+profiling is unavailable, or ``auto`` never found DCGM); a GPU whose GPM support is not
+known yet, whose read failed, or whose DCGM answer is not settled has no source served.
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ def occupancy_sources(
     gpus: tuple[GpuSample, ...], dcgm: DcgmSnapshot | None
 ) -> tuple[tuple[str, OccupancySource], ...]:
     """(GPU UUID, source) for every GPU whose source is known, in the order given."""
-    profiled = frozenset(dcgm.profiled) if dcgm is not None and dcgm.ok else frozenset()
+    profiled = frozenset(dcgm.profiled) if dcgm is not None else frozenset()
+    settled = dcgm is None or dcgm.settled
     out: list[tuple[str, OccupancySource]] = []
     for gpu in gpus:
-        source = _source(gpu, profiled)
+        source = _source(gpu, profiled, settled)
         if source is not None:
             out.append((gpu.uuid, source))
     return tuple(out)
 
 
-def _source(gpu: GpuSample, profiled: frozenset[str]) -> OccupancySource | None:
+def _source(gpu: GpuSample, profiled: frozenset[str], settled: bool) -> OccupancySource | None:
     if gpu.error:
         return None
     served = gpu.occupancy or next((m.occupancy for m in gpu.mig_instances if m.occupancy), None)
@@ -42,4 +45,6 @@ def _source(gpu: GpuSample, profiled: frozenset[str]) -> OccupancySource | None:
         return "dcgm"
     if gpu.gpm_supported is None:
         return None
-    return "gpm" if gpu.gpm_supported else "none"
+    if gpu.gpm_supported:
+        return "gpm"
+    return "none" if settled else None

@@ -168,6 +168,9 @@ def bus_id_map(gpus: Iterable[GpuSample]) -> dict[str, tuple[int, str]]:
 # PCI addresses kept per count that names no GPU: more than a node has GPUs, fewer than a
 # kernel log of garbage bus ids could make (outside input is bounded).
 MAX_UNRESOLVED_PCI = 32
+# ... and over all counts: XID numbers and MIG ids in the kernel log are free integers, so
+# the counts that name no GPU are as many as a hostile log makes; their addresses are not.
+MAX_UNRESOLVED_PCI_TOTAL = 256
 
 
 class XidKey(NamedTuple):
@@ -239,6 +242,7 @@ class XidLedger:
         counts = dict(self.counts)
         before = dict(self.counts_before_start)
         unresolved = dict(self.unresolved_pci)
+        stored = sum(len(named) for named in unresolved.values())
         recent = {uuid: list(entries) for uuid, entries in self.recent.items()}
         twins: dict[str | None, _TwinIndex] = {}
         for raw_event in events:
@@ -270,8 +274,14 @@ class XidLedger:
             if event.uuid is None and event.pci_bus_id is not None:
                 bus = normalize_pci_bus_id(event.pci_bus_id)
                 named = unresolved.get(key, frozenset())
-                if bus is not None and len(named) < MAX_UNRESOLVED_PCI:
+                if (
+                    bus is not None
+                    and bus not in named
+                    and len(named) < MAX_UNRESOLVED_PCI
+                    and stored < MAX_UNRESOLVED_PCI_TOTAL
+                ):
                     unresolved[key] = named | {bus}
+                    stored += 1
             entries.append(RecordedXid(event, severity, frozenset({event.source}), event.backlog))
             index.appended()
         horizon = now - self.retention_s

@@ -571,8 +571,13 @@ class DcgmSnapshot:
     timestamp: float  # wall-clock seconds when the cycle started
     error: str | None = None
     occupancy: tuple[tuple[str, Occupancy], ...] = ()  # (GPU UUID, occupancy)
-    # UUIDs of the GPUs whose profiling fields DCGM watches, values or not this cycle
+    # UUIDs of the GPUs DCGM gave a profiling value for (on any connection to the GPUs it
+    # has now): their occupancy source, values or not this cycle
     profiled: tuple[str, ...] = ()
+    # True when a GPU outside ``profiled`` is known not to be profiled by DCGM: a few reads
+    # on this connection gave it nothing, or profiling is unavailable, or ``auto`` never
+    # found DCGM. False (first reads, a named or once-reached host engine down): unknown.
+    settled: bool = True
     incidents: tuple[DcgmHealthIncident, ...] = ()
     health: str | None = None
 

@@ -27,6 +27,7 @@ reported as ``error`` on an ``ok`` snapshot.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import itertools
 import logging
@@ -78,6 +79,13 @@ PROFILING_FIELDS: dict[OccupancyField, int] = {
     "fp32_active": 1007,  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
     "fp16_active": 1008,  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
 }
+# How long close() waits for a DCGM call in flight (a connect attempt takes at most its
+# timeout, 2 s) before leaving it to the process's exit.
+CLOSE_WAIT_S = 5.0
+# Reads on a connection before a GPU that gave no profiling value counts as not profiled
+# by DCGM: the first reads after a watch is set up may be blank (DCGM refreshes a watched
+# field once per update interval), which says nothing yet.
+SETTLE_READS = 3
 # Pre-Hopper GPUs multiplex profiling counters in passes, and a watch needing too many
 # passes fails with DCGM_ST_PROFILING_MULTI_PASS (DCGM's test_prof.py): then the
 # activity/occupancy core is watched alone, without the per-pipe FP fields.
@@ -152,9 +160,7 @@ class _Connection:
     handle: Any
     where: str  # "host engine 127.0.0.1:5555" | EMBEDDED
     uuids: dict[int, str] = field(default_factory=dict)  # DCGM gpu id -> GPU UUID
-    # GPUs that gave a profiling value on this connection: DCGM is their occupancy
-    # source, also in a cycle where their values are blank
-    profiled: set[str] = field(default_factory=set)
+    reads: int = 0  # reads on this connection (DcgmSnapshot.settled)
     group: Any = None
     field_group: Any = None
     profiling_error: str | None = None
@@ -179,10 +185,17 @@ class DcgmSource(Source):
         update_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         backoff: Backoff | None = None,
+        read_deadline_s: float = 1.0,
     ) -> None:
         if update_interval_s <= 0:
             raise ValueError(f"update_interval_s must be > 0, got {update_interval_s}")
         self._mode = mode
+        # A cycle waits at most this long for DCGM: connecting (each absent host engine of
+        # auto costs its connect timeout) and reading run on a worker thread, one at a
+        # time; one still running leaves DCGM's part of this cycle unknown.
+        self._read_deadline_s = read_deadline_s
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: concurrent.futures.Future[DcgmSnapshot] | None = None
         self._last: DcgmSnapshot | None = None
         self._seen_up = False
         self._errors_total = 0
@@ -196,6 +209,10 @@ class DcgmSource(Source):
         self._conn: _Connection | None = None
         self._error: str | None = None
         self._ever_connected = False
+        # GPUs that gave a profiling value: DCGM is their occupancy source, also in a cycle
+        # whose values are blank or while the host engine is down; kept across reconnects
+        # and narrowed to the GPUs of each new connection (so bounded by the node's GPUs)
+        self._profiled: set[str] = set()
         self._lock = threading.Lock()  # DCGM connection set-up/tear-down is not thread safe
         # Set by close() without the lock, so a connect sequence in flight (each absent
         # host engine costs its connect timeout) stops after its current attempt.
@@ -233,8 +250,16 @@ class DcgmSource(Source):
         """Disconnect (or stop the embedded engine); waits at most for one connect
         attempt in flight, which then ends the sequence (shutdown must be prompt)."""
         self._closing.set()
-        with self._lock:
-            self._disconnect()
+        if self._worker is not None:
+            self._worker.shutdown(wait=False, cancel_futures=True)
+        # A DCGM call that never returns holds the lock: shutdown does not wait on it.
+        if self._lock.acquire(timeout=CLOSE_WAIT_S):
+            try:
+                self._disconnect()
+            finally:
+                self._lock.release()
+        else:
+            log.warning("DCGM busy after %.0f s at shutdown; not waiting for it", CLOSE_WAIT_S)
 
     def _open(self) -> bool:
         if self._conn is not None:
@@ -258,6 +283,7 @@ class DcgmSource(Source):
         self._backoff.reset()
         self._error = None
         self._ever_connected = True
+        self._profiled &= set(self._conn.uuids.values())
         log.info(
             "DCGM connected via %s: %d GPU(s)%s",
             self._conn.where,
@@ -288,7 +314,7 @@ class DcgmSource(Source):
         cycle.readings.dcgm = self.read(cycle)
 
     def read(self, cycle: Cycle) -> DcgmSnapshot:
-        snapshot = self.sample()
+        snapshot = self._sample_within_deadline()
         self._last = snapshot
         self._seen_up = self._seen_up or snapshot.ok
         if not snapshot.ok and self._reported():
@@ -308,12 +334,35 @@ class DcgmSource(Source):
     def errors_total(self) -> int:
         return self._errors_total
 
+    def _sample_within_deadline(self) -> DcgmSnapshot:
+        """``sample()`` on the worker thread; what it gives within the deadline, else a
+        snapshot that says DCGM is still busy (its result is taken by the next cycle)."""
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dcgm")
+        if self._in_flight is None:
+            self._in_flight = self._worker.submit(self.sample)
+        try:
+            snapshot = self._in_flight.result(timeout=self._read_deadline_s)
+        except concurrent.futures.TimeoutError:
+            return DcgmSnapshot(
+                ok=False,
+                timestamp=time.time(),
+                error=f"DCGM busy: no answer within {self._read_deadline_s:g} s "
+                f"(connecting or reading; {self._error or 'no error yet'})",
+                profiled=tuple(sorted(self._profiled)),
+                settled=False,
+            )
+        finally:
+            if self._in_flight is not None and self._in_flight.done():
+                self._in_flight = None
+        return snapshot
+
     def sample(self) -> DcgmSnapshot:
         """One blocking read of every GPU's profiling fields and the health watches."""
         started = time.time()
         with self._lock:
             if self._conn is None and (self._clock() < self._retry_at or not self._open()):
-                return DcgmSnapshot(ok=False, timestamp=started, error=self._error)
+                return self._down(started)
             conn = self._conn
             assert conn is not None and self._bindings is not None
             try:
@@ -321,9 +370,23 @@ class DcgmSource(Source):
             except Exception as exc:
                 self._disconnect()
                 self._failed(f"DCGM via {conn.where} failed: {_describe(exc)}")
-                return DcgmSnapshot(ok=False, timestamp=started, error=self._error)
+                return self._down(started)
+
+    def _down(self, started: float) -> DcgmSnapshot:
+        """DCGM not answering. Under ``auto``, never having reached it settles that the
+        node has none; a named host engine that is down, or one that answered before,
+        leaves the GPUs it has not profiled unknown (not "none")."""
+        settled = self._mode.kind == "auto" and not self._ever_connected
+        return DcgmSnapshot(
+            ok=False,
+            timestamp=started,
+            error=self._error,
+            profiled=tuple(sorted(self._profiled)),
+            settled=settled,
+        )
 
     def _read(self, b: _Bindings, conn: _Connection, started: float) -> DcgmSnapshot:
+        conn.reads += 1
         notes = [e for e in (conn.profiling_error, conn.health_error) if e]
         occupancy: tuple[tuple[str, Occupancy], ...] = ()
         incidents: tuple[DcgmHealthIncident, ...] = ()
@@ -347,7 +410,8 @@ class DcgmSource(Source):
             timestamp=started,
             error="; ".join(notes) or None,
             occupancy=occupancy,
-            profiled=tuple(sorted(conn.profiled)),
+            profiled=tuple(sorted(self._profiled)),
+            settled=conn.reads >= SETTLE_READS or conn.profiling_error is not None,
             incidents=incidents,
             health=health,
         )
@@ -363,7 +427,7 @@ class DcgmSource(Source):
             }
             if any(v is not None for v in ratios.values()):
                 found.append((uuid, Occupancy(source="dcgm", **ratios)))
-                conn.profiled.add(uuid)
+                self._profiled.add(uuid)
         return tuple(found)
 
     def _health(

@@ -76,27 +76,43 @@ client of the host engine's own major version. No version: the newest Operator's
 {{- end -}}
 
 {{- /* The init container's script (POSIX sh): the bindings' directory (pydcgm.py) and
-libdcgm (DCGM 4: libdcgm.so.4, DCGM 3: libdcgm.so.3, symlinks followed) into $OUT. A
-DCGM image without them leaves the volume empty and says so: the exporter runs on, its
-DCGM source reports the bindings missing, and gpu_occupancy_source says none. */ -}}
+libdcgm (DCGM 4: libdcgm.so.4, DCGM 3: libdcgm.so.3, symlinks followed) into $OUT. It never
+fails the pod (DCGM is optional): an image without them, or a copy that fails, leaves
+the volume empty and says so, and the exporter runs on with its DCGM source reporting the
+bindings missing. Each run starts from an empty volume and copies into a staging
+directory moved into place whole, so a rerun (the init container runs again when the pod
+sandbox is recreated, the emptyDir kept) never trips on its own read-only leftovers; the
+copy is made readable to any user and writable by its owner. */ -}}
 {{- define "gpu-occupancy-exporter.dcgmCopyScript" -}}
-set -eu
+set -u
+clear() { chmod -R u+w "$OUT" 2>/dev/null; rm -rf "$OUT/bindings" "$OUT/lib" "$OUT/.staging"; }
 src=""
 for d in $BINDINGS_DIRS; do
-  if [ -f "$d/pydcgm.py" ]; then src="$d"; break; fi
+  if [ -z "$src" ] && [ -f "$d/pydcgm.py" ]; then src="$d"; fi
 done
 lib=""
 for d in $LIBRARY_DIRS; do
   for n in libdcgm.so.4 libdcgm.so.3; do
-    if [ -z "$lib" ] && [ -e "$d/$n" ]; then lib="$d/$n"; fi
+    if [ -z "$lib" ] && [ -f "$d/$n" ]; then lib="$d/$n"; fi
   done
 done
+clear
 if [ -z "$src" ] || [ -z "$lib" ]; then
   echo "dcgm-bindings: no pydcgm.py in [$BINDINGS_DIRS] or no libdcgm.so.4/.so.3 in [$LIBRARY_DIRS] of this image: DCGM stays unavailable to the exporter; set dcgm.bindingsImage.bindingsDir/libraryDir, or dcgm.mode=off" >&2
   exit 0
 fi
-mkdir -p "$OUT/bindings" "$OUT/lib"
-cp -R "$src/." "$OUT/bindings/"
-cp -L "$lib" "$OUT/lib/"
-echo "dcgm-bindings: copied $src and $lib"
+stage="$OUT/.staging"
+if mkdir -p "$stage/bindings" "$stage/lib" \
+  && cp -R "$src/." "$stage/bindings/" \
+  && cp -L "$lib" "$stage/lib/" \
+  && chmod -R u+w,a+rX "$stage" \
+  && mv "$stage/bindings" "$OUT/bindings" \
+  && mv "$stage/lib" "$OUT/lib"; then
+  rmdir "$stage"
+  echo "dcgm-bindings: copied $src and $lib"
+else
+  clear
+  echo "dcgm-bindings: copying $src and $lib failed (above): DCGM stays unavailable to the exporter" >&2
+fi
+exit 0
 {{- end -}}
