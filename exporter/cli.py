@@ -56,7 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.snapshot:
             return asyncio.run(take_snapshot(config, scenario))
         if config.doctor:
-            return asyncio.run(doctor(config, scenario))
+            try:
+                return asyncio.run(doctor(config, scenario))
+            except KeyboardInterrupt:
+                return 130  # interrupted: no report, and not "nothing missing"
         asyncio.run(serve(config, scenario))
     except ConfigError as exc:
         fail(str(exc))
@@ -169,15 +172,29 @@ async def doctor(config: Config, scenario: Scenario | None) -> int:
     from exporter.doctor.run import run_checks
 
     sim = None
-    if scenario is not None:
-        config, sim = await _simulated(config, scenario)
-    try:
-        checks = await run_checks(config, config.doctor_timeout_s)
-    finally:
-        if sim is not None:
-            await sim.stop()
-    sys.stdout.write((doctor_json if config.doctor_json else doctor_text)(checks))
+    # What the checks run in-process (DCGM's bindings, a kubeconfig plugin) may print:
+    # it goes to stderr, so that stdout holds the report alone (--json stays JSON).
     sys.stdout.flush()
+    report = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        if scenario is not None:
+            config, sim = await _simulated(config, scenario)
+        try:
+            checks = await run_checks(config, config.doctor_timeout_s)
+        finally:
+            if sim is not None:
+                await sim.stop()
+    finally:
+        sys.stdout.flush()
+        os.dup2(report, 1)
+        os.close(report)
+    text = (doctor_json if config.doctor_json else doctor_text)(checks)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        fail(f"doctor: cannot write the report to standard output: {exc.strerror or exc}")
     return exit_status(checks)
 
 

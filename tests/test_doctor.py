@@ -499,3 +499,199 @@ def test_doctor_help_names_json_and_the_exporter_flags() -> None:
     assert result.returncode == 0
     for flag in ("--json", "--timeout", "--web-config-file", "--node-condition", "--proc-root"):
         assert flag in result.stdout
+
+
+# -- helper-40's attack: what it broke, held -------------------------------------------
+
+
+class _ApiServer:
+    """A small HTTP API server: pods of the node listed at once, access reviews answered
+    after ``delay_s`` with ``allowed`` (any JSON value)."""
+
+    def __init__(self, *, delay_s: float, allowed: object) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": []})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                time.sleep(outer.delay_s)
+                status = {"allowed": outer.allowed, "reason": "test server"}
+                self._send(201, {"kind": "SelfSubjectAccessReview", "status": status})
+
+        self.delay_s = delay_s
+        self.allowed = allowed
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, path: Path) -> Path:
+        port = self.server.server_address[1]
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                    "current-context": "x",
+                }
+            )
+        )
+        return path
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_slow_denying_reviews_past_the_budget_still_fail_the_run(tmp_path: Path) -> None:
+    """Reviews that take most of --timeout each: the kube checks overrun their budget.
+    The denials already answered stand (the writes these flags make are asked first) and
+    every RBAC check still appears, those not reached as "cannot tell"."""
+    api = _ApiServer(delay_s=0.7 * TIMEOUT_S, allowed=False)
+    try:
+        async with node() as (config, _):
+            checks = await doctor(replace(config, kubeconfig=str(api.kubeconfig(tmp_path / "k"))))
+    finally:
+        api.close()
+    names = {"rbac.events", "rbac.node_status", "rbac.device_taint_rules", "rbac.lease"}
+    assert names <= set(checks)
+    assert verdict(checks, "rbac.events") == "missing"  # the default write, denied
+    assert verdict(checks, "kube_api") == "ok"  # the pods were listed
+    assert exit_status(list(checks.values())) == 1
+
+
+async def test_a_review_whose_allowed_is_not_a_boolean_is_cannot_tell(tmp_path: Path) -> None:
+    api = _ApiServer(delay_s=0.0, allowed="yes")
+    try:
+        async with node() as (config, _):
+            checks = await doctor(replace(config, kubeconfig=str(api.kubeconfig(tmp_path / "k"))))
+    finally:
+        api.close()
+    assert verdict(checks, "rbac.events") == "degraded"
+    assert "cannot tell" in checks["rbac.events"].detail
+
+
+def fake_proc(root: Path, pid2_stat: str, uptime: str | None = "100.0 50.0\n") -> Path:
+    (root / "1").mkdir(parents=True)
+    (root / "1" / "stat").write_text("1 (systemd) S 0 1 1 0 -1 4194560 0\n")
+    (root / "2").mkdir()
+    (root / "2" / "stat").write_text(pid2_stat)
+    if uptime is not None:
+        (root / "uptime").write_text(uptime)
+    return root
+
+
+@pytest.mark.parametrize("stat", ["garbage", "", "2 kthreadd S"])
+async def test_proc_is_ok_only_when_pid_2_reads_as_kthreadd(tmp_path: Path, stat: str) -> None:
+    proc = fake_proc(tmp_path / "proc", stat)
+    async with node() as (config, _):
+        checks = await doctor(replace(config, proc_root=proc))
+    assert verdict(checks, "proc") == "degraded"
+    assert "cannot tell" in checks["proc"].detail
+
+
+async def test_a_kernel_log_that_gives_no_record_is_not_ok(tmp_path: Path) -> None:
+    empty = tmp_path / "kmsg"
+    empty.write_bytes(b"")
+    async with node() as (config, _):
+        checks = await doctor(replace(config, kmsg_path=empty))
+    assert verdict(checks, "kmsg") == "degraded"
+    assert "gave no record" in checks["kmsg"].detail
+
+
+@pytest.mark.parametrize("uptime", ["nan inf\n", "1" * 10_000, None])
+async def test_an_uptime_that_is_not_procs_is_not_evidence(
+    tmp_path: Path, uptime: str | None
+) -> None:
+    """A NaN, an endless file (a symlink to /dev/zero, refused: O_NOFOLLOW), a huge one:
+    no boot time, so the kernel log's backlog cannot be dated; read at most 64 bytes."""
+    proc = tmp_path / "proc"
+    async with node() as (config, _):
+        real = config.proc_root
+        fake = fake_proc(proc, (real / "2" / "stat").read_text(), uptime)
+        if uptime is None:
+            (fake / "uptime").symlink_to("/dev/zero")
+        checks = await doctor(replace(config, proc_root=fake))
+    assert verdict(checks, "kmsg") == "degraded"
+    assert "uptime" in checks["kmsg"].detail
+
+
+def _bindings(tmp_path: Path, source: str) -> Path:
+    """DCGM bindings whose pydcgm runs ``source`` at import, the rest the stand-in's."""
+    import shutil
+
+    out = tmp_path / "bindings"
+    shutil.copytree(FAKE_BINDINGS, out, ignore=shutil.ignore_patterns("__pycache__"))
+    future = "from __future__ import annotations\n"
+    head, _, rest = (out / "pydcgm.py").read_text().partition(future)
+    (out / "pydcgm.py").write_text(head + future + source + "\n" + rest)
+    return out
+
+
+def test_bindings_that_print_leave_the_json_report_intact(tmp_path: Path) -> None:
+    bindings = _bindings(tmp_path, "print('DCGM banner: hello')")
+    result = run_doctor(
+        "--simulate",
+        "single-gpu",
+        "--json",
+        "--dcgm",
+        "auto",
+        "--dcgm-bindings-path",
+        str(bindings),
+    )
+    report = json.loads(result.stdout)  # stdout is the report alone
+    assert {c["name"] for c in report["checks"]} >= {"dcgm", "nvml"}
+    assert "DCGM banner: hello" in result.stderr
+
+
+def test_bindings_that_exit_fail_their_check_not_the_report(tmp_path: Path) -> None:
+    bindings = _bindings(tmp_path, "import sys\nsys.exit(0)")
+    result = run_doctor(
+        "--simulate",
+        "single-gpu",
+        "--json",
+        "--dcgm",
+        "auto",
+        "--dcgm-bindings-path",
+        str(bindings),
+    )
+    report = json.loads(result.stdout)
+    dcgm = next(c for c in report["checks"] if c["name"] == "dcgm")
+    assert dcgm["verdict"] == "degraded" and "SystemExit" in dcgm["detail"]
+    assert result.returncode == 0  # nothing missing: DCGM is optional
+
+
+def test_a_web_config_that_is_a_directory_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from exporter.exposition.web_config import WebConfigError, read_bounded
+
+    with pytest.raises(WebConfigError, match="not a regular file"):
+        read_bounded(tmp_path, 1024, "a YAML file", "")
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "exporter", "--simulate", "single-gpu"),
+            *("--web-config-file", str(tmp_path), "--listen", "127.0.0.1:0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "not a regular file" in result.stderr

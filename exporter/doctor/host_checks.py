@@ -17,7 +17,7 @@ from exporter.model import PodResourcesSnapshot
 from exporter.sources.cgroups import Layout, find_layout
 from exporter.sources.kmsg import boot_epoch, parse_kmsg_record
 from exporter.sources.podresources.client import PodResourcesClient
-from exporter.sources.procfs import host_view_problem
+from exporter.sources.procfs import host_view_problem, shows_host_kthreadd
 
 SOCKET_FIX = (
     "mount the kubelet's pod-resources directory (chart podResources.hostPath; "
@@ -91,6 +91,13 @@ def check_proc(proc_root: Path) -> Check:
     problem = host_view_problem(proc_root)
     if problem is not None:
         return missing("proc", problem, PROC_FIX)
+    if not shows_host_kthreadd(proc_root):
+        return degraded(
+            "proc",
+            f"cannot tell whether {proc_root} is the host's /proc: pid 2's stat could not "
+            "be read or parsed as kthreadd's",
+            PROC_FIX,
+        )
     return ok("proc", f"{proc_root} is the host's /proc (pid 1, pid 2 is kthreadd)")
 
 
@@ -179,7 +186,13 @@ def check_kmsg(path: Path, proc_root: Path, enabled: bool) -> Check:
     finally:
         os.close(fd)
     first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
-    if head and parse_kmsg_record(first) is None:
+    if not head:  # a fresh open of /dev/kmsg reads its oldest record: nothing is no evidence
+        return degraded(
+            "kmsg",
+            f"{path} gave no record: cannot tell it is the kernel log{flag}",
+            "point --kmsg-path at /dev/kmsg (chart kmsg.enabled)",
+        )
+    if parse_kmsg_record(first) is None:
         return degraded(
             "kmsg", f"{path} is not in /dev/kmsg's record format", "point --kmsg-path at /dev/kmsg"
         )

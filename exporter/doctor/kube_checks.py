@@ -120,8 +120,18 @@ def writes(config: Config) -> list[tuple[Write, bool]]:
     ]
 
 
-def check_kube(config: Config, timeout_s: float) -> KubeFindings:
-    """Blocking: each request has ``timeout_s`` (the client cuts it then)."""
+# The Kubernetes checks' whole budget, in --timeout units: one pod list and the access
+# reviews (one per verb of each write; the writes these flags make are asked first).
+BUDGET_TIMEOUTS = 6
+
+
+def check_kube(
+    config: Config, timeout_s: float, progress: list[Check] | None = None
+) -> KubeFindings:
+    """Blocking: each request has ``timeout_s`` (the client cuts it then). Each check is
+    appended to ``progress`` as soon as it is made, so a caller whose deadline passes
+    keeps the finished ones."""
+    progress = [] if progress is None else progress
     if config.kube_api == "off":
         off = degraded(
             "kube_api",
@@ -149,15 +159,17 @@ def check_kube(config: Config, timeout_s: float) -> KubeFindings:
                     [
                         degraded("kube_api", f"not reachable: {exc.reason}", API_FIX),
                         *(
-                            _unknown(w, sent, "the API is not reachable")
+                            unknown(w, sent, "the API is not reachable")
                             for w, sent in writes(config)
                         ),
                     ],
                     None,
                 )
-        checks = [api]
-        for write, sent in writes(config):
-            checks.append(_review(client, write, sent))
+        progress.append(api)
+        for write, sent in sorted(writes(config), key=lambda ws: not ws[1]):
+            progress.append(_review(client, write, sent))
+        order = {w.name: i for i, (w, _) in enumerate(writes(config))}
+        checks = [api, *sorted(progress[1:], key=lambda c: order.get(c.name, 0))]
         return KubeFindings(checks, pods)
     finally:
         client.close()
@@ -169,7 +181,7 @@ def _review(client: KubeWriteClient, write: Write, sent: bool) -> Check:
         try:
             allowed, reason = client.access_review(attributes)
         except KubeWriteError as exc:
-            return _unknown(write, sent, f"SelfSubjectAccessReview failed: {exc.reason}")
+            return unknown(write, sent, f"SelfSubjectAccessReview failed: {exc.reason}")
         if not allowed:
             denied.append(attributes["verb"] + (f" ({reason})" if reason else ""))
     if not denied:
@@ -187,7 +199,7 @@ def _review(client: KubeWriteClient, write: Write, sent: bool) -> Check:
     )
 
 
-def _unknown(write: Write, sent: bool, why: str) -> Check:
+def unknown(write: Write, sent: bool, why: str) -> Check:
     if not sent:
         return _not_made(write, f"{write.enabled_by} off")
     return degraded(write.name, f"cannot tell: {why}", API_FIX)

@@ -26,6 +26,12 @@ class TimedOut(Exception):
     pass
 
 
+class Aborted(Exception):
+    """A check raised SystemExit, KeyboardInterrupt or another BaseException (code it
+    ran in-process, e.g. DCGM's bindings, called sys.exit): that check failed, the rest
+    and the report stand."""
+
+
 async def in_thread(fn: Callable[[], T], timeout_s: float, name: str) -> T:
     """``fn()`` in a daemon thread; ``TimedOut`` after ``timeout_s`` (the thread is left
     to finish or not: it holds no lock the rest needs)."""
@@ -43,8 +49,11 @@ async def in_thread(fn: Callable[[], T], timeout_s: float, name: str) -> T:
     def work() -> None:
         try:
             result = fn()
-        except BaseException as exc:  # handed to the awaiting task, never lost
+        except Exception as exc:  # handed to the awaiting task, never lost
             loop.call_soon_threadsafe(settle, None, exc)
+        except BaseException as exc:
+            aborted = Aborted(f"{type(exc).__name__} raised inside the check ({exc!r})")
+            loop.call_soon_threadsafe(settle, None, aborted)
         else:
             loop.call_soon_threadsafe(settle, result, None)
 
@@ -77,7 +86,12 @@ async def run_checks(config: Config, timeout_s: float = DEFAULT_TIMEOUT_S) -> li
         ),
         timeout_s * 2 + 1.0,  # two calls, each with timeout_s
     )
-    kube_task = in_thread(lambda: kube_checks.check_kube(config, timeout_s), timeout_s * 6, "kube")
+    kube_done: list[Check] = []  # filled as the kube check goes: kept if it overruns
+    kube_task = in_thread(
+        lambda: kube_checks.check_kube(config, timeout_s, kube_done),
+        timeout_s * kube_checks.BUDGET_TIMEOUTS,
+        "kube",
+    )
     proc_task = in_thread(lambda: host_checks.check_proc(config.proc_root), timeout_s, "proc")
     cgroup_task = in_thread(
         lambda: host_checks.check_cgroups(config.cgroup_root, config.proc_root), timeout_s, "cgroup"
@@ -120,10 +134,22 @@ async def run_checks(config: Config, timeout_s: float = DEFAULT_TIMEOUT_S) -> li
         answer = pods
         checks.extend(host_checks.pod_resources_checks(pods))
     pod_list = None
+    kube_rest: list[Check] = []
     if isinstance(kube, BaseException):
-        checks.append(_failed("kube_api", "degraded", kube, kube_checks.API_FIX))
+        # what finished stands; every check not reached says it cannot tell, none is lost
+        done = list(kube_done)
+        names = {c.name for c in done}
+        if "kube_api" not in names:
+            kube_rest.append(_failed("kube_api", "degraded", kube, kube_checks.API_FIX))
+        why = f"the Kubernetes checks did not finish: {kube}"
+        kube_rest += done + [
+            kube_checks.unknown(write, sent, why)
+            for write, sent in kube_checks.writes(config)
+            if write.name not in names
+        ]
     else:
         pod_list = kube.pods
+        kube_rest = kube.checks
     checks.append(kube_checks.dra_check(pod_list, answer, config.dra_drivers))
     checks.append(
         proc if isinstance(proc, Check) else _failed("proc", "missing", proc, host_checks.PROC_FIX)
@@ -135,8 +161,7 @@ async def run_checks(config: Config, timeout_s: float = DEFAULT_TIMEOUT_S) -> li
     checks.append(
         kmsg if isinstance(kmsg, Check) else _failed("kmsg", "degraded", kmsg, host_checks.KMSG_FIX)
     )
-    if not isinstance(kube, BaseException):
-        checks.extend(kube.checks)
+    checks.extend(kube_rest)
     checks.append(
         web
         if isinstance(web, Check)

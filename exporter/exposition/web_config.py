@@ -200,9 +200,10 @@ def read_bounded(path: Path, limit: int, kind: str, too_big: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise WebConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
+        os.close(fd)
+        raise WebConfigError(f"{path}: not a regular file; give the path of {kind}")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise WebConfigError(f"{path}: not a regular file; give the path of {kind}")
         try:
             data = f.read(limit + 1)
         except OSError as exc:

@@ -254,8 +254,11 @@ class KubeWriteClient:
         status = answer.get("status") if isinstance(answer, Mapping) else None
         if not isinstance(status, Mapping):
             raise KubeWriteError(None, "access review: the answer has no status")
+        allowed = status.get("allowed")
+        if not isinstance(allowed, bool):  # not an answer either way
+            raise KubeWriteError(None, f"access review: status.allowed is {allowed!r}")
         reason = str(status.get("reason") or status.get("evaluationError") or "")
-        return status.get("allowed") is True, one_line(reason)
+        return allowed, one_line(reason)
 
     def node_pods(self, node: str, limit: int = 200) -> list[dict[str, Any]]:
         """One page of the pods bound to ``node`` (the pod watch's own selector)."""

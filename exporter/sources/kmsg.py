@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import re
 import select
@@ -56,6 +57,7 @@ from typing import ClassVar
 from exporter.model import SourceName, XidEvent
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle
+from exporter.sources.procfs import read_file_start
 from exporter.sources.threaded import ThreadedSource
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,10 @@ def parse_xid_attribution(msg: str) -> tuple[int | None, int | None]:
     return (int(gi.group(1)) if gi else None, int(ci.group(1)) if ci else None)
 
 
+UPTIME_MAX_BYTES = 64
+MAX_UPTIME_S = 100 * 365 * 86400.0  # a longer uptime is no clock's
+
+
 def boot_epoch(proc_root: str | Path, now: float) -> float | None:
     """Epoch seconds of boot: ``now`` minus ``<proc-root>/uptime``.
 
@@ -117,9 +123,12 @@ def boot_epoch(proc_root: str | Path, now: float) -> float | None:
     of /proc/uptime -- but it is boot on CLOCK_BOOTTIME, not on printk's clock (module
     docstring): only records that did not arrive live are stamped through it.
     """
-    try:
-        uptime = float(Path(proc_root, "uptime").read_text(encoding="ascii").split()[0])
-    except (OSError, ValueError, IndexError):
+    try:  # "12345.67 54321.00\n": a few dozen bytes; a longer file is not /proc's
+        text = read_file_start(Path(proc_root, "uptime"), UPTIME_MAX_BYTES)
+        uptime = float(text.decode("ascii").split()[0])
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if not math.isfinite(uptime) or not 0 <= uptime < MAX_UPTIME_S:
         return None
     return now - uptime
 

@@ -438,6 +438,14 @@ def host_view_problem(proc_root: Path) -> str | None:
     return None
 
 
+def shows_host_kthreadd(proc_root: Path) -> bool:
+    """Positive evidence of the host's /proc: pid 2's stat reads as ``kthreadd`` with
+    parent 0 (``host_view_problem`` fails only on evidence against; this is the
+    evidence for, which a report of "ok" needs)."""
+    spawner = _read_text(proc_root / "2" / "stat")
+    return isinstance(spawner, str) and _comm_and_ppid(spawner) == (_KTHREADD, "0")
+
+
 def _comm_and_ppid(stat: str) -> tuple[str, str] | None:
     """``(comm, ppid)`` from a ``stat`` in the kernel's format, else None."""
     comm, state = _parse_stat(stat)
