@@ -508,7 +508,7 @@ class _ApiServer:
     """A small HTTP API server: pods of the node listed at once, access reviews answered
     after ``delay_s`` with ``allowed`` (any JSON value)."""
 
-    def __init__(self, *, delay_s: float, allowed: object) -> None:
+    def __init__(self, *, delay_s: float, allowed: object, more_pods: bool = False) -> None:
         import http.server
         import threading
 
@@ -527,7 +527,11 @@ class _ApiServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                self._send(200, {"kind": "PodList", "apiVersion": "v1", "items": []})
+                page: dict[str, Any] = {"kind": "PodList", "apiVersion": "v1", "items": []}
+                if outer.more_pods:
+                    page["items"] = [{"metadata": {"namespace": "a", "name": "p"}, "spec": {}}]
+                    page["metadata"] = {"continue": "next-page-token"}
+                self._send(200, page)
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -537,6 +541,7 @@ class _ApiServer:
 
         self.delay_s = delay_s
         self.allowed = allowed
+        self.more_pods = more_pods
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -695,3 +700,16 @@ def test_a_web_config_that_is_a_directory_is_one_line_not_a_traceback(tmp_path: 
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "not a regular file" in result.stderr
+
+
+async def test_a_first_page_without_claims_cannot_clear_dra(tmp_path: Path) -> None:
+    """More pods than one page: no claim among those read proves nothing (helper-40)."""
+    api = _ApiServer(delay_s=0.0, allowed=True, more_pods=True)
+    try:
+        async with node() as (config, _):
+            checks = await doctor(replace(config, kubeconfig=str(api.kubeconfig(tmp_path / "k"))))
+    finally:
+        api.close()
+    assert "more exist" in checks["kube_api"].detail
+    assert verdict(checks, "podresources.dra") == "degraded"
+    assert "cannot tell" in checks["podresources.dra"].detail

@@ -38,6 +38,7 @@ class Write:
 class KubeFindings:
     checks: list[Check]
     pods: list[dict[str, Any]] | None  # this node's pods; None: not read
+    complete: bool = True  # False: only the first page of them was read
 
 
 def writes(config: Config) -> list[tuple[Write, bool]]:
@@ -145,9 +146,9 @@ def check_kube(
     client = KubeWriteClient(config.kubeconfig, deadline_s=timeout_s)
     try:
         try:
-            pods: list[dict[str, Any]] | None = client.node_pods(config.node_name)
-            assert pods is not None
-            api = ok("kube_api", f"pods of node {config.node_name} listed: {len(pods)}")
+            pods, complete = client.node_pods(config.node_name)
+            more = "" if complete else " (the first page; more exist)"
+            api = ok("kube_api", f"pods of node {config.node_name} listed: {len(pods)}{more}")
         except KubeWriteError as exc:
             pods = None
             if exc.status == 403:
@@ -170,7 +171,7 @@ def check_kube(
             progress.append(_review(client, write, sent))
         order = {w.name: i for i, (w, _) in enumerate(writes(config))}
         checks = [api, *sorted(progress[1:], key=lambda c: order.get(c.name, 0))]
-        return KubeFindings(checks, pods)
+        return KubeFindings(checks, pods, complete)
     finally:
         client.close()
 
@@ -210,7 +211,10 @@ def _not_made(write: Write, why: str) -> Check:
 
 
 def dra_check(
-    pods: list[dict[str, Any]] | None, answer: PodResourcesSnapshot | None, drivers: tuple[str, ...]
+    pods: list[dict[str, Any]] | None,
+    answer: PodResourcesSnapshot | None,
+    drivers: tuple[str, ...],
+    complete: bool = True,
 ) -> Check:
     """Does the kubelet report the DRA claims of this node's pods (``dynamic_resources``
     in its PodResources answer)?"""
@@ -234,6 +238,13 @@ def dra_check(
         and isinstance(p.get("spec"), dict)
         and p["spec"].get("resourceClaims")
     }
+    if not claimants and not complete:
+        return degraded(
+            name,
+            f"cannot tell: no resource claim among the first {len(pods)} pods read, and "
+            "the node has more",
+            fix,
+        )
     if not claimants:
         return ok(name, "no pod on this node has a resource claim: DRA not in use here")
     unreported = sorted(claimants - answer.claims_reported)

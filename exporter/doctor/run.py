@@ -134,6 +134,7 @@ async def run_checks(config: Config, timeout_s: float = DEFAULT_TIMEOUT_S) -> li
         answer = pods
         checks.extend(host_checks.pod_resources_checks(pods))
     pod_list = None
+    complete = True
     kube_rest: list[Check] = []
     if isinstance(kube, BaseException):
         # what finished stands; every check not reached says it cannot tell, none is lost
@@ -149,8 +150,9 @@ async def run_checks(config: Config, timeout_s: float = DEFAULT_TIMEOUT_S) -> li
         ]
     else:
         pod_list = kube.pods
+        complete = kube.complete
         kube_rest = kube.checks
-    checks.append(kube_checks.dra_check(pod_list, answer, config.dra_drivers))
+    checks.append(kube_checks.dra_check(pod_list, answer, config.dra_drivers, complete))
     checks.append(
         proc if isinstance(proc, Check) else _failed("proc", "missing", proc, host_checks.PROC_FIX)
     )

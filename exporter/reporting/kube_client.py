@@ -260,8 +260,9 @@ class KubeWriteClient:
         reason = str(status.get("reason") or status.get("evaluationError") or "")
         return allowed, one_line(reason)
 
-    def node_pods(self, node: str, limit: int = 200) -> list[dict[str, Any]]:
-        """One page of the pods bound to ``node`` (the pod watch's own selector)."""
+    def node_pods(self, node: str, limit: int = 200) -> tuple[list[dict[str, Any]], bool]:
+        """One page of the pods bound to ``node`` (the pod watch's own selector), and
+        whether it is all of them (no ``metadata.continue`` token)."""
         answer = self._request(
             "GET",
             "/api/v1/pods",
@@ -270,7 +271,9 @@ class KubeWriteClient:
             what=f"list pods on node {node}",
         )
         items = answer.get("items") if isinstance(answer, Mapping) else None
-        return [dict(i) for i in items or () if isinstance(i, Mapping)]
+        meta = answer.get("metadata") if isinstance(answer, Mapping) else None
+        more = isinstance(meta, Mapping) and bool(meta.get("continue"))
+        return [dict(i) for i in items or () if isinstance(i, Mapping)], not more
 
     # coordination.k8s.io/v1 Leases: the node's writer lease (exporter/reporting/lease.py)
 
