@@ -651,34 +651,23 @@ def _bindings(tmp_path: Path, source: str) -> Path:
     return out
 
 
-def test_bindings_that_print_leave_the_json_report_intact(tmp_path: Path) -> None:
-    bindings = _bindings(tmp_path, "print('DCGM banner: hello')")
+def doctor_with_bindings(bindings: Path) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """The doctor as a command on single-gpu with these bindings: its run, its report."""
     result = run_doctor(
-        "--simulate",
-        "single-gpu",
-        "--json",
-        "--dcgm",
-        "auto",
-        "--dcgm-bindings-path",
-        str(bindings),
+        *("--simulate", "single-gpu", "--json", "--dcgm", "auto"),
+        *("--dcgm-bindings-path", str(bindings)),
     )
-    report = json.loads(result.stdout)  # stdout is the report alone
+    return result, json.loads(result.stdout)
+
+
+def test_bindings_that_print_leave_the_json_report_intact(tmp_path: Path) -> None:
+    result, report = doctor_with_bindings(_bindings(tmp_path, "print('DCGM banner: hello')"))
     assert {c["name"] for c in report["checks"]} >= {"dcgm", "nvml"}
     assert "DCGM banner: hello" in result.stderr
 
 
 def test_bindings_that_exit_fail_their_check_not_the_report(tmp_path: Path) -> None:
-    bindings = _bindings(tmp_path, "import sys\nsys.exit(0)")
-    result = run_doctor(
-        "--simulate",
-        "single-gpu",
-        "--json",
-        "--dcgm",
-        "auto",
-        "--dcgm-bindings-path",
-        str(bindings),
-    )
-    report = json.loads(result.stdout)
+    result, report = doctor_with_bindings(_bindings(tmp_path, "import sys\nsys.exit(0)"))
     dcgm = next(c for c in report["checks"] if c["name"] == "dcgm")
     assert dcgm["verdict"] == "degraded" and "SystemExit" in dcgm["detail"]
     assert result.returncode == 0  # nothing missing: DCGM is optional

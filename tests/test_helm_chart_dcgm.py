@@ -253,11 +253,10 @@ def rendered_dcgm_flags(values: dict[str, Any], volume: Path) -> list[str]:
     return [a.replace(MOUNT, str(volume)) for a in dcgm_args(values)]
 
 
-async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The done-when of issue 41: defaults, the init script, the exporter's own DCGM path.
-    libdcgm is in no system directory of the exporter's image: only the copy reaches it."""
+def copied_and_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The init script run over a DCGM image's layout into a volume; the DCGM stand-in
+    serving the a100 scenario as the Operator's host engine, its libdcgm in no system
+    directory of the exporter's image (its loader logs where it loaded from)."""
     dcgm_image(tmp_path / "image")
     volume_dir = volume(tmp_path)
     assert run_init_script(image_values(tmp_path / "image"), volume_dir).returncode == 0
@@ -268,6 +267,15 @@ async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
     state.write_text(json.dumps(data))
     monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    return volume_dir
+
+
+async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The done-when of issue 41: defaults, the init script, the exporter's own DCGM path.
+    libdcgm is in no system directory of the exporter's image: only the copy reaches it."""
+    volume_dir = copied_and_served(tmp_path, monkeypatch)
     argv = rendered_dcgm_flags({}, volume_dir)
     assert argv[0] == "--dcgm=auto"
     async with simulated_exporter("a100", argv=argv) as h:
@@ -287,15 +295,7 @@ async def test_without_the_library_path_the_copied_bindings_find_no_libdcgm(
 ) -> None:
     """What --dcgm-library-path is for: the bindings alone look only in system
     directories (and DCGM 4 in $LD_LIBRARY_PATH), where the exporter's image has none."""
-    dcgm_image(tmp_path / "image")
-    volume_dir = volume(tmp_path)
-    assert run_init_script(image_values(tmp_path / "image"), volume_dir).returncode == 0
-    state = a100_dcgm_state(tmp_path / "dcgm.json")
-    data = json.loads(state.read_text())
-    data["library_dirs"] = [str(tmp_path / "exporter-image-usr-lib")]
-    state.write_text(json.dumps(data))
-    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
-    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    volume_dir = copied_and_served(tmp_path, monkeypatch)
     argv = [a for a in rendered_dcgm_flags({}, volume_dir) if not a.startswith("--dcgm-library")]
     async with simulated_exporter("a100", argv=argv) as h:
         await h.advance(5)
