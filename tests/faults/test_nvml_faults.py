@@ -196,7 +196,10 @@ async def test_nvml_not_supported_everywhere(record_fault: RecordFault) -> None:
             await h.advance(5)
         scrape = await h.scrape()
         bare, full = gpu_series(scrape, "0"), gpu_series(scrape, "1")
-        assert set(bare) == ALWAYS  # absent, never a zero standing in for "unsupported"
+        # absent, never a zero standing in for "unsupported"; and NVML's own word that GPM
+        # is not supported there says where its occupancy comes from: nowhere
+        assert set(bare) == ALWAYS | {"gpu_occupancy_source"}
+        assert scrape.get("gpu_occupancy_source", gpu="0", source="none") == 1
         assert scrape.get("gpu_up", gpu="0") == 1
         assert scrape.get("gpu_healthy", gpu="0") == 1
         assert scrape.get("gpu_exporter_source_up", **NVML) == 1
@@ -246,7 +249,9 @@ async def test_nvml_no_permission(record_fault: RecordFault) -> None:
             scrape = await h.scrape()
             per_cycle.append(scrape.get("gpu_exporter_errors_total", **NVML) - errors)
         shown = gpu_series(scrape, "0")
-        assert set(shown) == ALWAYS  # absent, not zero
+        # absent, not zero; GPM, refused for now, is still where its occupancy comes from
+        assert set(shown) == ALWAYS | {"gpu_occupancy_source"}
+        assert scrape.get("gpu_occupancy_source", gpu="0", source="gpm") == 1
         assert all(n > 0 for n in per_cycle)  # counted every cycle (GPM: at each retry)
         assert scrape.get("gpu_up", gpu="0") == 1 and scrape.get("gpu_healthy", gpu="0") == 1
         assert scrape.get("gpu_exporter_source_up", **NVML) == 1  # NVML itself answers
