@@ -123,3 +123,57 @@ def test_gke_autopilot_is_refused_with_the_reason_and_the_way_out() -> None:
     message = str(failed.value)
     assert "GKE Autopilot admits no privileged, hostPath or hostPID pods" in message
     assert "platform: gke" in message and "managed DCGM metrics" in message
+
+
+# -- helper-42's findings ------------------------------------------------------------
+
+ON = {"clusterPodMonitoring": {"enabled": True}}
+
+
+def test_the_network_policy_admits_gmps_collectors() -> None:
+    """GMP scrapes from its collector DaemonSet in gmp-system (prometheus-engine
+    charts/operator/templates/collector.yaml); the policy's default peer is `monitoring`."""
+    values = {"networkPolicy": {"enabled": True}, "googleManagedPrometheus": ON}
+    (policy,) = by_kind(values, "NetworkPolicy")
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gmp-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "collector"}},
+    } in peers
+    (without,) = by_kind({"networkPolicy": {"enabled": True}}, "NetworkPolicy")
+    assert len(without["spec"]["ingress"][0]["from"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("interval", "timeout", "refused"),
+    [("10s", "15s", True), ("1m30s", "1m31s", True), ("1m", "60s", False), ("1m", "500ms", False)],
+)
+def test_a_timeout_longer_than_the_interval_is_refused_as_gmp_would(
+    interval: str, timeout: str, refused: bool
+) -> None:
+    values = {"googleManagedPrometheus": {**ON, "interval": interval, "timeout": timeout}}
+    if refused:
+        with pytest.raises(helm.HelmRenderError, match="is longer than its interval"):
+            render(values)
+    else:
+        assert endpoint(values, "ClusterPodMonitoring")["timeout"] == timeout
+
+
+def test_both_kinds_at_once_are_refused() -> None:
+    both = {"podMonitoring": {"enabled": True}, "clusterPodMonitoring": {"enabled": True}}
+    with pytest.raises(helm.HelmRenderError, match="not both"):
+        render({"googleManagedPrometheus": both})
+
+
+def test_a_basic_auth_user_the_exporter_does_not_know_is_refused() -> None:
+    values = {
+        "basicAuth": {"users": {"prometheus": BCRYPT_HASH}},
+        "googleManagedPrometheus": {**ON, "basicAuth": {"username": "nobody", "secretName": "s"}},
+    }
+    with pytest.raises(helm.HelmRenderError, match=r'"nobody" is not one of basicAuth\.users'):
+        render(values)
+
+
+def test_a_year_is_no_gmp_duration() -> None:
+    with pytest.raises(helm.HelmValuesError):
+        render({"googleManagedPrometheus": {**ON, "interval": "1y"}})

@@ -32,8 +32,10 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-# Connections accepted beyond the cap and not yet closed when the fds are sampled.
-REFUSED_IN_FLIGHT = 8
+# Connections accepted beyond the cap and not yet closed when the fds are sampled: 14 seen
+# on a 2-core machine running a second test process beside this one (2026-11-29). Well
+# below the 72 more that 200 scrapers hold without the cap, which the test must still see.
+REFUSED_IN_FLIGHT = 32
 
 
 @dataclass

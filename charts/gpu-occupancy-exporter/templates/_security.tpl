@@ -175,7 +175,20 @@ podMetricsEndpoint, matching the pod. Called with (dict "monitor" VALUES "kind" 
 {{- end }}
 {{- end }}
 {{- $gmp := $v.googleManagedPrometheus }}
+{{- if and $gmp.podMonitoring.enabled $gmp.clusterPodMonitoring.enabled }}
+{{- fail "googleManagedPrometheus: enable podMonitoring or clusterPodMonitoring, not both: both would scrape every pod twice under one job (clusterPodMonitoring keeps the series' namespace label)" }}
+{{- end }}
 {{- if or $gmp.podMonitoring.enabled $gmp.clusterPodMonitoring.enabled }}
+{{- if $gmp.timeout }}
+{{- $interval := include "gpu-occupancy-exporter.durationMs" $gmp.interval | int64 }}
+{{- $timeout := include "gpu-occupancy-exporter.durationMs" $gmp.timeout | int64 }}
+{{- if gt $timeout $interval }}
+{{- fail (printf "googleManagedPrometheus.timeout %s is longer than its interval %s: GMP refuses it (timeout <= interval); shorten the timeout or leave it empty" $gmp.timeout $gmp.interval) }}
+{{- end }}
+{{- end }}
+{{- if and $gmp.basicAuth.username $v.basicAuth.users (not (hasKey $v.basicAuth.users $gmp.basicAuth.username)) }}
+{{- fail (printf "googleManagedPrometheus.basicAuth.username %q is not one of basicAuth.users: every scrape would be 401" $gmp.basicAuth.username) }}
+{{- end }}
 {{- if and $v.basicAuth.users (not $gmp.basicAuth.secretName) }}
 {{- fail "basicAuth.users is set: Google Managed Prometheus needs the password, or every scrape is 401: set googleManagedPrometheus.basicAuth.username and .secretName (a Secret with the key passwordKey)" }}
 {{- end }}
@@ -202,4 +215,16 @@ podMetricsEndpoint, matching the pod. Called with (dict "monitor" VALUES "kind" 
 {{- if and $v.priorityClassQuota.enabled (not $v.priorityClassName) }}
 {{- fail "priorityClassQuota.enabled needs priorityClassName: the quota admits pods of that priority class" }}
 {{- end }}
+{{- end }}
+
+{{/* Milliseconds in a Prometheus duration such as 1m30s (units ms, s, m, h, d, w). */}}
+{{- define "gpu-occupancy-exporter.durationMs" -}}
+{{- $ms := 0 }}
+{{- $unit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 }}
+{{- range $part := regexFindAll "[0-9]+(ms|s|m|h|d|w)" . -1 }}
+{{- $n := regexFind "^[0-9]+" $part | int64 }}
+{{- $u := trimPrefix (toString $n) $part }}
+{{- $ms = add $ms (mul $n (get $unit $u)) }}
+{{- end }}
+{{- $ms -}}
 {{- end }}
