@@ -440,6 +440,15 @@ async def test_a_slow_reader_taking_its_answer_outlives_a_flood_of_idle_connecti
             assert guard.stats.open == 8
             before = guard.stats.evicted_total
             got, expected = await slow_read(port, SLOW_READER)
+            for _ in range(4):
+                if expected != -1:
+                    break
+                # closed before a byte of the head: it came while every other connection
+                # was in the middle of an answer, so it was the one to go (by design, the
+                # newest that has nothing under way); a client tries again, and the claim
+                # here is about a reader already taking its answer
+                await asyncio.sleep(0.1)
+                got, expected = await slow_read(port, SLOW_READER)
             # the flood kept coming during the read (16 or more evicted on an idle machine;
             # 9 in a loaded fresh-clone CI run, where the attackers reconnect slower)
             assert guard.stats.evicted_total > before

@@ -9,6 +9,7 @@ call that never returns (a hung NVML) must not keep the process from exiting, an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -46,16 +47,20 @@ async def in_thread(fn: Callable[[], T], timeout_s: float, name: str) -> T:
         else:
             future.set_result(result)  # type: ignore[arg-type]
 
+    def hand_over(result: T | None, error: BaseException | None) -> None:
+        # the run may have ended (this check had timed out): then nobody waits for it
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, error)
+
     def work() -> None:
         try:
             result = fn()
         except Exception as exc:  # handed to the awaiting task, never lost
-            loop.call_soon_threadsafe(settle, None, exc)
+            hand_over(None, exc)
         except BaseException as exc:
-            aborted = Aborted(f"{type(exc).__name__} raised inside the check ({exc!r})")
-            loop.call_soon_threadsafe(settle, None, aborted)
+            hand_over(None, Aborted(f"{type(exc).__name__} raised inside the check ({exc!r})"))
         else:
-            loop.call_soon_threadsafe(settle, result, None)
+            hand_over(result, None)
 
     threading.Thread(target=work, name=f"doctor-{name}", daemon=True).start()
     try:
