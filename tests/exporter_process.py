@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,9 +28,10 @@ def usage_error(*args: str) -> tuple[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port below the kernel's ephemeral range (tests/e2e/stack.py says why)."""
+    from tests.e2e.stack import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 def start(

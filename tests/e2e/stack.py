@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import re
 import shutil
 import socket
@@ -34,11 +35,35 @@ NODE = "sim-node-e2e"
 T = TypeVar("T")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free now, for a server started a moment later. Not one the kernel hands
+    out itself (bind to 0, and every outgoing connection, take ports from the ephemeral
+    range): between this check and the server's bind, another process's connection could
+    take such a port (a fresh-clone CI run lost the exporter's port to one). Below that
+    range only another test choosing at random can collide, and then rarely."""
+    low, _ = _ephemeral_range()
+    start = 10_000 if low > 12_000 else 1_024
+    candidates = list(range(start, max(start + 1_000, low - 1)))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the old way, last
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 @dataclass(frozen=True)
