@@ -17,7 +17,7 @@ import pynvml
 
 from exporter.doctor.check import Check, degraded, missing, ok
 from exporter.model import GpuSample
-from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml import NvmlSource, process_listing_suffix
 from exporter.sources.nvml_codes import UNSUPPORTED, error_name
 from exporter.sources.nvml_listing import ProcessLister
 
@@ -229,8 +229,9 @@ def _processes(prefix: str, handle: Any, gpu: GpuSample) -> Check:
             return degraded(name, "MIG on with no readable instance: nothing to list", "")
     lister = ProcessLister()
     listed = 0
+    suffix = process_listing_suffix()  # the entry points the exporter calls
     for listing in _LISTINGS:
-        entry = listing + ("_v3" if _has(listing + "_v3") else "_v2")
+        entry = listing + suffix
         try:
             listed += len(lister.list(entry, target))
         except UNSUPPORTED:
@@ -241,15 +242,7 @@ def _processes(prefix: str, handle: Any, gpu: GpuSample) -> Check:
                 f"{entry} fails: {error_name(exc)}: no GPU process can be attributed to a pod",
                 PERMISSION_FIX,
             )
-    return ok(name, f"process listings answer ({listed} process(es) now)")
-
-
-def _has(symbol: str) -> bool:
-    try:
-        pynvml._nvmlGetFunctionPointer(symbol)
-    except pynvml.NVMLError:
-        return False
-    return True
+    return ok(name, f"process listings answer, {suffix} ({listed} process(es) now)")
 
 
 def _quietly(fn: Callable[..., object], *args: object) -> None:

@@ -740,21 +740,10 @@ class NvmlSource(Source):
         return None
 
     def _listing_suffix(self) -> str:
-        """``_v3``, or ``_v2`` where the driver's ``_v3`` is missing or writes the wider
-        struct, decided once (the driver library does not change under a process).
-
-        Drivers 535.43.02 to 535.86.05 wrote a 32-byte struct (usedGpuCcProtectedMemory
-        appended) through ``_v3``, where pynvml >= 12.535.108 reads 24 bytes. They are
-        known, as nvitop knows them, by having ``nvmlDeviceGetConfComputeMemSizeInfo``
-        but not yet ``nvmlDeviceGetRunningProcessDetailList`` (535.104.05 added it and
-        went back to 24 bytes). 535.98 and drivers before R510 lack ``_v3``.
-        """
+        """``process_listing_suffix()``, decided once (the driver library does not change
+        under a process)."""
         if self._listing is None:
-            early_r535 = _has_symbol("nvmlDeviceGetConfComputeMemSizeInfo") and not _has_symbol(
-                "nvmlDeviceGetRunningProcessDetailList"
-            )
-            v3 = _has_symbol("nvmlDeviceGetComputeRunningProcesses_v3") and not early_r535
-            self._listing = "_v3" if v3 else "_v2"
+            self._listing = process_listing_suffix()
             log.debug("NVML process listings: the %s entry points", self._listing)
         return self._listing
 
@@ -978,6 +967,23 @@ class NvmlSource(Source):
             ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
             values[key] = _gpm_ratio(get(metric, "value")) if ok else None
         return Occupancy(source="gpm", **values)
+
+
+def process_listing_suffix() -> str:
+    """``_v3``, or ``_v2`` where the loaded driver's ``_v3`` is missing or writes the wider
+    struct: the process listing entry points to call (also what ``doctor`` checks).
+
+    Drivers 535.43.02 to 535.86.05 wrote a 32-byte struct (usedGpuCcProtectedMemory
+    appended) through ``_v3``, where pynvml >= 12.535.108 reads 24 bytes. They are
+    known, as nvitop knows them, by having ``nvmlDeviceGetConfComputeMemSizeInfo``
+    but not yet ``nvmlDeviceGetRunningProcessDetailList`` (535.104.05 added it and
+    went back to 24 bytes). 535.98 and drivers before R510 lack ``_v3``.
+    """
+    early_r535 = _has_symbol("nvmlDeviceGetConfComputeMemSizeInfo") and not _has_symbol(
+        "nvmlDeviceGetRunningProcessDetailList"
+    )
+    v3 = _has_symbol("nvmlDeviceGetComputeRunningProcesses_v3") and not early_r535
+    return "_v3" if v3 else "_v2"
 
 
 def _gpm_supported(device: _Device) -> bool | None:
