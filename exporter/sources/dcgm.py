@@ -211,8 +211,10 @@ class DcgmSource(Source):
         self._ever_connected = False
         # GPUs that gave a profiling value: DCGM is their occupancy source, also in a cycle
         # whose values are blank or while the host engine is down; kept across reconnects
-        # and narrowed to the GPUs of each new connection (so bounded by the node's GPUs)
-        self._profiled: set[str] = set()
+        # and narrowed to the GPUs of each new connection (so bounded by the node's GPUs).
+        # Replaced, never changed in place: the cycle's thread reads it while a sample on
+        # the worker thread may be adding to it.
+        self._profiled: frozenset[str] = frozenset()
         self._lock = threading.Lock()  # DCGM connection set-up/tear-down is not thread safe
         # Set by close() without the lock, so a connect sequence in flight (each absent
         # host engine costs its connect timeout) stops after its current attempt.
@@ -283,7 +285,7 @@ class DcgmSource(Source):
         self._backoff.reset()
         self._error = None
         self._ever_connected = True
-        self._profiled &= set(self._conn.uuids.values())
+        self._profiled = self._profiled & frozenset(self._conn.uuids.values())
         log.info(
             "DCGM connected via %s: %d GPU(s)%s",
             self._conn.where,
@@ -344,14 +346,11 @@ class DcgmSource(Source):
         try:
             snapshot = self._in_flight.result(timeout=self._read_deadline_s)
         except concurrent.futures.TimeoutError:
-            return DcgmSnapshot(
-                ok=False,
-                timestamp=time.time(),
-                error=f"DCGM busy: no answer within {self._read_deadline_s:g} s "
-                f"(connecting or reading; {self._error or 'no error yet'})",
-                profiled=tuple(sorted(self._profiled)),
-                settled=False,
+            busy = (
+                f"DCGM busy: no answer within {self._read_deadline_s:g} s "
+                f"(connecting or reading; {self._error or 'no error yet'})"
             )
+            return self._down(time.time(), error=busy, settled=False)
         finally:
             if self._in_flight is not None and self._in_flight.done():
                 self._in_flight = None
@@ -372,15 +371,19 @@ class DcgmSource(Source):
                 self._failed(f"DCGM via {conn.where} failed: {_describe(exc)}")
                 return self._down(started)
 
-    def _down(self, started: float) -> DcgmSnapshot:
-        """DCGM not answering. Under ``auto``, never having reached it settles that the
-        node has none; a named host engine that is down, or one that answered before,
-        leaves the GPUs it has not profiled unknown (not "none")."""
-        settled = self._mode.kind == "auto" and not self._ever_connected
+    def _down(
+        self, started: float, *, error: str | None = None, settled: bool | None = None
+    ) -> DcgmSnapshot:
+        """DCGM not answering (``error``: why, else the last failure). Under ``auto``,
+        never having reached it settles that the node has none; a named host engine that
+        is down, or one that answered before, leaves the GPUs it has not profiled unknown
+        (not "none"), as does a sample still running (``settled`` False)."""
+        if settled is None:
+            settled = self._mode.kind == "auto" and not self._ever_connected
         return DcgmSnapshot(
             ok=False,
             timestamp=started,
-            error=self._error,
+            error=error or self._error,
             profiled=tuple(sorted(self._profiled)),
             settled=settled,
         )
@@ -427,7 +430,7 @@ class DcgmSource(Source):
             }
             if any(v is not None for v in ratios.values()):
                 found.append((uuid, Occupancy(source="dcgm", **ratios)))
-                self._profiled.add(uuid)
+                self._profiled = self._profiled | {uuid}
         return tuple(found)
 
     def _health(
