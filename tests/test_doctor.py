@@ -373,24 +373,28 @@ async def test_pods_forbidden_is_degraded() -> None:
     assert "list, watch on pods" in checks["kube_api"].fix
 
 
+def write_kubeconfig(path: Path, port: int) -> Path:
+    """A kubeconfig for an API server on 127.0.0.1:``port`` over plain HTTP, a token user."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
 async def test_a_silent_api_server_is_degraded_within_the_deadline(tmp_path: Path) -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        port = silent.getsockname()[1]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", silent.getsockname()[1])
         async with node() as (config, _):
             started = time.monotonic()
             checks = await doctor(replace(config, kubeconfig=str(kubeconfig)))
@@ -546,20 +550,7 @@ class _ApiServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def kubeconfig(self, path: Path) -> Path:
-        port = self.server.server_address[1]
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
-        return path
+        return write_kubeconfig(path, self.server.server_address[1])
 
     def close(self) -> None:
         self.server.shutdown()
@@ -702,3 +693,14 @@ async def test_a_first_page_without_claims_cannot_clear_dra(tmp_path: Path) -> N
     assert "more exist" in checks["kube_api"].detail
     assert verdict(checks, "podresources.dra") == "degraded"
     assert "cannot tell" in checks["podresources.dra"].detail
+
+
+async def test_process_listing_is_checked_through_the_entry_points_the_exporter_calls() -> None:
+    """An early R535 driver has ``_v3`` listings that write a wider struct: the exporter
+    calls ``_v2`` there (sources/nvml.py, process_listing_suffix), and so does doctor."""
+    from tests.test_process_listings import R535_EARLY
+
+    async with node(R535_EARLY) as (config, _):
+        checks = await doctor(config)
+    assert verdict(checks, "gpu0.processes") == "ok"
+    assert checks["gpu0.processes"].detail == "process listings answer, _v2 (4 process(es) now)"
