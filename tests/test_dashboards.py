@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,7 @@ from tests.test_alert_rules import known_metrics, referenced_metrics, run_promto
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
 DOC = ROOT / "docs" / "dashboards.md"
+CHART_DASHBOARDS = ROOT / "charts" / "gpu-occupancy-exporter" / "files" / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "state-timeline"}
 # Grafana's own variables, replaced by durations when checking the PromQL.
@@ -106,14 +109,30 @@ def test_the_four_dashboards_exist() -> None:
 
 
 def test_committed_dashboards_match_the_generator() -> None:
+    """Every dashboard regenerated in memory, byte for byte the committed JSON and the Helm
+    chart's copy of it."""
     generator = load_generator()
     generated = generator.build_all()
     assert sorted(generated) == BOARD_IDS
+    assert sorted(p.name for p in CHART_DASHBOARDS.glob("*.json")) == BOARD_IDS
     for name, board in generated.items():
+        text = generator.render(board)
         committed = (DASHBOARDS / name).read_text(encoding="utf-8")
-        assert committed == generator.render(board), (
-            f"{name} is out of date: run python dashboards/generate.py"
-        )
+        assert committed == text, f"{name} is out of date: run python dashboards/generate.py"
+        chart_copy = (CHART_DASHBOARDS / name).read_text(encoding="utf-8")
+        assert chart_copy == text, f"the chart's {name} is out of date: run charts/sync-files.sh"
+
+
+def test_the_generator_runs_as_a_script() -> None:
+    """As the docs run it, from the repository root: its modules import each other by name."""
+    result = subprocess.run(
+        [sys.executable, "dashboards/generate.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)

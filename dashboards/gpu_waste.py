@@ -1,0 +1,315 @@
+"""GPU / Waste and chargeback (gpu-waste.json): the fleet-level GPU-hour ledger of the
+chargeback recording rules (who held GPUs, how much of it did no work and why, idle and free
+capacity per GPU model, cost where prices are set), the right-sizing rules' "Could run on"
+and energy per namespace. Filters: namespace and GPU model only."""
+
+from __future__ import annotations
+
+from grafana_dashboard import dashboard
+from grafana_panels import Json, bargauge, base_panel, field_config, stat, table, target, timeseries
+
+# The GPU-hour ledger's recording rules (alerts/gpu-occupancy-exporter.chargeback.yaml)
+# and the chart's cost rule (chargeback.pricePerGpuHour).
+HOURLY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase1h"
+DAILY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase1d"
+COST = "namespace_owner:gpu_cost:increase1d"
+WASTE_STATES = 'state=~"idle|no_process|unhealthy"'
+LEDGER_NS = 'namespace=~"$namespace"'
+MODEL = 'model=~"$model"'
+GPU_HOURS = "suffix: GPU-h"
+OWNER_LEGEND = "{{namespace}} {{owner_kind}}/{{owner_name}}"
+NO_PRICES = "No prices set (chart value chargeback.pricePerGpuHour)"
+
+
+def _no_value(panel: Json, text: str) -> Json:
+    """What the panel says instead of "No data" when its query has no series."""
+    panel["fieldConfig"]["defaults"]["noValue"] = text
+    return panel
+
+
+# The right-sizing recording rules (alerts/gpu-occupancy-exporter.rightsizing.yaml).
+SUGGESTION = "namespace_owner_model:gpu_rightsizing_suggestion:info"
+WORKLOAD = "on (namespace, owner_kind, owner_name, model)"
+
+
+def could_run_on() -> Json:
+    """One row per workload with a suggestion, and the evidence beside it: the 7-day p95s
+    it rests on and how much of the week they cover (a table of merged instant queries)."""
+    only = f"{{{LEDGER_NS}, {MODEL}}}"
+    suggested = f"{SUGGESTION}{only}"
+    evidence = [
+        ("p95 memory", "namespace_owner_model:gpu_memory_used_bytes:p95_7d", "bytes"),
+        ("p95 SM active", "namespace_owner_model:gpu_sm_active_ratio:p95_7d", "percentunit"),
+        ("observed", "namespace_owner_model:gpu_rightsizing_observed_seconds:count7d", "s"),
+    ]
+    targets = [target(suggested, instant=True, table=True)] + [
+        target(f"{name}{only} and {WORKLOAD} {suggested}", instant=True, table=True)
+        for _, name, _ in evidence
+    ]
+    panel = base_panel(
+        "table",
+        "Could run on",
+        "Workloads (owner and GPU model) holding whole GPUs that the smallest MIG profile of "
+        "their model would hold with 20 % headroom over their 7-day p95 of GPU memory and of "
+        "SM activity, or that could share a GPU by time-slicing (at most a quarter of its SMs "
+        "and half its memory). Evidence beside each: the p95s and the time of the last 7 days "
+        "they rest on. Workloads that need a whole GPU, or whose SM activity is unknown "
+        "(no GPM), are not listed. Rules: alerts/gpu-occupancy-exporter.rightsizing.yaml.",
+        targets,
+        field_config("none"),
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+            "sortBy": [{"displayName": "p95 memory", "desc": True}],
+        },
+        24,
+        8,
+    )
+    panel["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": title}, "properties": [{"id": "unit", "value": u}]}
+        for title, _, u in evidence
+    ]
+    hidden = {"Time": True, "__name__": True, "job": True, "Value #A": True}
+    rename = {f"Value #{ref}": title for ref, (title, _, _) in zip("BCD", evidence, strict=True)}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": hidden, "indexByName": {}, "renameByName": rename},
+        },
+    ]
+    return panel
+
+
+def waste() -> Json:
+    """Fleet level, from the chargeback recording rules: no node, instance or GPU filter
+    (the rules keep none of those labels), only namespace and GPU model."""
+    wasted_1d = f"{DAILY}{{{WASTE_STATES}, {LEDGER_NS}}}"
+    return dashboard(
+        "gpu-occupancy-waste",
+        "GPU / Waste and chargeback",
+        "Fleet-level GPU-hour ledger: who held GPUs, how much of it did no work and why, "
+        "idle and free capacity per GPU model, and cost where prices are set.",
+        ["ledger_namespace", "model"],
+        [
+            (
+                "Summary",
+                [
+                    stat(
+                        "Wasted, last hour",
+                        "Share of the GPU-hours held in the last hour that were idle, had no "
+                        "process or sat on an unhealthy GPU (unknown time counts in the total "
+                        "only).",
+                        f"sum({HOURLY}{{{WASTE_STATES}, {LEDGER_NS}}}) / "
+                        f"sum({HOURLY}{{{LEDGER_NS}}})",
+                        "percentunit",
+                        thresholds=[(None, "green"), (0.2, "orange"), (0.5, "red")],
+                    ),
+                    stat(
+                        "GPU-hours held, last day",
+                        "GPU-equivalent hours (a MIG instance counts its slices, a shared "
+                        "replica 1/replicas), every state.",
+                        f"sum({DAILY}{{{LEDGER_NS}}}) / 3600",
+                        GPU_HOURS,
+                    ),
+                    stat(
+                        "GPU-hours wasted, last day",
+                        "idle + no_process + unhealthy.",
+                        f"sum({wasted_1d}) / 3600",
+                        GPU_HOURS,
+                        thresholds=[(None, "orange")],
+                    ),
+                    stat(
+                        "Idle allocated GPUs",
+                        "Allocated GPU-equivalents doing nothing now (5-minute average).",
+                        f"sum(model:gpu_idle_allocated_gpus:avg5m{{{MODEL}}})",
+                        "short",
+                        thresholds=[(None, "green"), (1, "orange")],
+                    ),
+                    stat(
+                        "Free devices",
+                        "Devices a new pod can surely get now, every resource (whole GPUs, "
+                        "replicas and MIG devices alike: see the per-model panel).",
+                        f"sum(model:gpu_free_devices:sum{{{MODEL}}})",
+                        "short",
+                    ),
+                    _no_value(
+                        stat(
+                            "Cost, last day",
+                            "GPU-hours held times the model's price (chargeback.pricePerGpuHour).",
+                            f"sum({COST}{{{LEDGER_NS}}})",
+                            "none",
+                        ),
+                        "no prices set",
+                    ),
+                ],
+            ),
+            (
+                "Who wastes",
+                [
+                    table(
+                        "Top wasters by owner, last day",
+                        "GPU-hours idle, without a process or on an unhealthy GPU, per "
+                        "namespace and owning workload (gpu_pod_owner_info; empty owner: "
+                        "pods without an owner series).",
+                        f"topk(20, sum by (namespace, owner_kind, owner_name) ({wasted_1d}) "
+                        "/ 3600)",
+                        GPU_HOURS,
+                        w=14,
+                        rename={"Value": "wasted GPU-hours"},
+                        sort_by="wasted GPU-hours",
+                    ),
+                    bargauge(
+                        "Waste ratio by namespace, last hour",
+                        "namespace:gpu_waste_ratio:ratio1h.",
+                        f"namespace:gpu_waste_ratio:ratio1h{{{LEDGER_NS}}}",
+                        "{{namespace}}",
+                        "percentunit",
+                        w=10,
+                        maximum=1,
+                    ),
+                ],
+            ),
+            (
+                "Waste by state over time",
+                [
+                    timeseries(
+                        "GPUs held by state",
+                        "GPU-equivalents held in each ledger state, averaged over the hour "
+                        "before each point (busy, idle, no_process, unhealthy, unknown).",
+                        [target(f"sum by (state) ({HOURLY}{{{LEDGER_NS}}}) / 3600", "{{state}}")],
+                        "short",
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Waste ratio by namespace",
+                        "Share of the last hour's GPU-hours wasted, per namespace.",
+                        [
+                            target(
+                                f"namespace:gpu_waste_ratio:ratio1h{{{LEDGER_NS}}}", "{{namespace}}"
+                            )
+                        ],
+                        "percentunit",
+                        ratio=True,
+                    ),
+                    timeseries(
+                        "Wasted GPUs by owner",
+                        "GPU-equivalents wasted per owner, averaged over the hour before each "
+                        "point; the 10 largest now.",
+                        [
+                            target(
+                                f"topk(10, sum by (namespace, owner_kind, owner_name) "
+                                f"({HOURLY}{{{WASTE_STATES}, {LEDGER_NS}}}) / 3600)",
+                                OWNER_LEGEND,
+                            )
+                        ],
+                        "short",
+                        w=24,
+                        stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "Capacity per GPU model",
+                [
+                    timeseries(
+                        "Idle allocated GPUs per model",
+                        "GPU-equivalents allocated but idle or without a process "
+                        "(model:gpu_idle_allocated_gpus:avg5m).",
+                        [target(f"model:gpu_idle_allocated_gpus:avg5m{{{MODEL}}}", "{{model}}")],
+                        "short",
+                        w=8,
+                        stacked=True,
+                    ),
+                    timeseries(
+                        "Free devices per model",
+                        "Allocatable devices per model and resource (model:gpu_free_devices:sum; "
+                        "empty model: nodes with several models).",
+                        [
+                            target(
+                                f"model:gpu_free_devices:sum{{{MODEL}}}",
+                                "{{model}} {{resource}}",
+                            )
+                        ],
+                        "short",
+                        w=8,
+                    ),
+                    timeseries(
+                        "Waste ratio per model",
+                        "model:gpu_waste_ratio:ratio1h (empty model: GPUs NVML does not list).",
+                        [target(f"model:gpu_waste_ratio:ratio1h{{{MODEL}}}", "{{model}}")],
+                        "percentunit",
+                        w=8,
+                        ratio=True,
+                    ),
+                ],
+            ),
+            (
+                "Right-sizing",
+                [_no_value(could_run_on(), "No workload that less than a whole GPU would hold")],
+            ),
+            (
+                "Cost",
+                [
+                    _no_value(
+                        table(
+                            "Cost by namespace and owner, last day",
+                            "namespace_owner:gpu_cost:increase1d: GPU-hours held (every state) "
+                            "times the price of their model. Rendered by the Helm chart only "
+                            "with chargeback.pricePerGpuHour; models without a price are left "
+                            "out.",
+                            f"{COST}{{{LEDGER_NS}}}",
+                            "none",
+                            rename={"Value": "cost"},
+                            sort_by="cost",
+                        ),
+                        NO_PRICES,
+                    ),
+                    _no_value(
+                        timeseries(
+                            "Cost by namespace",
+                            "The last day's cost at each point.",
+                            [
+                                target(
+                                    f"sum by (namespace) ({COST}{{{LEDGER_NS}}})", "{{namespace}}"
+                                )
+                            ],
+                            "none",
+                            stacked=True,
+                        ),
+                        NO_PRICES,
+                    ),
+                ],
+            ),
+            (
+                "Energy",
+                [
+                    timeseries(
+                        "Power per namespace",
+                        "Energy per container (an estimate: the GPU's energy split by share "
+                        "of SM time; docs/metrics.md) per second, summed per namespace.",
+                        [
+                            target(
+                                f"sum by (namespace) (rate(gpu_container_energy_joules_total"
+                                f"{{{LEDGER_NS}}}[$__rate_interval]))",
+                                "{{namespace}}",
+                            )
+                        ],
+                        "watt",
+                        stacked=True,
+                    ),
+                    table(
+                        "Energy per namespace over the time range",
+                        "kWh per namespace in the dashboard's time range (estimate).",
+                        f"sum by (namespace) (increase(gpu_container_energy_joules_total"
+                        f"{{{LEDGER_NS}}}[$__range])) / 3600000",
+                        "kwatth",
+                        rename={"Value": "energy"},
+                        sort_by="energy",
+                    ),
+                ],
+            ),
+        ],
+        alert_filter=LEDGER_NS,
+    )
