@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from exporter.model import HealthTransition, PodRef
@@ -25,6 +26,7 @@ from exporter.reporting.recorder import (
     NODE_BURST,
     NODE_WRITES_PER_MINUTE,
     SERIES_FLUSH_S,
+    SERIES_SHARE,
     Recorder,
     Result,
     Write,
@@ -209,6 +211,50 @@ def test_the_node_budget_refills_at_the_stated_rate() -> None:
     r.observe(tuple(intent(pod=f"q{i}") for i in range(NODE_BURST + 1)))
     writes, settled = drain(r)
     assert len(writes) == NODE_BURST and len(settled) == 1
+
+
+def test_the_documented_burst_of_25_then_12_a_minute_holds() -> None:
+    """docs/kubernetes-events.md's numbers as literals, not the constants: 25 writes
+    go at once, the 26th waits for a token (one per 60 / 12 = 5 s), then goes."""
+    clock = Clock()
+    r = recorder(clock)
+    r.observe(tuple(intent(pod=f"p{i}") for i in range(26)))
+    writes, settled = drain(r)
+    assert len(writes) == 25 and settled == []  # the 26th is held, not refused
+    clock.now = 4.9
+    assert drain(r) == ([], [])
+    clock.now = 5.0
+    writes, settled = drain(r)
+    assert [w.body["regarding"]["name"] for w in writes] == ["p25"] and settled == []
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "kubernetes-events.md"
+
+
+def documented(pattern: str) -> list[int]:
+    """Every number ``pattern`` (one group) matches in docs/kubernetes-events.md."""
+    found = [int(m.replace(",", "")) for m in re.findall(pattern, DOC.read_text("utf-8"))]
+    assert found, f"docs/kubernetes-events.md no longer says {pattern!r}"
+    return found
+
+
+def test_the_numbers_docs_kubernetes_events_states_are_the_recorders() -> None:
+    """The tables "Aggregated and rate-limited like the kubelet's recorder" and "A
+    budget for every kind of write" state the recorder's constants in prose."""
+    assert documented(r"\| writes per node \(creates and PATCHes\) \| a burst of (\d+),") == [
+        NODE_BURST
+    ]
+    assert documented(r"\| per node: a burst of (\d+), then") == [NODE_BURST]
+    assert documented(r"a burst of \d+, then (\d+) per minute;") == [NODE_WRITES_PER_MINUTE]
+    assert documented(r"per node: a burst of \d+, then (\d+) a minute;") == [NODE_WRITES_PER_MINUTE]
+    assert set(documented(r"finds no token waits up to (\d+) s for one")) == {int(CREATE_WAIT_S)}
+    assert set(documented(r"finds no token within (\d+) s")) == {int(CREATE_WAIT_S)}
+    assert documented(r"every (\d+)th token goes to a due series update") == [SERIES_SHARE]
+    assert documented(r"\| at most one per (\d+) minutes;") == [NEW_EVENT_EVERY_S / 60]
+    assert documented(r"\| at most one PATCH per (\d+) s,") == [SERIES_FLUSH_S]
+    assert documented(r"a series PATCH per Event per (\d+) s") == [SERIES_FLUSH_S]
+    assert documented(r"\| Events remembered \| ([\d,]+) keys") == [MAX_SERIES]
+    assert documented(r"Events in the recorder \((\d+) keys") == [MAX_SERIES]
 
 
 def test_a_new_event_without_a_token_waits_for_one_then_is_rate_limited() -> None:

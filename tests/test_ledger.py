@@ -196,6 +196,28 @@ def test_each_state_takes_the_whole_step(
     }
 
 
+@pytest.mark.parametrize(("sm", "expected"), [(0.25, "busy"), (0.125, "idle")])
+def test_activity_exactly_at_the_idle_threshold_is_busy(sm: float, expected: str) -> None:
+    """docs/metrics.md: ``busy`` is activity *at or above* ``--idle-threshold``. Values
+    that binary floating point holds exactly (0.25, 0.125), so equality is not luck."""
+    at_quarter = IdlePolicy(threshold_ratio=0.25, max_gap_s=60.0)
+    held = alloc("p", "GPU-0", "GPU-0")
+    state = LedgerState()
+    for elapsed in (0.0, 10.0):  # the first cycle adds no time
+        state = account_ledger(
+            state,
+            [held],
+            [use("p", "GPU-0", 0.5)],
+            [gpu(0, sm=sm)],
+            (),
+            LISTED,
+            elapsed_s=elapsed,
+            policy=at_quarter,
+        )
+    (entry,) = state.allocations
+    assert {s: t for s, t in entry.seconds if t} == {expected: 10.0}
+
+
 def test_a_replica_is_judged_by_its_own_sm_share_and_a_mig_instance_by_its_own_activity() -> None:
     busy_gpu = gpu(0, sm=0.95)
     lazy = alloc("lazy", "GPU-0::1", "GPU-0", shared=True)

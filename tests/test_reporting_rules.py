@@ -290,6 +290,22 @@ def test_no_rules_when_every_gpu_is_healthy() -> None:
     assert desired_rules(a, (DRIVER,)) == frozenset()
 
 
+def test_no_rule_for_a_uuid_two_gpus_report_even_when_one_is_unhealthy() -> None:
+    """Two GPUs answering with one UUID: no hardware verdict can be pinned on it (the
+    slice's device may be either), so neither order of the two makes a rule for it;
+    another unhealthy GPU still gets its rule."""
+    for twins in (
+        [(0, "GPU-a", (ECC,)), (1, "GPU-a", ())],
+        [(0, "GPU-a", ()), (1, "GPU-a", (ECC,))],
+    ):
+        a = analysis([*twins, (2, "GPU-b", (LOST,))], slices=SLICES)
+        rules = desired_rules(a, (DRIVER,))
+        assert rules is not None
+        assert sorted((r.device, r.uuid, r.reason) for r in rules) == [
+            ("gpu-1", "GPU-b", "gpu_lost")
+        ]
+
+
 def every_unhealthy_reason() -> list[HealthReason]:
     """Each reason the health verdict can give, from the real assessment."""
     worst = GpuSample(

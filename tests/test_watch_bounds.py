@@ -152,6 +152,29 @@ def test_a_429_is_one_request_and_the_lists_stay_within_the_budget(
     assert not watcher.status().up
 
 
+def test_resyncs_spend_the_list_budget_where_no_backoff_paces_them(
+    fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
+) -> None:
+    """A resync is no failure, so no backoff paces it: with a resync due after every
+    1 s watch window, only the LIST budget keeps this watch from listing once a second
+    (docs/reliability.md: every LIST takes a token, the periodic resync included). The
+    burst goes, then the next LIST waits ~30 s for its token."""
+    fake.set_pod(pod_dict("ml", "trainer", "uid-1", NODE))
+    watcher = make_watcher(fake.start_in_thread(), resync_s=0.01, watch_timeout_s=1)
+
+    def lists() -> list[float]:
+        return [r.at for r in fake.requests if not r.watch]
+
+    wait_for(lambda: len(lists()) >= LIST_BURST, 4 * LIST_BURST, "the burst of LISTs")
+    burst_ended = lists()[LIST_BURST - 1]
+    # Without the budget the next resync LIST comes one watch window (1 s) later.
+    while time.monotonic() < burst_ended + 2.0:
+        time.sleep(0.1)
+    assert len(lists()) == LIST_BURST, [round(at - lists()[0], 2) for at in lists()]
+    assert dict(watcher.snapshot().counts.relists) == {"resync": LIST_BURST - 1}
+    assert watcher.errors_total == 0  # nothing failed: no backoff was ever drawn
+
+
 def test_a_reset_connection_is_one_request_not_four(
     make_watcher: Callable[..., PodWatcher],
 ) -> None:

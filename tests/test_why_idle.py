@@ -152,6 +152,17 @@ def test_thresholds_come_from_the_policy() -> None:
     assert cause_of(None, 0.1, None, WhyIdlePolicy(pressure_ratio=0.05)) == "cpu_pressure"
 
 
+def test_a_pressure_share_exactly_at_the_ratio_is_no_pressure() -> None:
+    """docs/metrics.md: a pressure cause needs a stall share *over* the ratio; at it
+    (values binary floating point holds exactly, so equality is not luck) is none."""
+    quarter = WhyIdlePolicy(throttled_ratio=0.5, pressure_ratio=0.25)
+    assert cause_of(None, 0.25, None, quarter) == "unknown"
+    assert cause_of(None, None, 0.25, quarter) == "unknown"
+    assert cause_of(0.5, 0.25, 0.25, quarter) == "unknown"
+    assert cause_of(None, 0.25, 0.375, quarter) == "io_pressure"  # cpu at the line: not it
+    assert cause_of(None, 0.375, 0.25, quarter) == "cpu_pressure"
+
+
 # -- containers, windows, naming -------------------------------------------------------
 
 META = PodMetaSnapshot(
@@ -493,7 +504,7 @@ async def test_on_the_simulated_node_idle_time_goes_to_the_cause_the_cgroup_show
     assert notebook["unknown"] == pytest.approx(105.0) == sum(notebook.values())
 
 
-# -- adversarial review of issue 24 ------------------------------------------------------
+# -- adversarial review of why idle ------------------------------------------------------
 
 OLD, NEW = "a" * 64, "b" * 64
 
