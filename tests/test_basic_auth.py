@@ -286,7 +286,18 @@ def _get_metrics(port: int, source: str, user: str, password: str) -> int:
     return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
 
 
-@pytest.mark.slow  # a real exporter process and a 4-to-12 s flood
+def _bcrypt_check_s(config: Path) -> float:
+    """The time one check of the config's hash takes on this machine now (median of 3)."""
+    stored = config.read_text().split("'")[1].encode()
+    times = []
+    for _ in range(3):
+        began = time.monotonic()
+        bcrypt.checkpw(PASSWORD.encode(), stored)
+        times.append(time.monotonic() - began)
+    return sorted(times)[1]
+
+
+@pytest.mark.slow  # a real exporter process and a flood of a few seconds
 def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
     tmp_path: Path,
 ) -> None:
@@ -294,8 +305,10 @@ def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
     fast as they are answered; Prometheus, whose password is not cached yet (the state
     after a restart), tries once a second. It used to get 503 every time (the attackers'
     503s cost them nothing and refilled a queue of 4 first); now its address, checked
-    less recently than any flooder, goes to the front and gets in within the stated
-    bound (QUEUE_SIZE checks at the pace: 8 s)."""
+    less recently than any flooder, goes to the front and gets in within the bound
+    docs/security.md states: one retry interval (1 s here) plus the checks ranked ahead
+    of its first try (QUEUE_SIZE = 8 at the pace of 2 a second: ~4 s), so 5 s on a free
+    core; where a check takes longer than the pace's step, 8 of the checks measured."""
     config = tmp_path / "web.yml"
     config.write_text(f"basic_auth_users:\n  prom: '{hashed(PASSWORD, 12)}'\n")
     port = free_port()
@@ -328,6 +341,7 @@ def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
             if tries[-1] != 200:
                 time.sleep(1.0)
         waited_s = time.monotonic() - began
+        check_s = _bcrypt_check_s(config)
     finally:
         stop.set()
         for thread in flooders:
@@ -335,6 +349,10 @@ def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
         terminate(process)
     assert sum(answers.values()) >= len(flooders), answers  # each flooder was answered
     assert 200 in tries, f"Prometheus got {tries} during the flood; the flood got {answers}"
-    assert waited_s < 10, (waited_s, tries)
+    # docs/security.md's bound (docstring): 1 s + 8 checks at 2 a second, 5 s on a free
+    # core; on a busy one a check can take longer than the pace's 0.5 s, and the bound is
+    # the same formula at the check's cost measured here, under the same load
+    step_s = max(1 / GLOBAL_PER_S, check_s)
+    assert waited_s < 1.0 + QUEUE_SIZE * step_s, (waited_s, check_s, tries)
     assert set(answers) <= {401, 429, 503}, answers
     print(f"Prometheus got in after {waited_s:.2f} s ({tries}); the flood got {answers}")
