@@ -18,7 +18,7 @@ staggered over the GPUs, so one cycle never pays for all of them), and for the c
 list or sample processes the calls per process on the node and per GPU with and without
 processes (a GPU whose listings all answered empty is not asked for per-process samples:
 on an H200 that read took 1.3-2.4 ms even idle). ``benchmarks/results/calls-before.json``
-holds the figure before the call budget (issue 26), printed beside it.
+holds the figure before the NVML call budget, printed beside it.
 
 Usage: ``python benchmarks/calls.py [--scenario NAME] [--record-before]``.
 """
@@ -49,7 +49,7 @@ BEFORE = RESULTS_DIR / "calls-before.json"
 SCENARIO = "node-8gpu"
 WARMUP_CYCLES = 5
 WINDOW_CYCLES = 60  # two slow-tier periods at the default --slow-interval 30 and 1 s cycles
-TARGET_SHARE = 0.40  # issue 26: at most 40 % of the calls before it
+TARGET_SHARE = 0.40  # the call budget: at most 40 % of the calls before it
 # Calls outside the sample cycle: the XID listener's thread waits on an event set.
 OUTSIDE_CYCLE_PREFIX = "nvmlEvent"
 # Entry points whose answer grows with the processes on a GPU (the listings and the

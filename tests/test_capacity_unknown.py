@@ -215,7 +215,7 @@ def test_an_advertised_set_from_the_kubelet_keeps_its_allocation_counts() -> Non
 def test_a_gpu_nvml_does_not_list_keeps_the_node_condition_from_saying_all_healthy() -> None:
     """NVML enumerates 3 of the 4 GPUs the kubelet advertises (one missing from the count
     at start): the 3 are healthy, but "all 3 GPUs are healthy" would clear a GPULost
-    condition an earlier run set for the fourth (adversary, issue 40). The condition is
+    condition an earlier run set for the fourth (adversarial review). The condition is
     left as it is; with every advertised GPU listed it says False again."""
     listed = GPUS[:3]
     health = assess(listed, recent_fatal_xids={}, dcgm_failures={}, policy=HealthPolicy())

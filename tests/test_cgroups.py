@@ -349,7 +349,7 @@ def test_at_most_max_lookups_a_cycle_and_the_rest_counted(
     assert len(caps) == 1
 
 
-# -- hostile trees (adversarial review of issue 24) --------------------------------------
+# -- hostile trees (adversarial review of why idle) --------------------------------------
 # Each fault costs at most its own field or container, never the cycle or a neighbour.
 
 

@@ -1,6 +1,6 @@
 """Every snapshot example in the docs comes from a command the doc gives, and the README's
 demo shows its story at once: an XID, zombie memory with its holder and a hog within a
-minute (issue 25). Each test runs the doc's own command, as written there, and checks the
+minute. Each test runs the doc's own command, as written there, and checks the
 example's lines (or the README's claims) against what it prints or serves."""
 
 from __future__ import annotations

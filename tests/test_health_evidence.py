@@ -1,4 +1,4 @@
-"""A hardware verdict needs hardware evidence (issue 40, items 1 and 2).
+"""A hardware verdict needs hardware evidence.
 
 Pure checks of the rule at each step (the source's classification of NVML's codes, the
 verdict, the transitions, the node condition, capacity), and the true side on the

@@ -1202,7 +1202,7 @@ OPERATOR_24_NODE = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.dri
 
 @pytest.mark.parametrize("version", ["", "23.9.0", "v24.9.2", "26.3.3"])
 def test_the_default_schedules_on_every_operator_and_leaves_a_paused_node(version: str) -> None:
-    """Issue 41: the default used to select on nvidia.com/gpu.deploy.client=true, which
+    """The default used to select on nvidia.com/gpu.deploy.client=true, which
     Operators before v26.7.0 never set: no pod at all. Now (version unknown to `helm
     template`, or older) a NotIn expression: it runs on both kinds of node, and leaves one
     whose label the driver manager paused (not waited for: no nodeSelector)."""

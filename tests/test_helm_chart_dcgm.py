@@ -273,7 +273,7 @@ def copied_and_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def test_an_a100_gets_sm_activity_from_dcgm_through_the_default_chart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The done-when of issue 41: defaults, the init script, the exporter's own DCGM path.
+    """Pre-Hopper occupancy via the chart: defaults, the init script, the exporter's own DCGM path.
     libdcgm is in no system directory of the exporter's image: only the copy reaches it."""
     volume_dir = copied_and_served(tmp_path, monkeypatch)
     argv = rendered_dcgm_flags({}, volume_dir)

@@ -1,4 +1,4 @@
-"""A DeviceTaintRule is owned by what it selects (issue 40, item 9).
+"""A DeviceTaintRule is owned by what it selects.
 
 ``stale_rules`` (pure) decides which rules no longer mark anything the exporter judged;
 the end-to-end cases run the real exporter on the simulated DRA node with the API

@@ -472,7 +472,7 @@ def _transition(h: Harness) -> str:
     return str(condition["lastTransitionTime"])
 
 
-# -- issue 40 follow-ups: a Lease outage loses no Warning; no update without a
+# -- writer Lease follow-ups: a Lease outage loses no Warning; no update without a
 # resourceVersion; another holder's duration clamped; answers an adversary may give
 
 

@@ -32,7 +32,7 @@ SELF_INSTRUMENTS = {
 # The cgroup families (gpu_container_cpu_*, gpu_container_*_pressure_seconds) come from
 # node-8gpu's containers (docs/simulator.md, `cgroup:`) and again from one small node.
 ELSEWHERE: dict[str, dict[str, object]] = {
-    # a GPU allocated under a resource name outside --resource-names (issue 40)
+    # a GPU allocated under a resource name outside --resource-names
     "gpu_exporter_podresources_other_resource_devices": {
         "gpus": [{}],
         "pods": [

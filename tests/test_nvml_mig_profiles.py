@@ -145,7 +145,7 @@ def test_a_refused_read_is_counted_and_tried_again_until_it_answers(
     assert len(profiles(source, clock, 10.0)) == 7
 
 
-# -- answers no GPU gives (adversarial review of issue 24) -------------------------------
+# -- answers no GPU gives (adversarial review of why idle) -------------------------------
 # The simulated driver answers its model's table; these answers come from a stand-in
 # for the pynvml call itself (the outer edge), as a broken driver would give them.
 

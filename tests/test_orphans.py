@@ -236,8 +236,8 @@ def test_a_pid_procfs_never_identified_is_no_orphan() -> None:
 
 def test_a_proc_read_failure_keeps_dead_stuck_and_deleted_pod_verdicts_and_their_age() -> None:
     """/proc unreadable for one cycle in three says nothing of any process: a confirmed
-    dead pid, a stuck one and a deleted pod's stay reported with their first age (adversary,
-    issue 40: the dead pid's streak restarted, and one failure in three hid it for good)."""
+    dead pid, a stuck one and a deleted pod's stay reported with their first age (adversarial
+    review: the dead pid's streak restarted, and one failure in three hid it for good)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60, dead_cycles=3, stuck_cycles=3)
     gpus = [gpu(0, processes=[proc(10, 7 * GIB)]), gpu(1, processes=[proc(20, GIB)])]
     gpus.append(gpu(2, processes=[proc(30, 2 * GIB)]))
@@ -645,7 +645,7 @@ def test_a_gpu_unreadable_for_a_cycle_keeps_its_orphans_ages() -> None:
 
 def test_a_failed_process_listing_keeps_the_gpus_orphans_ages() -> None:
     """One of a GPU's process listings failing (processes_listed False, no error) says
-    nothing of its processes either (adversary, issue 40: a confirmed dead pid took 3
+    nothing of its processes either (adversarial review: a confirmed dead pid took 3
     cycles to return, younger, and a listing failing one cycle in three hid it)."""
     run = Run(OrphanPolicy(dead_cycles=3, unattributed_cycles=3))
     readable = node([gpu(0, used=5 * GIB, processes=[proc(10, 2 * GIB)])], [dead(10)])
@@ -663,7 +663,7 @@ def test_a_failed_process_listing_keeps_the_gpus_orphans_ages() -> None:
 
 def test_what_is_kept_for_a_gpu_that_cannot_list_stays_that_gpus() -> None:
     """GPU 1 failing for 2,000 cycles while GPU 0 runs a new pod's process each cycle:
-    only what GPU 1 had is kept (adversary, issue 40: every exited pid was kept, 2,000
+    only what GPU 1 had is kept (adversarial review: every exited pid was kept, 2,000
     of each, and a reused pid read no /proc once inherited a pod gone 5 hours)."""
     run = Run(OrphanPolicy(deleted_pod_grace_s=60))
     for i in range(2000):

@@ -113,7 +113,7 @@ PARTIAL = {
 
 @pytest.mark.parametrize("case", sorted(PARTIAL))
 def test_a_partial_answer_is_no_leak_and_no_free_gpu(case: str) -> None:
-    """Before (adversary helper-33, issue 40): devices missing raised GPUIsolationLeak for
+    """Before (found by an adversarial review): devices missing raised GPUIsolationLeak for
     pod a; every case counted the GPUs its pods run on as allocatable."""
     analyses = run(PARTIAL[case])
     for seq, analysis in enumerate(analyses, start=1):

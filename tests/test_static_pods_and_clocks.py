@@ -1,4 +1,4 @@
-"""Static pods and clocks (issue 40, items 7 and 8): no false Warning from a UID or a
+"""Static pods and clocks: no false Warning from a UID or a
 clock that is not what it seems, and the true ones still written.
 
 - A static pod's processes run in a cgroup named by the kubelet's UID (the hash of its
@@ -114,7 +114,7 @@ async def test_a_deleted_pod_whose_process_lives_on_is_still_deleted_pod_memory(
         (None, None),
         (2**63 - 1, 2**63 - 1),
         (2**63, None),  # beyond int64: no API server sends it
-        # no float holds it: every cycle failed (adversary, issue 40)
+        # no float holds it: every cycle failed (adversarial review)
         pytest.param(10**400, None, id="10**400-None"),
     ],
 )
@@ -428,7 +428,7 @@ def judge_each(
 def test_a_same_name_replacement_does_not_hide_the_old_pods_leak() -> None:
     """ml/api (UID_A) deleted with its process still holding memory, and a new ml/api
     (UID_B, a StatefulSet replica) running: the kubelet lists the name, but it is the
-    new pod's (adversary, issue 40: never reported)."""
+    new pod's (adversarial review: never reported)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
     replaced = node(
         [gpu_with_pod_process()],
@@ -448,7 +448,7 @@ def test_a_same_name_replacement_does_not_hide_the_old_pods_leak() -> None:
 
 def test_a_same_name_replacement_verdict_stays_through_a_watch_outage() -> None:
     """The watch down for one cycle after the replacement verdict: the kubelet lists the
-    name, but it cannot say whose uid it is (adversary, issue 40: the orphan vanished and
+    name, but it cannot say whose uid it is (adversarial review: the orphan vanished and
     came back younger, and a watch down one cycle in five hid it for good)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
     replaced = node(
@@ -469,7 +469,7 @@ def test_a_same_name_replacement_verdict_stays_through_a_watch_outage() -> None:
 def test_a_pod_the_watch_has_not_delivered_is_no_watch_verdict_to_keep() -> None:
     """A time-sliced GPU, so a new pod cannot be named from an exclusive allocation; the
     watch answers once without it, then goes down: the kubelet lists it, and no verdict
-    is kept for a pod never named (adversary, issue 40: a deleted_pod Warning 60 s later
+    is kept for a pod never named (adversarial review: a deleted_pod Warning 60 s later
     for a running pod)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
     shared = gpu(0, processes=[proc(10, 4 * GIB), proc(20, GIB)])
@@ -502,7 +502,7 @@ def test_a_kubelet_only_verdict_is_not_kept_once_the_kubelet_lists_the_pod_again
 
 def test_a_watch_outage_after_the_verdict_keeps_it() -> None:
     """Terminating (grace 30) from 0: deleted_pod at 90; the watch then down with the
-    kubelet still listing the pod: the verdict stays (adversary, issue 40: it cleared
+    kubelet still listing the pod: the verdict stays (adversarial review: it cleared
     during the outage, the alert's for: started again, the Event came twice)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
     terminating = api_terminating_from_0()
@@ -513,7 +513,7 @@ def test_a_watch_outage_after_the_verdict_keeps_it() -> None:
 
 def test_a_process_missing_from_one_cycle_keeps_its_pods_first_sight() -> None:
     """A GPU or /proc read that misses the process at 80 s does not start the pod's
-    graceful stop again (adversary, issue 40: the verdict moved from 90 s to 180 s)."""
+    graceful stop again (adversarial review: the verdict moved from 90 s to 180 s)."""
     policy = OrphanPolicy(deleted_pod_grace_s=60)
     pod = watch(meta(UID_A, "api", CID_A, deletion=T0 + 30, grace=30))
     terminating = node(

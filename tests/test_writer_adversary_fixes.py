@@ -1,4 +1,4 @@
-"""Findings of the adversary against the issue-40 writer (Events, the node condition,
+"""Findings of an adversarial review against the writer (Events, the node condition,
 DeviceTaintRules, the writer Lease), each through the real client and the API stand-in.
 
 B1: a DeviceTaintRule is named by node and UUID, not by DRA device name; a driver that

@@ -1,5 +1,5 @@
-"""The writer's holds on an earlier run's verdicts, against the node's wall clock (issue
-40: windows on the monotonic clock, deadlines on the API server's clock).
+"""The writer's holds on an earlier run's verdicts, against the node's wall clock
+(windows on the monotonic clock, deadlines on the API server's clock).
 
 A restarted exporter keeps an earlier run's ``GPUUnhealthy`` True and its
 DeviceTaintRules for ``--health-xid-window`` (their verdicts may rest on XIDs this run

@@ -135,7 +135,7 @@ def test_a_standby_starting_beside_a_live_holder_logs_no_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Its first read cannot show the holder renewing; the next ones do within a renewal
-    period (adversary, issue 40: every rolling update logged a WARNING "does not say who
+    period (adversarial review: every rolling update logged a WARNING "does not say who
     writes (last: no answer)" with nothing failing)."""
     store, clock = LeaseStore(), [0.0]
     holder, standby = lease_of("a", clock), lease_of("b", clock)

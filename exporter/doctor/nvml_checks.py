@@ -163,8 +163,8 @@ def _gpm(prefix: str, handle: Any, gpu: GpuSample) -> Check:
         return degraded(
             name,
             f"GPM is supported but a sample fails: {error_name(exc)} (no occupancy from "
-            "NVML; an unprivileged container can lose GPM permission mid-run, DCGM "
-            "issue #214)",
+            "NVML; an unprivileged container can lose GPM permission mid-run, "
+            "DCGM issue #214)",
             PERMISSION_FIX,
         )
     finally:

@@ -203,8 +203,8 @@ class KubeReporter:
         self._started_wall = wall()
         self._started = clock()
         # The holds on an earlier run's verdicts are deadlines on the monotonic clock,
-        # fixed once when read (issue 40: windows on the monotonic clock, deadlines on
-        # the API server's): a wall-clock step later neither ends nor stretches them.
+        # fixed once when read (windows on the monotonic clock, deadlines on the API
+        # server's): a wall-clock step later neither ends nor stretches them.
         self._hold_false_until: float | None = None  # None: the Node not read yet
         # rules listed at start and not yet wanted by this run -> held until (monotonic)
         self._inherited_rules: dict[str, float] = {}
@@ -594,7 +594,7 @@ class KubeReporter:
         another exporter's write of the same verdict, is not a transition); otherwise
         the transition is now. Read again after a regain, not kept from start: reusing
         the first read's time for a later status put a False's lastTransitionTime years
-        back after a Lease outage (adversary H, issue 40).
+        back after a Lease outage (found by an adversarial review).
 
         On the first read only, the hold: a True left by an earlier run is not turned
         False before ``xid_window_s`` after its last heartbeat: its verdict may rest on

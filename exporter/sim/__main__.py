@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a simulated GPU node's proc tree, kernel log, kubelet socket and "
         "Kubernetes API stand-in in this process, for an exporter started with "
         "--simulated-node DIR.",
+        allow_abbrev=False,  # as the exporter: --di is not --dir
     )
     parser.add_argument(
         "scenario", help=f"a shipped scenario ({', '.join(SHIPPED)}) or a YAML file"

@@ -1,7 +1,7 @@
 """How often each NVML fact is read: the one place that says so.
 
 On a real node every NVML call is an ioctl into the driver, some of them milliseconds
-long, so a fact is read as often as it changes, not every cycle (issue 26):
+long, so a fact is read as often as it changes, not every cycle (the NVML call budget):
 
 - ``cycle``: every sample cycle. What a scrape should see move: utilization, memory,
   power, temperatures, clocks and why they are held down, the current PCIe link, traffic

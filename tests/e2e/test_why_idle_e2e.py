@@ -2,7 +2,7 @@
 the exporter on the simulated node, a real Prometheus loading the alerting rules and the
 right-sizing rules, checked through Prometheus' HTTP API (docs/e2e.md, "Why idle").
 
-It proves two things of issue 24 against real exporter output:
+It proves two things of the why-idle signals against real exporter output:
 - **GPUStarvedByCPU** fires for `train/loader-starved-0` (its GPU idle 60 % of the time,
   its container throttled in 40 % of CFS periods) and for no other pod: not
   `train/cpu-bound-0` (throttled as often, GPU busy), not `research/notebook-0` (idle,

@@ -63,7 +63,7 @@ CASES: tuple[Case, ...] = (
     Case("nvml-hung-call", "NVML", "an NVML call that never returns"),
     Case("nvml-down-capacity-unknown", "NVML", "NVML down: advertised devices not counted healthy"),
     Case("nvml-gpu-lost-before-start", "NVML", "a GPU lost before the exporter starts"),
-    # -- issue 40: a hardware verdict needs hardware evidence
+    # -- a hardware verdict needs hardware evidence
     Case(
         "nvml-unknown-error-one-query",
         "NVML",
@@ -146,7 +146,7 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "--dra-device-taints on a cluster without the DeviceTaintRule API",
     ),
-    # -- issue 40: alerts
+    # -- alerts: critical alerts hold through the exporter's absence
     Case(
         "exporter-killed-during-critical-alert",
         "Alerts",
@@ -158,7 +158,7 @@ CASES: tuple[Case, ...] = (
         "Alerts",
         "the exporter crash-looping (up 0 0 0 0 1) on a lost GPU, or dead inside its for:",
     ),
-    # -- issue 40: leaks (not listed by the kubelet is unknown, not unallocated)
+    # -- leaks (not listed by the kubelet is unknown, not unallocated)
     Case(
         "kubelet-restart-empty-list",
         "Kubelet",
@@ -186,7 +186,7 @@ CASES: tuple[Case, ...] = (
         "Kubelet",
         "the GPU Operator's nvidia-cuda-validator (vectorAdd in an init container)",
     ),
-    # -- issue 40: static pods and clocks
+    # -- static pods and clocks: no false Warning from a UID or a clock step
     Case(
         "static-pod-uses-gpu",
         "Kubernetes writes",
@@ -218,7 +218,7 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "the wall clock steps +2 h while an earlier run's True condition is held",
     ),
-    # -- issue 40: one writer per node
+    # -- one writer per node (the writer Lease)
     Case(
         "two-exporters-one-node",
         "Kubernetes writes",
@@ -239,7 +239,7 @@ CASES: tuple[Case, ...] = (
         "Kubernetes writes",
         "the writer Lease API answers 500 for 60 s across a fatal XID, holder and standby",
     ),
-    # -- issue 40: writer (taint ownership, write budgets)
+    # -- writer (taint ownership, write budgets)
     Case(
         "taint-on-replaced-gpu",
         "Kubernetes writes",

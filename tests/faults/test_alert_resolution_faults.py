@@ -2,7 +2,7 @@
 tests/e2e/test_alertmanager_restart.py (real Prometheus 2.42 and Alertmanager 0.25, the
 exporter SIGKILLed under two critical pages), measured as fault-matrix rows.
 
-Before the rules held critical alerts on their last samples (issue 40 item 11), the kill
+Before the rules held critical alerts on their last samples, the kill
 sent "resolved" for GPUFatalXID 1.6 s and for both GPUUnhealthy 2.6 s after it, only the
 warning GPUExporterDown replaced them (7.1 s), and GPU 1's XID 79 paged twice.
 """

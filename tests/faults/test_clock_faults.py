@@ -1,4 +1,4 @@
-"""Static pods and clocks (issue 40, items 7 and 8) as fault-matrix rows.
+"""Static pods and clocks (no false Warning from a UID or a clock step) as fault-matrix rows.
 
 The real exporter runs on the simulator (tests/harness.py) and writes through the real
 ``kubernetes`` client to the API stand-in; each test counts the Events it wrote.

@@ -1,8 +1,8 @@
-"""Issue 40, items 3-6: "not listed by the kubelet" is unknown, not "allocated nothing".
+"""Leak evidence: "not listed by the kubelet" is unknown, not "allocated nothing".
 
 Each test runs the real exporter on a simulated node whose kubelet (the PodResources
 gRPC stand-in) and API server (the stand-in the real ``kubernetes`` client writes to)
-behave as the issue describes, and counts the GPUIsolationLeak Warnings written. The
+behave as each test describes, and counts the GPUIsolationLeak Warnings written. The
 evidence rule (docs/attribution.md, "Isolation leaks"): a leak needs the kubelet to list
 the container with no device covering the GPU, in an answer begun after the process was
 first seen; init containers, MPS's daemons, pods whose claims the kubelet does not

@@ -1,4 +1,4 @@
-"""Issue 40, items 1 and 2: a hardware verdict needs hardware evidence.
+"""A hardware verdict needs hardware evidence.
 
 Each fault is injected in the simulated libnvidia-ml (scenario ``call_errors``, a GPU
 ``lost`` at start), the real exporter runs with ``--node-condition`` and its Events on,

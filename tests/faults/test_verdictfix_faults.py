@@ -1,4 +1,4 @@
-"""Issue 40 (verdictfix): a UUID two GPUs share carries no hardware verdict, and the
+"""Hardware verdicts: a UUID two GPUs share carries no hardware verdict, and the
 simulated NVML answers RESET_REQUIRED (lost) and TIMEOUT (no verdict)."""
 
 from __future__ import annotations

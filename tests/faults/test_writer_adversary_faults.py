@@ -1,4 +1,4 @@
-"""Issue 40, the adversary's findings against the writer: fault-matrix rows.
+"""An adversarial review's findings against the writer: fault-matrix rows.
 
 The real exporter on a simulated DRA node writes to the API stand-in through the real
 ``kubernetes`` client (tests/test_writer_adversary_fixes.py has the unit-level tests).

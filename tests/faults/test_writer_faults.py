@@ -1,4 +1,4 @@
-"""Issue 40, items 9 and 10: taints owned by what they select, and write budgets.
+"""Taints owned by what they select, and write budgets.
 
 The real exporter on a simulated DRA node (exporter/sim/scenarios/dra.yaml) writes to
 the API stand-in through the real ``kubernetes`` client; what is read back is what

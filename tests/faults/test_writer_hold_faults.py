@@ -1,5 +1,5 @@
-"""The writer's hold on an earlier run's verdict across a wall-clock step (issue 40:
-windows on the monotonic clock) as a fault-matrix row.
+"""The writer's hold on an earlier run's verdict across a wall-clock step (its windows
+on the monotonic clock) as a fault-matrix row.
 
 The real exporter runs on the simulator (tests/harness.py), its writer on the simulated
 clock, and patches the Node through the real ``kubernetes`` client to the API stand-in.

@@ -1,4 +1,4 @@
-"""One writer per node (issue 40): two exporters on one node, a refused Lease API, and
+"""One writer per node: two exporters on one node, a refused Lease API, and
 a Lease API outage.
 
 The exporters are the real ones on one simulated node and one API stand-in
