@@ -31,6 +31,7 @@ apart: they are history, not new errors, so nothing that alerts on new XIDs sees
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -137,6 +138,7 @@ def recovery_action_name(value: int) -> str:
     return RECOVERY_ACTIONS.get(value, "unknown")
 
 
+@functools.lru_cache(maxsize=1024)  # a node has a few addresses; a storm repeats them
 def normalize_pci_bus_id(bus_id: str) -> str | None:
     """One spelling for both sides of de-duplication: "dddd:bb:dd" lower case.
 
@@ -348,15 +350,22 @@ class _TwinIndex:
 
     def __init__(self, entries: list[RecordedXid]) -> None:
         self._entries = entries
-        self._lacking: dict[tuple[int, str], list[tuple[float, int]]] = {}
+        # xid -> its entries' positions, and xid -> source -> the lists built so far:
+        # a new entry and a new list touch only their own xid's, so a log of thousands
+        # of distinct XID numbers is not a pass over every entry (or list) per event.
+        self._by_xid: dict[int, list[int]] = {}
+        for i, e in enumerate(entries):
+            self._by_xid.setdefault(e.event.xid, []).append(i)
+        self._lacking: dict[int, dict[str, list[tuple[float, int]]]] = {}
 
     def _list(self, xid: int, source: str) -> list[tuple[float, int]]:
-        found = self._lacking.get((xid, source))
+        lists = self._lacking.setdefault(xid, {})
+        found = lists.get(source)
         if found is None:
-            found = self._lacking[(xid, source)] = sorted(
-                (_at(e.event), i)
-                for i, e in enumerate(self._entries)
-                if e.event.xid == xid and source not in e.sources
+            found = lists[source] = sorted(
+                (_at(self._entries[i].event), i)
+                for i in self._by_xid.get(xid, ())
+                if source not in self._entries[i].sources
             )
         return found
 
@@ -396,14 +405,15 @@ class _TwinIndex:
         """The last entry is new: every list of its xid whose source it lacks gets it."""
         index = len(self._entries) - 1
         entry = self._entries[index]
-        for (xid, source), lacking in self._lacking.items():
-            if xid == entry.event.xid and source not in entry.sources:
+        self._by_xid.setdefault(entry.event.xid, []).append(index)
+        for source, lacking in self._lacking.get(entry.event.xid, {}).items():
+            if source not in entry.sources:
                 bisect.insort(lacking, (_at(entry.event), index))
 
     def merged(self, index: int, source: str) -> None:
         """Entry ``index`` now has ``source``: it is no longer a twin for that source."""
         entry = self._entries[index]
-        lacking = self._lacking.get((entry.event.xid, source))
+        lacking = self._lacking.get(entry.event.xid, {}).get(source)
         if lacking is None:
             return
         at = bisect.bisect_left(lacking, (_at(entry.event), index))
