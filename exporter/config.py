@@ -8,6 +8,7 @@ was wrong and how to fix it, and the CLI exits with status 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
@@ -119,18 +120,64 @@ class Config:
     slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S  # --slow-interval (nvml_cadence.py)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in one line instead of usage + message, and knows
-    how to parse each flag's environment variable (``from_env``: dest -> parser), which
-    ``resolve_env`` does only for flags not given: the flag wins."""
+UNRECOGNIZED = "unrecognized arguments: "  # argparse's words for flags it does not know
 
-    def __init__(self, **kwargs: Any) -> None:
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line instead of usage + message, suggests the
+    flag meant where one is unknown, and knows how to parse each flag's environment
+    variable (``from_env``: dest -> parser), which ``resolve_env`` does only for flags
+    not given: the flag wins. ``command``: the subcommand (``snapshot``, ``doctor``) or
+    None; ``not_offered``: the exporter's flags it does not take."""
+
+    def __init__(
+        self,
+        *,
+        command: str | None = None,
+        not_offered: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.command = command
+        self.not_offered = not_offered
         self.from_env: dict[str, Callable[[_FromEnv], object]] = {}
         self.given_by_env: dict[str, str] = {}  # dest -> the variable its value came from
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see --help)")
+        see = "see --help"
+        if message.startswith(UNRECOGNIZED):
+            hint, abbreviated = self.did_you_mean(message.removeprefix(UNRECOGNIZED).split(" "))
+            message += hint
+            see = f"flags are not abbreviated; {see}" if abbreviated else see
+        raise ConfigError(f"{message} ({see})")
+
+    def did_you_mean(self, words: Sequence[str]) -> tuple[str, bool]:
+        """``; did you mean --interval?`` for the unknown flags among ``words`` (as given,
+        ``--flag=value`` too): the flags an abbreviation starts, else the closest name;
+        and whether one was an abbreviation (argparse took those once)."""
+        offered = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        guesses: list[tuple[str, str]] = []  # (given, the flags meant)
+        notes: list[str] = []
+        abbreviated = False
+        for word in words:
+            given = word.partition("=")[0]
+            if not given.startswith("--") or given == "--" or given in offered:
+                continue
+            if given in self.not_offered:
+                notes.append(f"{given} is the server's, not {self.command}'s")
+                continue
+            starts = [o for o in offered if o.startswith(given)]
+            if 0 < len(starts) <= MAX_GUESSES:
+                abbreviated = True
+                guesses.append((given, _either(starts)))
+            elif close := difflib.get_close_matches(given, offered, n=1):
+                guesses.append((given, close[0]))
+        if len(guesses) == 1:
+            notes.insert(0, f"did you mean {guesses[0][1]}?")
+        elif guesses:
+            meant = ", ".join(f"{flags} for {given}" for given, flags in guesses)
+            notes.insert(0, f"did you mean {meant}?")
+        return "".join(f"; {note}" for note in notes), abbreviated
 
     def resolve_env(self, args: argparse.Namespace) -> None:
         """Parse the variables of the flags that were not given (a variable overridden
@@ -169,6 +216,14 @@ def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
+MAX_GUESSES = 4  # an abbreviation of more flags than this gets the closest name instead
+
+
+def _either(flags: Sequence[str]) -> str:
+    """``--a``, ``--a or --b``, ``--a, --b or --c``."""
+    return " or ".join(filter(None, (", ".join(flags[:-1]), flags[-1])))
+
+
 # Flags of the server alone: the snapshot subcommand neither offers nor needs them.
 SERVER_ONLY_FLAGS = frozenset(
     {
@@ -194,8 +249,497 @@ SERVER_ONLY_FLAGS = frozenset(
     }
 )
 
-
 DOCTOR_USAGE = "%(prog)s [--json] [--timeout SECONDS] [every exporter flag]"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric flag accepts: a finite number in ``low..high``, a whole one
+    when ``whole``. Every numeric flag (and its variable) is parsed by one, given as
+    its ``Flag``'s ``bounds``: inf, nan, 1e400 and values out of range stop the
+    exporter with one line, instead of freezing the sample loop (``--interval inf``) or
+    failing later with a traceback; ``--help`` states the range."""
+
+    low: float
+    high: float
+    unit: str = ""  # "seconds", "MiB": how --help and errors name the value
+    whole: bool = False
+
+    def __str__(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{_plain(self.low)}..{_plain(self.high)}{unit}"
+
+    def check(self, text: str) -> float:
+        """``text`` as a number in range (an ``int`` when whole); the error's text is
+        one line for argparse or a variable's name to prefix."""
+        try:
+            value: float = int(text) if self.whole else float(text)
+        except ValueError:
+            kind = "a whole number" if self.whole else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind} in {self}") from None
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            raise argparse.ArgumentTypeError(f"{text} is not in the range {self}")
+        return value
+
+
+def _plain(number: float) -> str:
+    """1048576, not 1.04858e+06; 0.1, not 0.1000."""
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One row of the flag table: ``--some-flag`` (dest ``some_flag``, variable
+    ``GPU_EXPORTER_SOME_FLAG``), its help text and how its value is read."""
+
+    name: str
+    help: str
+    # text as on the command line (numbers too: ``bounds`` parses them), None for none,
+    # or a function of the environment (``--node-name``: $NODE_NAME, else the hostname)
+    default: str | Callable[[Mapping[str, str]], str] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    bounds: Bounds | None = None  # a number, in this range
+    switch: bool = False  # on when given (store_true); its variable is true/false
+
+
+@dataclass(frozen=True)
+class FlagGroup:
+    """Flags of one concern: a section of --help and of README.md's flag table."""
+
+    title: str
+    description: str  # one line under the title in --help
+    flags: tuple[Flag, ...]
+
+
+def _node_name(env: Mapping[str, str]) -> str:
+    return env.get("NODE_NAME") or socket.gethostname()
+
+
+def _pod_namespace(env: Mapping[str, str]) -> str:
+    return env.get("POD_NAMESPACE") or "default"
+
+
+_SERVING_FLAGS = (
+    Flag(
+        "--listen",
+        "HOST:PORT to serve /metrics, /healthz and /readyz on.",
+        default="0.0.0.0:9445",
+        metavar="HOST:PORT",
+    ),
+    Flag(
+        "--web-config-file",
+        "TLS, client certificates, basic auth and response headers, in the Prometheus "
+        "exporter-toolkit web config format (docs/security.md); re-read when it or its "
+        "certificates change. /healthz and /readyz stay open for probes.",
+        default="",
+        metavar="PATH",
+    ),
+    Flag(
+        "--http-header-timeout",
+        "Seconds a client may take to send a request's header; slower connections are closed.",
+        default="10",
+        metavar="SECONDS",
+        bounds=Bounds(0.1, 600, "seconds"),
+    ),
+    Flag(
+        "--http-max-connections",
+        "Open HTTP connections at most; beyond it a new connection replaces one of the "
+        "client address holding the most (stalled or idle first, oldest first), or is "
+        "refused when every other one is being answered.",
+        default="128",
+        metavar="N",
+        bounds=Bounds(1, 10_000, whole=True),
+    ),
+    Flag(
+        "--liveness-cycles",
+        f"/healthz and /readyz answer 503 (and the kubelet's liveness probe restarts the "
+        f"exporter) once no sample cycle has completed for this many intervals, e.g. an "
+        f"NVML call that never returns; at least {LIVENESS_STARTUP_GRACE_S:g} s before the first "
+        "cycle.",
+        default=str(LIVENESS_DEFAULT_CYCLES),
+        metavar="N",
+        bounds=Bounds(LIVENESS_MIN_CYCLES, LIVENESS_MAX_CYCLES, whole=True),
+    ),
+    Flag(
+        "--ready-grace",
+        "/readyz answers 503, naming the likely cause, once the exporter has not seen the "
+        "node's GPUs for this many seconds: NVML down (no driver library in the container, "
+        "no driver, no permission), or NVML listing no GPU while the kubelet advertises "
+        "some (an unprivileged pod on a hardened NVIDIA container toolkit). /healthz is "
+        "not affected (a restart would not help).",
+        default=_plain(DEFAULT_READY_GRACE_S),
+        metavar="SECONDS",
+        bounds=Bounds(0, 86_400, "seconds"),
+    ),
+    Flag(
+        "--per-process-metrics",
+        "Also export per-pid series (cardinality grows with processes).",
+        switch=True,
+    ),
+    Flag(
+        "--families-disable",
+        "Comma-separated globs over metric family names (as served: counters without "
+        "_total) not to serve, e.g. 'gpu_clock_event_*,gpu_memory_clock_hertz'. "
+        "--families-enable wins where both match; gpu_exporter_* is always served; a "
+        "pattern that matches nothing is an error (docs/metrics.md, 'Choosing families').",
+        default="",
+        metavar="LIST",
+    ),
+    Flag(
+        "--families-enable",
+        "Comma-separated globs over metric family names to serve besides the default set, "
+        f"which leaves out {', '.join(DEFAULT_OFF)} (e.g. 'gpu_process_*'; '*': every "
+        "family).",
+        default="",
+        metavar="LIST",
+    ),
+)
+
+_SOURCES_FLAGS = (
+    Flag(
+        "--interval",
+        "Seconds between sample cycles.",
+        default="5",
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    ),
+    Flag(
+        "--slow-interval",
+        "Seconds between reads of the NVML facts that change once in days or weeks (ECC "
+        "and row-remap counters, retired pages, PCIe replays and best link, NVLink states "
+        "and error counters, fans, power limit), the counters that cost milliseconds a read "
+        "(energy, clock-event time) and re-reads of the MIG layout; served as "
+        "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
+        "least --interval (the default follows a longer --interval).",
+        default=_plain(DEFAULT_SLOW_INTERVAL_S),
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    ),
+    Flag(
+        "--proc-root",
+        "Where the host's /proc is mounted; pids are read under it.",
+        default="/proc",
+        metavar="PATH",
+    ),
+    Flag(
+        "--cgroup-root",
+        "Where the host's cgroup filesystem is mounted (read-only is enough): the CPU "
+        "throttling (cpu.stat) and pressure stall (cpu/io/memory.pressure, cgroup v2 only) "
+        "counters of containers that hold or use a GPU are read under it, to tell a GPU "
+        "starved of CPU or I/O (docs/why-idle.md); 'off': not read.",
+        default="/sys/fs/cgroup",
+        metavar="PATH",
+    ),
+    Flag(
+        "--pod-resources-socket",
+        "The kubelet PodResources API unix socket.",
+        default=KUBELET_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+    ),
+    Flag(
+        "--pod-resources-interval",
+        "Seconds between scheduled PodResources refreshes; with cycles further apart, one "
+        "refresh a second before each cycle instead; a GPU process in a new "
+        "container asks for one at once (at most one every 2 s).",
+        default="30",
+        metavar="SECONDS",
+        bounds=Bounds(1, 3600, "seconds"),
+    ),
+    Flag(
+        "--resource-names",
+        "Comma-separated extended resource names that are GPUs; a trailing * matches a prefix.",
+        default=",".join(GPU_RESOURCE_NAMES),
+        metavar="LIST",
+    ),
+    Flag(
+        "--dra-drivers",
+        "Comma-separated DRA drivers whose devices are GPUs; their ResourceSlices on this "
+        "node are watched to resolve claimed devices ('' turns the watch off).",
+        default=",".join(GPU_DRA_DRIVERS),
+        metavar="LIST",
+    ),
+    Flag(
+        "--kmsg",
+        "Also read 'NVRM: Xid' lines from the kernel log, so XIDs raised while the "
+        "exporter was down are counted.",
+        switch=True,
+    ),
+    Flag("--kmsg-path", "The kernel log device.", default="/dev/kmsg", metavar="PATH"),
+    Flag(
+        "--dcgm",
+        "DCGM profiling fields and health: 'auto' tries the host engine named by "
+        f"${DCGM_REMOTE_HOSTENGINE_INFO}, the GPU Operator's nvidia-dcgm Service, then "
+        f"127.0.0.1:{DCGM_HOSTENGINE_PORT}, and only then starts an embedded host engine; "
+        "'off' never; HOST:PORT that host engine only.",
+        default="auto",
+        metavar="MODE",
+    ),
+    Flag(
+        "--dcgm-bindings-path",
+        "Directory holding DCGM's Python bindings (installed with "
+        "DCGM, e.g. /usr/local/dcgm/bindings/python3).",
+        default=None,
+        metavar="PATH",
+    ),
+    Flag(
+        "--dcgm-library-path",
+        "Directory holding libdcgm.so.4 (DCGM 3: libdcgm.so.3), loaded from there before "
+        "the bindings look in /usr/lib/<arch>-linux-gnu and /usr/lib64; the chart's "
+        "init container copies it out of NVIDIA's DCGM image to such a directory.",
+        default=None,
+        metavar="PATH",
+    ),
+    Flag(
+        "--dcgm-operator-namespace",
+        "Comma-separated namespaces where --dcgm auto looks for the GPU Operator's "
+        f"nvidia-dcgm Service (nvidia-dcgm.<ns>.svc:{DCGM_HOSTENGINE_PORT}); 'auto': "
+        f"{', '.join(GPU_OPERATOR_NAMESPACES)}; '' none.",
+        default="auto",
+        metavar="LIST",
+    ),
+)
+
+_KUBERNETES_FLAGS = (
+    Flag(
+        "--node-name",
+        "This node's Kubernetes name (default: $NODE_NAME, else the hostname).",
+        default=_node_name,
+        metavar="NAME",
+    ),
+    Flag(
+        "--kube-api",
+        "Watch this node's pods through the Kubernetes API for pod and "
+        "container names ('off': never contact it).",
+        default="auto",
+        choices=("auto", "off"),
+    ),
+    Flag(
+        "--kubeconfig",
+        "Kubeconfig for the pod watch; default: in-cluster config, else ~/.kube/config.",
+        default=None,
+        metavar="PATH",
+    ),
+    Flag(
+        "--kube-events",
+        "Record Kubernetes Events (events.k8s.io/v1) on the pods and the Node a GPU fault "
+        "hits: GPUFatalXID, GPULost, GPUUnhealthy, GPUHealthy, GPUIsolationLeak, "
+        "GPUOrphanedMemory; aggregated and rate-limited (docs/kubernetes-events.md). "
+        "'auto': where Kubernetes API credentials exist and --kube-api is not off.",
+        default="auto",
+        choices=("auto", "off"),
+    ),
+    Flag(
+        "--node-condition",
+        "Keep a GPUUnhealthy condition on this Node's status: True while a GPU is "
+        "unhealthy or lost, False when all are healthy, left alone when NVML cannot "
+        "tell. Needs patch on nodes/status.",
+        switch=True,
+    ),
+    Flag(
+        "--dra-device-taints",
+        "Create a DRA DeviceTaintRule (resource.k8s.io, KEP-5055) for each unhealthy GPU "
+        "a DRA driver publishes on this node, and delete it when the GPU is healthy "
+        "again, or when the device it selects is replaced (a new UUID under its name) "
+        "or gone. Needs get, list, create, delete on devicetaintrules.",
+        switch=True,
+    ),
+    Flag(
+        "--dra-device-taint-effect",
+        "The taints' effect; default: None, which shows the taint and changes nothing "
+        "(Kubernetes 1.35+); NoSchedule keeps new claims off the GPU.",
+        default="None",
+        choices=("None", "NoSchedule"),
+    ),
+    Flag(
+        "--kube-writes",
+        "'on': send the Events, the node condition and the DeviceTaintRules the flags "
+        "above ask for. 'shadow': compute every one of them and count it "
+        "(gpu_exporter_kube_writes_shadowed_total{kind,reason}) and log it, but send "
+        "none (reads still happen), to compare fleet-wide before switching writes on. "
+        "'shadow=KIND,...' shadows only those kinds (event, node_condition, "
+        "device_taint_rule). Rollout: shadow, then on for a canary node pool, then on "
+        "everywhere (docs/install.md).",
+        default="on",
+        metavar="on|shadow|shadow=KIND,...",
+    ),
+    Flag(
+        "--kube-writer-lease-namespace",
+        "Namespace of the node's writer Lease (coordination.k8s.io/v1, named "
+        "gpu-occupancy-exporter-<node>): of the exporters on one node only its holder "
+        "writes Events, the condition and taints; the others count them as shadowed "
+        "(default: $POD_NAMESPACE, else default).",
+        default=_pod_namespace,
+        metavar="NAMESPACE",
+    ),
+    Flag(
+        "--kube-writer-lease-duration",
+        "Seconds the writer Lease is held unrenewed before another exporter on the node "
+        "may take it (renewed every third of it; released at a clean shutdown). 0: no "
+        "lease, every exporter on the node writes.",
+        default="30",
+        bounds=Bounds(0, 3600, "seconds", whole=True),
+    ),
+)
+
+_HEALTH_FLAGS = (
+    Flag(
+        "--xid-class",
+        "Override the XID class table (docs/xid.md): comma-separated "
+        "CODE=CLASS with CODE 1..65535 and CLASS application, warning or fatal, e.g. "
+        "'13=fatal,94=warning'.",
+        default="",
+        metavar="LIST",
+    ),
+    Flag(
+        "--xid-severity",
+        "Deprecated: the old name of --xid-class (the served label is `class`); "
+        "still accepted, to be removed no earlier than two releases on.",
+        default="",
+        metavar="LIST",
+    ),
+    Flag(
+        "--health-xid-window",
+        "Seconds a fatal XID keeps its GPU unhealthy.",
+        default="3600",
+        metavar="SECONDS",
+        bounds=Bounds(1, 7 * 86400, "seconds"),
+    ),
+    Flag(
+        "--retired-pages-limit",
+        "Retired memory pages at which a GPU is unhealthy.",
+        default="60",
+        metavar="N",
+        bounds=Bounds(1, 100_000, whole=True),
+    ),
+    Flag(
+        "--idle-threshold",
+        "SM activity below which an allocated GPU counts as idle.",
+        default="0.05",
+        metavar="RATIO",
+        bounds=Bounds(0, 1),
+    ),
+    Flag(
+        "--why-idle-throttled-ratio",
+        "Share of a GPU container's CFS periods throttled (cpu.stat nr_throttled / "
+        "nr_periods, over one cycle) above which its idle GPU time counts as cause "
+        "cpu_throttled. 0.2: a data loader throttled in 1 period in 5 is losing a fifth of "
+        "its CPU turns, enough to leave a GPU waiting; a few percent is the noise of a "
+        "limit set close to the mean. A correlation, not a proof (docs/why-idle.md).",
+        default="0.2",
+        metavar="RATIO",
+        bounds=Bounds(0.01, 0.99),
+    ),
+    Flag(
+        "--why-idle-pressure-ratio",
+        "Stall share (cpu.pressure / io.pressure 'some', seconds per second over one "
+        "cycle) above which a GPU container's idle GPU time counts as cause cpu_pressure "
+        "/ io_pressure. 0.2, as for throttling: some task of the container waited a "
+        "fifth of the cycle for a CPU or for I/O, time its GPU work could not be fed; "
+        "on the 'some' line, not 'full', since one starved loader thread is enough to "
+        "idle a GPU. A correlation, not a proof (docs/why-idle.md).",
+        default="0.2",
+        metavar="RATIO",
+        bounds=Bounds(0.01, 0.99),
+    ),
+    Flag(
+        "--orphan-threshold",
+        "MiB of device memory no listed process accounts for before "
+        "it is reported as orphaned ('unattributed').",
+        default="256",
+        metavar="MIB",
+        bounds=Bounds(0, 2**20, "MiB"),
+    ),
+    Flag(
+        "--orphan-cycles",
+        "Consecutive cycles unaccounted memory, a process stuck in state D/Z, or "
+        "a process NVML lists with no /proc entry must persist before it is reported.",
+        default="3",
+        metavar="N",
+        bounds=Bounds(1, 10_000, whole=True),
+    ),
+    Flag(
+        "--deleted-pod-grace",
+        "Seconds after a pod's deletion deadline before its live "
+        "processes count as orphaned ('deleted_pod').",
+        default="60",
+        metavar="SECONDS",
+        bounds=Bounds(0, 7 * 86400, "seconds"),
+    ),
+)
+
+_SIMULATOR_FLAGS = (
+    Flag(
+        "--simulate",
+        "Run on a simulated GPU node instead of the real NVML: a shipped "
+        f"scenario ({', '.join(SHIPPED_SCENARIOS)}) or a YAML file.",
+        default=None,
+        metavar="SCENARIO",
+    ),
+    Flag(
+        "--simulated-node",
+        "Run on a simulated node that another process serves ('python -m exporter.sim "
+        "SCENARIO --dir DIR'): only its NVML library is loaded here, as libnvidia-ml is "
+        "on a real node, so this process's CPU and memory are the exporter's own.",
+        default=None,
+        metavar="DIR",
+    ),
+    Flag(
+        "--simulate-start",
+        "With --simulate: start the scenario's clock at this simulated second, its "
+        "timeline's events up to it applied at once, as if the node had been running "
+        "(e.g. 140 on node-8gpu: its XIDs, orphans and hog within a minute; README.md).",
+        default="0",
+        metavar="SECONDS",
+        bounds=Bounds(0, SIMULATE_START_MAX_S, "seconds"),
+    ),
+    Flag(
+        "--simulate-speed",
+        "With --simulate: simulated seconds per real second. Counters grow per simulated "
+        "second, so rates over real time read this many times higher (docs/simulator.md).",
+        default="1",
+        metavar="FACTOR",
+        bounds=Bounds(SIMULATE_SPEED_MIN, SIMULATE_SPEED_MAX),
+    ),
+)
+
+_LOGGING_FLAGS = (
+    Flag("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS),
+    Flag("--log-format", "Log line format.", default="text", choices=("text", "json")),
+)
+
+FLAG_GROUPS = (
+    FlagGroup(
+        "serving",
+        "The HTTP endpoint: address, TLS and auth, limits, probes, metric families.",
+        _SERVING_FLAGS,
+    ),
+    FlagGroup(
+        "sources",
+        "What is read and how often: NVML, DCGM, PodResources, /proc, cgroups, kmsg.",
+        _SOURCES_FLAGS,
+    ),
+    FlagGroup(
+        "Kubernetes",
+        "The pod watch, and the writes: Events, Node condition, DRA taints, Lease.",
+        _KUBERNETES_FLAGS,
+    ),
+    FlagGroup(
+        "health and thresholds",
+        "XID classes; when a GPU counts as unhealthy, idle, starved or orphaned.",
+        _HEALTH_FLAGS,
+    ),
+    FlagGroup(
+        "simulator",
+        "A simulated GPU node instead of the real NVML (docs/simulator.md).",
+        _SIMULATOR_FLAGS,
+    ),
+    FlagGroup("logging", "Log lines, on stderr.", _LOGGING_FLAGS),
+)
 
 
 def build_parser(
@@ -235,423 +779,17 @@ def build_parser(
             "sample as tables or JSON, for an operator on the node; 'gpu-occupancy-exporter "
             "doctor --help' checks what the exporter depends on. Docs: README.md, docs/."
         ),
+        allow_abbrev=False,  # --interv is refused with a suggestion, not taken as --interval
+        command="snapshot" if snapshot else "doctor" if doctor else None,
+        not_offered=SERVER_ONLY_FLAGS if snapshot else frozenset(),
     )
-
-    def add(flag: str, help_text: str, *, bounds: Bounds | None = None, **kwargs: object) -> None:
-        """One flag and its variable; a numeric flag names its ``bounds``."""
-        name = _env_name(flag)
-        dest = flag.lstrip("-").replace("-", "_")
-        boolean = kwargs.get("action") == "store_true"
-        if name in env:  # parsed after argparse, only if the flag is not given
-            kwargs["default"] = _FromEnv(env[name], name)
-            if boolean:
-                parser.from_env[dest] = lambda v: parse_boolean(v.text, v.variable)
-            elif bounds is not None:  # named by the variable, not the flag
-                parser.from_env[dest] = _variable_in(bounds)
-            else:
-                parser.from_env[dest] = lambda v: v.text
-        elif boolean:
-            kwargs["default"] = False
-        if bounds is not None:
-            kwargs["type"] = bounds.check  # argparse applies it to string defaults too
-        if snapshot and flag in SERVER_ONLY_FLAGS:  # not offered, but parsed as default
-            default = kwargs.get("default")
-            if bounds is not None and isinstance(default, str):
-                default = bounds.check(default)
-            parser.set_defaults(**{flag.lstrip("-").replace("-", "_"): default})
-            return
-        if "choices" in kwargs and "default" in kwargs:
-            help_text += " Choices: %(choices)s."
-        if kwargs.get("action") == "store_true":
-            words = f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
-            help_text = f"{help_text} [env {name}: {words}]"
-            parser.add_argument(flag, help=help_text, **kwargs)  # type: ignore[arg-type]
-            return
-        # One default per flag: none shown where there is none, or the text says it.
-        shown = kwargs.get("default") not in (None, "") and "default:" not in help_text
-        notes = ["default: %(default)s"] if shown else []
-        notes += [f"range {bounds}"] if bounds is not None else []
-        said = f" ({'; '.join(notes)})" if notes else ""
-        parser.add_argument(
-            flag,
-            help=f"{help_text}{said} [env {name}]",
-            **kwargs,  # type: ignore[arg-type]
-        )
-
-    add(
-        "--listen",
-        "HOST:PORT to serve /metrics, /healthz and /readyz on.",
-        default="0.0.0.0:9445",
-        metavar="HOST:PORT",
-    )
-    add(
-        "--interval",
-        "Seconds between sample cycles.",
-        default="5",
-        metavar="SECONDS",
-        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
-    )
-    add(
-        "--slow-interval",
-        "Seconds between reads of the NVML facts that change once in days or weeks (ECC "
-        "and row-remap counters, retired pages, PCIe replays and best link, NVLink states "
-        "and error counters, fans, power limit), the counters that cost milliseconds a read "
-        "(energy, clock-event time) and re-reads of the MIG layout; served as "
-        "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
-        "least --interval (the default follows a longer --interval).",
-        default=_plain(DEFAULT_SLOW_INTERVAL_S),
-        metavar="SECONDS",
-        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
-    )
-    add(
-        "--liveness-cycles",
-        f"/healthz and /readyz answer 503 (and the kubelet's liveness probe restarts the "
-        f"exporter) once no sample cycle has completed for this many intervals, e.g. an "
-        f"NVML call that never returns; at least {LIVENESS_STARTUP_GRACE_S:g} s before the first "
-        "cycle.",
-        default=str(LIVENESS_DEFAULT_CYCLES),
-        metavar="N",
-        bounds=Bounds(LIVENESS_MIN_CYCLES, LIVENESS_MAX_CYCLES, whole=True),
-    )
-    add(
-        "--ready-grace",
-        "/readyz answers 503, naming the likely cause, once the exporter has not seen the "
-        "node's GPUs for this many seconds: NVML down (no driver library in the container, "
-        "no driver, no permission), or NVML listing no GPU while the kubelet advertises "
-        "some (an unprivileged pod on a hardened NVIDIA container toolkit). /healthz is "
-        "not affected (a restart would not help).",
-        default=_plain(DEFAULT_READY_GRACE_S),
-        metavar="SECONDS",
-        bounds=Bounds(0, 86_400, "seconds"),
-    )
-    add(
-        "--web-config-file",
-        "TLS, client certificates, basic auth and response headers, in the Prometheus "
-        "exporter-toolkit web config format (docs/security.md); re-read when it or its "
-        "certificates change. /healthz and /readyz stay open for probes.",
-        default="",
-        metavar="PATH",
-    )
-    add(
-        "--http-header-timeout",
-        "Seconds a client may take to send a request's header; slower connections are closed.",
-        default="10",
-        metavar="SECONDS",
-        bounds=Bounds(0.1, 600, "seconds"),
-    )
-    add(
-        "--http-max-connections",
-        "Open HTTP connections at most; beyond it a new connection replaces one of the "
-        "client address holding the most (stalled or idle first, oldest first), or is "
-        "refused when every other one is being answered.",
-        default="128",
-        metavar="N",
-        bounds=Bounds(1, 10_000, whole=True),
-    )
-    add(
-        "--proc-root",
-        "Where the host's /proc is mounted; pids are read under it.",
-        default="/proc",
-        metavar="PATH",
-    )
-    add(
-        "--cgroup-root",
-        "Where the host's cgroup filesystem is mounted (read-only is enough): the CPU "
-        "throttling (cpu.stat) and pressure stall (cpu/io/memory.pressure, cgroup v2 only) "
-        "counters of containers that hold or use a GPU are read under it, to tell a GPU "
-        "starved of CPU or I/O (docs/why-idle.md); 'off': not read.",
-        default="/sys/fs/cgroup",
-        metavar="PATH",
-    )
-    add(
-        "--pod-resources-socket",
-        "The kubelet PodResources API unix socket.",
-        default=KUBELET_POD_RESOURCES_SOCKET,
-        metavar="PATH",
-    )
-    add(
-        "--pod-resources-interval",
-        "Seconds between scheduled PodResources refreshes; with cycles further apart, one "
-        "refresh a second before each cycle instead; a GPU process in a new "
-        "container asks for one at once (at most one every 2 s).",
-        default="30",
-        metavar="SECONDS",
-        bounds=Bounds(1, 3600, "seconds"),
-    )
-    add(
-        "--resource-names",
-        "Comma-separated extended resource names that are GPUs; a trailing * matches a prefix.",
-        default=",".join(GPU_RESOURCE_NAMES),
-        metavar="LIST",
-    )
-    add(
-        "--dra-drivers",
-        "Comma-separated DRA drivers whose devices are GPUs; their ResourceSlices on this "
-        "node are watched to resolve claimed devices ('' turns the watch off).",
-        default=",".join(GPU_DRA_DRIVERS),
-        metavar="LIST",
-    )
-    add(
-        "--node-name",
-        "This node's Kubernetes name (default: $NODE_NAME, else the hostname).",
-        default=env.get("NODE_NAME") or socket.gethostname(),
-        metavar="NAME",
-    )
-    add(
-        "--kube-api",
-        "Watch this node's pods through the Kubernetes API for pod and "
-        "container names ('off': never contact it).",
-        default="auto",
-        choices=("auto", "off"),
-    )
-    add(
-        "--kubeconfig",
-        "Kubeconfig for the pod watch; default: in-cluster config, else ~/.kube/config.",
-        default=None,
-        metavar="PATH",
-    )
-    add(
-        "--kube-events",
-        "Record Kubernetes Events (events.k8s.io/v1) on the pods and the Node a GPU fault "
-        "hits: GPUFatalXID, GPULost, GPUUnhealthy, GPUHealthy, GPUIsolationLeak, "
-        "GPUOrphanedMemory; aggregated and rate-limited (docs/kubernetes-events.md). "
-        "'auto': where Kubernetes API credentials exist and --kube-api is not off.",
-        default="auto",
-        choices=("auto", "off"),
-    )
-    add(
-        "--node-condition",
-        "Keep a GPUUnhealthy condition on this Node's status: True while a GPU is "
-        "unhealthy or lost, False when all are healthy, left alone when NVML cannot "
-        "tell. Needs patch on nodes/status.",
-        action="store_true",
-    )
-    add(
-        "--dra-device-taints",
-        "Create a DRA DeviceTaintRule (resource.k8s.io, KEP-5055) for each unhealthy GPU "
-        "a DRA driver publishes on this node, and delete it when the GPU is healthy "
-        "again, or when the device it selects is replaced (a new UUID under its name) "
-        "or gone. Needs get, list, create, delete on devicetaintrules.",
-        action="store_true",
-    )
-    add(
-        "--dra-device-taint-effect",
-        "The taints' effect; default: None, which shows the taint and changes nothing "
-        "(Kubernetes 1.35+); NoSchedule keeps new claims off the GPU.",
-        default="None",
-        choices=("None", "NoSchedule"),
-    )
-    add(
-        "--kube-writes",
-        "'on': send the Events, the node condition and the DeviceTaintRules the flags "
-        "above ask for. 'shadow': compute every one of them and count it "
-        "(gpu_exporter_kube_writes_shadowed_total{kind,reason}) and log it, but send "
-        "none (reads still happen), to compare fleet-wide before switching writes on. "
-        "'shadow=KIND,...' shadows only those kinds (event, node_condition, "
-        "device_taint_rule). Rollout: shadow, then on for a canary node pool, then on "
-        "everywhere (docs/install.md).",
-        default="on",
-        metavar="on|shadow|shadow=KIND,...",
-    )
-    add(
-        "--kube-writer-lease-namespace",
-        "Namespace of the node's writer Lease (coordination.k8s.io/v1, named "
-        "gpu-occupancy-exporter-<node>): of the exporters on one node only its holder "
-        "writes Events, the condition and taints; the others count them as shadowed "
-        "(default: $POD_NAMESPACE, else default).",
-        default=env.get("POD_NAMESPACE") or "default",
-        metavar="NAMESPACE",
-    )
-    add(
-        "--kube-writer-lease-duration",
-        "Seconds the writer Lease is held unrenewed before another exporter on the node "
-        "may take it (renewed every third of it; released at a clean shutdown). 0: no "
-        "lease, every exporter on the node writes.",
-        default="30",
-        bounds=Bounds(0, 3600, "seconds", whole=True),
-    )
-    add(
-        "--simulate",
-        "Run on a simulated GPU node instead of the real NVML: a shipped "
-        f"scenario ({', '.join(SHIPPED_SCENARIOS)}) or a YAML file.",
-        default=None,
-        metavar="SCENARIO",
-    )
-    add(
-        "--simulated-node",
-        "Run on a simulated node that another process serves ('python -m exporter.sim "
-        "SCENARIO --dir DIR'): only its NVML library is loaded here, as libnvidia-ml is "
-        "on a real node, so this process's CPU and memory are the exporter's own.",
-        default=None,
-        metavar="DIR",
-    )
-    add(
-        "--simulate-start",
-        "With --simulate: start the scenario's clock at this simulated second, its "
-        "timeline's events up to it applied at once, as if the node had been running "
-        "(e.g. 140 on node-8gpu: its XIDs, orphans and hog within a minute; README.md).",
-        default="0",
-        metavar="SECONDS",
-        bounds=Bounds(0, SIMULATE_START_MAX_S, "seconds"),
-    )
-    add(
-        "--simulate-speed",
-        "With --simulate: simulated seconds per real second. Counters grow per simulated "
-        "second, so rates over real time read this many times higher (docs/simulator.md).",
-        default="1",
-        metavar="FACTOR",
-        bounds=Bounds(SIMULATE_SPEED_MIN, SIMULATE_SPEED_MAX),
-    )
-    add(
-        "--per-process-metrics",
-        "Also export per-pid series (cardinality grows with processes).",
-        action="store_true",
-    )
-    add(
-        "--families-disable",
-        "Comma-separated globs over metric family names (as served: counters without "
-        "_total) not to serve, e.g. 'gpu_clock_event_*,gpu_memory_clock_hertz'. "
-        "--families-enable wins where both match; gpu_exporter_* is always served; a "
-        "pattern that matches nothing is an error (docs/metrics.md, 'Choosing families').",
-        default="",
-        metavar="LIST",
-    )
-    add(
-        "--families-enable",
-        "Comma-separated globs over metric family names to serve besides the default set, "
-        f"which leaves out {', '.join(DEFAULT_OFF)} (e.g. 'gpu_process_*'; '*': every "
-        "family).",
-        default="",
-        metavar="LIST",
-    )
-    add(
-        "--xid-class",
-        "Override the XID class table (docs/xid.md): comma-separated "
-        "CODE=CLASS with CODE 1..65535 and CLASS application, warning or fatal, e.g. "
-        "'13=fatal,94=warning'.",
-        default="",
-        metavar="LIST",
-    )
-    add(
-        "--xid-severity",
-        "Deprecated: the old name of --xid-class (the served label is `class`); "
-        "still accepted, to be removed no earlier than two releases on.",
-        default="",
-        metavar="LIST",
-    )
-    add(
-        "--health-xid-window",
-        "Seconds a fatal XID keeps its GPU unhealthy.",
-        default="3600",
-        metavar="SECONDS",
-        bounds=Bounds(1, 7 * 86400, "seconds"),
-    )
-    add(
-        "--retired-pages-limit",
-        "Retired memory pages at which a GPU is unhealthy.",
-        default="60",
-        metavar="N",
-        bounds=Bounds(1, 100_000, whole=True),
-    )
-    add(
-        "--idle-threshold",
-        "SM activity below which an allocated GPU counts as idle.",
-        default="0.05",
-        metavar="RATIO",
-        bounds=Bounds(0, 1),
-    )
-    add(
-        "--why-idle-throttled-ratio",
-        "Share of a GPU container's CFS periods throttled (cpu.stat nr_throttled / "
-        "nr_periods, over one cycle) above which its idle GPU time counts as cause "
-        "cpu_throttled. 0.2: a data loader throttled in 1 period in 5 is losing a fifth of "
-        "its CPU turns, enough to leave a GPU waiting; a few percent is the noise of a "
-        "limit set close to the mean. A correlation, not a proof (docs/why-idle.md).",
-        default="0.2",
-        metavar="RATIO",
-        bounds=Bounds(0.01, 0.99),
-    )
-    add(
-        "--why-idle-pressure-ratio",
-        "Stall share (cpu.pressure / io.pressure 'some', seconds per second over one "
-        "cycle) above which a GPU container's idle GPU time counts as cause cpu_pressure "
-        "/ io_pressure. 0.2, as for throttling: some task of the container waited a "
-        "fifth of the cycle for a CPU or for I/O, time its GPU work could not be fed; "
-        "on the 'some' line, not 'full', since one starved loader thread is enough to "
-        "idle a GPU. A correlation, not a proof (docs/why-idle.md).",
-        default="0.2",
-        metavar="RATIO",
-        bounds=Bounds(0.01, 0.99),
-    )
-    add(
-        "--orphan-threshold",
-        "MiB of device memory no listed process accounts for before "
-        "it is reported as orphaned ('unattributed').",
-        default="256",
-        metavar="MIB",
-        bounds=Bounds(0, 2**20, "MiB"),
-    )
-    add(
-        "--orphan-cycles",
-        "Consecutive cycles unaccounted memory, a process stuck in state D/Z, or "
-        "a process NVML lists with no /proc entry must persist before it is reported.",
-        default="3",
-        metavar="N",
-        bounds=Bounds(1, 10_000, whole=True),
-    )
-    add(
-        "--deleted-pod-grace",
-        "Seconds after a pod's deletion deadline before its live "
-        "processes count as orphaned ('deleted_pod').",
-        default="60",
-        metavar="SECONDS",
-        bounds=Bounds(0, 7 * 86400, "seconds"),
-    )
-    add(
-        "--kmsg",
-        "Also read 'NVRM: Xid' lines from the kernel log, so XIDs raised while the "
-        "exporter was down are counted.",
-        action="store_true",
-    )
-    add("--kmsg-path", "The kernel log device.", default="/dev/kmsg", metavar="PATH")
-    add(
-        "--dcgm",
-        "DCGM profiling fields and health: 'auto' tries the host engine named by "
-        f"${DCGM_REMOTE_HOSTENGINE_INFO}, the GPU Operator's nvidia-dcgm Service, then "
-        f"127.0.0.1:{DCGM_HOSTENGINE_PORT}, and only then starts an embedded host engine; "
-        "'off' never; HOST:PORT that host engine only.",
-        default="auto",
-        metavar="MODE",
-    )
-    add(
-        "--dcgm-operator-namespace",
-        "Comma-separated namespaces where --dcgm auto looks for the GPU Operator's "
-        f"nvidia-dcgm Service (nvidia-dcgm.<ns>.svc:{DCGM_HOSTENGINE_PORT}); 'auto': "
-        f"{', '.join(GPU_OPERATOR_NAMESPACES)}; '' none.",
-        default="auto",
-        metavar="LIST",
-    )
-    add(
-        "--dcgm-bindings-path",
-        "Directory holding DCGM's Python bindings (installed with "
-        "DCGM, e.g. /usr/local/dcgm/bindings/python3).",
-        default=None,
-        metavar="PATH",
-    )
-    add(
-        "--dcgm-library-path",
-        "Directory holding libdcgm.so.4 (DCGM 3: libdcgm.so.3), loaded from there before "
-        "the bindings look in /usr/lib/<arch>-linux-gnu and /usr/lib64; the chart's "
-        "init container copies it out of NVIDIA's DCGM image to such a directory.",
-        default=None,
-        metavar="PATH",
-    )
-    add("--log-level", "Log verbosity.", default="info", choices=LOG_LEVELS)
-    add("--log-format", "Log line format.", default="text", choices=("text", "json"))
     if snapshot:
-        parser.add_argument("--json", action="store_true", help="Print JSON, not tables.")
+        own = parser.add_argument_group(
+            "snapshot", "Its own flags; the exporter's flags below choose what it reads."
+        )
+        own.add_argument("--json", action="store_true", help="Print JSON, not tables.")
         window = Bounds(0.1, 60, "seconds")
-        parser.add_argument(
+        own.add_argument(
             "--window",
             default="1",
             type=window.check,
@@ -660,9 +798,12 @@ def build_parser(
             f"(default: %(default)s; range {window}).",
         )
     if doctor:
-        parser.add_argument("--json", action="store_true", help="Print JSON, not lines.")
+        own = parser.add_argument_group(
+            "doctor", "Its own flags; the exporter's flags below say what to check."
+        )
+        own.add_argument("--json", action="store_true", help="Print JSON, not lines.")
         deadline = Bounds(0.5, 120, "seconds")
-        parser.add_argument(
+        own.add_argument(
             "--timeout",
             default="10",
             type=deadline.check,
@@ -670,47 +811,69 @@ def build_parser(
             help="Seconds each check may take before it counts as failed (a silent "
             f"socket or API server) (default: %(default)s; range {deadline}).",
         )
+    for group in FLAG_GROUPS:
+        offered = [f for f in group.flags if not (snapshot and f.name in SERVER_ONLY_FLAGS)]
+        section = parser.add_argument_group(group.title, group.description) if offered else None
+        for flag in group.flags:
+            _add_flag(parser, section, flag, env, snapshot=snapshot)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """The values a numeric flag accepts: a finite number in ``low..high``, a whole one
-    when ``whole``. Every numeric flag (and its variable) is parsed by one, given as
-    ``add(..., bounds=Bounds(...))``: inf, nan, 1e400 and values out of range stop the
-    exporter with one line, instead of freezing the sample loop (``--interval inf``) or
-    failing later with a traceback; ``--help`` states the range."""
-
-    low: float
-    high: float
-    unit: str = ""  # "seconds", "MiB": how --help and errors name the value
-    whole: bool = False
-
-    def __str__(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
-        return f"{_plain(self.low)}..{_plain(self.high)}{unit}"
-
-    def check(self, text: str) -> float:
-        """``text`` as a number in range (an ``int`` when whole); the error's text is
-        one line for argparse or a variable's name to prefix."""
-        try:
-            value: float = int(text) if self.whole else float(text)
-        except ValueError:
-            kind = "a whole number" if self.whole else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r} is not {kind} in {self}") from None
-        if not (math.isfinite(value) and self.low <= value <= self.high):
-            raise argparse.ArgumentTypeError(f"{text} is not in the range {self}")
-        return value
-
-
-def _plain(number: float) -> str:
-    """1048576, not 1.04858e+06; 0.1, not 0.1000."""
-    return str(int(number)) if float(number).is_integer() else str(number)
-
-
-TRUE_WORDS = ("true", "1", "yes", "on")
-FALSE_WORDS = ("false", "0", "no", "off")
+def _add_flag(
+    parser: _Parser,
+    section: argparse._ArgumentGroup | None,
+    flag: Flag,
+    env: Mapping[str, str],
+    *,
+    snapshot: bool,
+) -> None:
+    """``flag`` in ``section`` with its variable, which is parsed after argparse, only
+    if the flag is not given; a flag of the server alone is not offered by ``snapshot``,
+    but parsed as its default."""
+    name = _env_name(flag.name)
+    dest = flag.name.lstrip("-").replace("-", "_")
+    bounds = flag.bounds
+    default: object = (
+        False if flag.switch else flag.default(env) if callable(flag.default) else flag.default
+    )
+    if name in env:
+        default = _FromEnv(env[name], name)
+        if flag.switch:
+            parser.from_env[dest] = lambda v: parse_boolean(v.text, v.variable)
+        elif bounds is not None:  # named by the variable, not the flag
+            parser.from_env[dest] = _variable_in(bounds)
+        else:
+            parser.from_env[dest] = lambda v: v.text
+    if section is None or (snapshot and flag.name in SERVER_ONLY_FLAGS):
+        if bounds is not None and isinstance(default, str):
+            default = bounds.check(default)
+        parser.set_defaults(**{dest: default})
+        return
+    if flag.switch:
+        words = f"{'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
+        section.add_argument(
+            flag.name,
+            action="store_true",
+            default=default,
+            help=f"{flag.help} [env {name}: {words}]",
+        )
+        return
+    help_text = flag.help
+    kwargs: dict[str, Any] = {"default": default}
+    if flag.metavar is not None:
+        kwargs["metavar"] = flag.metavar
+    if flag.choices is not None:
+        kwargs["choices"] = flag.choices
+        help_text += " Choices: %(choices)s."
+    if bounds is not None:
+        kwargs["type"] = bounds.check  # argparse applies it to string defaults too
+    # One default per flag: none shown where there is none, or the text says it.
+    shown = default not in (None, "") and "default:" not in help_text
+    notes = ["default: %(default)s"] if shown else []
+    notes += [f"range {bounds}"] if bounds is not None else []
+    said = f" ({'; '.join(notes)})" if notes else ""
+    section.add_argument(flag.name, help=f"{help_text}{said} [env {name}]", **kwargs)
 
 
 def parse_boolean(text: str, name: str) -> bool:

@@ -80,7 +80,7 @@ async def test_an_emptied_proc_root_is_procfs_down_never_every_process_dead(
 ) -> None:
     """The hostPath mount lost (the proc root an empty directory): no pid is "gone"."""
     caplog.set_level(logging.INFO, logger=LOGGER)
-    async with simulated_exporter(SCENARIO, argv=["--per-process"], first_cycle=False) as h:
+    async with simulated_exporter(SCENARIO, argv=["--per-process-metrics"], first_cycle=False) as h:
         live = await live_baseline(h)
         root = h.env.paths.proc_root
         away = root.with_name(root.name + ".away")
@@ -131,7 +131,7 @@ async def test_another_pid_namespaces_proc_is_procfs_down_never_every_process_de
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    async with simulated_exporter(SCENARIO, argv=["--per-process"], first_cycle=False) as h:
+    async with simulated_exporter(SCENARIO, argv=["--per-process-metrics"], first_cycle=False) as h:
         live = await live_baseline(h)
         root = h.env.paths.proc_root
         pod_namespace_proc(root)
@@ -154,7 +154,7 @@ async def test_another_pid_namespaces_proc_is_procfs_down_never_every_process_de
 async def test_a_proc_without_kthreadd_hidepid_or_a_lone_init_is_procfs_down() -> None:
     """A pod's /proc where the exporter is pid 1 with no thread 2 yet, or /proc mounted
     with hidepid=invisible for a reader that may not see kernel threads."""
-    async with simulated_exporter(SCENARIO, argv=["--per-process"], first_cycle=False) as h:
+    async with simulated_exporter(SCENARIO, argv=["--per-process-metrics"], first_cycle=False) as h:
         live = await live_baseline(h)
         root = h.env.paths.proc_root
         shutil.rmtree(root / "2")
@@ -172,7 +172,7 @@ async def test_a_proc_without_kthreadd_hidepid_or_a_lone_init_is_procfs_down() -
 async def test_a_cgroup_file_of_junk_is_owner_unknown_and_counted_never_host() -> None:
     """Every pid's stat and cgroup filled with random bytes (proc_attack.py garbage)."""
     noise = random.Random(21)
-    async with simulated_exporter(SCENARIO, argv=["--per-process"], first_cycle=False) as h:
+    async with simulated_exporter(SCENARIO, argv=["--per-process-metrics"], first_cycle=False) as h:
         await live_baseline(h)
         errors_before = (await h.scrape()).get("gpu_exporter_errors_total", **PROCFS)
         root = h.env.paths.proc_root

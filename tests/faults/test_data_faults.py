@@ -154,7 +154,7 @@ async def test_data_lost_gpu_not_fresh(record_fault: RecordFault) -> None:
         "pods": [pod("a", 1, 501), pod("b", 0, 502)],
         "timeline": [{"at": 3, "xid": {"gpu": 1, "code": 13}}, {"at": 10, "lose": 1}],
     }
-    async with simulated_exporter(scenario, argv=["--per-process"]) as h:
+    async with simulated_exporter(scenario, argv=["--per-process-metrics"]) as h:
         await h.refresh_pod_resources()
         await h.advance(5)
         first = await h.scrape()

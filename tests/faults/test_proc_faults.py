@@ -57,7 +57,7 @@ def make_readable(path: Path, text: str) -> None:
 
 async def test_proc_unreadable_files(record_fault: RecordFault) -> None:
     scenario: dict[str, object] = {"gpus": [{}, {}], "pods": [pod("a", 0, 501), pod("b", 1, 502)]}
-    async with simulated_exporter(scenario, argv=["--per-process"], first_cycle=False) as h:
+    async with simulated_exporter(scenario, argv=["--per-process-metrics"], first_cycle=False) as h:
         root = h.env.paths.proc_root
         cgroup = (root / "501" / "cgroup").read_text()
         make_unreadable(root / "501" / "cgroup")  # whose process is it? unknown
