@@ -114,10 +114,11 @@ async def left_rule(h: Harness, uuid: str) -> None:
 
 
 async def settle(h: Harness) -> None:
-    """Until the writer has counted nothing new a while and sent all it has."""
-    await quiet(h)
+    """Until the writer has acted on all it was handed (a whole turn since the last
+    offer) and sent all it has, then counted nothing new a moment more."""
     assert h.agent.reporter is not None
     await until(h.agent.reporter.settled, "the writer settled")
+    await quiet(h, settle_s=0.05)
 
 
 async def cycles_to(h: Harness, at: float) -> None:

@@ -189,6 +189,9 @@ class KubeReporter:
         self._rules: frozenset[TaintRule] | None = None
         self._healthy: frozenset[str] = frozenset()  # devices NVML judged healthy
         self._published: Published | None = None  # what the DRA drivers publish now
+        # offers that woke the thread, and the last of them a whole turn has acted on
+        self._offered = 0
+        self._turned = 0
         # counts, read by the agent every cycle
         self._events: dict[tuple[str, str], int] = {}
         self._writes: dict[tuple[str, str], int] = {}
@@ -252,13 +255,17 @@ class KubeReporter:
                 self._healthy = healthy
                 self._published = published
         if intents or condition is not None or rules is not None:
+            with self._lock:
+                self._offered += 1
             self._wake.set()
 
     def settled(self) -> bool:
         """Nothing handed over is waiting to be sent (a series count waiting for its
-        flush time counts as waiting). For tests and demos; racy by one turn."""
+        flush time counts as waiting), and a whole turn of the thread has ended since the
+        last ``offer()`` that woke it, so what it handed over was acted on: sent, held,
+        or backed off. For tests and demos."""
         with self._lock:
-            waiting = bool(self._intents)
+            waiting = bool(self._intents) or self._turned != self._offered
         return not waiting and self._retry is None and self.recorder.pending() == 0
 
     def event_counts(self) -> dict[tuple[str, str], int]:
@@ -394,6 +401,15 @@ class KubeReporter:
         return wait
 
     def _turn(self) -> None:
+        with self._lock:
+            offered = self._offered
+        try:
+            self._act()
+        finally:
+            with self._lock:
+                self._turned = offered
+
+    def _act(self) -> None:
         with self._lock:
             intents, self._intents = self._intents, []
             overflow, self._overflow = self._overflow, {}
