@@ -271,8 +271,8 @@ async def test_node_e2e_events_and_their_objects() -> None:
         uuid = {g.gpu: g.uuid for g in latest.health}
         node, shell = node_obj(h), ("Pod", "debug", "leaky-shell")
         wanted = {
-            "GPUFatalXID": [shell],  # XID 79 on GPU 6 at 40 s
-            "GPULost": sorted([node, shell]),  # lost at 41 s
+            "GPUFatalXID": [shell],  # XID 79 on GPU 6 at 20 s
+            "GPULost": sorted([node, shell]),  # lost at 21 s
             "GPUUnhealthy": sorted([node, shell]),
             "GPUIsolationLeak": [shell],  # its python3 on GPU 5
             # GPU 5: finetune's SIGKILLed 30 GiB; GPU 1: a stuck data worker; GPU 4: the

@@ -2,7 +2,7 @@
 
 The real rules wait minutes (`for: 5m`, `for: 1h`, 10-minute ages, 15-minute rate
 windows); promtool's unit tests (alerts/tests) check those exact durations. The e2e test
-runs a real Prometheus against the running exporter for about two minutes, so it loads a
+runs a real Prometheus against the running exporter for about a minute, so it loads a
 copy of alerts/gpu-occupancy-exporter.rules.yaml in which every time constant, and
 nothing else, is divided by ``SCALE`` with a floor of ``FLOOR_S`` seconds:
 
@@ -19,7 +19,7 @@ record's ranges and offsets shrink like an alert's, and each group's ``interval:
 divided by ``SCALE`` too, with a floor of one e2e evaluation (``EVALUATION_S``), not
 ``FLOOR_S``: an interval is not a window that must hold samples. Every function takes
 a ``scale`` other than ``SCALE`` for a run that needs longer windows
-(test_why_idle_e2e.py: 30).
+(test_why_idle_e2e.py: 30) or shorter ones (test_prometheus_e2e.py's alerts: 120).
 """
 
 from __future__ import annotations

@@ -31,6 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROCESS_LIFETIME_S = 300  # hard ceiling per child process, whatever happens to the test
 JOB = "e2e-gpu-occupancy-exporter"  # matches the rules' job=~".*gpu-occupancy-exporter.*"
 NODE = "sim-node-e2e"
+# The kubelet's PodResources list is refreshed every 30 s by default: on the e2e time
+# scale (a production minute per second or faster) that is half an hour, and a deleted
+# pod's allocation would outlive every rule's window. 2 s: still three refreshes inside
+# a source's staleness limit (3 periods) on a busy machine.
+POD_RESOURCES_INTERVAL_S = 2
 
 T = TypeVar("T")
 
@@ -198,6 +203,7 @@ def start_exporter(
     log_path: Path,
     secured: Secured | None = None,
     interval_s: float = 1.0,
+    pod_resources_interval_s: int = POD_RESOURCES_INTERVAL_S,
 ) -> Child:
     return Child(
         "exporter",
@@ -215,6 +221,8 @@ def start_exporter(
             "2",
             "--deleted-pod-grace",
             "5",
+            "--pod-resources-interval",
+            str(pod_resources_interval_s),
             "--dcgm",
             "off",
             *(["--web-config-file", str(secured.web_config)] if secured else []),

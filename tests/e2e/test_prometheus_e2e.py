@@ -2,14 +2,14 @@
 the alerting rules (on an e2e time scale, see shrink_rules.py) and the recording rules,
 checked through Prometheus' HTTP API. docs/e2e.md describes the run.
 
-One module-scoped run (~2 minutes) plays the scenario tests/e2e/node-e2e.yaml:
+One module-scoped run (~70 s) plays the scenario tests/e2e/node-e2e.yaml:
 1. start the exporter, then Prometheus (scrape and evaluation every second);
 2. poll until every expected alert has fired (bounded; progress is printed);
-3. while the exporter still runs: read every dashboard query, every recording rule and
-   every rule's health, and render the PNG plots;
+3. while the exporter still runs: read its /metrics and every rule's health;
 4. stop the exporter: GPUExporterDownDuringCriticalAlert must fire (a critical alert
-   fires for it); then drop its target from Prometheus'
-   configuration: GPUExporterAbsent must fire.
+   fires for it); meanwhile read every dashboard query and every recording rule over
+   the window that ended when it still ran, and render the PNG plots; then drop its
+   target from Prometheus' configuration: GPUExporterAbsent must fire.
 The tests below then assert on what the run saw; each failure message carries the alert
 states and the relevant lines of the exporter's last scrape.
 
@@ -103,8 +103,23 @@ NVIDIA_DASHBOARD = HERE / "dcgm-exporter-dashboard.json"
 DOCS_IMG = ROOT / "docs" / "img"
 BREAK = os.environ.get("GPU_E2E_BREAK", "")
 
-# Budgets (seconds). Every alert is expected ~80 s after the simulation starts (the last:
-# GPUAllocatedButIdle, a 15 s rate window filling up, then `for: 60s`); the rest is slack
+# The alert rules' time scale for this run: one production hour becomes 30 s (SCALE is
+# a minute to a second; the floor, FLOOR_S, stays). Twice SCALE because the slowest
+# expected alert, GPUAllocatedButIdle (`[15m]` and `for: 1h`), then fires ~45 s after
+# the simulation starts instead of ~80 s; every other window is at the floor or a few
+# seconds above it either way. The recording rules' windows (chargeback, right-sizing)
+# keep SCALE: they do not gate any wait, and a recorded sample stays a production minute.
+RUN_SCALE = 2 * SCALE
+# The main exporter's sample interval. GPUAllocatedButIdle compares a rate over 8 s with
+# 0.9, and the ledger's counters grow in whole cycles: at 1 s cycles an 8 s window, which
+# Prometheus' 1 s scrapes see in phase with them or not, holds 6 to 8 cycles (rate 0.86
+# to 1.14: measured), so the alert's `for:` restarts at random. At 0.5 s cycles each
+# scrape sees two of them (rate measured a flat 1.00); a late cycle costs 1/16 of the
+# window, no more than one cost the [15s] window of 1 s cycles on the 60 scale.
+MAIN_INTERVAL_S = 0.5
+
+# Budgets (seconds). Every alert is expected ~45 s after the simulation starts (the last:
+# GPUAllocatedButIdle, an 8 s rate window filling up, then `for: 30s`); the rest is slack
 # for a slow, busy CI machine. An alert that never fires costs the whole ALERTS_TIMEOUT_S:
 # about 3 minutes in all.
 START_TIMEOUT_S = 30
@@ -112,7 +127,7 @@ ALERTS_TIMEOUT_S = 150
 DOWN_TIMEOUT_S = 40
 FORMS_TIMEOUT_S = 30
 ABSENT_TIMEOUT_S = 50
-POLL_S = 1.0
+POLL_S = 0.5
 
 # Grafana's built-in variables for a query over the run: a 2 s step, and
 # $__rate_interval = max($__interval + scrape interval, 4 x scrape interval).
@@ -136,8 +151,8 @@ EXPECTED: dict[str, Expect] = {
         (
             {"gpu": "5", "kind": "dead_process"},  # kill -9 at t=20
             {"gpu": "1", "kind": "stuck_process"},  # state D at t=25
-            {"gpu": "4", "kind": "unattributed"},  # fork_orphan at t=30
-            {"gpu": "2", "kind": "deleted_pod"},  # delete_pod at t=35
+            {"gpu": "4", "kind": "unattributed"},  # fork_orphan at t=25
+            {"gpu": "2", "kind": "deleted_pod"},  # delete_pod at t=20
         )
     ),
     "GPUOrphanedMemoryLarge": Expect(({"gpu": "5"},)),  # 30 of 80 GiB
@@ -155,7 +170,7 @@ EXPECTED: dict[str, Expect] = {
     # GPU 8: llm-hami grows 22 GiB at t=25, leaving less than that
     "GPUSharedMemoryNearFull": Expect(({"gpu": "8"},)),
     "GPUAllocatedButIdle": Expect(
-        # GPU 6's allocation is not idle once the GPU is lost (t=41): it is broken,
+        # GPU 6's allocation is not idle once the GPU is lost (t=21): it is broken,
         # which GPUUnhealthy reports; idle time is not counted on a failed GPU
         ({"pod": "idle-reservation", "gpu": "7"}, {"pod": "tiny-kernels", "gpu": "4"}),
     ),
@@ -292,7 +307,7 @@ def missing_instances(
 
 
 def rule_file_for_run(tmp: Path) -> Path:
-    path = write_shrunk_rules(ALERT_RULES, tmp / "alerts.e2e.rules.yaml")
+    path = write_shrunk_rules(ALERT_RULES, tmp / "alerts.e2e.rules.yaml", scale=RUN_SCALE)
     if BREAK == "rule":  # self-check: a broken expression must fail the run
         text = path.read_text(encoding="utf-8")
         broken = text.replace(
@@ -521,15 +536,18 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     main_rules = [*rules, compat_rules_for_run(tmp), *chargeback, rightsizing]
     config = tmp / "prometheus.yml"
     secured = secure_main_exporter(tmp)
-    write_prometheus_config(config, {NODE: exporter_port}, main_rules, secured)
     forms_ports = {GKE_NODE: free_port(), DRA_NODE: free_port()}
     forms_config = tmp / "prometheus-forms.yml"
-    write_prometheus_config(forms_config, forms_ports, rules)
+    # Both Prometheus servers start without rules (see load_rules_after_first_scrape).
+    write_prometheus_config(config, {NODE: exporter_port}, [], secured)
+    write_prometheus_config(forms_config, forms_ports, [])
     forms_scenarios = {GKE_NODE: FORMS_SCENARIO, DRA_NODE: dra_variant(tmp)}
     children: list[Child] = []
     try:
         exporter_t0 = time.time()
-        exporter = start_exporter(SCENARIO, exporter_port, tmp / "exporter.log", secured)
+        exporter = start_exporter(
+            SCENARIO, exporter_port, tmp / "exporter.log", secured, interval_s=MAIN_INTERVAL_S
+        )
         children.append(exporter)
         forms_exporters = {
             node: start_exporter(forms_scenarios[node], port, tmp / f"exporter-{node}.log")
@@ -559,12 +577,6 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         prometheus = start_prometheus(binary, config, tmp / "tsdb", prom_port, tmp / "prom.log")
         children.append(prometheus)
         api = PromApi(prom_port)
-
-        def prometheus_ready() -> bool:
-            prometheus.check_alive()
-            return api.ready()
-
-        wait_until(prometheus_ready, timeout_s=START_TIMEOUT_S, what="Prometheus' /-/ready")
         forms_prom_port = free_port()
         forms_prometheus = start_prometheus(
             binary, forms_config, tmp / "tsdb-forms", forms_prom_port, tmp / "prom-forms.log"
@@ -572,22 +584,17 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         children.append(forms_prometheus)
         forms_api = PromApi(forms_prom_port)
         run = Run(api=api, sim_t0=sim_t0, prom_start=time.time())
-        wait_until(
-            lambda: api.series(f'up{{job="{JOB}"}} == 1'),
-            timeout_s=START_TIMEOUT_S,
-            what="the first successful scrape",
-            diagnostics=lambda: describe(api) + "\n" + prometheus.log_tail(),
+        load_rules_after_first_scrape(
+            prometheus, api, config, {NODE: exporter_port}, main_rules, secured
         )
         # Prometheus applies new targets on a 5 s tick: the first sample comes a little
         # after /-/ready. The plots start there.
         run.first_scrape = time.time() - POLL_S
+        load_rules_after_first_scrape(forms_prometheus, forms_api, forms_config, forms_ports, rules)
         print(f"[e2e] exporter and Prometheus up after {time.monotonic() - began:.1f} s")
 
         wait_for_expected_alerts(api, run, prometheus, exporter)
         run.main_end = time.time()
-        read_allocation_forms_run(forms_api, run, forms_prometheus)
-        for child in (forms_prometheus, *forms_exporters.values()):
-            child.stop()  # not needed any more: their CPU goes to the rest of the run
         run.fired = fired_since(api, run.prom_start)
         run.state = describe(api)
         main_url = f"https://127.0.0.1:{exporter_port}/metrics"
@@ -596,6 +603,17 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         run.without_password = http_get(
             main_url, secured=dataclasses.replace(secured, password="wrong")
         )[0]
+        run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
+        print(f"[e2e] main phase done after {time.monotonic() - began:.1f} s; stopping exporter")
+        # Stopped now, so that GPUExporterDownDuringCriticalAlert's `for:` runs while the
+        # rest is read: every query below is over [prom_start, main_end] or at main_end,
+        # all samples the exporter had served before it stopped.
+        exporter.stop()
+        stopped_at = time.time()
+
+        read_allocation_forms_run(forms_api, run, forms_prometheus)
+        for child in (forms_prometheus, *forms_exporters.values()):
+            child.stop()  # not needed any more: their CPU goes to the rest of the run
         run.dashboards = run_dashboard_queries(api, run.prom_start, run.main_end)
         with_series = sum(1 for r in run.dashboards if r.series)
         print(f"[e2e] {len(run.dashboards)} dashboard queries, {with_series} with series")
@@ -603,28 +621,28 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             r["record"]: len(api.series(r["record"], run.main_end))
             for r in recording_rules(RECORDING_RULES, COMPAT_RULES, *chargeback, rightsizing)
         }
-        run.rule_health = [(r["name"], r["health"], r.get("lastError", "")) for r in api.rules()]
         events = render_plots.load_events(SCENARIO)
         window = {"start": run.first_scrape, "end": run.main_end, "t0": sim_t0}
         run.plots = render_plots.render_all(api, **window, events=events, out_dir=tmp / "img")
         if os.environ.get("E2E_WRITE_IMAGES") == "1":
             render_plots.render_all(api, **window, events=events, out_dir=DOCS_IMG)
             print(f"[e2e] wrote the plots to {DOCS_IMG}")
-        print(f"[e2e] main phase done after {time.monotonic() - began:.1f} s; stopping exporter")
 
-        exporter.stop()
+        def stop_fired(name: str, since: float) -> bool:
+            """Firing at some evaluation since ``since`` (ALERTS history: the reading
+            above may outlast a firing that ends when the held alerts' windows do)."""
+            return bool(fired_since(api, since).get(name))
 
-        def stop_fired(name: str) -> bool:
-            return any(
-                a["labels"]["alertname"] == name and a["state"] == "firing" for a in api.alerts()
-            )
-
+        since = stopped_at
         for name, timeout_s in zip(STOP_PHASE, (DOWN_TIMEOUT_S, ABSENT_TIMEOUT_S), strict=True):
             if name == "GPUExporterAbsent":  # the target goes away entirely
                 write_prometheus_config(config, {}, main_rules, secured)
                 api.reload()
+                since = time.time()
             try:
-                wait_until(functools.partial(stop_fired, name), timeout_s=timeout_s, what=name)
+                wait_until(
+                    functools.partial(stop_fired, name, since), timeout_s=timeout_s, what=name
+                )
                 print(f"[e2e] {name} firing after {time.monotonic() - began:.1f} s")
             except AssertionError as exc:
                 print(f"[e2e] {exc}")
@@ -637,6 +655,38 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def load_rules_after_first_scrape(
+    prometheus: Child,
+    api: PromApi,
+    config: Path,
+    exporters: dict[str, int],
+    rule_files: list[Path],
+    secured: Secured | None = None,
+) -> None:
+    """Wait until Prometheus is ready and has scraped every target once, then load the
+    rules (a reload: rules apply at once, the unchanged scrape configuration keeps its
+    targets). Prometheus applies new targets only on a 5 s tick, twice over (discovery,
+    then the scrape manager), so its first scrape comes 5-11 s after it starts: with the
+    rules loaded from the start, `absent(up)` would hold for that long, and
+    GPUExporterAbsent's `for:` on this run's scale (8 s) could run out before any target
+    existed. The exporter's own alerts are about exporters that were scraped."""
+
+    def prometheus_ready() -> bool:
+        prometheus.check_alive()
+        return api.ready()
+
+    wait_until(prometheus_ready, timeout_s=START_TIMEOUT_S, what="Prometheus' /-/ready")
+    wait_until(
+        lambda: len(api.series(f'up{{job="{JOB}"}} == 1')) == len(exporters),
+        timeout_s=START_TIMEOUT_S,
+        what="the first successful scrape of every target",
+        diagnostics=lambda: describe(api) + "\n" + prometheus.log_tail(),
+    )
+    write_prometheus_config(config, exporters, rule_files, secured)
+    api.reload()
+    wait_until(lambda: len(api.rules()) > 0, timeout_s=START_TIMEOUT_S, what="the rules to load")
 
 
 # --- the rule rewriting (no Prometheus needed) ----------------------------------------

@@ -99,7 +99,7 @@ BUSY_TRAINERS = ("loader-starved", "cpu-bound")  # Job owners: need (most of) a 
 # a busy 2-core machine.
 START_TIMEOUT_S = 30
 WAIT_TIMEOUT_S = 120
-POLL_S = 1.0
+POLL_S = 0.5
 
 
 @dataclass
