@@ -193,6 +193,7 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+@pytest.mark.slow  # real bcrypt checks at the pace
 async def test_an_address_not_checked_since_the_flood_goes_ahead_of_the_flooders() -> None:
     """The state after a restart or a new hash: Prometheus's password is not cached yet,
     while more addresses than the queue holds, each checked once already, keep it full

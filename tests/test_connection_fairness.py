@@ -330,6 +330,7 @@ async def timed_status(port: int, source: str, request: bytes) -> tuple[str, flo
     return status, time.monotonic() - started
 
 
+@pytest.mark.slow  # a real exporter process under a flood
 async def test_a_fresh_scraper_gets_in_within_a_second_past_pipelining_non_readers() -> None:
     # 64 attackers, each from an address of its own holding one connection, as many as
     # the scraper's: the cap (16) is full of connections that keep having requests

@@ -557,6 +557,7 @@ class _ApiServer:
         self.server.server_close()
 
 
+@pytest.mark.slow  # waits out the kube checks' budget by design
 async def test_slow_denying_reviews_past_the_budget_still_fail_the_run(tmp_path: Path) -> None:
     """Reviews that take most of --timeout each: the kube checks overrun their budget.
     The denials already answered stand (the writes these flags make are asked first) and

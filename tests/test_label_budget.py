@@ -32,6 +32,7 @@ ADDED_ON_THE_WAY = ("__name__", "job", "instance", "node")
 ROOM_KEPT = 5
 
 
+@pytest.mark.slow  # every shipped scenario on the golden schedule, everything on
 @pytest.mark.parametrize("scenario", SHIPPED)
 async def test_no_served_series_exceeds_the_label_budget(scenario):
     measured = await measure(scenario, EVERYTHING)

@@ -89,6 +89,7 @@ def scenario(tmp_path: Path) -> Iterator[Path]:
     yield path
 
 
+@pytest.mark.slow  # a real exporter process past --ready-grace
 @pytest.mark.parametrize(
     ("root", "cause"),
     [

@@ -66,6 +66,7 @@ def test_a_churning_node_keeps_files_threads_objects_and_memory_flat() -> None:
     assert soak.growth_failures(aligned) == [], aligned
 
 
+@pytest.mark.slow  # a short soak in a process of its own
 def test_the_verdict_catches_one_float_per_churned_pid_that_gc_cannot_see() -> None:
     """The soak's measurement and verdict over PERIOD simulated cycles of a holder that
     keeps one float per new pid (the exporter is not involved: ``--leak`` shows the same

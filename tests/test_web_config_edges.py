@@ -262,6 +262,7 @@ def test_a_named_file_over_the_ceiling_is_refused_unread(tmp_path: Path) -> None
     assert "larger than 1 MiB" in str(raised.value) and str(huge) in str(raised.value)
 
 
+@pytest.mark.slow  # a reload made slow on purpose
 async def test_a_slow_reload_is_parsed_off_the_event_loop(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
