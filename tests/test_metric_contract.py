@@ -14,6 +14,7 @@ cycle
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -107,12 +108,42 @@ class Findings:
     sums: list[str] = field(default_factory=list)
 
 
+# (the family's "# TYPE" line, a sample line up to its value) -> (family, labels): a
+# scrape repeats most of the last one's series, and parsing them anew was most of the time
+_SERIES: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
+
+
+def _value(text: str) -> float:
+    """A sample's value as prometheus_client's parser reads it."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def parse(text: str) -> list[Series]:
-    return [
-        (family.name, dict(sample.labels), sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    ]
+    """Every sample of a scrape, as ``text_string_to_metric_families`` reads it: a line's
+    family and labels are parsed the first time the line's series is met (with its
+    family's TYPE line, which decides the family), its value every time."""
+    series: list[Series] = []
+    type_line = ""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            if line.startswith("# TYPE "):
+                type_line = line
+            continue
+        head, _, value_text = line.rpartition(" ")
+        value = _value(value_text)
+        known = _SERIES.get((type_line, head))
+        if known is None:
+            (family,) = text_string_to_metric_families(f"{type_line}\n{line}\n")
+            (sample,) = family.samples
+            # no timestamp: the text after the last space is the value
+            assert sample.timestamp is None, line
+            assert sample.value == value or (math.isnan(sample.value) and math.isnan(value)), line
+            known = _SERIES[type_line, head] = (family.name, dict(sample.labels))
+        series.append((known[0], dict(known[1]), value))
+    return series
 
 
 def total(series: Iterable[Series], family: str, uuid: str, **labels: str) -> float | None:
