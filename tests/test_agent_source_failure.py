@@ -1,6 +1,6 @@
 """A sampled source whose read raises (a bug, or a fault nobody foresaw) is down in that
 cycle's ``gpu_exporter_source_up``, with a reason, whatever its own status says: it
-was left up while its reading was missing (found by an adversarial review)."""
+was left up while its reading was missing (an adversarial review)."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ async def test_a_busy_answer_gives_the_addresses_token_back() -> None:
 
 
 async def test_fresh_addresses_flooding_cannot_keep_out_an_address_seen_before_them() -> None:
-    """adversary-c's auth_fresh.py at the worker, on a frozen clock: the pace allows one
+    """An adversarial review's auth_fresh.py at the worker, on a frozen clock: the pace allows one
     failed check per step, a NEW address floods in each step (one request each, as 30 a
     second did), and Prometheus's address, never checked, retries every 4 steps. Ranked
     by each request's arrival it got 503 every time (an earlier newcomer always ranked
@@ -302,7 +302,7 @@ def _bcrypt_check_s(config: Path) -> float:
 def test_a_flood_from_eight_addresses_does_not_lock_out_a_login_not_yet_cached(
     tmp_path: Path,
 ) -> None:
-    """adversary-b's auth_flood.py 8 0: eight addresses send wrong passwords (cost 12) as
+    """An adversarial review's auth_flood.py 8 0: eight addresses send wrong passwords (cost 12) as
     fast as they are answered; Prometheus, whose password is not cached yet (the state
     after a restart), tries once a second. It used to get 503 every time (the attackers'
     503s cost them nothing and refilled a queue of 4 first); now its address, checked

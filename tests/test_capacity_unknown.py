@@ -169,7 +169,7 @@ def test_dra_devices_follow_the_same_rule() -> None:
     (down,) = node_capacity(GPUS, HEALTH, None, [], slices, nvml_ok=True)
     assert (down.advertised, down.allocated, down.allocatable) == (3, None, None)
     # a pod's claims unreported (the kubelet's claims gate off): every DRA allocation
-    # is unknown, whether or not a process runs (adversary helper-34: "all free" between
+    # is unknown, whether or not a process runs (an adversarial review: "all free" between
     # a pod's kernels, absent during them)
     (gate_off,) = node_capacity(GPUS, HEALTH, pr, [], slices, nvml_ok=True, dra_unreported=True)
     assert (gate_off.advertised, gate_off.allocated, gate_off.allocatable) == (3, None, None)

@@ -175,7 +175,7 @@ async def test_a_fresh_scraper_gets_in_whatever_the_full_cap_sends(
 ) -> None:
     # Before: each of these refreshed its connection's "being answered" clock (any
     # "\r\n\r\n" counted as a request), so every slot looked busy and the scraper was
-    # refused: 1 scrape in 34 got in (adversary-b, http_lockout.py).
+    # refused: 1 scrape in 34 got in (an adversarial review, http_lockout.py).
     async with serving(max_connections=8) as (port, guard), attackers(port, 8, ATTACKER, attack):
         await asyncio.sleep(guard.min_age_s + 0.3)  # the cap is full of grown connections
         assert guard.stats.open == 8
@@ -306,7 +306,7 @@ async def test_a_stalled_tls_handshake_counts_against_the_cap(tmp_path: Path) ->
 async def pipelining_non_reader(port: int, source: str, hold_s: float, phase_s: float) -> None:
     """From ``source``, after ``phase_s``, again and again: one connection that pipelines
     50 scrapes through a 4 KiB receive buffer, reads none of the answers, and closes
-    after ``hold_s`` (adversary-c, conn_flood.py noread)."""
+    after ``hold_s`` (an adversarial review, conn_flood.py noread)."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(phase_s)
     while True:
@@ -337,7 +337,7 @@ async def test_a_fresh_scraper_gets_in_within_a_second_past_pipelining_non_reade
     # taken up while their answers pile up unread. Before: such a connection counted
     # as "in the middle of an answer" for as long as aiohttp kept taking its pipelined
     # requests, so it was never evicted, and the scraper's fresh connection was taken
-    # instead: at cap 32 with 96 attackers, 7 scrapes of 44 reset (adversary-c).
+    # instead: at cap 32 with 96 attackers, 7 scrapes of 44 reset (an adversarial review).
     # Their phases are spread over the hold, a steady 64 newcomers a second. Started
     # together, they came back in waves of 64, and a scrape arriving within the few
     # milliseconds in which the wave's last 16 had their first answers in the making

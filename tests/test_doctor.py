@@ -457,7 +457,7 @@ async def test_shadowed_writes_need_no_rbac() -> None:
     assert exit_status(list(checks.values())) == 0
 
 
-# -- the command -------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------
 
 
 def run_doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -505,7 +505,7 @@ def test_doctor_help_names_json_and_the_exporter_flags() -> None:
         assert flag in result.stdout
 
 
-# -- helper-40's attack: what it broke, held -------------------------------------------
+# -- an adversarial review: what it broke, held -------------------------------------------
 
 
 class _ApiServer:
@@ -684,7 +684,7 @@ def test_a_web_config_that_is_a_directory_is_one_line_not_a_traceback(tmp_path: 
 
 
 async def test_a_first_page_without_claims_cannot_clear_dra(tmp_path: Path) -> None:
-    """More pods than one page: no claim among those read proves nothing (helper-40)."""
+    """More pods than one page: no claim among those read proves nothing (an adversarial review)."""
     api = _ApiServer(delay_s=0.0, allowed=True, more_pods=True)
     try:
         async with node() as (config, _):

@@ -370,7 +370,7 @@ def test_a_full_table_drops_a_burst_of_new_keys_without_scanning_it_for_each() -
 def test_a_full_table_of_unsent_events_makes_room_for_a_more_urgent_one() -> None:
     """Full of GPUOrphanedMemory Events not yet sent (a Lease outage holds them), a
     GPULost takes the place of the newest of them; another GPUOrphanedMemory is dropped
-    itself (adversary H: the newest was dropped whatever it was)."""
+    itself (an adversarial review: the newest was dropped whatever it was)."""
     clock = Clock()
     r = recorder(clock, max_series=3)
     r.observe(tuple(intent(pod=p, reason="GPUOrphanedMemory") for p in "abc"))
@@ -391,7 +391,7 @@ def test_room_for_a_more_urgent_one_is_made_neither_from_the_retried_write_nor_l
     """Full of GPUOrphanedMemory Events: ``a`` sent with an occurrence still to send,
     ``b`` created but its answer not back (the writer's retry, ``keep``), ``c`` not
     sent. Two GPULost come: ``c`` and ``a``'s count make room, never ``b``, which its
-    retry settles (adversary helper-28: displaced and then created, counted twice; a
+    retry settles (an adversarial review: displaced and then created, counted twice; a
     sent series never made room)."""
     clock = Clock()
     r = recorder(clock, max_series=3)
@@ -417,7 +417,7 @@ def test_room_for_a_more_urgent_one_is_made_neither_from_the_retried_write_nor_l
 def test_time_held_is_not_spent_from_a_new_events_wait_for_a_token() -> None:
     """Events held 10 minutes (the writer Lease undecided) then let go: the burst goes,
     and the rest still wait CREATE_WAIT_S for tokens rather than being rate-limited at
-    once (adversary H: 25 created, every other one rate_limited on the spot)."""
+    once (an adversarial review: 25 created, every other one rate_limited on the spot)."""
     clock = Clock()
     r = recorder(clock)
     r.observe(tuple(intent(pod=f"p{i}") for i in range(NODE_BURST + 20)))

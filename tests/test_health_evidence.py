@@ -84,7 +84,7 @@ def test_an_unreadable_placeholder_leaves_no_fact() -> None:
     assert facts.unhealthy == {}
 
 
-# -- the node condition ----------------------------------------------------------------------
+# -- the node condition --------------------------------------------------------------------
 
 
 def test_the_condition_is_left_alone_when_no_gpu_is_unhealthy_but_one_is_unknown() -> None:

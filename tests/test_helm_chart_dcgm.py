@@ -211,7 +211,7 @@ def test_an_image_without_dcgm_leaves_the_volume_empty_and_the_pod_starting(
 
 def test_a_rerun_over_its_own_read_only_copy_succeeds(tmp_path: Path) -> None:
     """The init container runs again when the pod sandbox is recreated; the emptyDir keeps
-    the first run's files, read-only where the image's were (helper-41)."""
+    the first run's files, read-only where the image's were (an adversarial review)."""
     bindings, lib = dcgm_image(tmp_path / "image")
     for f in [*bindings.iterdir(), lib / "libdcgm.so.4.6.0"]:
         if f.is_file():

@@ -125,7 +125,7 @@ def test_gke_autopilot_is_refused_with_the_reason_and_the_way_out() -> None:
     assert "platform: gke" in message and "managed DCGM metrics" in message
 
 
-# -- helper-42's findings ------------------------------------------------------------
+# -- an adversarial review's findings ------------------------------------------------------
 
 ON = {"clusterPodMonitoring": {"enabled": True}}
 

@@ -389,7 +389,7 @@ async def test_two_exporters_make_and_remove_a_device_taint_rule_once() -> None:
 async def test_a_shadow_exporter_leaves_the_lease_to_the_one_that_writes() -> None:
     """A release in shadow mode beside one that writes (a fleet-wide shadow rollout left
     running): the shadow exporter does not compete for the Lease, so the writing one
-    sends every Event and condition it would send alone (adversary a2, B4: the shadow
+    sends every Event and condition it would send alone (an adversarial review: the shadow
     held the Lease and nothing reached the API)."""
     alone_events, alone_patches = await one_exporter_alone()
     shadow_argv = ["--kube-writes", "shadow", *WRITES_ARGV]
@@ -419,7 +419,7 @@ def _condition(h: Harness) -> str | None:
 async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None:
     """The only exporter on a DRA node holds the Lease; GPU 0 is lost at 30 s, the Lease
     API answers 500 from 50 s to 90 s, GPU 0 is back at 70 s. Once the Lease is held
-    again, the condition goes False and the taint is deleted (adversary a1, B1: the
+    again, the condition goes False and the taint is deleted (an adversarial review: the
     Node stayed True:GPULost and the rule on the healthy GPU for good, its own True
     read back as an earlier run's and held an hour)."""
     scenario: dict[str, object] = {
@@ -451,7 +451,7 @@ async def test_a_lease_regained_after_an_outage_writes_what_was_missed() -> None
     assert final == "False:GPUsHealthy"
     assert rules == []
     # The earlier run's False kept its time until the loss; the False after the outage
-    # is a new transition, after the True's (adversary H: it went back to 2020).
+    # is a new transition, after the True's (an adversarial review: it went back to 2020).
     assert transitions["False:GPUsHealthy"] == EARLIER_FALSE["lastTransitionTime"]
     assert _transition(h) > transitions["True:GPULost"] > EARLIER_FALSE["lastTransitionTime"]
 
@@ -502,7 +502,7 @@ async def test_warnings_raised_during_a_lease_outage_are_sent_once_it_is_held_ag
     """The only exporter holds the Lease; its API answers 500 from 20 s to 80 s, so the
     holder's renew deadline (20 s after its last renewal) passes at ~40 s and its state
     is unknown; GPU 1's fatal XID comes at 45 s. Its Events wait and are sent once the
-    Lease is held again, none counted as shadowed (adversary B5: all were shadowed and
+    Lease is held again, none counted as shadowed (an adversarial review: all were shadowed and
     never sent)."""
     argv = ["--node-condition", *LEASE_ARGV]
     async with simulated_exporter(two_gpus(), argv=argv, writer_on_simulated_clock=True) as h:
@@ -553,7 +553,7 @@ def puts_without_a_version(h: Harness) -> list[object]:
 async def test_an_answer_without_a_resource_version_is_read_again_before_the_next_update() -> None:
     """The Lease's answers lose their resourceVersion (a mangling proxy): the holder
     never PUTs without one (an unconditional update overwrites whoever holds the Lease
-    then): it reads the Lease again first, and keeps holding it (adversary W3)."""
+    then): it reads the Lease again first, and keeps holding it (an adversarial review)."""
     argv = ["--kube-writer-lease-duration", "3", *LEASE_ARGV]
     async with simulated_exporter(two_gpus(), argv=argv, first_cycle=False) as h:
         await until(lambda: reporter(h).lease_state() == "held", "the exporter to hold")
@@ -737,7 +737,7 @@ async def test_a_dead_holder_and_a_lease_that_cannot_be_taken_lose_no_warning(
     """A dead exporter's identity in the Lease, and every Lease request answered 409, or
     every answer without a resourceVersion: the writes are held (never shadowed: no
     renewal was ever seen), then written once 150 s have shown no live writer
-    (adversary helper-28: shadowed and lost, or held for good, nothing logged)."""
+    (an adversarial review: shadowed and lost, or held for good, nothing logged)."""
     argv = ["--node-condition", *LEASE_ARGV]
     async with simulated_exporter(
         two_gpus(),

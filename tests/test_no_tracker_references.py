@@ -4,7 +4,9 @@ A bare "issue 40" or "issue-26" in a comment, docstring or doc points at a track
 reader of the repository cannot open: say what was meant instead. A reference to another
 project's tracker is real and citable, so it is allowed when the same line names that
 project (one of OWNERS, e.g. "DCGM issue #214", "nvitop issue #75", or a github.com URL).
-A reference wrapped over two lines ("... (issue" / "40: ...") is caught too.
+A reference wrapped over two lines ("... (issue" / "40: ...") is caught too. So is a
+name of the development process's own ("helper-41", the agent that ran an adversarial
+review): no reader can look it up either; say "an adversarial review" and what it found.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ REFERENCE = re.compile(r"\bissues?[ _-]?#?\d+", re.IGNORECASE)
 # A line ending in "issue" (or "issue #") whose next line starts with the number.
 WRAPPED_HEAD = re.compile(r"\bissues?[ (#-]*$", re.IGNORECASE)
 WRAPPED_TAIL = re.compile(r"^[\s#/*\"'>-]*#?\d+\b")
+
+# The development process's own names for its reviewers: "helper-41", "adversary-b".
+PROCESS_NAME = re.compile(r"\bhelper-\d+\b|\badversary-[a-z0-9]+\b", re.IGNORECASE)
 
 # Projects whose trackers may be cited: the line must name one of them.
 OWNERS = (
@@ -70,6 +75,9 @@ def dangling_references(path: str, text: str) -> list[str]:
         context = line + (" " + lines[number] if wrapped else "")
         if OWNER.search(context) is None:
             found.append(f"{path}:{number}: {line.strip()}")
+    for number, line in enumerate(lines, start=1):
+        if PROCESS_NAME.search(line) is not None:
+            found.append(f"{path}:{number}: {line.strip()}")
     return found
 
 
@@ -80,6 +88,8 @@ def test_the_pattern_tells_a_dangling_reference_from_another_projects() -> None:
         "before the cadence tiers of issue-26",
         '"""Issue 41: the default used to select',
         "the node's wall clock (issue\n40: windows on the monotonic clock)",
+        "bounded, per count and in all (helper-41)",
+        "adversary-b's auth_flood.py 8 0",
     )
     for text in dangling:
         assert dangling_references("x", text), text

@@ -160,7 +160,7 @@ def test_a_host_engine_restart_never_flips_a_profiled_gpu_to_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DCGM connected with blank first reads, then values, then gone, then back blank:
-    the source is unknown until DCGM has answered, then dcgm throughout (helper-41)."""
+    the source is unknown until DCGM has answered, then dcgm throughout (an adversarial review)."""
     from exporter.model import DcgmMode
     from exporter.sources.dcgm import SETTLE_READS, DcgmSource
 
@@ -248,7 +248,7 @@ async def test_absent_host_engines_never_stall_the_sample_cycle(
     """The chart's default on a GPU Operator without its host engine: auto tries three
     addresses, each costing DCGM 4's connect timeout (1 s in auto). The cycle waits at
     most its DCGM deadline (a quarter of --interval, at most 1 s), then goes on; the
-    connect attempts finish on the worker thread (helper-41)."""
+    connect attempts finish on the worker thread (an adversarial review)."""
     state = a100_dcgm_state(tmp_path / "dcgm.json")
     data = json.loads(state.read_text())
     data["hostengines"] = []

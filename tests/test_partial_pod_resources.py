@@ -113,7 +113,7 @@ PARTIAL = {
 
 @pytest.mark.parametrize("case", sorted(PARTIAL))
 def test_a_partial_answer_is_no_leak_and_no_free_gpu(case: str) -> None:
-    """Before (found by an adversarial review): devices missing raised GPUIsolationLeak for
+    """Before (an adversarial review): devices missing raised GPUIsolationLeak for
     pod a; every case counted the GPUs its pods run on as allocatable."""
     analyses = run(PARTIAL[case])
     for seq, analysis in enumerate(analyses, start=1):
@@ -151,8 +151,8 @@ def test_a_container_listed_without_a_device_it_never_held_still_leaks() -> None
 def test_an_allocation_only_a_stale_answer_showed_is_not_remembered() -> None:
     """Pod a re-created under its name: the first answer its process meets predates it and
     still gives a/main GPU 0 (its predecessor's); the new pod got GPU 1 and its process
-    runs on GPU 0: a leak from the first answer that postdates the process (adversary
-    helper-34: the stale answer's allocation was remembered, and the leak hidden for good)."""
+    runs on GPU 0: a leak from the first answer that postdates the process (an
+    adversarial review: the stale answer's allocation was remembered, the leak hidden for good)."""
     policy = Policy()
     state = initial_state(policy, {})
     leaks = []
@@ -177,8 +177,8 @@ def test_an_allocation_only_a_stale_answer_showed_is_not_remembered() -> None:
 def test_an_owner_named_by_guess_is_not_remembered_as_allocated() -> None:
     """Pod a's `side` container (no GPU) runs on GPU 0, allocated to `main`; for one cycle
     the pod status does not list side's container id yet, so the process is named as
-    main's, allocated: side's leak is still reported once it is named (adversary
-    helper-34: the guess was remembered as an allocation, the leak never reported)."""
+    main's, allocated: side's leak is still reported once it is named (an
+    adversarial review: the guess was remembered as an allocation, the leak never reported)."""
     policy = Policy()
     state = initial_state(policy, {})
     leaks = []

@@ -116,7 +116,7 @@ def test_unresolved_xids_keep_the_pci_addresses_they_came_from() -> None:
 
 def test_unresolved_addresses_are_bounded_over_all_counts() -> None:
     """A hostile kernel log: 2,000 XID numbers from 40 addresses no GPU has. The counts
-    are the log's; the addresses kept stay bounded, per count and in all (helper-41)."""
+    are the log's; the addresses kept stay bounded, per count and in all (an adversarial review)."""
     from exporter.analysis.xid import MAX_UNRESOLVED_PCI, MAX_UNRESOLVED_PCI_TOTAL
 
     events = [

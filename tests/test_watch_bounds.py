@@ -198,7 +198,7 @@ def test_a_reset_connection_is_one_request_not_four(
         server.stop()
 
 
-# -- 2. Retry-After, ours ---------------------------------------------------------------------
+# -- 2. Retry-After, ours ------------------------------------------------------------------
 
 
 def test_retry_after_is_honoured_counted_and_said(
@@ -250,7 +250,7 @@ def test_the_wait_after_a_429_is_retry_after_capped_at_the_backoff_ceiling() -> 
     assert watcher._watch_failed(exc).delay_s <= 0.8
 
 
-# -- 3. other nodes, a ceiling, O(1) per event -------------------------------------------------
+# -- 3. other nodes, a ceiling, O(1) per event ---------------------------------------------
 
 
 def test_pods_of_other_nodes_are_dropped_when_the_server_ignores_the_selector(
@@ -351,7 +351,7 @@ def test_each_event_costs_a_dict_update_and_the_sort_happens_once_per_read() -> 
     assert len(watcher.snapshot().pods) == 1999 and watcher.builds == 2
 
 
-# -- 4. deadlines ------------------------------------------------------------------------------
+# -- 4. deadlines --------------------------------------------------------------------------
 
 
 @pytest.mark.slow  # the watch deadline is its window (1 s) + 10 s

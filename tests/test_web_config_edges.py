@@ -1,4 +1,4 @@
-"""adversary-b's web-config findings, each through the real code path: a header value
+"""An adversarial review's web-config findings, each through the real code path: a header value
 with a control character, an integer over Python's 4,300-digit limit, a file caught
 half-written that parses, users of different bcrypt costs, certificate files that are
 FIFOs or huge, and a reload whose parsing takes seconds."""
@@ -266,7 +266,7 @@ def test_a_named_file_over_the_ceiling_is_refused_unread(tmp_path: Path) -> None
 async def test_a_slow_reload_is_parsed_off_the_event_loop(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """adversary-b's many_keys.yml: 1 MiB of 100,000 keys takes seconds to parse. The
+    """An adversarial review's many_keys.yml: 1 MiB of 100,000 keys takes seconds to parse. The
     request that starts the look is answered at once, not after the parse."""
     path = tmp_path / "web.yml"
     path.write_text("http_server_config:\n  headers:\n    X-Frame-Options: DENY\n")

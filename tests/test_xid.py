@@ -992,7 +992,7 @@ async def test_closing_the_last_listener_puts_the_signal_back_to_its_default(
     interrupt_signal: None,
 ) -> None:
     """A signal sent from outside while the event loop closes was written to the loop's
-    closed wake-up pipe ("Exception ignored ... Bad file descriptor", adversary-35): once
+    closed wake-up pipe ("Exception ignored ... Bad file descriptor", an adversarial review): once
     no listener waits, the handler goes and the signal is ignored again."""
     signal.signal(INTERRUPT_SIGNAL, signal.SIG_DFL)
     sim_node()
@@ -1028,7 +1028,7 @@ def test_on_a_sped_up_node_an_xid_arrives_when_its_time_comes(
     listen: Callable[..., Listening],
 ) -> None:
     """--simulate-speed 20: the simulated wait sleeps until the next XID is due in real
-    seconds (its `at` over the speed), not in simulated ones (adversary-35)."""
+    seconds (its `at` over the speed), not in simulated ones (an adversarial review)."""
     origin = time.monotonic()
     clock = monotonic_clock(0.0, 20.0, origin=origin)
     timeline = [{"at": 30, "xid": {"gpu": 0, "code": 31}}]

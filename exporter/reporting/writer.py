@@ -320,7 +320,7 @@ class KubeReporter:
         stay as this process first read them: its own verdicts since its start (also
         those computed while it could not write) are as good as any other exporter's
         on this node, and reading its own True back as an earlier run's held it an
-        hour on a healthy GPU (adversary a1, B1)."""
+        hour on a healthy GPU (an adversarial review)."""
         assert self._client is not None and self._lease is not None
         if self._lease.step(cast(LeaseClient, self._client), self._clock()):
             self._sent_condition = None

@@ -86,7 +86,7 @@ def interrupt_handler_ready() -> bool:
 def release_interrupt_handler() -> None:
     """Once no listener waits, our handler goes and the signal is back at its default
     (ignored), so one sent from outside while the event loop closes is not written to
-    the loop's closed wake-up pipe (adversary-35). Main thread only (Python's rule for
+    the loop's closed wake-up pipe (an adversarial review). Main thread only (Python's rule for
     setting handlers); elsewhere the handler stays, as harmless as before."""
     if threading.current_thread() is not threading.main_thread():
         return

@@ -126,7 +126,7 @@ async def test_writer_lease_api_unreachable(
     """The Lease API answers 500 from the start (the API server up for the rest): the
     Warnings are held while the Lease may still decide, then, 150 s (5 durations) of
     failures on, the exporter writes without a lease and says so, once; the Lease
-    answering again makes it the holder (adversary H: held, and logged at debug only,
+    answering again makes it the holder (an adversarial review: held, and logged at debug only,
     for as long as the outage lasted)."""
     caplog.set_level(logging.WARNING, logger="exporter.reporting.lease")
     argv = ["--node-condition", *LEASE_ARGV]

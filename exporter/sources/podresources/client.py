@@ -76,7 +76,7 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 
 # File descriptors a channel needs before its first call (the socket, gRPC core's epoll
 # sets and wake-up fds), with room to spare: with 14-16 free, a refresh already worked
-# or failed by turns (adversary-33), never with fewer than ~13.
+# or failed by turns (an adversarial review), never with fewer than ~13.
 CHANNEL_DESCRIPTORS = 32
 
 
