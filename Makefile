@@ -12,8 +12,8 @@ lint:  ## ruff, formatting, strict types for exporter/, benchmarks/ and dashboar
 	$(BIN)/mypy tests
 	$(BIN)/mypy benchmarks dashboards image  # scripts importing each other by name: a run of their own
 
-test-fast:  ## everything but the e2e and slow tiers (about a minute)
-	$(BIN)/pytest -m "not e2e and not slow"
+test-fast:  ## the quick loop: everything but the e2e and slow tiers, one worker per core
+	$(BIN)/pytest -n auto --dist loadfile -m "not e2e and not slow" --durations=10
 
 test:  ## every test, as CI runs them: one worker per core, each file on one worker
 	$(BIN)/pytest -n auto --dist loadfile

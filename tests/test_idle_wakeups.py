@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from exporter.reporting.writer import QUIET_WAKE_S, Client, KubeReporter, ReportingOptions
 
 
@@ -41,6 +43,7 @@ class _NothingToSend:
         raise AssertionError(f"the writer asked the API server: {name}")
 
 
+@pytest.mark.slow  # seconds of an idle writer, counted
 def test_a_writer_with_nothing_to_send_sleeps_quietly() -> None:
     """Nothing handed over, nothing failed: the writer thread wakes every QUIET_WAKE_S
     (10 s), not every second; offer() wakes it when a cycle has news."""

@@ -354,6 +354,7 @@ def relisted(fake: FakeKubeApi, times: int) -> bool:
     return lists(fake) == times
 
 
+@pytest.mark.slow  # real relist waits
 def test_410_gone_twice_in_a_row_relists_each_time_and_never_marks_the_source_down(
     fake: FakeKubeApi,
     make_watcher: Callable[..., ResourceSliceWatcher],

@@ -94,6 +94,7 @@ def test_the_verdict_catches_one_float_per_churned_pid_that_gc_cannot_see() -> N
     assert soak.blocks_per_period(trend) > soak.MAX_BLOCKS_PER_PERIOD, trend
 
 
+@pytest.mark.slow  # a short soak in a process of its own
 def test_tracked_objects_leave_out_tuples_the_collector_is_about_to_untrack() -> None:
     """The renderer keys each served series, at every render, as (name, ((label, value),
     ...)): tuples of strings, which the collector untracks one level of nesting per

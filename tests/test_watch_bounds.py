@@ -136,6 +136,7 @@ def make_watcher(tmp_path: Path) -> Iterator[Callable[..., PodWatcher]]:
 # -- 1. one request per LIST ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of real LIST budget
 def test_a_429_is_one_request_and_the_lists_stay_within_the_budget(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:
@@ -152,6 +153,7 @@ def test_a_429_is_one_request_and_the_lists_stay_within_the_budget(
     assert not watcher.status().up
 
 
+@pytest.mark.slow  # seconds of real LIST budget
 def test_resyncs_spend_the_list_budget_where_no_backoff_paces_them(
     fake: FakeKubeApi, make_watcher: Callable[..., PodWatcher]
 ) -> None:

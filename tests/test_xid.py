@@ -897,6 +897,7 @@ def interrupt_signal() -> Iterator[None]:
     signal.signal(INTERRUPT_SIGNAL, before)
 
 
+@pytest.mark.slow  # a real wait, then a stop
 def test_the_default_wait_is_long_and_stop_interrupts_it(
     listen: Callable[..., Listening], interrupt_signal: None
 ) -> None:

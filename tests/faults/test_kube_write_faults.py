@@ -242,6 +242,7 @@ async def test_kube_writes_403(record_fault: RecordFault) -> None:
     )
 
 
+@pytest.mark.slow  # a slow API server, waited out
 async def test_kube_writes_slow(record_fault: RecordFault) -> None:
     """Three writes answered 1 s late (the API server under load)."""
     delay_s = 1.0
