@@ -37,8 +37,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     With ``--dist loadfile`` a worker takes a whole file: started last, the longest files
     (the soak, the e2e run, the image build) left one worker running them alone while the
     other had nothing left, minutes of the suite's time on 2 cores."""
-    heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    heavy |= {item.path for item in items if item.get_closest_marker("e2e") is not None}
+    heavy = {
+        item.path
+        for item in items
+        if item.get_closest_marker("slow") or item.get_closest_marker("e2e")
+    }
     items.sort(key=lambda item: item.path not in heavy)  # stable: files stay whole
 
 

@@ -241,7 +241,10 @@ class KubeReporter:
         published = published_devices(analysis, opts.dra_drivers) if opts.device_taints else None
         pod_meta = analysis.node.pod_meta
         offset = pod_meta.server_offset_s if pod_meta is not None else None
+        wakes = bool(intents) or condition is not None or rules is not None
         with self._lock:
+            if wakes:
+                self._offered += 1
             if offset is not None:
                 self._server_offset_s = offset
             room = MAX_WAITING_INTENTS - len(self._intents)
@@ -254,9 +257,7 @@ class KubeReporter:
                 self._rules = rules
                 self._healthy = healthy
                 self._published = published
-        if intents or condition is not None or rules is not None:
-            with self._lock:
-                self._offered += 1
+        if wakes:
             self._wake.set()
 
     def settled(self) -> bool:
