@@ -194,6 +194,7 @@ def policy_from(config: Config) -> Policy:
             throttled_ratio=config.why_idle_throttled_ratio,
             pressure_ratio=config.why_idle_pressure_ratio,
         ),
+        tolerated_taint_keys=frozenset(config.capacity_tolerated_taints),
     )
 
 

@@ -90,6 +90,7 @@ class Config:
     dra_drivers: tuple[str, ...]
     log_level: str
     log_format: str  # "text" | "json"
+    capacity_tolerated_taints: tuple[str, ...] = ("nvidia.com/gpu",)
     snapshot: bool = False  # the `snapshot` subcommand, not the server
     snapshot_json: bool = False  # snapshot subcommand only
     snapshot_window_s: float = 1.0
@@ -523,6 +524,14 @@ _KUBERNETES_FLAGS = (
         "Kubeconfig for the pod watch; default: in-cluster config, else ~/.kube/config.",
         default=None,
         metavar="PATH",
+    ),
+    Flag(
+        "--capacity-tolerated-taints",
+        "Comma-separated Node taint keys GPU pods tolerate: a NoSchedule or NoExecute "
+        "taint with any other key counts the node's free GPUs as disrupted, not "
+        "allocatable (docs/capacity.md; '' : every such taint disrupts).",
+        default="nvidia.com/gpu",
+        metavar="LIST",
     ),
     Flag(
         "--kube-events",
@@ -1114,6 +1123,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         dcgm_bindings_path=args.dcgm_bindings_path,
         dcgm_library_path=args.dcgm_library_path,
         dra_drivers=tuple(d.strip() for d in args.dra_drivers.split(",") if d.strip()),
+        capacity_tolerated_taints=tuple(
+            k.strip() for k in args.capacity_tolerated_taints.split(",") if k.strip()
+        ),
         log_level=args.log_level,
         log_format=args.log_format,
         snapshot=snapshot,

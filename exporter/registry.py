@@ -25,6 +25,7 @@ from exporter.sources.dcgm import DcgmSource
 from exporter.sources.holder_scan import HolderScanSource
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.kube import PodWatcher
+from exporter.sources.node_watch import NodeWatcher
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.podresources.client import PodResourcesClient
 from exporter.sources.podresources.source import PodResourcesSource
@@ -76,6 +77,7 @@ def build_sources(
         )
         if kube and config.dra_drivers
         else None,
+        NodeWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,
         # after procfs, PodResources and the pod watch: it reads their readings
         CgroupReader(config.cgroup_root, clock=monotonic) if config.cgroup_root else None,
     ]

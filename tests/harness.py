@@ -31,6 +31,7 @@ from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 from exporter.sources.base import Source
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.kube import PodWatcher
+from exporter.sources.node_watch import NodeWatcher, node_scheduling
 from exporter.sources.podresources.source import PodResourcesSource
 from exporter.sources.xid import XidListener
 
@@ -113,6 +114,7 @@ class Harness:
         """
         await asyncio.to_thread(self.env.sync)
         await self._pod_watch_caught_up()
+        await self._node_watch_caught_up()
         due = sum(1 for x in self.env.node.xids if 0 < x.at <= self.clock())
         listener = self.xid_listener
         await _wait_for(
@@ -145,6 +147,20 @@ class Harness:
             await _wait_for(
                 lambda: {p.uid for p in watch.snapshot().pods} == wanted,
                 "the pod watch to see the API's pods",
+                timeout_s=2.0,
+            )
+
+    async def _node_watch_caught_up(self) -> None:
+        """As ``_pod_watch_caught_up``, for the Node a timeline cordons, taints or labels."""
+        watch, api = self.agent.source("node"), self.env.kube_api
+        if not isinstance(watch, NodeWatcher) or api is None or not _up(watch):
+            return
+        node = api.writes.node(watch.node_name)
+        wanted = node_scheduling(node) if node is not None else None
+        with contextlib.suppress(AssertionError):
+            await _wait_for(
+                lambda: watch.snapshot().node == wanted,
+                "the Node watch to see the API's Node",
                 timeout_s=2.0,
             )
 
@@ -262,7 +278,7 @@ async def simulated_exporter(
             if agent.reporter is not None:  # Events etc.: the writer thread, as start() does
                 agent.reporter.start()
             await asyncio.gather(*(s.prime(10.0) for s in agent.sources))
-            for name in ("kube", "resourceslices"):
+            for name in ("kube", "resourceslices", "node"):
                 watch = agent.source(name)
                 if watch is not None:
                     await _wait_for(lambda w=watch: _up(w), f"{name} watch to list")

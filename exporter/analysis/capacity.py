@@ -1,6 +1,15 @@
 """Node GPU capacity (pure): what the scheduler could still place on this node.
 
-    allocatable = healthy advertised devices - allocated healthy devices
+    allocatable = healthy advertised devices - allocated healthy devices - disrupted
+
+``disrupted``: healthy devices no allocation holds that a new pod could still not get,
+by reason (``DISRUPTION_REASONS``, docs/capacity.md): the node is cordoned, carries a
+NoSchedule/NoExecute taint that GPU pods are not known to tolerate (any key but
+``tolerated_taint_keys``), the GPU Operator is upgrading its driver, or (DRA) the
+driver tainted the device itself NoSchedule/NoExecute. A device may count under several
+reasons; ``disrupted`` counts it once. It rests on the Node watch: with no Node watched
+(no Kubernetes API) it is ``None`` and ``allocatable`` keeps its older meaning (healthy
+and not allocated); with the watch down, or no Node of this name, both are ``None``.
 
 Devices are counted per resource in the units the scheduler sees: whole GPUs, MIG
 instances and time-sliced replicas of a device plugin's extended resource (in whatever
@@ -33,10 +42,13 @@ from typing import Literal
 
 from exporter.analysis.devices import DeviceResolver
 from exporter.model import (
+    DISRUPTION_REASONS,
+    DRIVER_UPGRADE_IN_SERVICE,
     Allocation,
     DeviceCapacity,
     GpuHealth,
     GpuSample,
+    NodeSchedulingSnapshot,
     PodResourcesSnapshot,
     ResourceSliceSnapshot,
     SliceDevice,
@@ -44,6 +56,14 @@ from exporter.model import (
 )
 
 NVML_RESOURCE = "nvidia.com/gpu"
+# Taint effects that keep a new pod off (PreferNoSchedule only discourages)
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# The taint the API server puts on a cordoned node (TaintNodeUnschedulable)
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+# Taint keys GPU pods are taken to tolerate: GPU node pools are commonly tainted
+# nvidia.com/gpu so that only GPU pods land there, and the ExtendedResourceToleration
+# admission plugin adds that toleration to every pod that requests nvidia.com/gpu.
+DEFAULT_TOLERATED_TAINT_KEYS = frozenset({"nvidia.com/gpu"})
 _GPU_UUID_PREFIX = "GPU-"  # a physical GPU's UUID (MIG UUIDs name no physical GPU)
 
 Verdict = Literal["healthy", "unhealthy", "unknown"]
@@ -59,6 +79,8 @@ def node_capacity(
     nvml_ok: bool,
     unaccounted: frozenset[str] = frozenset(),
     dra_unreported: bool = False,
+    scheduling: NodeSchedulingSnapshot | None = None,
+    tolerated_taint_keys: frozenset[str] = DEFAULT_TOLERATED_TAINT_KEYS,
 ) -> tuple[DeviceCapacity, ...]:
     """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
     ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU).
@@ -66,8 +88,11 @@ def node_capacity(
     ``unaccounted``: GPUs a pod's process uses that the answer does not account for
     (``Attribution.unaccounted_gpus``); a resource with a device on one that no listed
     allocation takes has unknown ``allocated`` and ``allocatable``. ``dra_unreported``: a
-    pod's claims go unreported in the answer, so every DRA driver's are unknown."""
+    pod's claims go unreported in the answer, so every DRA driver's are unknown.
+    ``scheduling``: the Node watch's reading (None: not watched)."""
     resolver = DeviceResolver(gpus, slices)
+    # resource -> device ids the DRA driver tainted NoSchedule/NoExecute
+    device_tainted: dict[str, set[str]] = {}
     # resource -> device id -> physical GPU UUID (None: names no GPU)
     advertised: dict[str, dict[str, str | None]] = {}
     kubelet_ok = pod_resources is not None and pod_resources.ok and pod_resources.allocatable_ok
@@ -81,6 +106,8 @@ def node_capacity(
             uuid = resolver.claim(device.driver, device.pool, device.name).uuid
             key = f"{device.pool}/{device.name}"
             advertised.setdefault(device.driver, {})[key] = uuid or _published_gpu(device)
+            if BLOCKING_EFFECTS.intersection(device.taint_effects):
+                device_tainted.setdefault(device.driver, set()).add(key)
     guessed = not kubelet_ok and not advertised and bool(gpus)
     if guessed:
         advertised[NVML_RESOURCE] = {g.uuid: g.uuid for g in gpus}
@@ -91,6 +118,7 @@ def node_capacity(
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
     drivers = {d.driver for d in slices.devices} if slices is not None and slices.ok else set()
+    node_reasons = node_disruptions(scheduling, tolerated_taint_keys)
     counts = []
     for resource, devices in sorted(advertised.items()):
         taken = allocated.get(resource, set()) if allocation_ok else None
@@ -100,8 +128,37 @@ def node_capacity(
             uuid in unaccounted and device not in taken for device, uuid in devices.items()
         ):
             taken = None  # one of them may be the unlisted container's
-        counts.append(_count(resource, devices, judge, taken))
+        tainted = device_tainted.get(resource, set())
+        watched = scheduling is not None
+        counts.append(_count(resource, devices, judge, taken, node_reasons, tainted, watched))
     return tuple(counts)
+
+
+def node_disruptions(
+    scheduling: NodeSchedulingSnapshot | None, tolerated_taint_keys: frozenset[str]
+) -> tuple[str, ...] | None:
+    """The reasons that keep new pods off every device of the node, sorted; () when
+    none does; None when it cannot be told (the watch is down, or no Node of this name).
+    With no Node watched at all, () (see the module's docstring)."""
+    if scheduling is None:
+        return ()
+    if not scheduling.ok or scheduling.node is None:
+        return None
+    node = scheduling.node
+    reasons = set()
+    if node.unschedulable:
+        reasons.add("cordoned")
+    for taint in node.taints:
+        if taint.effect not in BLOCKING_EFFECTS:
+            continue
+        if taint.key == UNSCHEDULABLE_TAINT:
+            reasons.add("cordoned")
+        elif taint.key not in tolerated_taint_keys:
+            reasons.add("node_taint")
+    upgrade = node.driver_upgrade_state
+    if upgrade is not None and upgrade not in DRIVER_UPGRADE_IN_SERVICE:
+        reasons.add("driver_upgrade")
+    return tuple(sorted(reasons))
 
 
 class _Judge:
@@ -131,21 +188,41 @@ class _Judge:
 
 
 def _count(
-    resource: str, devices: dict[str, str | None], judge: _Judge, taken: set[str] | None
+    resource: str,
+    devices: dict[str, str | None],
+    judge: _Judge,
+    taken: set[str] | None,
+    node_reasons: tuple[str, ...] | None,
+    device_tainted: set[str],
+    watched: bool,
 ) -> DeviceCapacity:
     verdicts = {d: judge(uuid) for d, uuid in devices.items()}
     healthy = {d for d, v in verdicts.items() if v == "healthy"}
     unhealthy = sum(1 for v in verdicts.values() if v == "unhealthy")
     unknown = len(verdicts) - len(healthy) - unhealthy
     allocated = None if taken is None else len(devices.keys() & taken)
+    free = healthy - taken if judge.ok and taken is not None else None
+    disrupted: set[str] | None = None
+    by_reason: dict[str, int] = {}
+    if free is not None and node_reasons is not None:
+        # every reason that can be told, 0 included: an absent one is unknown
+        known = DISRUPTION_REASONS if watched else ("device_taint",)
+        by_reason = {r: len(free) if r in node_reasons else 0 for r in known}
+        disrupted = set(free) if node_reasons else set()
+        tainted = free & device_tainted
+        disrupted |= tainted
+        by_reason["device_taint"] = len(tainted)
     return DeviceCapacity(
         resource=resource,
         advertised=len(devices),
         healthy=len(healthy) if judge.ok else None,
         unhealthy=unhealthy if judge.ok else None,
         allocated=allocated,
-        allocatable=len(healthy - taken) if judge.ok and taken is not None else None,
+        allocatable=None if free is None or disrupted is None else len(free - disrupted),
         unknown=unknown,
+        # not watched: the node's part is not known, so no total (module docstring)
+        disrupted=len(disrupted) if disrupted is not None and watched else None,
+        disrupted_by=tuple(sorted(by_reason.items())),
     )
 
 

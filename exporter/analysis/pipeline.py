@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from exporter.analysis.allocation_evidence import HeldKey, ProcessKey, settled_pids
 from exporter.analysis.attribution import attribute
-from exporter.analysis.capacity import node_capacity
+from exporter.analysis.capacity import DEFAULT_TOLERATED_TAINT_KEYS, node_capacity
 from exporter.analysis.cgroup_signals import cgroup_signals
 from exporter.analysis.health import HealthPolicy, KnownFacts, assess, with_known_facts
 from exporter.analysis.idle import IdlePolicy, account_idle
@@ -55,6 +55,8 @@ class Policy:
     orphans: OrphanPolicy = field(default_factory=OrphanPolicy)
     sharing: SharingPolicy = field(default_factory=SharingPolicy)
     why_idle: WhyIdlePolicy = field(default_factory=WhyIdlePolicy)
+    # Node taint keys GPU pods are taken to tolerate (--capacity-tolerated-taints)
+    tolerated_taint_keys: frozenset[str] = DEFAULT_TOLERATED_TAINT_KEYS
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ def analyse(
         nvml_ok=snapshot.nvml.ok,
         unaccounted=attribution.unaccounted_gpus,
         dra_unreported=attribution.dra_unreported,
+        scheduling=snapshot.node_scheduling,
+        tolerated_taint_keys=policy.tolerated_taint_keys,
     )
     elapsed, counted_to = elapsed_since(state.last_timestamp, elapsed_now, policy.idle)
     idle = account_idle(

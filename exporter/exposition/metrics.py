@@ -57,7 +57,15 @@ CLOCK_EVENT_REASONS = {
 _OCCUPANCY_FIELDS = {f"gpu_{field}_ratio": field for field in OCCUPANCY_FIELDS}
 # gpu_node_devices' ``state`` values: DeviceCapacity's fields (healthy + unhealthy +
 # unknown = advertised; docs/health.md).
-CAPACITY_STATES = ("advertised", "healthy", "unhealthy", "unknown", "allocated", "allocatable")
+CAPACITY_STATES = (
+    "advertised",
+    "healthy",
+    "unhealthy",
+    "unknown",
+    "allocated",
+    "allocatable",
+    "disrupted",
+)
 
 Labels = Mapping[str, str]
 
@@ -494,6 +502,9 @@ def _add_health(out: FamilyBuilder, analysis: Analysis, migs: dict[str, dict[str
             count = getattr(cap, state)
             if count is not None:  # None: its source is down (docs/health.md), not 0
                 out.add("gpu_node_devices", {"resource": cap.resource, "state": state}, count)
+        for why, devices in cap.disrupted_by:
+            disrupted = {"resource": cap.resource, "reason": why}
+            out.add("gpu_node_disrupted_devices", disrupted, devices)
     for idle in analysis.idle:
         labels = {**_where(idle.container, idle.device, migs), "device_id": idle.device_id}
         out.add("gpu_container_idle_allocated_seconds", labels, idle.idle_seconds_total)

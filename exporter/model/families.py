@@ -291,8 +291,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_node_devices": (
         GAUGE,
         STABLE + "Schedulable GPU devices of the node by resource and state: advertised, "
-        "healthy, unhealthy, unknown (health not judged), allocated, allocatable; a "
-        "state whose source is down is absent.",
+        "healthy, unhealthy, unknown (health not judged), allocated, allocatable, "
+        "disrupted (healthy and free, but cordoned, tainted or in a driver upgrade; "
+        "allocatable excludes them); a state whose source is down is absent.",
+    ),
+    "gpu_node_disrupted_devices": (
+        GAUGE,
+        EXPERIMENTAL + "Healthy, unallocated devices a new pod could not get, by resource and "
+        "reason: cordoned, node_taint, device_taint, driver_upgrade (a device may count "
+        "under several; docs/capacity.md). Absent when the Node cannot be read.",
     ),
     "gpu_container_idle_allocated_seconds": (
         COUNTER,

@@ -186,7 +186,7 @@ class GpuHealth:
 @dataclass(frozen=True, slots=True)
 class DeviceCapacity:
     """Devices of one extended resource (or DRA driver) by state: allocatable = healthy
-    advertised - allocated healthy; a device on an unhealthy GPU is unhealthy.
+    advertised - allocated healthy - disrupted; a device on an unhealthy GPU is unhealthy.
 
     healthy + unhealthy + unknown = advertised. ``None`` is a count the sources cannot
     give (docs/health.md): health while NVML is down, allocation while the kubelet is.
@@ -197,8 +197,14 @@ class DeviceCapacity:
     healthy: int | None
     unhealthy: int | None
     allocated: int | None
-    allocatable: int | None  # devices known healthy and not allocated
+    allocatable: int | None  # devices known healthy, not allocated and not disrupted
     unknown: int = 0  # advertised devices whose health no present source can judge
+    # Healthy devices no allocation holds that a new pod could still not get (a cordoned
+    # node, a taint, a driver upgrade); None: the Node (or its devices' taints) unknown.
+    disrupted: int | None = None
+    # (reason, devices) for each reason that can be told (0 included); a device may
+    # count under several
+    disrupted_by: tuple[tuple[str, int], ...] = ()
 
 
 @fast_init

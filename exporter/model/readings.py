@@ -322,6 +322,9 @@ class SliceDevice:
     pool: str
     name: str
     attributes: tuple[tuple[str, SliceAttribute], ...] = ()
+    # The effects of the taints the driver put on the device itself (resource.k8s.io/v1
+    # Device.taints, KEP-5055): "NoSchedule", "NoExecute", ... as the API spells them.
+    taint_effects: tuple[str, ...] = ()
 
     def attribute(self, name: str) -> SliceAttribute | None:
         for key, value in self.attributes:
@@ -354,6 +357,38 @@ class ResourceSliceSnapshot:
     timestamp: float
     error: str | None = None
     devices: tuple[SliceDevice, ...] = ()
+    counts: WatchCounts = WatchCounts()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTaint:
+    """One of the Node's ``spec.taints``."""
+
+    key: str
+    value: str = ""
+    effect: str = ""  # NoSchedule, PreferNoSchedule, NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScheduling:
+    """What this node's own Node object says about placing new pods on it."""
+
+    unschedulable: bool = False  # spec.unschedulable: cordoned
+    taints: tuple[NodeTaint, ...] = ()
+    # The GPU Operator's driver upgrade state, the node label
+    # nvidia.com/gpu-driver-upgrade-state (None: no such label)
+    driver_upgrade_state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSchedulingSnapshot:
+    """The Node watch's reading; ``node`` None: the API has no Node of this name (or it
+    was not read: ``ok`` False)."""
+
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    node: NodeScheduling | None = None
     counts: WatchCounts = WatchCounts()
 
 
@@ -460,6 +495,7 @@ class NodeSnapshot:
     pod_meta: PodMetaSnapshot | None = None
     dcgm: DcgmSnapshot | None = None
     resource_slices: ResourceSliceSnapshot | None = None  # None: DRA not watched
+    node_scheduling: NodeSchedulingSnapshot | None = None  # None: the Node not watched
     xid_events: tuple[XidEvent, ...] = ()  # raised since the last cycle (NVML event set)
     kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
     kmsg_overruns: int | None = None  # kernel-log ring overruns since start; None: not read
@@ -486,6 +522,7 @@ class Readings:
     pod_meta: PodMetaSnapshot | None = None
     dcgm: DcgmSnapshot | None = None
     resource_slices: ResourceSliceSnapshot | None = None
+    node_scheduling: NodeSchedulingSnapshot | None = None
     xid_events: tuple[XidEvent, ...] = ()
     kmsg_events: tuple[XidEvent, ...] = ()
     kmsg_overruns: int | None = None
@@ -506,6 +543,7 @@ class Readings:
             pod_meta=self.pod_meta,
             dcgm=self.dcgm,
             resource_slices=self.resource_slices,
+            node_scheduling=self.node_scheduling,
             xid_events=self.xid_events,
             kmsg_events=self.kmsg_events,
             kmsg_overruns=self.kmsg_overruns,

@@ -24,6 +24,22 @@ GPU_RESOURCE_NAMES: tuple[str, ...] = (
 # DRA drivers whose devices are GPUs (NVIDIA's k8s-dra-driver-gpu).
 GPU_DRA_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 
+# Why a healthy, unallocated device is no capacity now (gpu_node_disrupted_devices{reason},
+# docs/capacity.md): the node is cordoned (spec.unschedulable, or the
+# node.kubernetes.io/unschedulable taint the API server adds with it); a NoSchedule or
+# NoExecute taint on the Node that GPU pods are not known to tolerate; a NoSchedule or
+# NoExecute taint on the DRA device itself; the GPU Operator upgrading the node's driver.
+DISRUPTION_REASONS: tuple[str, ...] = ("cordoned", "node_taint", "device_taint", "driver_upgrade")
+# The GPU Operator's driver upgrade state label, and the states in which the node stays in
+# service: NVIDIA/k8s-operator-libs pkg/upgrade/consts.go (UpgradeStateLabelKeyFmt with
+# the driver name "gpu"; UpgradeStateUnknown "", UpgradeStateUpgradeRequired "No actions
+# are performed at this stage", UpgradeStateDone). Every other value (cordon-required,
+# wait-for-jobs-required, pod-deletion-required, drain-required, node-maintenance-required,
+# post-maintenance-required, pod-restart-required, validation-required, uncordon-required,
+# upgrade-failed, or one a newer operator adds) takes the node out of service.
+DRIVER_UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+DRIVER_UPGRADE_IN_SERVICE: frozenset[str] = frozenset({"", "upgrade-required", "upgrade-done"})
+
 
 # nv-hostengine's port (DCGM_HE_PORT_NUMBER), also the GPU Operator's nvidia-dcgm Service port.
 DCGM_HOSTENGINE_PORT: Final = 5555
@@ -128,6 +144,7 @@ SourceName = Literal[
     "podresources",
     "kube",
     "resourceslices",
+    "node",
     "cgroups",
 ]
 

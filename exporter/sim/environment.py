@@ -9,6 +9,7 @@ socket, and the real ``kubernetes`` client against a small HTTP endpoint.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -84,6 +85,7 @@ class SimEnvironment:
         # and go for ever, and this must not grow with them.
         self._first_pods = {f"{p.namespace}/{p.name}": p for p in scenario.pods}
         self._kube_slices: dict[str, dict[str, Any]] = {}
+        self._kube_node: tuple[str, str] | None = None  # the Node's spec and labels published
 
     async def start(self) -> SimPaths:
         if self._with_nvml:
@@ -221,6 +223,24 @@ class SimEnvironment:
                 self.kube_api.set_pod(pod)
         self._kube_pods = wanted
         self._sync_slices()
+        self._sync_node()
+
+    def _sync_node(self) -> None:
+        """Publish the Node's spec and labels as the timeline set them (its status stays
+        as the writes left it: the node condition is the exporter's)."""
+        api = self.kube_api
+        assert api is not None
+        with self.node.lock:
+            spec, labels = dict(self.node.node_spec), dict(self.node.node_labels)
+        published = (json.dumps(spec, sort_keys=True), json.dumps(labels, sort_keys=True))
+        if published == self._kube_node:
+            return
+        name = self.node.scenario.node_name
+        node = api.writes.node(name) or node_dict(name)
+        node["spec"] = {**node.get("spec", {}), **spec}
+        node["metadata"]["labels"] = labels
+        api.writes.set_node(node)
+        self._kube_node = published
 
     def _sync_slices(self) -> None:
         """Publish the node's ResourceSlices as its DRA driver would."""

@@ -2,11 +2,12 @@
 
 The exporter's API sources are the real ``kubernetes`` client; faking the HTTP server
 rather than the client keeps its whole code path (config loading, urllib3, chunked
-watch streams, 410 handling) under test. Only what ``PodWatcher`` and
-``ResourceSliceWatcher`` use is served: ``GET /api/v1/pods`` and
-``GET /apis/resource.k8s.io/v1/resourceslices``, each as a list or a watch, with
-``fieldSelector``. Like the real server, one resourceVersion counter (etcd's revision)
-spans both collections, and compaction (``expire_history``) expires watches of both.
+watch streams, 410 handling) under test. Only what ``PodWatcher``,
+``ResourceSliceWatcher`` and ``NodeWatcher`` use is served: ``GET /api/v1/pods``,
+``GET /apis/resource.k8s.io/v1/resourceslices`` and ``GET /api/v1/nodes``, each as a
+list or a watch, with ``fieldSelector`` (the Nodes are ``writes``'s, see there). Like
+the real server, one resourceVersion counter (etcd's revision) spans the collections,
+and compaction (``expire_history``) expires watches of all of them.
 
 Mutators (``set_pod``, ``delete_pod``, ``set_resource_slice``, ``delete_resource_slice``,
 ``expire_history``, ``disconnect_watchers``, ``send_raw``, ``send_huge_line``,
@@ -80,7 +81,7 @@ _QueueItem = tuple[
 # a 300 MiB line costs the fake one block, not 300 MiB.
 HUGE_LINE_BLOCK = 1024 * 1024
 
-Resource = Literal["pods", "resourceslices"]
+Resource = Literal["pods", "resourceslices", "nodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,12 @@ class _Collection:
 
 
 PODS = _Collection("pods", "/api/v1/pods", ("metadata", "uid"), _POD_FIELDS, "PodList", "v1")
+# What the real server lets Nodes be selected by (pkg/registry/core/node: NodeToSelectableFields)
+_NODE_FIELDS: dict[str, _FieldPath] = {
+    "metadata.name": ("metadata", "name"),
+    "spec.unschedulable": ("spec", "unschedulable"),
+}
+NODES = _Collection("nodes", "/api/v1/nodes", ("metadata", "name"), _NODE_FIELDS, "NodeList", "v1")
 RESOURCE_SLICES = _Collection(
     "resourceslices",
     "/apis/resource.k8s.io/v1/resourceslices",
@@ -343,6 +350,7 @@ class FakeKubeApi:
         self._objects: dict[Resource, dict[str, dict[str, Any]]] = {
             "pods": {},
             "resourceslices": {},
+            "nodes": {},
         }
         self._rv = 1
         self._min_rv = 0  # a watch from below this has missed forgotten events: 410
@@ -361,7 +369,12 @@ class FakeKubeApi:
         self._thread: threading.Thread | None = None
         self._thread_loop: asyncio.AbstractEventLoop | None = None
         # Events, Node status and DeviceTaintRules (kube_writes.py)
-        self.writes: KubeWrites = KubeWrites(resource_slices_served=lambda: self._slices_served)
+        # Its Nodes are the ones listed and watched here: every change to one (set_node,
+        # a status patch) is published to the watches of /api/v1/nodes.
+        self.writes: KubeWrites = KubeWrites(
+            resource_slices_served=lambda: self._slices_served,
+            on_node=lambda node: self._set(NODES, node),
+        )
         # The server's clock for its Date header (None: aiohttp's, the real time), and a
         # Date value served instead of it (a broken or hostile server: garbage, far off),
         # or none at all (``date_absent``: a proxy that strips it).
@@ -590,7 +603,7 @@ class FakeKubeApi:
     def app(self) -> web.Application:
         app = web.Application()
         app.on_response_prepare.append(self._stamp_date)
-        for what in (PODS, RESOURCE_SLICES):
+        for what in (PODS, RESOURCE_SLICES, NODES):
             app.router.add_get(what.path, functools.partial(self._handle, what))
         app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get_pod)
         self.writes.mount(app)

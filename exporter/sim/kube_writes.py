@@ -203,8 +203,16 @@ class KubeWrites:
     ResourceSlices (kube_api's ``set_resource_slices_served``).
     """
 
-    def __init__(self, *, resource_slices_served: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        *,
+        resource_slices_served: Callable[[], bool] = lambda: True,
+        on_node: Callable[[dict[str, Any]], object] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        # told of every Node as it stands after a change (kube_api publishes it to the
+        # watches of /api/v1/nodes); called outside the lock
+        self._on_node = on_node
         self._events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._taint_rules: dict[str, dict[str, Any]] = {}
@@ -270,6 +278,8 @@ class KubeWrites:
         with self._lock:
             node["metadata"]["resourceVersion"] = self._next_rv_locked()
             self._nodes[name] = node
+        if self._on_node is not None:
+            self._on_node(copy.deepcopy(node))
 
     def set_device_taint_rule(self, obj: Mapping[str, Any]) -> None:
         """Add a DeviceTaintRule as it would stand after an earlier run made it, with the
@@ -736,7 +746,9 @@ class KubeWrites:
                 new["metadata"] = copy.deepcopy(old["metadata"])
                 new["metadata"]["resourceVersion"] = self._next_rv_locked()
                 self._nodes[name] = new
-                return web.json_response(copy.deepcopy(new))
+            if self._on_node is not None:
+                self._on_node(copy.deepcopy(new))
+            return web.json_response(copy.deepcopy(new))
 
         return await self._write(request, handle)
 

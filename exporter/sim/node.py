@@ -159,6 +159,10 @@ class SimNode:
         # simulated time until which the kubelet, just restarted, answers List with no
         # pods (its pod list not filled yet); None: never restarted
         self.kubelet_empty_until: float | None = None
+        # The Node object's spec and labels as the timeline's `node:` events left them
+        # (environment.py publishes them to the API stand-in): cordon, taints, labels.
+        self.node_spec: dict[str, Any] = {}
+        self.node_labels: dict[str, str] = {}
         self._last_start_time = BOOT_TICKS - 1
         for proc in self.scenario.processes:
             proc.start_time = self._start_time(0.0)
@@ -688,6 +692,16 @@ class SimNode:
         elif event.action == "kubelet_restart":  # its List is empty for a while
             empty_for = args.get("empty_for", value if value is not None else 0.0)
             self.kubelet_empty_until = event.at + float(str(empty_for))
+        elif event.action == "node":  # kubectl cordon/taint/label, the GPU Operator's label
+            if "unschedulable" in args:
+                self.node_spec["unschedulable"] = bool(args["unschedulable"])
+            if "taints" in args:
+                self.node_spec["taints"] = [dict(t) for t in args["taints"] or ()]
+            for key, val in (args.get("labels") or {}).items():
+                if val is None:
+                    self.node_labels.pop(str(key), None)
+                else:
+                    self.node_labels[str(key)] = str(val)
         elif event.action == "terminate_pod":  # deletion requested, containers still run
             pod = self._pod(args.get("pod", value))
             grace = float(args.get("grace_s", 30))

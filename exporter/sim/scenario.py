@@ -443,6 +443,7 @@ _TIMELINE_ACTIONS = {
     "terminate_pod",
     "kmsg_overrun",
     "kubelet_restart",
+    "node",
 }
 
 
@@ -778,6 +779,8 @@ def _event(raw: object, i: int) -> SimEvent:
         _check_overrun(value, float(data["at"]), f"timeline[{i}]")
     if actions[0] == "fork_orphan":
         _check_fork(value, f"timeline[{i}].fork_orphan")
+    if actions[0] == "node":
+        _check_node(value, f"timeline[{i}].node")
     args = value if isinstance(value, dict) else {"value": value}
     if actions[0] == "add_pod":
         args = _added_pod_cgroups(args, f"timeline[{i}].add_pod")
@@ -810,6 +813,30 @@ def _check_fork(value: object, where: str) -> None:
         raise ScenarioError(
             f"{where}.parent_listed: {data['parent_listed']!r} is not true or false"
         )
+
+
+def _check_node(value: object, where: str) -> None:
+    """``node: {unschedulable, taints, labels}``: what ``kubectl cordon``, ``kubectl taint``
+    and ``kubectl label`` (or the GPU Operator) change on the Node. ``taints`` replaces
+    the list ({key, value, effect} each); a label set to null is removed."""
+    data = _expect_mapping(value, where)
+    _check_keys(data, {"unschedulable", "taints", "labels"}, where)
+    if "unschedulable" in data and not isinstance(data["unschedulable"], bool):
+        raise ScenarioError(
+            f"{where}.unschedulable: {data['unschedulable']!r} is not true or false"
+        )
+    taints = data.get("taints", [])
+    if not isinstance(taints, list):
+        raise ScenarioError(f"{where}.taints: expected a list of {{key, value, effect}}")
+    for j, taint in enumerate(taints):
+        t = _expect_mapping(taint, f"{where}.taints[{j}]")
+        _check_keys(t, {"key", "value", "effect"}, f"{where}.taints[{j}]")
+        if t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ScenarioError(
+                f"{where}.taints[{j}].effect: {t.get('effect')!r} is not NoSchedule, "
+                "PreferNoSchedule or NoExecute"
+            )
+    _expect_mapping(data.get("labels", {}), f"{where}.labels")
 
 
 def _check_overrun(value: object, at: float, where: str) -> None:

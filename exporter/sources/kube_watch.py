@@ -261,6 +261,8 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     description: ClassVar[str]  # "pod metadata": what is missing while it is down
     # The most objects of this node kept; more make the source down with nothing in it.
     max_objects: ClassVar[int]
+    # The field that names this node in an object of the collection (fieldSelector)
+    node_field: ClassVar[str] = "spec.nodeName"
 
     def __init__(
         self,
@@ -287,7 +289,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._list_deadline_s = list_deadline_s
         # Asked of the server, and checked here too: a server (or proxy) that ignores
         # the selector must not fill the cache with the whole cluster's objects.
-        self._selector = f"spec.nodeName={node_name}"
+        self._selector = f"{self.node_field}={node_name}"
         self._lock = threading.Lock()
         self._values: dict[str, V] = {}
         # The snapshot is built when read, at most once per change: an event costs a
@@ -367,9 +369,10 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         return backoff.next_delay()
 
     def _for_this_node(self, obj: Mapping[str, Any]) -> bool:
-        """Whether ``obj`` is one the field selector asked for (``spec.nodeName``)."""
-        spec = obj.get("spec")
-        return isinstance(spec, Mapping) and spec.get("nodeName") == self._node
+        """Whether ``obj`` is one the field selector asked for (``node_field``)."""
+        outer, _, inner = self.node_field.partition(".")
+        part = obj.get(outer)
+        return isinstance(part, Mapping) and part.get(inner) == self._node
 
     def _not_served(self, exc: BaseException) -> bool:
         """True when ``exc`` says this cluster has no such collection at all (an API

@@ -42,6 +42,9 @@ API_VERSION = "v1"
 # DRA enabled and the server restarted): ask again every few minutes, not every minute.
 NOT_SERVED_RETRY_S = 300.0
 MAX_SLICES = 1000
+# resource.k8s.io/v1 Device.taints: at most DeviceTaintsMaxLength = 16 per device
+# (k8s.io/api resource/v1/types.go); never more read, whatever a server sends
+MAX_DEVICE_TAINTS = 16
 NOT_SERVED = (
     f"{API_GROUP}/{API_VERSION} ResourceSlices are not served by this API server "
     "(Kubernetes before 1.34, or DRA disabled)"
@@ -81,7 +84,8 @@ def attribute_name(qualified: str, driver: str) -> str:
 
 def slice_devices(obj: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
     """A ResourceSlice as the API serialises it -> its devices, attributes flattened
-    and sorted by name; devices without a name are skipped."""
+    and sorted by name, the effects of their taints (KEP-5055) sorted; devices without
+    a name are skipped."""
     spec = obj.get("spec") or {}
     driver = str(spec.get("driver") or "")
     pool = str((spec.get("pool") or {}).get("name") or "")
@@ -95,7 +99,21 @@ def slice_devices(obj: Mapping[str, Any]) -> tuple[SliceDevice, ...]:
             value = attribute_value(attribute)
             if isinstance(qualified, str) and value is not None:
                 attributes[attribute_name(qualified, driver)] = value
-        devices.append(SliceDevice(driver, pool, device["name"], tuple(sorted(attributes.items()))))
+        taints = device.get("taints")
+        effects = tuple(
+            sorted(
+                {
+                    t["effect"]
+                    for t in taints[:MAX_DEVICE_TAINTS]
+                    if isinstance(t, Mapping) and isinstance(t.get("effect"), str)
+                }
+            )
+            if isinstance(taints, list)
+            else ()
+        )
+        devices.append(
+            SliceDevice(driver, pool, device["name"], tuple(sorted(attributes.items())), effects)
+        )
     return tuple(devices)
 
 
