@@ -90,7 +90,7 @@ class Config:
     dra_drivers: tuple[str, ...]
     log_level: str
     log_format: str  # "text" | "json"
-    capacity_tolerated_taints: tuple[str, ...] = ("nvidia.com/gpu",)
+    capacity_tolerated_taints: tuple[str, ...] = ()
     snapshot: bool = False  # the `snapshot` subcommand, not the server
     snapshot_json: bool = False  # snapshot subcommand only
     snapshot_window_s: float = 1.0
@@ -527,10 +527,11 @@ _KUBERNETES_FLAGS = (
     ),
     Flag(
         "--capacity-tolerated-taints",
-        "Comma-separated Node taint keys GPU pods tolerate: a NoSchedule or NoExecute "
-        "taint with any other key counts the node's free GPUs as disrupted, not "
-        "allocatable (docs/capacity.md; '' : every such taint disrupts).",
-        default="nvidia.com/gpu",
+        "Comma-separated Node taint keys GPU pods tolerate, whatever the effect. Any other "
+        "NoSchedule or NoExecute taint counts the node's free GPUs as disrupted, not "
+        "allocatable, except a NoSchedule taint keyed by the GPU's resource name "
+        "(nvidia.com/gpu for nvidia.com/gpu devices: docs/capacity.md).",
+        default="",
         metavar="LIST",
     ),
     Flag(

@@ -28,7 +28,8 @@ from exporter.model.readings import AllocatableDevices
 from exporter.sources.node_watch import MAX_TAINTS, node_scheduling
 from tests.harness import Scrape, simulated_exporter
 
-TOLERATED = frozenset({"nvidia.com/gpu"})
+NONE: frozenset[str] = frozenset()  # the default: no key tolerated whatever the effect
+GPU = "nvidia.com/gpu"
 
 
 def watched(node: NodeScheduling | None, ok: bool = True) -> NodeSchedulingSnapshot:
@@ -54,8 +55,12 @@ def watched(node: NodeScheduling | None, ok: bool = True) -> NodeSchedulingSnaps
         ),
         # a taint whose key could not be read still blocks
         (NodeScheduling(taints=(NodeTaint("", "", "NoSchedule"),)), ("node_taint",)),
-        # GPU pods tolerate the GPU pool's own taint; PreferNoSchedule only discourages
+        # GPU pods tolerate the GPU pool's own NoSchedule taint (ExtendedResourceToleration
+        # adds it), not a NoExecute one; PreferNoSchedule only discourages
         (NodeScheduling(taints=(NodeTaint("nvidia.com/gpu", "present", "NoSchedule"),)), ()),
+        (NodeScheduling(taints=(NodeTaint("nvidia.com/gpu", "", "NoExecute"),)), ("node_taint",)),
+        # an effect that could not be read blocks
+        (NodeScheduling(taints=(NodeTaint("maintenance", "", "?"),)), ("node_taint",)),
         (NodeScheduling(taints=(NodeTaint("maintenance", "x", "PreferNoSchedule"),)), ()),
         (NodeScheduling(driver_upgrade_state="drain-required"), ("driver_upgrade",)),
         (NodeScheduling(driver_upgrade_state="upgrade-failed"), ("driver_upgrade",)),
@@ -79,18 +84,24 @@ def watched(node: NodeScheduling | None, ok: bool = True) -> NodeSchedulingSnaps
 def test_the_reasons_a_node_takes_its_free_gpus_out_of_capacity(
     node: NodeScheduling, reasons: tuple[str, ...]
 ) -> None:
-    assert node_disruptions(watched(node), TOLERATED) == reasons
+    assert node_disruptions(watched(node), NONE, GPU) == reasons
 
 
-def test_with_no_tolerated_key_the_gpu_pool_taint_disrupts_too() -> None:
+def test_the_resource_keyed_toleration_is_that_resources_only() -> None:
     node = NodeScheduling(taints=(NodeTaint("nvidia.com/gpu", "present", "NoSchedule"),))
-    assert node_disruptions(watched(node), frozenset()) == ("node_taint",)
+    # a pod asking for nvidia.com/gpu.shared gets no toleration for nvidia.com/gpu
+    assert node_disruptions(watched(node), NONE, "nvidia.com/gpu.shared") == ("node_taint",)
+    # unless the operator says GPU pods tolerate it (--capacity-tolerated-taints)
+    said = frozenset({"nvidia.com/gpu"})
+    assert node_disruptions(watched(node), said, "nvidia.com/gpu.shared") == ()
+    noexec = NodeScheduling(taints=(NodeTaint("dedicated", "gpu", "NoExecute"),))
+    assert node_disruptions(watched(noexec), frozenset({"dedicated"}), GPU) == ()
 
 
 def test_a_node_that_cannot_be_read_is_unknown_never_in_service() -> None:
-    assert node_disruptions(watched(None), TOLERATED) is None  # no Node of this name
-    assert node_disruptions(watched(NodeScheduling(), ok=False), TOLERATED) is None
-    assert node_disruptions(None, TOLERATED) == ()  # not watched: see the next tests
+    assert node_disruptions(watched(None), NONE, GPU) is None  # no Node of this name
+    assert node_disruptions(watched(NodeScheduling(), ok=False), NONE, GPU) is None
+    assert node_disruptions(None, NONE, GPU) == ()  # not watched: see the next tests
 
 
 def four_gpus() -> tuple[list[GpuSample], list[GpuHealth]]:
@@ -179,16 +190,22 @@ def test_node_scheduling_reads_what_it_needs_and_survives_a_hostile_node() -> No
     )
     assert node == NodeScheduling(
         unschedulable=True,
-        taints=(NodeTaint("a", "b", "NoSchedule"), NodeTaint("", "", "")),
+        # what cannot be read is kept as a taint whose effect is "?": it blocks
+        taints=(NodeTaint("a", "b", "NoSchedule"), NodeTaint("", "", "?"), NodeTaint("", "", "?")),
         driver_upgrade_state="drain-required",
     )
-    # wrong types read as absent, never as a cordon
-    assert (
-        node_scheduling({"spec": {"unschedulable": "true", "taints": {"k": 1}}}) == NodeScheduling()
+    # a cordon of the wrong type is no cordon; taints of the wrong type are one that blocks
+    assert node_scheduling({"spec": {"unschedulable": "true", "taints": {"k": 1}}}) == (
+        NodeScheduling(taints=(NodeTaint("", "", "?"),))
     )
     assert node_scheduling({"spec": None, "metadata": []}) == NodeScheduling()
-    many = {"spec": {"taints": [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(10_000)]}}
-    assert len(node_scheduling(many).taints) == MAX_TAINTS
+    # past MAX_TAINTS, the rest count as one unreadable taint: a blocking one may be there
+    many = {
+        "spec": {"taints": [{"key": f"k{i}", "effect": "PreferNoSchedule"} for i in range(10_000)]}
+    }
+    read = node_scheduling(many).taints
+    assert len(read) == MAX_TAINTS + 1 and read[-1] == NodeTaint("", "", "?")
+    assert node_disruptions(watched(node_scheduling(many)), NONE, GPU) == ("node_taint",)
     weird = node_scheduling(
         {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "x" * 500}}}
     )

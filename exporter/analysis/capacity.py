@@ -56,14 +56,20 @@ from exporter.model import (
 )
 
 NVML_RESOURCE = "nvidia.com/gpu"
-# Taint effects that keep a new pod off (PreferNoSchedule only discourages)
+# Taint effects that keep a new pod off (PreferNoSchedule only discourages); on a Node an
+# effect that cannot be read ("?", sources/node_watch.py) blocks too
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+NOT_BLOCKING = "PreferNoSchedule"
 # The taint the API server puts on a cordoned node (TaintNodeUnschedulable)
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-# Taint keys GPU pods are taken to tolerate: GPU node pools are commonly tainted
-# nvidia.com/gpu so that only GPU pods land there, and the ExtendedResourceToleration
-# admission plugin adds that toleration to every pod that requests nvidia.com/gpu.
-DEFAULT_TOLERATED_TAINT_KEYS = frozenset({"nvidia.com/gpu"})
+# Taint keys GPU pods are said to tolerate, whatever the effect (--capacity-tolerated-taints;
+# none by default). Besides them, a NoSchedule taint whose key is the resource's own name
+# is tolerated for that resource's devices: the ExtendedResourceToleration admission
+# plugin gives every pod that requests an extended resource the toleration
+# {key: <resource>, operator: Exists, effect: NoSchedule}
+# (kubernetes plugin/pkg/admission/extendedresourcetoleration/admission.go, Admit), and
+# GPU node pools are tainted so (nvidia.com/gpu=present:NoSchedule on GKE).
+DEFAULT_TOLERATED_TAINT_KEYS: frozenset[str] = frozenset()
 _GPU_UUID_PREFIX = "GPU-"  # a physical GPU's UUID (MIG UUIDs name no physical GPU)
 
 Verdict = Literal["healthy", "unhealthy", "unknown"]
@@ -118,7 +124,6 @@ def node_capacity(
     for a in allocations:
         allocated.setdefault(a.resource_name, set()).add(a.device_id)
     drivers = {d.driver for d in slices.devices} if slices is not None and slices.ok else set()
-    node_reasons = node_disruptions(scheduling, tolerated_taint_keys)
     counts = []
     for resource, devices in sorted(advertised.items()):
         taken = allocated.get(resource, set()) if allocation_ok else None
@@ -130,16 +135,19 @@ def node_capacity(
             taken = None  # one of them may be the unlisted container's
         tainted = device_tainted.get(resource, set())
         watched = scheduling is not None
+        node_reasons = node_disruptions(scheduling, tolerated_taint_keys, resource)
         counts.append(_count(resource, devices, judge, taken, node_reasons, tainted, watched))
     return tuple(counts)
 
 
 def node_disruptions(
-    scheduling: NodeSchedulingSnapshot | None, tolerated_taint_keys: frozenset[str]
+    scheduling: NodeSchedulingSnapshot | None,
+    tolerated_taint_keys: frozenset[str],
+    resource: str = "",
 ) -> tuple[str, ...] | None:
-    """The reasons that keep new pods off every device of the node, sorted; () when
-    none does; None when it cannot be told (the watch is down, or no Node of this name).
-    With no Node watched at all, () (see the module's docstring)."""
+    """The reasons that keep new pods of ``resource`` off every device of it on the node,
+    sorted; () when none does; None when it cannot be told (the watch is down, or no Node
+    of this name). With no Node watched at all, () (see the module's docstring)."""
     if scheduling is None:
         return ()
     if not scheduling.ok or scheduling.node is None:
@@ -149,11 +157,13 @@ def node_disruptions(
     if node.unschedulable:
         reasons.add("cordoned")
     for taint in node.taints:
-        if taint.effect not in BLOCKING_EFFECTS:
+        if taint.effect == NOT_BLOCKING:
             continue
         if taint.key == UNSCHEDULABLE_TAINT:
             reasons.add("cordoned")
-        elif taint.key not in tolerated_taint_keys:
+        elif taint.key in tolerated_taint_keys:
+            continue
+        elif not (taint.key == resource and taint.effect == "NoSchedule"):
             reasons.add("node_taint")
     upgrade = node.driver_upgrade_state
     if upgrade is not None and upgrade not in DRIVER_UPGRADE_IN_SERVICE:

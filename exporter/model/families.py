@@ -299,7 +299,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         GAUGE,
         EXPERIMENTAL + "Healthy, unallocated devices a new pod could not get, by resource and "
         "reason: cordoned, node_taint, device_taint, driver_upgrade (a device may count "
-        "under several; docs/capacity.md). Absent when the Node cannot be read.",
+        "under several; docs/capacity.md). Absent when the Node cannot be read; without a Node "
+        "watch (no Kubernetes API) only device_taint.",
     ),
     "gpu_container_idle_allocated_seconds": (
         COUNTER,

@@ -211,7 +211,8 @@ class KubeWrites:
     ) -> None:
         self._lock = threading.Lock()
         # told of every Node as it stands after a change (kube_api publishes it to the
-        # watches of /api/v1/nodes); called outside the lock
+        # watches of /api/v1/nodes); called under this lock, so in the writes' order (it
+        # takes kube_api's lock, which is never held while this one is asked for)
         self._on_node = on_node
         self._events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         self._nodes: dict[str, dict[str, Any]] = {}
@@ -278,8 +279,8 @@ class KubeWrites:
         with self._lock:
             node["metadata"]["resourceVersion"] = self._next_rv_locked()
             self._nodes[name] = node
-        if self._on_node is not None:
-            self._on_node(copy.deepcopy(node))
+            if self._on_node is not None:  # under the lock: watches see writes in order
+                self._on_node(copy.deepcopy(node))
 
     def set_device_taint_rule(self, obj: Mapping[str, Any]) -> None:
         """Add a DeviceTaintRule as it would stand after an earlier run made it, with the
@@ -746,8 +747,8 @@ class KubeWrites:
                 new["metadata"] = copy.deepcopy(old["metadata"])
                 new["metadata"]["resourceVersion"] = self._next_rv_locked()
                 self._nodes[name] = new
-            if self._on_node is not None:
-                self._on_node(copy.deepcopy(new))
+                if self._on_node is not None:  # under the lock: watches see writes in order
+                    self._on_node(copy.deepcopy(new))
             return web.json_response(copy.deepcopy(new))
 
         return await self._write(request, handle)

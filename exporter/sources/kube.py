@@ -218,7 +218,8 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
         cycle.readings.pod_meta = self.read(cycle)
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
-        uid = (obj.get("metadata") or {}).get("uid")
+        metadata = obj.get("metadata")
+        uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
         return uid.lower() if isinstance(uid, str) and uid else None
 
     def _convert(self, obj: Mapping[str, Any]) -> PodMeta | None:

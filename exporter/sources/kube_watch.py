@@ -50,6 +50,7 @@ from exporter.sources.kube_http import (
 )
 from exporter.sources.server_clock import ServerClock
 from exporter.sources.watch_stream import (
+    MAX_LINE_BYTES,
     LineTooLong,
     StreamBroken,
     WatchEvent,
@@ -263,6 +264,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     max_objects: ClassVar[int]
     # The field that names this node in an object of the collection (fieldSelector)
     node_field: ClassVar[str] = "spec.nodeName"
+    # The largest LIST answer and watch line read; a bigger one fails the attempt
+    max_list_bytes: ClassVar[int] = MAX_LIST_BYTES
+    max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
 
     def __init__(
         self,
@@ -736,7 +740,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                 if not 200 <= resp.status <= 299:
                     raise _api_exception(resp)
                 self._server_clock.observe(resp.headers)  # the list's snapshot reads it
-                body = json.loads(_read_bounded(resp, MAX_LIST_BYTES))
+                body = json.loads(_read_bounded(resp, self.max_list_bytes))
             except BaseException:
                 resp.close()  # perhaps not read to its end: never reuse the connection
                 raise
@@ -803,7 +807,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
                 self._server_clock.observe(response.headers)
                 with self._lock:
                     self._snapshot_now = None  # it carries the server's clock offset
-                for line in bounded_lines(response_chunks(response)):
+                for line in bounded_lines(response_chunks(response), self.max_line_bytes):
                     if stopping.is_set():
                         return
                     self._take_line(line)

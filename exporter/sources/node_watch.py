@@ -30,8 +30,14 @@ from exporter.sources.kube_watch import KubeWatchSource, describe_error, http_st
 from exporter.text import one_line
 
 # A Node carries a handful of taints; far more is a broken or hostile answer, of which
-# only this many are read (a taint past them is not seen: documented in docs/capacity.md).
+# only this many are read; the ones past them count as one taint that cannot be read
+# (it blocks: docs/capacity.md).
 MAX_TAINTS = 64
+# An effect that cannot be read: not PreferNoSchedule, so it blocks
+UNREADABLE_EFFECT = "?"
+# One Node is at most etcd's request limit, 1.5 MiB by default (etcd --max-request-bytes);
+# the list of one name, or one of its watch lines, is refused over this.
+MAX_NODE_BYTES = 4 * 1024 * 1024
 MAX_TAINT_KEY_CHARS = 317  # a qualified name: a 253-character prefix, "/", 63 characters
 MAX_TAINT_VALUE_CHARS = 63
 MAX_LABEL_VALUE_CHARS = 63  # a label value's limit
@@ -48,20 +54,27 @@ def _text(value: Any, limit: int) -> str | None:
 
 
 def node_scheduling(obj: Mapping[str, Any]) -> NodeScheduling:
-    """A Node as the API serialises it -> what capacity reads of it. A field of the
-    wrong type reads as absent; a taint whose key or effect cannot be read is kept
-    with an empty key (it still blocks, whatever it is called: docs/capacity.md)."""
+    """A Node as the API serialises it -> what capacity reads of it. ``unschedulable``
+    and the label read as absent when of the wrong type (the label: "?", not in service);
+    a taint that cannot be read (not an object, an unreadable effect, past the first
+    ``MAX_TAINTS``) is kept with the effect "?", which blocks: docs/capacity.md."""
     spec = obj.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
     raw_taints = spec.get("taints")
     taints: list[NodeTaint] = []
-    for raw in raw_taints[:MAX_TAINTS] if isinstance(raw_taints, list) else ():
+    if raw_taints is not None and not isinstance(raw_taints, list):
+        taints.append(NodeTaint("", "", UNREADABLE_EFFECT))
+    raw_taints = raw_taints if isinstance(raw_taints, list) else []
+    for raw in raw_taints[:MAX_TAINTS]:
         if not isinstance(raw, Mapping):
+            taints.append(NodeTaint("", "", UNREADABLE_EFFECT))
             continue
         key = _text(raw.get("key"), MAX_TAINT_KEY_CHARS) or ""
         value = _text(raw.get("value"), MAX_TAINT_VALUE_CHARS) or ""
-        effect = _text(raw.get("effect"), 32) or ""
+        effect = _text(raw.get("effect"), 32) or UNREADABLE_EFFECT
         taints.append(NodeTaint(key, value, effect))
+    if len(raw_taints) > MAX_TAINTS:  # what the unread ones say is unknown: one that blocks
+        taints.append(NodeTaint("", "", UNREADABLE_EFFECT))
     metadata = obj.get("metadata")
     labels = metadata.get("labels") if isinstance(metadata, Mapping) else None
     state = labels.get(DRIVER_UPGRADE_STATE_LABEL) if isinstance(labels, Mapping) else None
@@ -85,13 +98,16 @@ class NodeWatcher(KubeWatchSource[NodeScheduling, NodeScheduling, NodeScheduling
     thread_name: ClassVar[str] = "node-watcher"
     description: ClassVar[str] = "Node scheduling state"
     max_objects: ClassVar[int] = 1  # one name, one Node
+    max_list_bytes: ClassVar[int] = MAX_NODE_BYTES
+    max_line_bytes: ClassVar[int] = MAX_NODE_BYTES
     node_field: ClassVar[str] = "metadata.name"
 
     def fill(self, cycle: Cycle) -> None:
         cycle.readings.node_scheduling = self.read(cycle)
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
-        name = (obj.get("metadata") or {}).get("name")
+        metadata = obj.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
         return name if isinstance(name, str) and name else None
 
     def _convert(self, obj: Mapping[str, Any]) -> NodeScheduling | None:

@@ -177,7 +177,8 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
         return self._drivers
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
-        name = (obj.get("metadata") or {}).get("name")  # cluster-scoped: the name is unique
+        metadata = obj.get("metadata")  # cluster-scoped: the name is unique
+        name = metadata.get("name") if isinstance(metadata, Mapping) else None
         return name if isinstance(name, str) and name else None
 
     def _convert(self, obj: Mapping[str, Any]) -> _Slice | None:
