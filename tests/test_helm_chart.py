@@ -33,6 +33,7 @@ from exporter.exposition.server import MetricsCache, build_app
 from exporter.model import DEFAULT_SLOW_INTERVAL_S, DcgmMode
 from exporter.model.families import select_families
 from tests.test_alert_rules import CHART_RECORDED, referenced_metrics, run_promtool
+from tests.test_helm_chart_alertmanager import ALERTMANAGER_CONFIG_SCHEMA
 
 # ~250 chart renderings and API-schema validations (~16 s): the slow tier.
 pytestmark = pytest.mark.slow
@@ -88,6 +89,33 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kube-api-off": {"kubeApi": "off"},
     "kube-api-off-unquoted-yaml": {"kubeApi": False},
     "dcgm-exporter-compat": {"prometheusRule": {"enabled": True, "dcgmExporterCompat": True}},
+    # docs/alerting.md: routing labels on every alert, the AlertmanagerConfig with every
+    # receiver kind (tests/test_helm_chart_alertmanager.py checks them in detail)
+    "alertmanager-config": {
+        "prometheusRule": {
+            "enabled": True,
+            "alertLabels": {"team": "gpu-platform", "cluster": "prod"},
+        },
+        "alertmanagerConfig": {
+            "enabled": True,
+            "labels": {"alertmanagerConfig": "gpu"},
+            "receivers": {
+                name: {
+                    "webhookUrl": f"https://{name.lower()}.example.com/hook",
+                    "pagerdutySecret": {"name": f"gpu-{name.lower()}", "key": "integration-key"},
+                }
+                for name in ("pager", "ticket", "lowNoise")
+            },
+        },
+    },
+    "alertmanager-config-no-namespace-label": {
+        "prometheusRule": {"enabled": True},
+        "alertmanagerConfig": {
+            "enabled": True,
+            "namespaceLabel": False,
+            "receivers": {"pager": {"webhookUrl": "https://pager.example.com/hook"}},
+        },
+    },
     "chargeback-prices": {
         "prometheusRule": {"enabled": True},
         "chargeback": {"pricePerGpuHour": {H100: 2.5, A100: 1.25}},
@@ -701,6 +729,7 @@ def _gmp_crd(kind: str) -> dict[str, Any]:
 
 CRD_SCHEMAS["PodMonitoring"] = _gmp_crd("PodMonitoring")
 CRD_SCHEMAS["ClusterPodMonitoring"] = _gmp_crd("ClusterPodMonitoring")
+CRD_SCHEMAS["AlertmanagerConfig"] = ALERTMANAGER_CONFIG_SCHEMA
 
 # -- sample alert and dashboard files, for a chart whose files/ content is known --------
 
@@ -1296,6 +1325,8 @@ def test_dcgm_operator_namespace_reaches_the_exporter() -> None:
 
 
 POD_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+# The exporter's own Node, watched by name (docs/capacity.md): read whenever pods are
+NODE_READ_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
 RESOURCE_SLICE_RULE = {
     "apiGroups": ["resource.k8s.io"],
     "resources": ["resourceslices"],
@@ -1308,7 +1339,6 @@ EVENTS_RULE = {
     "verbs": ["create", "patch"],
 }
 NODE_STATUS_RULE = {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}
-NODE_GET_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
 DEVICE_TAINT_RULE = {
     "apiGroups": ["resource.k8s.io"],
     "resources": ["devicetaintrules"],
@@ -1321,7 +1351,7 @@ def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices()
     """Read access to pods and slices; the one default write is Events (kubeEvents)."""
     account = one({}, "ServiceAccount")
     role, binding = one({}, "ClusterRole"), one({}, "ClusterRoleBinding")
-    assert role["rules"] == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE]
+    assert role["rules"] == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -1336,7 +1366,7 @@ def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices()
 
 def test_rbac_dra_false_drops_only_the_resource_slice_rule() -> None:
     values = VALUE_SETS["no-dra-rbac"]
-    assert one(values, "ClusterRole")["rules"] == [POD_RULE, EVENTS_RULE]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE, NODE_READ_RULE, EVENTS_RULE]
     assert one(values, "ClusterRoleBinding")["roleRef"] == one({}, "ClusterRoleBinding")["roleRef"]
     assert container(values)["args"] == container({})["args"]  # RBAC only, same flags
 
@@ -1375,9 +1405,8 @@ def test_events_are_on_by_default_with_create_and_patch_on_events_only() -> None
     """kubeEvents.enabled leaves the exporter's own default (auto: on with credentials)."""
     rules = one({}, "ClusterRole")["rules"]
     assert EVENTS_RULE in rules
-    assert not [
-        r for r in rules if {"nodes", "nodes/status", "devicetaintrules"} & {*r["resources"]}
-    ]
+    assert not [r for r in rules if {"nodes/status", "devicetaintrules"} & {*r["resources"]}]
+    assert [r for r in rules if "nodes" in r["resources"]] == [NODE_READ_RULE]  # reads only
     assert write_flags({}) == []
     notes = notes_of({})
     assert "Writes Warning Events" in notes and "reportingComponent=gpu-occupancy-exporter" in notes
@@ -1386,15 +1415,15 @@ def test_events_are_on_by_default_with_create_and_patch_on_events_only() -> None
 
 def test_kube_events_off_drops_the_events_rule_and_passes_the_flag() -> None:
     values = VALUE_SETS["no-kube-events"]
-    assert one(values, "ClusterRole")["rules"] == [POD_RULE, RESOURCE_SLICE_RULE]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE]
     assert write_flags(values) == ["--kube-events=off"]
     assert "Writes" not in notes_of(values)
 
 
-def test_node_condition_adds_node_status_patch_and_node_get() -> None:
+def test_node_condition_adds_node_status_patch() -> None:
     values = VALUE_SETS["node-condition"]
     rules = one(values, "ClusterRole")["rules"]
-    assert rules == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, NODE_STATUS_RULE, NODE_GET_RULE]
+    assert rules == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, NODE_STATUS_RULE]
     assert write_flags(values) == ["--node-condition"]
     assert "Writes the GPUUnhealthy condition" in notes_of(values)
 
@@ -1402,7 +1431,7 @@ def test_node_condition_adds_node_status_patch_and_node_get() -> None:
 def test_dra_device_taints_add_the_device_taint_rule_rule_and_both_flags() -> None:
     values = VALUE_SETS["dra-device-taints"]
     rules = one(values, "ClusterRole")["rules"]
-    assert rules == [POD_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, DEVICE_TAINT_RULE]
+    assert rules == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, DEVICE_TAINT_RULE]
     assert write_flags(values) == ["--dra-device-taints", "--dra-device-taint-effect=None"]
     assert "Writes a DeviceTaintRule (effect None)" in notes_of(values)
 
@@ -1415,7 +1444,7 @@ def test_dra_device_taint_effect_no_schedule_is_rendered() -> None:
         "--dra-device-taint-effect=NoSchedule",
     ]
     rules = one(values, "ClusterRole")["rules"]
-    assert rules[-3:] == [NODE_STATUS_RULE, NODE_GET_RULE, DEVICE_TAINT_RULE]
+    assert rules[-2:] == [NODE_STATUS_RULE, DEVICE_TAINT_RULE]
     assert "effect NoSchedule" in notes_of(values)
 
 

@@ -23,11 +23,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,7 @@ from tests.e2e.stack import (
     start_prometheus,
     wait_until,
 )
+from tests.e2e.webhook import Webhook, serve_webhook
 from tests.system_tools import require_tool
 
 HERE = Path(__file__).resolve().parent
@@ -58,51 +57,6 @@ PAGES_TIMEOUT_S = 45  # lost at t=2, GPUUnhealthy's for: 5 s, Alertmanager's 0.2
 REPLACEMENT_TIMEOUT_S = 14  # under the 15 s hold: the page must be carried before it ends
 POLL_S = 0.2  # the webhook records locally: polling it is cheap, and each wait ends sooner
 CRITICAL_PAGES = {("GPUUnhealthy", "0"), ("GPUFatalXID", "1")}
-
-
-@dataclass
-class Webhook:
-    """Every alert of every notification Alertmanager posted, with when it arrived."""
-
-    received: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def alerts(self) -> list[tuple[float, dict[str, Any]]]:
-        with self.lock:
-            return list(self.received)
-
-    def pages(self, status: str, since: float = 0.0) -> set[tuple[str, str]]:
-        """(alertname, gpu) of each alert notified with ``status`` at or after ``since``."""
-        return {
-            (a["labels"]["alertname"], a["labels"].get("gpu", ""))
-            for at, a in self.alerts()
-            if a["status"] == status and at >= since
-        }
-
-    def severities(self, alertname: str) -> set[str]:
-        return {
-            a["labels"]["severity"]
-            for _, a in self.alerts()
-            if a["labels"]["alertname"] == alertname
-        }
-
-
-def serve_webhook(hook: Webhook) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            now = time.monotonic()
-            with hook.lock:
-                hook.received.extend((now, a) for a in json.loads(body)["alerts"])
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def alertmanager_config(webhook_port: int) -> dict[str, Any]:
