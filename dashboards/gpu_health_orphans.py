@@ -16,7 +16,88 @@ from grafana_panels import (
     target,
     timeseries,
 )
-from series_labels import EXPORTER_SELECTOR, GPU, GPU_LEGEND, NODE
+from series_labels import EXPORTER_SELECTOR, GPU, GPU_LEGEND, NODE, POD
+
+# gpu_health_reason's `reason` values (docs/metrics.md, docs/health.md), in the order the
+# "Unhealthy GPUs and the pods on them" table lists them. tests/test_dashboards.py holds
+# this list to the documented one.
+HEALTH_REASONS = (
+    "gpu_lost",
+    "fatal_xid",
+    "uncorrectable_ecc",
+    "row_remap_failure",
+    "row_remap_pending",
+    "retired_pages_limit",
+    "recovery_action",
+    "dcgm_health",
+    "thermal_slowdown",
+    "power_slowdown",
+    "unreadable",
+)
+# One GPU as its own exporter's target serves it: the join key of every GPU-level series.
+GPU_KEY = "job, instance, uuid"
+ROW_LABELS = "job, node, instance, gpu, uuid, model, namespace, pod, container"
+
+
+def unhealthy_gpus_and_pods() -> str:
+    """One row per (unhealthy GPU, container allocated a device on it), or per unhealthy
+    GPU where none is: node, GPU, UUID, model, its active reasons, namespace/pod/container.
+
+    Every join is many-to-one on (job, instance, uuid), its right side one series per GPU
+    by construction: the containers side stays on the left (``and``/``unless`` filter
+    it, ``group_left`` adds the GPU's labels). ``gpu_healthy == 0 * on (uuid)
+    gpu_container_allocated`` fails with "many-to-many" once two containers share a GPU;
+    joining the reasons (two series for a GPU with two reasons) the same way fails too.
+    So the reasons are folded into one label per GPU first: for each documented reason a
+    one-series-per-GPU label ``r_<reason>`` ("<reason> " while active, else ""), added by
+    ``group_left``, then ``label_join``ed into ``reasons``.
+    """
+    unhealthy = f"gpu_healthy{{{GPU}}} == 0"
+    containers = (
+        "max by (job, node, instance, gpu, uuid, namespace, pod, container) "
+        f"(gpu_container_allocated{{{POD}}})"
+    )
+    # containers on an unhealthy GPU, and unhealthy GPUs with none
+    rows = (
+        f"(({containers}) and on ({GPU_KEY}) ({unhealthy})) "
+        f"or (({unhealthy}) unless on ({GPU_KEY}) ({containers}))"
+    )
+    # value 1 for every unhealthy GPU, with no other label: the default of each per-GPU
+    # label below (an unmatched `or on` branch)
+    one = f"(max by ({GPU_KEY}) (gpu_healthy == 0) + 1)"
+    # one model per GPU (topk: gpu_info can show a named model and model="" while NVML
+    # cannot name the GPU); a GPU without gpu_info keeps its row with no model
+    model = f"topk by ({GPU_KEY}) (1, max by ({GPU_KEY}, model) (gpu_info))"
+    joined = f"({rows}) * on ({GPU_KEY}) group_left (model) ({model} or on ({GPU_KEY}) {one})"
+    for reason in HEALTH_REASONS:
+        active = (
+            f'label_replace(max by ({GPU_KEY}) (gpu_health_reason{{reason="{reason}"}} == 1), '
+            f'"r_{reason}", "{reason} ", "", "")'
+        )
+        joined += f" * on ({GPU_KEY}) group_left (r_{reason}) ({active} or on ({GPU_KEY}) {one})"
+    labels = ", ".join(f'"r_{r}"' for r in HEALTH_REASONS)
+    folded = f'label_join({joined}, "reasons", "", {labels})'
+    # (a trailing space is left: trimming it takes a `$1`, which Grafana reads as a variable)
+    return f"max by ({ROW_LABELS}, reasons) ({folded})"
+
+
+def unhealthy_table() -> Json:
+    panel = table(
+        "Unhealthy GPUs and the pods on them",
+        "Which GPUs are unhealthy (gpu_healthy 0), why (every active reason of "
+        "gpu_health_reason, docs/health.md), and which containers hold a device on each "
+        "(gpu_container_allocated: whole GPUs, replicas and MIG instances of it). One row "
+        "per container; a GPU no container holds has one row without a pod. Filtered by "
+        "namespace and pod, a GPU whose containers are all filtered out shows no pod.",
+        unhealthy_gpus_and_pods(),
+        "none",
+        w=24,
+        hide_value=True,
+    )
+    order = ["node", "gpu", "uuid", "model", "reasons", "namespace", "pod", "container"]
+    panel["transformations"][0]["options"]["indexByName"] = {n: i for i, n in enumerate(order)}
+    panel["transformations"][0]["options"]["renameByName"] = {"gpu": "GPU", "uuid": "UUID"}
+    return panel
 
 
 def health_orphans() -> Json:
@@ -121,6 +202,7 @@ def health_orphans() -> Json:
                         "none",
                         hide_value=True,
                     ),
+                    unhealthy_table(),
                     timeseries(
                         "ECC errors, remapped rows, PCIe replays",
                         "New per interval.",

@@ -27,6 +27,81 @@ def _no_value(panel: Json, text: str) -> Json:
     return panel
 
 
+WEEKLY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase7d"
+MONTHLY = "namespace_owner_state:gpu_allocated_gpu_seconds:increase30d"
+OWNER = "namespace, owner_kind, owner_name"
+# Idle time by likely cause (docs/why-idle.md); raw series, no recording rule.
+IDLE_BY_CAUSE = "gpu_container_idle_gpu_seconds_total"
+
+
+def held_and_wasted(title: str, description: str, rule: str) -> Json:
+    """GPU-hours held and wasted per owner over one of the ledger's periods: one row per
+    owner, the two instant queries merged on their labels."""
+    only = f"{{{LEDGER_NS}}}"
+    wasted = f"{{{WASTE_STATES}, {LEDGER_NS}}}"
+    targets = [
+        target(f"sum by ({OWNER}) ({rule}{only}) / 3600", instant=True, table=True),
+        target(f"sum by ({OWNER}) ({rule}{wasted}) / 3600", instant=True, table=True),
+    ]
+    panel = base_panel(
+        "table",
+        title,
+        description,
+        targets,
+        field_config(GPU_HOURS),
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": True, "reducer": ["sum"], "fields": ""},
+            "sortBy": [{"displayName": "held GPU-hours", "desc": True}],
+        },
+        12,
+        8,
+    )
+    rename = {"Value #A": "held GPU-hours", "Value #B": "wasted GPU-hours"}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": {"Time": True}, "indexByName": {}, "renameByName": rename},
+        },
+    ]
+    return panel
+
+
+def idle_by_cause_per_owner() -> Json:
+    """Idle GPU-hours in the dashboard's range per owner and likely cause. The owner join
+    is the chargeback rules' (one owner per pod, the last one seen in the range; pods
+    without an owner series are kept with an empty owner)."""
+    idle = f"increase({IDLE_BY_CAUSE}{{{LEDGER_NS}}}[$__range])"
+    owner = (
+        "topk by (namespace, pod) (1, max by (namespace, pod, owner_kind, owner_name) "
+        f"(last_over_time(gpu_pod_owner_info{{{LEDGER_NS}}}[$__range])))"
+    )
+    expr = (
+        f"sum by ({OWNER}, cause) ("
+        f"{idle} * on (namespace, pod) group_left (owner_kind, owner_name) {owner} "
+        f"or {idle} unless on (namespace, pod) "
+        f"last_over_time(gpu_pod_owner_info{{{LEDGER_NS}}}[$__range])"
+        ") / 3600"
+    )
+    panel = table(
+        "Why idle: idle GPU-hours by owner and cause (time range)",
+        "The ledger's idle and no_process GPU-hours in the dashboard's range per owning "
+        "workload and likely cause (gpu_container_idle_gpu_seconds_total, docs/why-idle.md): "
+        "cpu_throttled (the container ran out of CPU quota), cpu_pressure, io_pressure "
+        "(its tasks stalled waiting for CPU or block I/O), unknown (no CPU or I/O "
+        "starvation seen, or no cgroup reading). A correlation, not a proof. Empty owner: "
+        "pods without an owner series. Not filtered by GPU model.",
+        expr,
+        GPU_HOURS,
+        w=14,
+        rename={"Value": "idle GPU-hours"},
+        sort_by="idle GPU-hours",
+    )
+    return panel
+
+
 # The right-sizing recording rules (alerts/gpu-occupancy-exporter.rightsizing.yaml).
 SUGGESTION = "namespace_owner_model:gpu_rightsizing_suggestion:info"
 WORKLOAD = "on (namespace, owner_kind, owner_name, model)"
@@ -207,6 +282,46 @@ def waste() -> Json:
                         "short",
                         w=24,
                         stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "Why idle",
+                [
+                    idle_by_cause_per_owner(),
+                    timeseries(
+                        "Idle GPUs by cause",
+                        "GPU-equivalents allocated and idle or without a process, by likely "
+                        "cause (docs/why-idle.md), averaged over each interval.",
+                        [
+                            target(
+                                f"sum by (cause) (rate({IDLE_BY_CAUSE}{{{LEDGER_NS}}}"
+                                "[$__rate_interval]))",
+                                "{{cause}}",
+                            )
+                        ],
+                        "short",
+                        w=10,
+                        stacked=True,
+                    ),
+                ],
+            ),
+            (
+                "GPU-hours per week and month",
+                [
+                    held_and_wasted(
+                        "GPU-hours by owner, last 7 days",
+                        "GPU-hours each owner held in the last 7 days (every state), and how "
+                        "many of them were wasted (idle, no_process, unhealthy): "
+                        f"{WEEKLY}, the daily ledger of each of the 7 days added up "
+                        "(exact: docs/dashboards.md). The footer adds the rows up.",
+                        WEEKLY,
+                    ),
+                    held_and_wasted(
+                        "GPU-hours by owner, last 30 days",
+                        f"The same over 30 days ({MONTHLY}). Needs 31 days of Prometheus "
+                        "retention: days older than the data are missing from the sum.",
+                        MONTHLY,
                     ),
                 ],
             ),

@@ -175,6 +175,7 @@ def test_promtool_is_installed() -> None:
 
 def test_there_are_rule_files_and_unit_tests() -> None:
     assert [p.relative_to(ALERTS).as_posix() for p in rule_files()] == [
+        "gpu-occupancy-exporter.capacity.yaml",
         "gpu-occupancy-exporter.chargeback.yaml",
         "gpu-occupancy-exporter.recording.yaml",
         "gpu-occupancy-exporter.rightsizing.yaml",
@@ -309,6 +310,11 @@ def test_alert_has_severity_summary_description_and_runbook(rule: dict[str, Any]
     assert annotations["runbook_url"] == f"{RUNBOOK_BASE}#{rule['alert'].lower()}"
 
 
+# Alerts about no node: GPUExporterAbsent (nothing is scraped), and the cluster's failure
+# headroom (alerts/gpu-occupancy-exporter.capacity.yaml: per GPU model, over every node)
+CLUSTER_ALERTS = {"GPUExporterAbsent", "GPUClusterFailureHeadroomExhausted"}
+
+
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: r["alert"])
 def test_annotations_name_the_node_with_an_instance_fallback(rule: dict[str, Any]) -> None:
     """Without the `node` relabelling a bare $labels.node would print nothing."""
@@ -316,7 +322,7 @@ def test_annotations_name_the_node_with_an_instance_fallback(rule: dict[str, Any
         text = rule["annotations"][key]
         bare = text.replace(NODE_OR_INSTANCE, "")
         assert "$labels.node" not in bare, f"{rule['alert']} {key}: bare $labels.node"
-        if rule["alert"] != "GPUExporterAbsent":  # no node to name: nothing is scraped
+        if rule["alert"] not in CLUSTER_ALERTS:
             assert NODE_OR_INSTANCE in text, f"{rule['alert']} {key}: names no node"
 
 

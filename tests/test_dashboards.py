@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_alert_rules import known_metrics, referenced_metrics, run_promtool
+from tests.test_alert_rules import all_rules, known_metrics, referenced_metrics, run_promtool
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -297,3 +297,68 @@ def test_the_dashboard_doc_describes_every_dashboard() -> None:
     for name, board in BOARDS:
         assert f"dashboards/{name}" in text, name
         assert board["title"] in text, board["title"]
+
+
+# --- the recording rules' labels and the panels' filters -----------------------------
+
+_AGGREGATION_BY = re.compile(r"^\s*(?:sum|avg|max|min|count)\s+by\s*\(([^)]*)\)")
+_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
+_MATCHER_LABEL = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+
+
+def kept_labels_of_recording_rules() -> dict[str, set[str]]:
+    """Recorded name -> the labels its result keeps, for rules that are one aggregation
+    `agg by (labels) (...)` (the others keep their input's labels)."""
+    kept: dict[str, set[str]] = {}
+    for rule in all_rules():
+        match = _AGGREGATION_BY.match(rule.get("expr", "")) if "record" in rule else None
+        if match:
+            kept[rule["record"]] = {label.strip() for label in match.group(1).split(",")}
+    return kept
+
+
+def test_no_panel_filters_a_recorded_series_by_a_label_its_rule_drops() -> None:
+    """A panel filtering `node_namespace:…{job=~"$job"}` when the rule keeps no `job` goes
+    blank as soon as a job is selected (it did, on six panels). Every label a panel
+    matches on a recorded series must be one its rule keeps."""
+    kept = kept_labels_of_recording_rules()
+    assert "node_namespace:gpu_container_memory_used_bytes:sum" in kept
+    wrong = []
+    for name, board in BOARDS:
+        for where, expr in queries(board):
+            for metric, matchers in _SELECTOR.findall(expr):
+                if metric in kept:
+                    dropped = set(_MATCHER_LABEL.findall(matchers)) - kept[metric]
+                    if dropped:
+                        wrong.append(f"{name} {where}: {metric} has no {sorted(dropped)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_unhealthy_table_knows_every_documented_health_reason() -> None:
+    """The table folds each reason into one label by name: a reason it does not list
+    would be missing from its rows."""
+    load_generator()  # puts dashboards/ on sys.path: its modules import each other by name
+    reasons: tuple[str, ...] = importlib.import_module("gpu_health_orphans").HEALTH_REASONS
+
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    (row,) = [
+        line
+        for line in metrics_doc.splitlines()
+        if line.startswith("| `gpu_health_reason` | gauge |")  # the reference table's row
+    ]
+    documented = re.findall(r"`([a-z_]+)` \(class|`([a-z_]+)`[,;]", row.split("|")[5])
+    documented = sorted({a or b for a, b in documented})
+    assert documented == sorted(reasons)
+
+
+def test_weekly_and_monthly_rules_add_up_consecutive_days() -> None:
+    """`:increase7d` reads the daily rule 0..6 days back, `:increase30d` 0..29, each day
+    once (a day missing or counted twice would be a day's error, silently)."""
+    rules = {r["record"]: r["expr"] for r in all_rules() if "record" in r}
+    daily = "namespace_owner_model_state:gpu_allocated_gpu_seconds:increase1d"
+    for name, days in (("increase7d", 7), ("increase30d", 30)):
+        expr = rules[f"namespace_owner_state:gpu_allocated_gpu_seconds:{name}"]
+        reads = re.findall(rf"{daily}(?: offset (\d+)d)?", expr)
+        assert sorted(int(n or 0) for n in reads) == list(range(days)), name
+        labels = re.findall(r'"days_ago", "(\d+)"', expr)
+        assert sorted(map(int, labels)) == list(range(days)), name

@@ -703,7 +703,7 @@ def test_the_notes_warn_when_the_default_job_selector_cannot_match() -> None:
 def _for_release(text: str, job: str) -> str:
     """The repository's promtool unit tests, restated for a release whose job is `job`
     and whose runbooks live at NEW_BASE."""
-    text = re.sub(r'job="(prod-)?gpu-occupancy-exporter"', rf'job="\g<1>{job}"', text)
+    text = re.sub(r'job(=~?)"(prod-)?gpu-occupancy-exporter"', rf'job\g<1>"\g<2>{job}"', text)
     text = text.replace("job: gpu-occupancy-exporter", f"job: {job}")
     text = text.replace("(job gpu-occupancy-exporter)", f"(job {job})")
     return text.replace(RUNBOOK_BASE, NEW_BASE)
