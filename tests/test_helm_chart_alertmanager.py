@@ -521,3 +521,20 @@ def test_promtool_accepts_the_labelled_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def notes(values: dict[str, Any]) -> str:
+    rendered = dict(_render(json.dumps(values, sort_keys=True)))
+    return rendered[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def test_the_notes_say_which_alertmanager_must_select_the_resource() -> None:
+    text = notes(VALUES)
+    assert "Created AlertmanagerConfig" in text
+    assert f"alertmanagerConfigNamespaceSelector: namespace {NAMESPACE}" in text
+    for label, value in VALUES["alertmanagerConfig"].get("labels", {}).items():
+        assert f'"{label}":"{value}"' in text
+    warning = "prometheusRule.enabled is false: the AlertmanagerConfig routes alerts"
+    assert (warning in text) is (not VALUES.get("prometheusRule", {}).get("enabled", False))
+    assert warning in notes(with_values(prometheusRule__enabled=False))
+    assert "Created AlertmanagerConfig" not in notes(with_values(alertmanagerConfig__enabled=False))
