@@ -350,9 +350,12 @@ def node_overview() -> Json:
                     ),
                     timeseries(
                         "Node devices by state",
-                        "allocatable = healthy advertised - allocated (per extended resource); "
-                        "unknown = advertised devices whose health no source can judge. A "
-                        "state whose source (NVML, the kubelet) is down has no line meanwhile.",
+                        "allocatable = healthy advertised - allocated healthy - disrupted (per "
+                        "extended resource); disrupted = healthy free devices no new pod can "
+                        "get (cordon, node taint, driver upgrade, device taint: see the panel "
+                        "below); unknown = advertised devices whose health no source can "
+                        "judge. A state whose source (NVML, the kubelet, the Node watch) is "
+                        "down has no line meanwhile.",
                         [target(f"gpu_node_devices{{{NODE}}}", "{{node}} {{resource}} {{state}}")],
                         "short",
                     ),
@@ -363,6 +366,26 @@ def node_overview() -> Json:
                         f"sum by (resource, state) (gpu_node_devices{{{NODE}}})",
                         "{{resource}} {{state}}",
                         "short",
+                    ),
+                    timeseries(
+                        "Disrupted devices by reason",
+                        "The node's disrupted devices (healthy, held by no pod, but no new "
+                        "pod can get them) per resource and reason "
+                        "(gpu_node_disrupted_devices; docs/capacity.md): cordoned (kubectl "
+                        "cordon), node_taint (a NoSchedule/NoExecute taint GPU pods are not "
+                        "known to tolerate), driver_upgrade (the GPU Operator's upgrade "
+                        "state), device_taint (a DRA device taint). A device blocked for two "
+                        "reasons counts under each: not stacked. 0: nothing disrupted for "
+                        "that reason; no line: unknown (the Node watch is down, or the "
+                        "exporter runs without the Kubernetes API: then only device_taint).",
+                        [
+                            target(
+                                f"gpu_node_disrupted_devices{{{NODE}}}",
+                                "{{node}} {{resource}} {{reason}}",
+                            )
+                        ],
+                        "short",
+                        w=24,
                     ),
                 ],
             ),

@@ -157,6 +157,159 @@ def could_run_on() -> Json:
     return panel
 
 
+# The capacity rules (alerts/gpu-occupancy-exporter.capacity.yaml, docs/capacity.md): one
+# series per GPU model and resource (and state or reason), no node, instance or job.
+CAPACITY_STATES = "model_resource_state:gpu_node_devices:sum"
+DISRUPTED_BY_REASON = "model_resource_reason:gpu_node_disrupted_devices:sum"
+HEADROOM = "model_resource:gpu_devices_free_after_node_loss:min"
+NODE_LOSS = "model_resource:gpu_node_loss_devices:max"
+NODES_COUNTED = "model_resource:gpu_nodes_counted:count"
+NODES_LEFT_OUT = "model_resource:gpu_nodes_left_out:count"
+STATE_COLUMNS = ("healthy", "allocated", "disrupted", "allocatable")
+MODEL_RESOURCE_LEGEND = "{{model}} {{resource}}"
+DEVICE_UNITS = (
+    "One device of the resource as the scheduler counts it (a whole GPU, a replica, a MIG "
+    "instance): never add resources up."
+)
+
+
+def model_resource_table(
+    title: str, description: str, columns: list[tuple[str, str]], sort_by: str
+) -> Json:
+    """One row per GPU model and resource, one column per (title, series) instant query.
+    Each query is summed `by (model, resource)` (one series each already), which drops
+    `__name__` and the state, so that Grafana's merge joins the columns on model and
+    resource. A state or figure the rules do not have is an empty cell, never 0."""
+    targets = [
+        target(f"sum by (model, resource) ({series})", instant=True, table=True)
+        for _, series in columns
+    ]
+    panel = base_panel(
+        "table",
+        title,
+        description,
+        targets,
+        field_config("short"),
+        {
+            "showHeader": True,
+            "cellHeight": "sm",
+            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
+            "sortBy": [{"displayName": sort_by, "desc": False}],
+        },
+        12,
+        8,
+    )
+    rename = {f"Value #{ref}": name for ref, (name, _) in zip("ABCDEFGH", columns, strict=False)}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {"excludeByName": {"Time": True}, "indexByName": {}, "renameByName": rename},
+        },
+    ]
+    return panel
+
+
+def _cell_colours(column: str, steps: list[tuple[float | None, str]]) -> Json:
+    """A table column whose cell background takes the colour of its threshold step."""
+    return {
+        "matcher": {"id": "byName", "options": column},
+        "properties": [
+            {"id": "color", "value": {"mode": "thresholds"}},
+            {
+                "id": "thresholds",
+                "value": {
+                    "mode": "absolute",
+                    "steps": [{"color": c, "value": v} for v, c in steps],
+                },
+            },
+            {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}},
+        ],
+    }
+
+
+HEADROOM_STEPS: list[tuple[float | None, str]] = [(None, "red"), (0, "green")]
+
+
+def capacity_states() -> Json:
+    return model_resource_table(
+        "Devices per model and resource by state",
+        "Cluster-wide devices per GPU model and resource now "
+        f"({CAPACITY_STATES}): healthy, allocated (pods hold them), disrupted (healthy and "
+        "free but no new pod can get them: node cordoned, a NoSchedule/NoExecute node taint, "
+        "a GPU Operator driver upgrade, a DRA device taint) and allocatable (healthy - "
+        "allocated healthy - disrupted). A node adds to a state only while it serves it, so "
+        "the columns add up only where no node is left out (see the headroom table); an "
+        "empty cell: no node tells that state, which is unknown, not 0. Empty model: nodes "
+        f"with several models or no gpu_info. {DEVICE_UNITS} Not filtered by namespace.",
+        [(state, f'{CAPACITY_STATES}{{{MODEL}, state="{state}"}}') for state in STATE_COLUMNS],
+        "model",
+    )
+
+
+def disrupted_by_reason() -> Json:
+    return timeseries(
+        "Disrupted devices by reason",
+        "Healthy free devices no new pod can get, per GPU model, resource and reason "
+        f"({DISRUPTED_BY_REASON}): cordoned, node_taint, driver_upgrade, device_taint "
+        "(docs/capacity.md). A device blocked for two reasons counts under each, so the "
+        "lines are not stacked and need not add up to the disrupted state. 0: nothing "
+        "disrupted for that reason; no line: unknown (no node tells it, e.g. the Node "
+        "watch is down). Not filtered by namespace.",
+        [
+            target(
+                f"{DISRUPTED_BY_REASON}{{{MODEL}}}",
+                MODEL_RESOURCE_LEGEND + " {{reason}}",
+            )
+        ],
+        "short",
+    )
+
+
+def failure_headroom() -> Json:
+    panel = model_resource_table(
+        "Failure headroom per model and resource",
+        "Devices still free after losing the node whose loss hurts most, once its work is "
+        f'placed again ({HEADROOM}; docs/capacity.md, "Failure headroom"): Σ allocatable '
+        "- the largest node loss (one node's allocatable + allocated, "
+        f"{NODE_LOSS}), over the counted nodes. Red below 0: that many devices of work would "
+        "find no place (alert GPUClusterFailureHeadroomExhausted after 30 minutes). A "
+        "model with one counted node reads -allocated. Nodes left out (allocatable, "
+        "allocated or disrupted unknown) are in neither term: with any left out the "
+        "figure is the counted nodes' alone, not a bound on the cluster's. One node lost, "
+        f"devices not pod shapes. {DEVICE_UNITS} Not filtered by namespace.",
+        [
+            ("headroom", f"{HEADROOM}{{{MODEL}}}"),
+            ("largest node loss", f"{NODE_LOSS}{{{MODEL}}}"),
+            ("nodes counted", f"{NODES_COUNTED}{{{MODEL}}}"),
+            ("nodes left out", f"{NODES_LEFT_OUT}{{{MODEL}}}"),
+        ],
+        "headroom",
+    )
+    panel["fieldConfig"]["overrides"] = [
+        _cell_colours("headroom", HEADROOM_STEPS),
+        _cell_colours("nodes left out", [(None, "transparent"), (1, "orange")]),
+    ]
+    return panel
+
+
+def failure_headroom_over_time() -> Json:
+    panel = timeseries(
+        "Failure headroom over time",
+        f"{HEADROOM} per GPU model and resource; the area below 0 is red: losing the node "
+        "whose loss hurts most would leave work with no free device. A gap: no node of "
+        "the model counted for the resource then.",
+        [target(f"{HEADROOM}{{{MODEL}}}", MODEL_RESOURCE_LEGEND)],
+        "short",
+    )
+    defaults = panel["fieldConfig"]["defaults"]
+    defaults["thresholds"]["steps"] = [
+        {"color": color, "value": value} for value, color in [(None, "red"), (0, "transparent")]
+    ]
+    defaults["custom"]["thresholdsStyle"] = {"mode": "line+area"}
+    return panel
+
+
 def waste() -> Json:
     """Fleet level, from the chargeback recording rules: no node, instance or GPU filter
     (the rules keep none of those labels), only namespace and GPU model."""
@@ -358,6 +511,15 @@ def waste() -> Json:
                         w=8,
                         ratio=True,
                     ),
+                ],
+            ),
+            (
+                "Capacity and failure headroom",
+                [
+                    capacity_states(),
+                    disrupted_by_reason(),
+                    failure_headroom(),
+                    failure_headroom_over_time(),
                 ],
             ),
             (

@@ -362,3 +362,141 @@ def test_weekly_and_monthly_rules_add_up_consecutive_days() -> None:
         assert sorted(int(n or 0) for n in reads) == list(range(days)), name
         labels = re.findall(r'"days_ago", "(\d+)"', expr)
         assert sorted(map(int, labels)) == list(range(days)), name
+
+
+# --- capacity and failure headroom (alerts/gpu-occupancy-exporter.capacity.yaml) -----
+
+CAPACITY_ROW = "Capacity and failure headroom"
+CAPACITY_RULES = ROOT / "alerts" / "gpu-occupancy-exporter.capacity.yaml"
+
+
+def rows_of(board: Json) -> dict[str, list[Json]]:
+    """Row title -> the panels under it, in order."""
+    rows: dict[str, list[Json]] = {}
+    current: list[Json] = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], list(panel.get("panels", [])))
+        else:
+            current.append(panel)
+    return rows
+
+
+def panel_titled(panels_: list[Json], title: str) -> Json:
+    (found,) = [p for p in panels_ if p["title"] == title]
+    return found
+
+
+def exprs(panel: Json) -> list[str]:
+    return [t["expr"] for t in panel["targets"]]
+
+
+def column_names(panel: Json) -> list[str]:
+    """A merged table's columns, by target order: the organize step's renames."""
+    (organize,) = [t for t in panel["transformations"] if t["id"] == "organize"]
+    rename = organize["options"]["renameByName"]
+    return [rename[f"Value #{t['refId']}"] for t in panel["targets"]]
+
+
+def steps(config: Json) -> list[tuple[float | None, str]]:
+    return [(s["value"], s["color"]) for s in config["thresholds"]["steps"]]
+
+
+def override(panel: Json, column: str) -> dict[str, Any]:
+    (found,) = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == column]
+    return {p["id"]: p["value"] for p in found["properties"]}
+
+
+def test_the_capacity_rules_record_what_the_capacity_row_reads() -> None:
+    """The row reads these six recorded series; each keeps model and resource only (plus
+    state or reason), which is what the panels' model filter and merge rely on."""
+    kept = kept_labels_of_recording_rules()
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load(CAPACITY_RULES.read_text("utf-8"))["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
+    expected = {
+        "model_resource_state:gpu_node_devices:sum": {"model", "resource", "state"},
+        "model_resource_reason:gpu_node_disrupted_devices:sum": {"model", "resource", "reason"},
+        "model_resource:gpu_node_loss_devices:max": {"model", "resource"},
+        "model_resource:gpu_devices_free_after_node_loss:min": {"model", "resource"},
+        "model_resource:gpu_nodes_counted:count": {"model", "resource"},
+        "model_resource:gpu_nodes_left_out:count": {"model", "resource"},
+    }
+    assert recorded == set(expected)
+    assert {name: kept[name] for name in expected} == expected
+    row = rows_of(dict(BOARDS)["gpu-waste.json"])[CAPACITY_ROW]
+    read = {m for p in row for e in exprs(p) for m in referenced_metrics(substitute(e))}
+    assert read == set(expected)
+
+
+def test_the_capacity_row_shows_devices_by_state_per_model_and_resource() -> None:
+    row = rows_of(dict(BOARDS)["gpu-waste.json"])[CAPACITY_ROW]
+    table = panel_titled(row, "Devices per model and resource by state")
+    assert table["type"] == "table"
+    assert column_names(table) == ["healthy", "allocated", "disrupted", "allocatable"]
+    for t, state in zip(table["targets"], column_names(table), strict=True):
+        assert t["instant"] and t["format"] == "table"
+        # summed by (model, resource): no state nor __name__ column, so merge joins the rows
+        assert t["expr"] == (
+            "sum by (model, resource) (model_resource_state:gpu_node_devices:sum"
+            f'{{model=~"$model", state="{state}"}})'
+        )
+    assert [t["id"] for t in table["transformations"]] == ["merge", "organize"]
+
+
+def test_the_capacity_row_shows_disrupted_devices_by_reason_over_time() -> None:
+    row = rows_of(dict(BOARDS)["gpu-waste.json"])[CAPACITY_ROW]
+    panel = panel_titled(row, "Disrupted devices by reason")
+    assert panel["type"] == "timeseries"
+    assert exprs(panel) == ['model_resource_reason:gpu_node_disrupted_devices:sum{model=~"$model"}']
+    assert "{{reason}}" in panel["targets"][0]["legendFormat"]
+    # reasons overlap (a device blocked twice counts under each): stacking would add them
+    assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "none"
+
+
+def test_the_capacity_row_shows_failure_headroom_red_below_zero() -> None:
+    row = rows_of(dict(BOARDS)["gpu-waste.json"])[CAPACITY_ROW]
+    table = panel_titled(row, "Failure headroom per model and resource")
+    assert column_names(table) == [
+        "headroom",
+        "largest node loss",
+        "nodes counted",
+        "nodes left out",
+    ]
+    assert exprs(table) == [
+        f'sum by (model, resource) ({name}{{model=~"$model"}})'
+        for name in (
+            "model_resource:gpu_devices_free_after_node_loss:min",
+            "model_resource:gpu_node_loss_devices:max",
+            "model_resource:gpu_nodes_counted:count",
+            "model_resource:gpu_nodes_left_out:count",
+        )
+    ]
+    headroom = override(table, "headroom")
+    assert headroom["color"] == {"mode": "thresholds"}
+    assert steps(headroom) == [(None, "red"), (0, "green")]  # 0 is exactly enough: not red
+    assert headroom["custom.cellOptions"]["type"] == "color-background"
+    assert steps(override(table, "nodes left out"))[-1] == (1, "orange")
+
+    over_time = panel_titled(row, "Failure headroom over time")
+    assert exprs(over_time) == [
+        'model_resource:gpu_devices_free_after_node_loss:min{model=~"$model"}'
+    ]
+    defaults = over_time["fieldConfig"]["defaults"]
+    assert steps(defaults) == [(None, "red"), (0, "transparent")]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] in {"area", "line+area"}
+
+
+def test_the_node_overview_shows_the_nodes_disrupted_devices_by_reason() -> None:
+    """From the raw per-node series, filtered by the board's job, node and instance like
+    its other node panels (the series has no GPU)."""
+    row = rows_of(dict(BOARDS)["gpu-node-overview.json"])["Health and node capacity"]
+    panel = panel_titled(row, "Disrupted devices by reason")
+    assert panel["type"] == "timeseries"
+    assert exprs(panel) == [
+        'gpu_node_disrupted_devices{job=~"$job", node=~"$node", instance=~"$instance"}'
+    ]
+    assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "none"

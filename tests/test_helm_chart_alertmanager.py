@@ -259,15 +259,21 @@ def test_the_alerts_own_labels_stay_as_the_rule_files_set_them() -> None:
         }
 
 
-def test_an_alert_label_that_a_rule_sets_fails_the_render_in_one_line() -> None:
-    values = with_values(prometheusRule__alertLabels={"severity": "page", "team": "gpu"})
+@pytest.mark.parametrize("key", ["severity", "namespace", "source", "node", "uuid", "alertname"])
+def test_an_alert_label_the_alerts_already_carry_fails_the_render_in_one_line(key: str) -> None:
+    values = with_values(prometheusRule__alertLabels={key: "page", "team": "gpu"})
     with pytest.raises(helm.HelmRenderError) as caught:
         _chart().render(values, name=RELEASE, namespace=NAMESPACE)
     message = str(caught.value)
-    assert "prometheusRule.alertLabels.severity: alert GPU" in message
-    assert "sets severity itself" in message
-    line = next(m for m in message.splitlines() if "alertLabels.severity" in m)
-    assert line.rstrip().endswith("use another label name"), message
+    line = next(m for m in message.splitlines() if f"prometheusRule.alertLabels.{key}:" in m)
+    assert "a routing label must be a new one, e.g. team or cluster" in line, message
+
+
+def test_an_alert_label_holding_a_template_fails_the_render_in_one_line() -> None:
+    values = with_values(prometheusRule__alertLabels={"team": "{{ gpu-platform }}"})
+    with pytest.raises(helm.HelmRenderError) as caught:
+        _chart().render(values, name=RELEASE, namespace=NAMESPACE)
+    assert "routing labels are plain text" in str(caught.value)
 
 
 def test_the_namespace_label_keeps_a_pods_namespace_and_else_is_the_release_namespace() -> None:
@@ -278,8 +284,6 @@ def test_the_namespace_label_keeps_a_pods_namespace_and_else_is_the_release_name
     assert not any("namespace" in r["labels"] for r in off)
     no_config = alerting_rules(with_values(alertmanagerConfig__enabled=False))
     assert not any("namespace" in r["labels"] for r in no_config)
-    forced = with_values(prometheusRule__alertLabels={"namespace": "gpu-alerts"})
-    assert {r["labels"]["namespace"] for r in alerting_rules(forced)} == {"gpu-alerts"}
 
 
 # -- (a) the AlertmanagerConfig --------------------------------------------------------------

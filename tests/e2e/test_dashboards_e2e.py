@@ -2,10 +2,12 @@
 "Tested against a real Prometheus").
 
 The exporter runs on tests/e2e/node-dashboards.yaml (node-e2e.yaml's node, every metric a
-panel reads, plus an unhealthy GPU shared by two containers with two reasons, and
-cgroups that split idle time into every why-idle cause). A real Prometheus scrapes it
-and evaluates the recording rules, the chargeback rules (their group's interval on the
-e2e scale), the chart's cost rules and the right-sizing rules. Then every target of
+panel reads, plus an unhealthy GPU shared by two containers with two reasons, cgroups
+that split idle time into every why-idle cause, and the Node cordoned from t=10). A real
+Prometheus scrapes it and evaluates the recording rules, the chargeback rules (their
+group's interval on the e2e scale), the chart's cost rules, the right-sizing rules and
+the capacity rules (unchanged: their only time constant is the alert's `for: 30m`, and
+no panel reads the alert). Then every target of
 every panel of every board is sent as Grafana sends it once a viewer has picked one
 exporter: Job, Node and Instance each set to the single running target's value, escaped
 as Grafana escapes a single value of a multi-value variable (`prometheusSpecialRegexEscape`
@@ -27,7 +29,11 @@ The three question panels are checked for what they must show, not only for rows
 - "Unhealthy GPUs and the pods on them" has one row per container on GPU 9 (two
   containers, reasons "row_remap_pending uncorrectable_ecc", no many-to-many error) and
   one for GPU 6;
-- the weekly and monthly tables have a row per owner with GPU-hours held.
+- the weekly and monthly tables have a row per owner with GPU-hours held;
+- the capacity row: the cluster's devices by state equal the one node's own series, the
+  cordon shows as disrupted devices of reason `cordoned` (fleet board and node overview),
+  and the failure headroom of the single counted node reads -allocated per resource,
+  with one node counted and none left out.
 
 Prometheus (`/usr/bin/prometheus`) is needed: without it the run skips with a one-line
 reason, or fails in CI (tests/system_tools.py).
@@ -66,11 +72,14 @@ from tests.e2e.test_prometheus_e2e import (
     rightsizing_rules_for_run,
 )
 from tests.system_tools import require_tool
+from tests.test_alert_rules import ALERTS
 from tests.test_dashboards import dashboard_files, load, panels
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "node-dashboards.yaml"
 NODE = "sim-node-dashboards"
+# The capacity rules: the waste board's "Capacity and failure headroom" row reads them.
+CAPACITY_RULES = ALERTS / "gpu-occupancy-exporter.capacity.yaml"
 
 # The run: the scenario's last event is at t=25 and orphans are judged two cycles and a
 # 5 s grace later; 45 s of simulated time leaves every series in place, and 20 s of
@@ -88,6 +97,10 @@ WHY_IDLE = "Why idle: idle GPU-hours by owner and cause (time range)"
 UNHEALTHY = "Unhealthy GPUs and the pods on them"
 WEEKLY = "GPU-hours by owner, last 7 days"
 MONTHLY = "GPU-hours by owner, last 30 days"
+STATES = "Devices per model and resource by state"
+DISRUPTED = "Disrupted devices by reason"
+HEADROOM = "Failure headroom per model and resource"
+SHARED = "nvidia.com/gpu.shared"  # the resource with free healthy replicas to cordon
 
 # (board, panel title, refId) -> why the simulated node never gives it a series. Keep it
 # minimal: test_the_allow_list_is_current fails on an entry that returned series.
@@ -147,8 +160,12 @@ class Run:
     answers: list[Answer] = field(default_factory=list)
     runtime_s: float = 0.0
 
-    def answer(self, title: str, ref: str = "A") -> Answer:
-        (found,) = [a for a in self.answers if a.title == title and a.ref == ref]
+    def answer(self, title: str, ref: str = "A", board: str = "") -> Answer:
+        (found,) = [
+            a
+            for a in self.answers
+            if a.title == title and a.ref == ref and (not board or a.board == board)
+        ]
         return found
 
 
@@ -199,6 +216,7 @@ def dashboards_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         chargeback_rules_for_run(tmp),
         chart_cost_rules_for_run(tmp),
         rightsizing_rules_for_run(tmp),
+        CAPACITY_RULES,
     ]
     config = tmp / "prometheus.yml"
     write_prometheus_config(config, {NODE: exporter_port}, [])
@@ -329,6 +347,67 @@ def test_weekly_and_monthly_gpu_hours_per_owner(dashboards_run: Run, title: str)
     assert owners.get(("batch", "nightly-batch"), 0) > 0, owners
     wasted = _rows(dashboards_run.answer(title, "B"))
     assert any(float(r["value"]) > 0 for r in wasted), wasted
+
+
+def _by_resource(answer: Answer) -> dict[str, float]:
+    """A per-(model, resource) answer of the fleet board, on the simulated model."""
+    rows = _rows(answer)
+    assert {r["model"] for r in rows} == {SIMULATED_MODEL}, rows
+    return {r["resource"]: float(r["value"]) for r in rows}
+
+
+def _last(answer: Answer, **labels: str) -> float:
+    """The last value of the range answer's one series with these labels."""
+    (series,) = [r for r in answer.result if labels.items() <= r["metric"].items()]
+    return float(series["values"][-1][1])
+
+
+def test_the_capacity_row_shows_the_nodes_devices_by_state(dashboards_run: Run) -> None:
+    """One node: the cluster's figures per resource are its own (node overview's bar
+    gauge of gpu_node_devices, same instant), and the cordon shows as disrupted."""
+    node = {
+        (r["resource"], r["state"]): float(r["value"])
+        for r in _rows(dashboards_run.answer("Devices by state now"))
+    }
+    resources = {resource for resource, _ in node}
+    assert SHARED in resources, node
+    for ref, state in zip(
+        "ABCD", ("healthy", "allocated", "disrupted", "allocatable"), strict=True
+    ):
+        column = _by_resource(dashboards_run.answer(STATES, ref))
+        assert column == {res: node[(res, state)] for res in resources}, state
+    assert _by_resource(dashboards_run.answer(STATES, "C"))[SHARED] > 0
+
+
+def test_the_cordon_shows_as_disrupted_by_reason(dashboards_run: Run) -> None:
+    """Fleet board (recorded, per model) and node overview (raw, this node): the shared
+    replicas the cordon took out read `cordoned` at the end, as many as are disrupted;
+    the other reasons read 0 (told, not unknown)."""
+    disrupted = _by_resource(dashboards_run.answer(STATES, "C"))[SHARED]
+    assert disrupted > 0, "the scenario's cordon took no replica out"
+    fleet = dashboards_run.answer(DISRUPTED, board="gpu-waste.json")
+    node = dashboards_run.answer(DISRUPTED, board="gpu-node-overview.json")
+    for answer in (fleet, node):
+        assert _last(answer, resource=SHARED, reason="cordoned") == disrupted
+        for reason in ("node_taint", "driver_upgrade", "device_taint"):
+            assert _last(answer, resource=SHARED, reason=reason) == 0
+    assert {r["metric"]["node"] for r in node.result} == {NODE}
+
+
+def test_the_failure_headroom_of_one_node_is_minus_its_work(dashboards_run: Run) -> None:
+    """The single counted node: nothing could take its work, so the headroom reads
+    -allocated for each resource; its loss is allocatable + allocated; one node counted,
+    none left out."""
+    allocated = _by_resource(dashboards_run.answer(STATES, "B"))
+    allocatable = _by_resource(dashboards_run.answer(STATES, "D"))
+    headroom, loss, counted, left_out = (
+        _by_resource(dashboards_run.answer(HEADROOM, ref)) for ref in "ABCD"
+    )
+    assert headroom == {res: -n for res, n in allocated.items()}
+    assert loss == {res: allocatable[res] + n for res, n in allocated.items()}
+    assert counted == {res: 1 for res in allocated}
+    assert left_out == {res: 0 for res in allocated}
+    assert any(v < 0 for v in headroom.values()), "the red case is shown"
 
 
 def test_the_run_stays_within_its_budget(dashboards_run: Run) -> None:

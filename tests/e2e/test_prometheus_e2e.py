@@ -86,6 +86,8 @@ GKE_NODE, DRA_NODE = "sim-gke-e2e", "sim-dra-e2e"
 FORMS_LEAK = {"namespace": "debug", "pod": "leaky-notebook", "gpu": "3"}  # from t=20
 ALERT_RULES = ALERTS / "gpu-occupancy-exporter.rules.yaml"
 RECORDING_RULES = ALERTS / "gpu-occupancy-exporter.recording.yaml"
+# cluster capacity per GPU model and failure headroom (the waste board's capacity row reads it)
+CAPACITY_RULES = ALERTS / "gpu-occupancy-exporter.capacity.yaml"
 # The GPU-hour ledger's rules (docs/dashboards.md, "Chargeback and waste"), and the cost
 # rules the Helm chart renders with a price for the simulated GPUs' model (the
 # simulator's default name, exporter/sim/scenario.py): the waste board's cost panels read them.
@@ -533,7 +535,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     rules = [rule_file_for_run(tmp), RECORDING_RULES]
     chargeback = [chargeback_rules_for_run(tmp), chart_cost_rules_for_run(tmp)]
     rightsizing = rightsizing_rules_for_run(tmp)
-    main_rules = [*rules, compat_rules_for_run(tmp), *chargeback, rightsizing]
+    main_rules = [*rules, compat_rules_for_run(tmp), *chargeback, rightsizing, CAPACITY_RULES]
     config = tmp / "prometheus.yml"
     secured = secure_main_exporter(tmp)
     forms_ports = {GKE_NODE: free_port(), DRA_NODE: free_port()}
