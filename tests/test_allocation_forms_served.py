@@ -125,6 +125,7 @@ def test_dra_capacity_counts_the_resource_slices_devices(scrapes: dict[str, Scra
         "unknown": 0,
         "allocated": 6,
         "allocatable": 0,
+        "disrupted": 0,
     }
     by_state = without_naming(scrapes["nvidia"].series("gpu_node_devices"))
     nvidia = {dict(k)["state"]: v for k, v in by_state.items()}

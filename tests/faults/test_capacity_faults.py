@@ -117,6 +117,7 @@ async def test_nvml_down_capacity_unknown(record_fault: RecordFault) -> None:
         "unknown": 0,
         "allocated": 1,
         "allocatable": 2,
+        "disrupted": 0,  # the Node is in service
     }
 
     record_fault(
@@ -150,6 +151,7 @@ async def test_nvml_gpu_lost_before_start(record_fault: RecordFault) -> None:
         "unknown": 0,
         "allocated": 1,
         "allocatable": 1,
+        "disrupted": 0,  # the Node is in service
     }
     # NVML names it by index only: a placeholder uuid that no kubelet id can match.
     ((labels, verdict),) = s.find("gpu_healthy", gpu="1")
@@ -220,9 +222,10 @@ async def test_kubelet_unresolvable_device_ids(sock: Path, record_fault: RecordF
         "unknown": count,
         "allocated": 1,
         "allocatable": 1,
+        "disrupted": 0,  # the Node is in service
     }
     # Counts only: no series names an advertised id, whatever the kubelet sends.
-    assert len(s.series(DEVICES)) == 6
+    assert len(s.series(DEVICES)) == 7
     assert not any("dev-0" in v for series in s.values.values() for k in series for _, v in k)
     assert cycle_s < 1.0  # a sample cycle, not a stall
 
