@@ -22,6 +22,7 @@ from exporter.reporting.writer import REQUEST_DEADLINE_S, KubeReporter, Reportin
 from exporter.sources.base import Source
 from exporter.sources.cgroups import CgroupReader
 from exporter.sources.dcgm import DcgmSource
+from exporter.sources.device_taint_rules import DeviceTaintRuleWatcher
 from exporter.sources.holder_scan import HolderScanSource
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.kube import PodWatcher
@@ -78,6 +79,11 @@ def build_sources(
         if kube and config.dra_drivers
         else None,
         NodeWatcher(config.node_name, kubeconfig=config.kubeconfig) if kube else None,
+        DeviceTaintRuleWatcher(
+            config.node_name, kubeconfig=config.kubeconfig, drivers=config.dra_drivers
+        )
+        if kube and config.dra_drivers
+        else None,
         # after procfs, PodResources and the pod watch: it reads their readings
         CgroupReader(config.cgroup_root, clock=monotonic) if config.cgroup_root else None,
     ]

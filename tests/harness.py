@@ -29,6 +29,7 @@ from exporter.sim.environment import SimEnvironment
 from exporter.sim.node import ManualClock
 from exporter.sim.scenario import Scenario, load_scenario, parse_scenario
 from exporter.sources.base import Source
+from exporter.sources.device_taint_rules import DeviceTaintRuleWatcher, rule_selector
 from exporter.sources.kmsg import KmsgReader
 from exporter.sources.kube import PodWatcher
 from exporter.sources.node_watch import NodeWatcher, node_scheduling
@@ -115,6 +116,7 @@ class Harness:
         await asyncio.to_thread(self.env.sync)
         await self._pod_watch_caught_up()
         await self._node_watch_caught_up()
+        await self._taint_rule_watch_caught_up()
         due = sum(1 for x in self.env.node.xids if 0 < x.at <= self.clock())
         listener = self.xid_listener
         await _wait_for(
@@ -161,6 +163,22 @@ class Harness:
             await _wait_for(
                 lambda: watch.snapshot().node == wanted,
                 "the Node watch to see the API's Node",
+                timeout_s=2.0,
+            )
+
+    async def _taint_rule_watch_caught_up(self) -> None:
+        """As ``_pod_watch_caught_up``, for the DeviceTaintRules a test writes."""
+        watch, api = self.agent.source("devicetaintrules"), self.env.kube_api
+        if not isinstance(watch, DeviceTaintRuleWatcher) or api is None or not _up(watch):
+            return
+        read = (rule_selector(r) for r in api.writes.device_taint_rules())
+        wanted = tuple(
+            r for r in read if r is not None and (r.driver is None or r.driver in watch.drivers)
+        )
+        with contextlib.suppress(AssertionError):
+            await _wait_for(
+                lambda: watch.snapshot().rules == wanted,
+                "the DeviceTaintRule watch to see the API's rules",
                 timeout_s=2.0,
             )
 
@@ -278,7 +296,7 @@ async def simulated_exporter(
             if agent.reporter is not None:  # Events etc.: the writer thread, as start() does
                 agent.reporter.start()
             await asyncio.gather(*(s.prime(10.0) for s in agent.sources))
-            for name in ("kube", "resourceslices", "node"):
+            for name in ("kube", "resourceslices", "node", "devicetaintrules"):
                 watch = agent.source(name)
                 if watch is not None:
                     await _wait_for(lambda w=watch: _up(w), f"{name} watch to list")

@@ -1332,6 +1332,13 @@ RESOURCE_SLICE_RULE = {
     "resources": ["resourceslices"],
     "verbs": ["get", "list", "watch"],
 }
+# DeviceTaintRules are read (list + watch, cluster-wide) with rbac.dra, as ResourceSlices are
+DEVICE_TAINT_READ_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["devicetaintrules"],
+    "verbs": ["get", "list", "watch"],
+}
+DRA_READ_RULES = [RESOURCE_SLICE_RULE, DEVICE_TAINT_READ_RULE]
 # What the exporter writes (docs/kubernetes-events.md): each rule only while its value is on.
 EVENTS_RULE = {
     "apiGroups": ["events.k8s.io"],
@@ -1351,7 +1358,7 @@ def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices()
     """Read access to pods and slices; the one default write is Events (kubeEvents)."""
     account = one({}, "ServiceAccount")
     role, binding = one({}, "ClusterRole"), one({}, "ClusterRoleBinding")
-    assert role["rules"] == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE]
+    assert role["rules"] == [POD_RULE, NODE_READ_RULE, *DRA_READ_RULES, EVENTS_RULE]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -1364,7 +1371,7 @@ def test_api_watches_get_a_service_account_with_read_access_to_pods_and_slices()
     assert "--kube-api=auto" in container({})["args"]
 
 
-def test_rbac_dra_false_drops_only_the_resource_slice_rule() -> None:
+def test_rbac_dra_false_drops_only_the_dra_read_rules() -> None:
     values = VALUE_SETS["no-dra-rbac"]
     assert one(values, "ClusterRole")["rules"] == [POD_RULE, NODE_READ_RULE, EVENTS_RULE]
     assert one(values, "ClusterRoleBinding")["roleRef"] == one({}, "ClusterRoleBinding")["roleRef"]
@@ -1405,7 +1412,9 @@ def test_events_are_on_by_default_with_create_and_patch_on_events_only() -> None
     """kubeEvents.enabled leaves the exporter's own default (auto: on with credentials)."""
     rules = one({}, "ClusterRole")["rules"]
     assert EVENTS_RULE in rules
-    assert not [r for r in rules if {"nodes/status", "devicetaintrules"} & {*r["resources"]}]
+    assert not [r for r in rules if "nodes/status" in r["resources"]]
+    # DeviceTaintRules are read (rbac.dra), never written
+    assert [r for r in rules if "devicetaintrules" in r["resources"]] == [DEVICE_TAINT_READ_RULE]
     assert [r for r in rules if "nodes" in r["resources"]] == [NODE_READ_RULE]  # reads only
     assert write_flags({}) == []
     notes = notes_of({})
@@ -1415,7 +1424,7 @@ def test_events_are_on_by_default_with_create_and_patch_on_events_only() -> None
 
 def test_kube_events_off_drops_the_events_rule_and_passes_the_flag() -> None:
     values = VALUE_SETS["no-kube-events"]
-    assert one(values, "ClusterRole")["rules"] == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE]
+    assert one(values, "ClusterRole")["rules"] == [POD_RULE, NODE_READ_RULE, *DRA_READ_RULES]
     assert write_flags(values) == ["--kube-events=off"]
     assert "Writes" not in notes_of(values)
 
@@ -1423,7 +1432,7 @@ def test_kube_events_off_drops_the_events_rule_and_passes_the_flag() -> None:
 def test_node_condition_adds_node_status_patch() -> None:
     values = VALUE_SETS["node-condition"]
     rules = one(values, "ClusterRole")["rules"]
-    assert rules == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, NODE_STATUS_RULE]
+    assert rules == [POD_RULE, NODE_READ_RULE, *DRA_READ_RULES, EVENTS_RULE, NODE_STATUS_RULE]
     assert write_flags(values) == ["--node-condition"]
     assert "Writes the GPUUnhealthy condition" in notes_of(values)
 
@@ -1431,7 +1440,7 @@ def test_node_condition_adds_node_status_patch() -> None:
 def test_dra_device_taints_add_the_device_taint_rule_rule_and_both_flags() -> None:
     values = VALUE_SETS["dra-device-taints"]
     rules = one(values, "ClusterRole")["rules"]
-    assert rules == [POD_RULE, NODE_READ_RULE, RESOURCE_SLICE_RULE, EVENTS_RULE, DEVICE_TAINT_RULE]
+    assert rules == [POD_RULE, NODE_READ_RULE, *DRA_READ_RULES, EVENTS_RULE, DEVICE_TAINT_RULE]
     assert write_flags(values) == ["--dra-device-taints", "--dra-device-taint-effect=None"]
     assert "Writes a DeviceTaintRule (effect None)" in notes_of(values)
 

@@ -6,10 +6,25 @@
 by reason (``DISRUPTION_REASONS``, docs/capacity.md): the node is cordoned, carries a
 NoSchedule/NoExecute taint that GPU pods are not known to tolerate (any key but
 ``tolerated_taint_keys``), the GPU Operator is upgrading its driver, or (DRA) the
-driver tainted the device itself NoSchedule/NoExecute. A device may count under several
+driver tainted the device itself NoSchedule/NoExecute, or a DeviceTaintRule does (below).
+A device may count under several
 reasons; ``disrupted`` counts it once. It rests on the Node watch: with no Node watched
 (no Kubernetes API) it is ``None`` and ``allocatable`` keeps its older meaning (healthy
 and not allocated); with the watch down, or no Node of this name, both are ``None``.
+
+A DRA DeviceTaintRule "has the same effect as if the taint was specified directly in the
+ResourceSlice" (k8s.io/api resource/v1alpha3/types.go at v0.35.0, lines 192-194), so a
+device it selects with effect NoSchedule or NoExecute counts under ``device_taint`` too
+(each device once, whether its slice, a rule, or both taint it); effect None, and any
+effect this code does not know, does not ("Consumers must treat unknown effects like
+None", the same file, line 140). ``rule_matches`` is the matching: a rule without a
+``deviceSelector`` selects nothing, and every set field of ``driver``/``pool``/``device``
+must equal the device's. A rule that also has ``deviceClassName`` or CEL ``selectors``
+(Kubernetes 1.33-1.34) cannot be evaluated here: when its exact fields match a free device
+of a resource, that resource's ``device_taint`` (so ``disrupted`` and ``allocatable``) is
+unknown, neither counted disrupted nor allocatable. With the rule watch configured but
+down (``ok`` False), every DRA resource's ``device_taint`` is unknown the same way;
+device-plugin resources are untouched (a rule names DRA devices only).
 
 Devices are counted per resource in the units the scheduler sees: whole GPUs, MIG
 instances and time-sliced replicas of a device plugin's extended resource (in whatever
@@ -46,6 +61,8 @@ from exporter.model import (
     DRIVER_UPGRADE_IN_SERVICE,
     Allocation,
     DeviceCapacity,
+    DeviceTaintRuleSelector,
+    DeviceTaintRuleSnapshot,
     GpuHealth,
     GpuSample,
     NodeSchedulingSnapshot,
@@ -87,6 +104,7 @@ def node_capacity(
     dra_unreported: bool = False,
     scheduling: NodeSchedulingSnapshot | None = None,
     tolerated_taint_keys: frozenset[str] = DEFAULT_TOLERATED_TAINT_KEYS,
+    taint_rules: DeviceTaintRuleSnapshot | None = None,
 ) -> tuple[DeviceCapacity, ...]:
     """Advertised devices come from the kubelet's GetAllocatableResources and the DRA
     ResourceSlices where they answer, else from NVML (one ``nvidia.com/gpu`` per GPU).
@@ -95,10 +113,15 @@ def node_capacity(
     (``Attribution.unaccounted_gpus``); a resource with a device on one that no listed
     allocation takes has unknown ``allocated`` and ``allocatable``. ``dra_unreported``: a
     pod's claims go unreported in the answer, so every DRA driver's are unknown.
-    ``scheduling``: the Node watch's reading (None: not watched)."""
+    ``scheduling``: the Node watch's reading (None: not watched). ``taint_rules``: the
+    DeviceTaintRule watch's reading (None: not watched)."""
     resolver = DeviceResolver(gpus, slices)
-    # resource -> device ids the DRA driver tainted NoSchedule/NoExecute
+    # resource -> device ids the DRA driver or a DeviceTaintRule tainted NoSchedule/NoExecute
     device_tainted: dict[str, set[str]] = {}
+    # resource -> device ids an opaque rule (CEL, a DeviceClass) may or may not select
+    maybe_tainted: dict[str, set[str]] = {}
+    rules_ok = taint_rules is None or taint_rules.ok
+    rules = _rules_for(taint_rules, slices)
     # resource -> device id -> physical GPU UUID (None: names no GPU)
     advertised: dict[str, dict[str, str | None]] = {}
     kubelet_ok = pod_resources is not None and pod_resources.ok and pod_resources.allocatable_ok
@@ -114,6 +137,10 @@ def node_capacity(
             advertised.setdefault(device.driver, {})[key] = uuid or _published_gpu(device)
             if BLOCKING_EFFECTS.intersection(device.taint_effects):
                 device_tainted.setdefault(device.driver, set()).add(key)
+            for rule in rules:
+                if rule_matches(rule, device.driver, device.pool, device.name):
+                    into = maybe_tainted if rule.opaque else device_tainted
+                    into.setdefault(device.driver, set()).add(key)
     guessed = not kubelet_ok and not advertised and bool(gpus)
     if guessed:
         advertised[NVML_RESOURCE] = {g.uuid: g.uuid for g in gpus}
@@ -133,11 +160,56 @@ def node_capacity(
             uuid in unaccounted and device not in taken for device, uuid in devices.items()
         ):
             taken = None  # one of them may be the unlisted container's
-        tainted = device_tainted.get(resource, set())
+        tainted: set[str] | None = device_tainted.get(resource, set())
+        if resource in drivers and not rules_ok:
+            tainted = None  # the rules that may taint its devices could not be read
         watched = scheduling is not None
         node_reasons = node_disruptions(scheduling, tolerated_taint_keys, resource)
-        counts.append(_count(resource, devices, judge, taken, node_reasons, tainted, watched))
+        maybe = maybe_tainted.get(resource, set())
+        counts.append(
+            _count(resource, devices, judge, taken, node_reasons, tainted, watched, maybe)
+        )
     return tuple(counts)
+
+
+def _rules_for(
+    taint_rules: DeviceTaintRuleSnapshot | None, slices: ResourceSliceSnapshot | None
+) -> tuple[DeviceTaintRuleSelector, ...]:
+    """The blocking rules that may select a device of this node's slices: one pass over
+    the cluster's rules (thousands: one per unhealthy GPU where every node taints its
+    own), so that each device is then checked against a handful, not all of them."""
+    if taint_rules is None or slices is None or not slices.ok:
+        return ()
+    drivers = {d.driver for d in slices.devices}
+    pools = {d.pool for d in slices.devices}
+    return tuple(
+        r
+        for r in taint_rules.rules
+        if blocks(r)
+        and (r.driver is None or r.driver in drivers)
+        and (r.pool is None or r.pool in pools)
+    )
+
+
+def blocks(rule: DeviceTaintRuleSelector) -> bool:
+    """Whether the rule's taint keeps new pods off the devices it selects: NoSchedule or
+    NoExecute; None and any effect not known here do not (module docstring)."""
+    return rule.effect in BLOCKING_EFFECTS
+
+
+def rule_matches(rule: DeviceTaintRuleSelector, driver: str, pool: str, device: str) -> bool:
+    """Whether the rule's exact fields select the device ``driver``/``pool``/``device``
+    (k8s.io/api resource/v1alpha3 DeviceTaintSelector: "All selector criteria must be
+    satisfied", "The empty selector matches all devices. Without a selector, no devices
+    are matched"). For an ``opaque`` rule True means only "may select": its CEL or
+    DeviceClass part is not evaluated."""
+    if not rule.selects:
+        return False
+    return (
+        (rule.driver is None or rule.driver == driver)
+        and (rule.pool is None or rule.pool == pool)
+        and (rule.device is None or rule.device == device)
+    )
 
 
 def node_disruptions(
@@ -203,8 +275,9 @@ def _count(
     judge: _Judge,
     taken: set[str] | None,
     node_reasons: tuple[str, ...] | None,
-    device_tainted: set[str],
+    device_tainted: set[str] | None,
     watched: bool,
+    maybe_tainted: frozenset[str] | set[str] = frozenset(),
 ) -> DeviceCapacity:
     verdicts = {d: judge(uuid) for d, uuid in devices.items()}
     healthy = {d for d, v in verdicts.items() if v == "healthy"}
@@ -214,14 +287,22 @@ def _count(
     free = healthy - taken if judge.ok and taken is not None else None
     disrupted: set[str] | None = None
     by_reason: dict[str, int] = {}
+    # device taints cannot be told: the rules were not read, or an opaque rule may
+    # select a free device
+    taints_known = free is not None and device_tainted is not None and not (free & maybe_tainted)
     if free is not None and node_reasons is not None:
         # every reason that can be told, 0 included: an absent one is unknown
         known = DISRUPTION_REASONS if watched else ("device_taint",)
         by_reason = {r: len(free) if r in node_reasons else 0 for r in known}
         disrupted = set(free) if node_reasons else set()
-        tainted = free & device_tainted
-        disrupted |= tainted
-        by_reason["device_taint"] = len(tainted)
+        if taints_known and device_tainted is not None:
+            tainted = free & device_tainted
+            disrupted |= tainted
+            by_reason["device_taint"] = len(tainted)
+        else:
+            del by_reason["device_taint"]
+            # the total is unknown unless every free device is disrupted anyway
+            disrupted = disrupted if disrupted == free else None
     return DeviceCapacity(
         resource=resource,
         advertised=len(devices),

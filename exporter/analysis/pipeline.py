@@ -124,6 +124,7 @@ def analyse(
         dra_unreported=attribution.dra_unreported,
         scheduling=snapshot.node_scheduling,
         tolerated_taint_keys=policy.tolerated_taint_keys,
+        taint_rules=snapshot.device_taint_rules,
     )
     elapsed, counted_to = elapsed_since(state.last_timestamp, elapsed_now, policy.idle)
     idle = account_idle(

@@ -361,6 +361,40 @@ class ResourceSliceSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceTaintRuleSelector:
+    """One DRA DeviceTaintRule (resource.k8s.io, KEP-5055) as capacity reads it: which
+    devices its ``spec.deviceSelector`` names and the effect of its ``spec.taint``
+    (sources/device_taint_rules.py; the matching rule is analysis/capacity.py's).
+
+    ``driver``, ``pool``, ``device``: the selector's exact fields, None where unset (any).
+    ``selects``: False when the rule has no ``deviceSelector`` (it then matches no
+    device). ``opaque``: the selector also has ``deviceClassName`` or CEL ``selectors``
+    (Kubernetes 1.33-1.34 only), which cannot be evaluated here: of the devices the exact
+    fields match, which ones it selects is unknown."""
+
+    name: str
+    effect: str  # NoSchedule, NoExecute, None, or what a newer API adds
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    selects: bool = True
+    opaque: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaintRuleSnapshot:
+    """The DeviceTaintRules that may name a device of the watched DRA drivers, sorted by
+    name; ``ok`` False: they could not be read (then which devices they taint is unknown).
+    A cluster that serves no DeviceTaintRule is ``ok`` with none."""
+
+    ok: bool
+    timestamp: float
+    error: str | None = None
+    rules: tuple[DeviceTaintRuleSelector, ...] = ()
+    counts: WatchCounts = WatchCounts()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeTaint:
     """One of the Node's ``spec.taints``."""
 
@@ -496,6 +530,8 @@ class NodeSnapshot:
     dcgm: DcgmSnapshot | None = None
     resource_slices: ResourceSliceSnapshot | None = None  # None: DRA not watched
     node_scheduling: NodeSchedulingSnapshot | None = None  # None: the Node not watched
+    # None: DeviceTaintRules not watched (no Kubernetes API, or no --dra-drivers)
+    device_taint_rules: DeviceTaintRuleSnapshot | None = None
     xid_events: tuple[XidEvent, ...] = ()  # raised since the last cycle (NVML event set)
     kmsg_events: tuple[XidEvent, ...] = ()  # read from the kernel log since the last cycle
     kmsg_overruns: int | None = None  # kernel-log ring overruns since start; None: not read
@@ -523,6 +559,7 @@ class Readings:
     dcgm: DcgmSnapshot | None = None
     resource_slices: ResourceSliceSnapshot | None = None
     node_scheduling: NodeSchedulingSnapshot | None = None
+    device_taint_rules: DeviceTaintRuleSnapshot | None = None
     xid_events: tuple[XidEvent, ...] = ()
     kmsg_events: tuple[XidEvent, ...] = ()
     kmsg_overruns: int | None = None
@@ -544,6 +581,7 @@ class Readings:
             dcgm=self.dcgm,
             resource_slices=self.resource_slices,
             node_scheduling=self.node_scheduling,
+            device_taint_rules=self.device_taint_rules,
             xid_events=self.xid_events,
             kmsg_events=self.kmsg_events,
             kmsg_overruns=self.kmsg_overruns,

@@ -145,6 +145,7 @@ SourceName = Literal[
     "kube",
     "resourceslices",
     "node",
+    "devicetaintrules",
     "cgroups",
 ]
 

@@ -3,9 +3,11 @@
 The exporter's API sources are the real ``kubernetes`` client; faking the HTTP server
 rather than the client keeps its whole code path (config loading, urllib3, chunked
 watch streams, 410 handling) under test. Only what ``PodWatcher``,
-``ResourceSliceWatcher`` and ``NodeWatcher`` use is served: ``GET /api/v1/pods``,
-``GET /apis/resource.k8s.io/v1/resourceslices`` and ``GET /api/v1/nodes``, each as a
-list or a watch, with ``fieldSelector`` (the Nodes are ``writes``'s, see there). Like
+``ResourceSliceWatcher``, ``NodeWatcher`` and ``DeviceTaintRuleWatcher`` use is served:
+``GET /api/v1/pods``, ``GET /apis/resource.k8s.io/v1/resourceslices``,
+``GET /api/v1/nodes`` and ``GET /apis/resource.k8s.io/<version>/devicetaintrules``, each
+as a list or a watch, with ``fieldSelector`` (the Nodes and DeviceTaintRules are
+``writes``'s, see there: ``writes.set_device_taint_rule``, ``delete_device_taint_rule``). Like
 the real server, one resourceVersion counter (etcd's revision) spans the collections,
 and compaction (``expire_history``) expires watches of all of them.
 
@@ -81,7 +83,7 @@ _QueueItem = tuple[
 # a 300 MiB line costs the fake one block, not 300 MiB.
 HUGE_LINE_BLOCK = 1024 * 1024
 
-Resource = Literal["pods", "resourceslices", "nodes"]
+Resource = Literal["pods", "resourceslices", "nodes", "devicetaintrules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,18 @@ RESOURCE_SLICES = _Collection(
     _RESOURCE_SLICE_FIELDS,
     "ResourceSliceList",
     "resource.k8s.io/v1",
+)
+
+# DeviceTaintRules (cluster-scoped): kept by ``writes`` (kube_writes.py), mirrored here to
+# be listed and watched; the path is versioned (``writes`` routes it, and hands LISTs
+# without labelSelector and watches to ``_serve_taint_rules``), so none is routed here.
+DEVICE_TAINT_RULES = _Collection(
+    "devicetaintrules",
+    "/apis/resource.k8s.io/{version}/devicetaintrules",
+    ("metadata", "name"),
+    {"metadata.name": ("metadata", "name")},
+    "DeviceTaintRuleList",
+    "resource.k8s.io/v1alpha3",
 )
 
 
@@ -351,6 +365,7 @@ class FakeKubeApi:
             "pods": {},
             "resourceslices": {},
             "nodes": {},
+            "devicetaintrules": {},
         }
         self._rv = 1
         self._min_rv = 0  # a watch from below this has missed forgotten events: 410
@@ -374,6 +389,8 @@ class FakeKubeApi:
         self.writes: KubeWrites = KubeWrites(
             resource_slices_served=lambda: self._slices_served,
             on_node=lambda node: self._set(NODES, node),
+            on_taint_rule=self._mirror_taint_rule,
+            serve_taint_rules=self._serve_taint_rules,
         )
         # The server's clock for its Date header (None: aiohttp's, the real time), and a
         # Date value served instead of it (a broken or hostile server: garbage, far off),
@@ -425,6 +442,18 @@ class FakeKubeApi:
     def delete_resource_slice(self, name: str) -> bool:
         """Remove a ResourceSlice; False if there was none with that name."""
         return self._delete(RESOURCE_SLICES, name)
+
+    def _mirror_taint_rule(self, name: str, rule: dict[str, Any] | None) -> None:
+        """``writes``'s DeviceTaintRule ``name`` as it stands now (None: deleted)."""
+        if rule is None:
+            self._delete(DEVICE_TAINT_RULES, name)
+        else:
+            self._set(DEVICE_TAINT_RULES, rule)
+
+    async def _serve_taint_rules(self, request: web.Request, version: str) -> web.StreamResponse:
+        """A LIST or watch of ``writes``'s DeviceTaintRules at ``version``."""
+        what = replace(DEVICE_TAINT_RULES, api_version=f"resource.k8s.io/{version}")
+        return await self._handle(what, request)
 
     def _set(self, what: _Collection, obj_in: Mapping[str, Any]) -> str:
         obj = copy.deepcopy(dict(obj_in))

@@ -19,7 +19,10 @@ and the rules of the real kube-apiserver it keeps (Kubernetes 1.35 sources):
   ``patchStrategy:"merge" patchMergeKey:"type"``); a JSON merge patch (RFC 7386)
   replaces the list whole, as the real server does.
 - DRA ``DeviceTaintRule`` (resource.k8s.io, KEP-5055): discovery of the group and its
-  versions, create, LIST with ``labelSelector``, GET and DELETE. Kubernetes 1.33, 1.34
+  versions, create, LIST with ``labelSelector``, GET and DELETE. Every change is handed
+  to ``on_taint_rule`` (kube_api mirrors the rules into a collection), and a LIST
+  without ``labelSelector`` or a watch is answered by ``serve_taint_rules`` (kube_api's
+  list + watch, with its resourceVersions and watch history). Kubernetes 1.33, 1.34
   and 1.35 define it in ``v1alpha3`` only (k8s.io/api tags v0.33.0, v0.34.0, v0.35.0:
   resource/v1alpha3/types.go; ``v1beta2`` and ``v1`` came after 1.35, ``introduced=1.36``),
   so ``DEFAULT_DEVICE_TAINT_VERSIONS`` is ``("v1alpha3",)`` (a real 1.35 cluster serves
@@ -51,7 +54,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
@@ -208,12 +211,22 @@ class KubeWrites:
         *,
         resource_slices_served: Callable[[], bool] = lambda: True,
         on_node: Callable[[dict[str, Any]], object] | None = None,
+        on_taint_rule: Callable[[str, dict[str, Any] | None], object] | None = None,
+        serve_taint_rules: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+        | None = None,
     ) -> None:
         self._lock = threading.Lock()
         # told of every Node as it stands after a change (kube_api publishes it to the
         # watches of /api/v1/nodes); called under this lock, so in the writes' order (it
         # takes kube_api's lock, which is never held while this one is asked for)
         self._on_node = on_node
+        # told of every DeviceTaintRule as it stands after a change (None: deleted), under
+        # this lock as on_node is: kube_api keeps them as a collection it lists and watches
+        self._on_taint_rule = on_taint_rule
+        # answers a LIST without labelSelector, and every watch, of devicetaintrules
+        # (request, version): kube_api's list + watch of that collection, whose
+        # resourceVersions a watch resumes from
+        self._serve_taint_rules = serve_taint_rules
         self._events: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name)
         self._nodes: dict[str, dict[str, Any]] = {}
         self._taint_rules: dict[str, dict[str, Any]] = {}
@@ -294,6 +307,21 @@ class KubeWrites:
             rule["metadata"].setdefault("creationTimestamp", now_rfc3339())
             rule["metadata"]["resourceVersion"] = self._next_rv_locked()
             self._taint_rules[name] = rule
+            self._taint_rule_changed_locked(name)
+
+    def delete_device_taint_rule(self, name: str) -> bool:
+        """Remove a DeviceTaintRule (as ``kubectl delete devicetaintrule`` does); False
+        when there was none of that name."""
+        with self._lock:
+            if self._taint_rules.pop(name, None) is None:
+                return False
+            self._taint_rule_changed_locked(name)
+            return True
+
+    def _taint_rule_changed_locked(self, name: str) -> None:
+        if self._on_taint_rule is not None:  # under the lock: watches see writes in order
+            rule = self._taint_rules.get(name)
+            self._on_taint_rule(name, copy.deepcopy(rule) if rule is not None else None)
 
     def device_taint_rules(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -827,7 +855,7 @@ class KubeWrites:
                 raise Refused(404, "NotFound", "the server could not find the requested resource")
         return version
 
-    async def _list_taint_rules(self, request: web.Request) -> web.Response:
+    async def _list_taint_rules(self, request: web.Request) -> web.StreamResponse:
         try:
             version = self._taint_version(request)
             terms = _label_selector(request.query.get("labelSelector", ""))
@@ -835,6 +863,9 @@ class KubeWrites:
             return refused.response()
         except SelectorError as exc:
             return bad_request(str(exc)).response()
+        watch = request.query.get("watch", "").lower() in ("true", "1")
+        if self._serve_taint_rules is not None and (watch or not terms):
+            return await self._serve_taint_rules(request, version)
         items = [
             {**r, "apiVersion": f"resource.k8s.io/{version}"}
             for r in self.device_taint_rules()
@@ -883,6 +914,7 @@ class KubeWrites:
                 # "Added automatically during create or update if not set" (types.go)
                 rule["spec"]["taint"].setdefault("timeAdded", now_rfc3339())
                 self._taint_rules[name] = rule
+                self._taint_rule_changed_locked(name)
                 return web.json_response(copy.deepcopy(rule), status=201)
 
         return await self._write(request, handle)
@@ -894,6 +926,8 @@ class KubeWrites:
             version = self._taint_version(request)
             with self._lock:
                 rule = self._taint_rules.pop(name, None)
+                if rule is not None:
+                    self._taint_rule_changed_locked(name)
             if rule is None:
                 raise not_found("devicetaintrules.resource.k8s.io", name)
             rule["apiVersion"] = f"resource.k8s.io/{version}"

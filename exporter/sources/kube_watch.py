@@ -264,6 +264,9 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     max_objects: ClassVar[int]
     # The field that names this node in an object of the collection (fieldSelector)
     node_field: ClassVar[str] = "spec.nodeName"
+    # False: a cluster-wide collection (DeviceTaintRules): no fieldSelector is sent and
+    # every object is this node's concern (``_for_this_node``)
+    node_scoped: ClassVar[bool] = True
     # The largest LIST answer and watch line read; a bigger one fails the attempt
     max_list_bytes: ClassVar[int] = MAX_LIST_BYTES
     max_line_bytes: ClassVar[int] = MAX_LINE_BYTES
@@ -293,7 +296,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         self._list_deadline_s = list_deadline_s
         # Asked of the server, and checked here too: a server (or proxy) that ignores
         # the selector must not fill the cache with the whole cluster's objects.
-        self._selector = f"{self.node_field}={node_name}"
+        self._selector = f"{self.node_field}={node_name}" if self.node_scoped else None
         self._lock = threading.Lock()
         self._values: dict[str, V] = {}
         # The snapshot is built when read, at most once per change: an event costs a
@@ -373,10 +376,18 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         return backoff.next_delay()
 
     def _for_this_node(self, obj: Mapping[str, Any]) -> bool:
-        """Whether ``obj`` is one the field selector asked for (``node_field``)."""
+        """Whether ``obj`` is one the field selector asked for (``node_field``); every
+        object of a collection that is not ``node_scoped``."""
+        if not self.node_scoped:
+            return True
         outer, _, inner = self.node_field.partition(".")
         part = obj.get(outer)
         return isinstance(part, Mapping) and part.get(inner) == self._node
+
+    def _collection_path(self) -> str:
+        """The collection's URL path for the next request: ``path``, unless a subclass
+        picks its version at run time (DeviceTaintRules)."""
+        return self.path
 
     def _not_served(self, exc: BaseException) -> bool:
         """True when ``exc`` says this cluster has no such collection at all (an API
@@ -718,7 +729,7 @@ class KubeWatchSource(Source, Generic[V, I, S]):
         query = [(_QUERY_NAMES[key], value) for key, value in kwargs.items() if value is not None]
         method, url, headers, body, post = api.param_serialize(
             "GET",
-            self.path,
+            self._collection_path(),
             query_params=query,
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
