@@ -20,9 +20,23 @@
 5. Write ``benchmarks/results/fleet.json`` and ``fleet.md`` (machine, date, figures, a
    linear extrapolation to 5,000 nodes).
 
-Usage: ``python benchmarks/fleet.py --nodes 100,250,500 [--duration 120] [--interval 15]``
-(docs/fleet.md quotes the recorded run). Every child process runs under coreutils'
-``timeout`` and is stopped (SIGTERM, then SIGKILL) before the next fleet size starts.
+With ``--backend victoriametrics`` (or ``both``) the same fleet is also measured on
+VictoriaMetrics (``tests/e2e/vm_stack.py``, with the settings docs/victoriametrics.md
+ships): vmagent scrapes it with the same scrape configuration, victoria-metrics stores
+it, vmalert evaluates the same rule files every interval and writes back. Measured: the
+RSS and CPU of each of the three, each group's evaluation time from vmalert's own
+``vmalert_iteration_duration_seconds`` summary (median and maximum of its window),
+series from victoria-metrics' ``vm_cache_entries{type="storage/hour_metric_ids"}``
+(series that received samples in the current hour: app/vmstorage/main.go) and
+``/api/v1/series/count``, the recorded series, and the waste board's queries as Grafana
+sends them (no ``nocache``). The load average (/proc/loadavg) before and after each
+fleet size goes into the results on either backend: on a shared machine the CPU figures
+are disturbed by whatever else runs.
+
+Usage: ``python benchmarks/fleet.py --nodes 100,250,500 [--duration 120] [--interval 15]
+[--backend prometheus|victoriametrics|both]`` (docs/fleet.md quotes the recorded run).
+Every child process runs under coreutils' ``timeout`` and is stopped (SIGTERM, then
+SIGKILL) before the next fleet size starts.
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ from run import machine  # noqa: E402
 from exporter.model.families import SELF_PREFIX  # noqa: E402
 from exporter.sim.scenario import SHIPPED  # noqa: E402
 from tests.cardinality import EVERYTHING  # noqa: E402
+from tests.e2e import vm_stack  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     JOB,
     Child,
@@ -67,6 +82,7 @@ from tests.e2e.stack import (  # noqa: E402
 )
 from tests.golden.record import CYCLES, STEP_S, on_schedule  # noqa: E402
 from tests.harness import simulated_exporter  # noqa: E402
+from tests.system_tools import VICTORIA_METRICS_HINT  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 ALERTS = ROOT / "alerts"
@@ -209,9 +225,18 @@ def one(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> fl
     return sum(v for _, v in samples.get(name, []))
 
 
-def scalar(api: PromApi, expr: str) -> float:
-    result = api.series(expr)
-    return float(result[0]["value"][1]) if result else math.nan
+def scalar(api: PromApi, expr: str, tries: int = 3) -> float:
+    """An instant query's one value; a server busy past http_get's 10 s gets ``tries``
+    chances (a 500-node fleet on a shared 2-core machine needed them), then NaN."""
+    for attempt in range(tries):
+        try:
+            result = api.series(expr)
+        except OSError:
+            if attempt == tries - 1:
+                return math.nan
+            continue
+        return float(result[0]["value"][1]) if result else math.nan
+    return math.nan
 
 
 def time_queries(api: PromApi, queries: Sequence[tuple[str, str]], repeats: int) -> dict[str, Any]:
@@ -222,7 +247,10 @@ def time_queries(api: PromApi, queries: Sequence[tuple[str, str]], repeats: int)
         times, series, error = [], 0, ""
         for _ in range(repeats):
             began = time.perf_counter()
-            data = api.query(expr)
+            try:
+                data = api.query(expr)
+            except OSError as exc:  # no answer within http_get's 10 s: say so, go on
+                data = {"status": "error", "error": f"no answer: {exc}"}
             times.append((time.perf_counter() - began) * 1000)
             if data.get("status") != "success":
                 error = str(data.get("error", "?"))
@@ -279,6 +307,7 @@ def measure_fleet(
     work: Path,
 ) -> dict[str, Any]:
     lifetime = START_TIMEOUT_S + args.duration + 300
+    load_before = loadavg()
     ports_file = work / "ports.json"
     server = start_server(texts, nodes, ports_file, work / "server.log", lifetime)
     children = [server]
@@ -367,10 +396,169 @@ def measure_fleet(
             "queries": latency,
             "server": json.loads(body) if status == 200 else {},
             "measured_s": time.time() - began,
+            "loadavg_before": load_before,
+            "loadavg_after": loadavg(),
         }
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (/proc/loadavg); empty where there is none."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
+def text_metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A process's own /metrics (victoria-metrics, vmagent, vmalert), by sample name."""
+    status, body = http_get(f"{url}/metrics")
+    assert status == 200, f"{url}/metrics answered {status}"
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in body.decode().splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{.*\})?\s+(\S+)", line)
+        if match is None or line.startswith("#"):
+            continue
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match[2] or ""))
+        try:
+            samples.setdefault(match[1], []).append((labels, float(match[3])))
+        except ValueError:
+            continue
+    return samples
+
+
+VM_PROCESSES = ("victoria-metrics", "vmagent", "vmalert")
+
+
+def vm_sample_window(urls: dict[str, str], seconds: float, every_s: float) -> dict[str, Any]:
+    """Each process's RSS every ``every_s`` and CPU over the window; vmalert's groups'
+    evaluation time (its summary's median and maximum) at the end."""
+    rss: dict[str, list[float]] = {p: [] for p in urls}
+    began = time.monotonic()
+    first = {p: text_metrics(u) for p, u in urls.items()}
+    last = first
+    while True:
+        for p in urls:
+            rss[p].append(one(last[p], "process_resident_memory_bytes"))
+        if time.monotonic() + every_s > began + seconds:
+            break
+        time.sleep(every_s)
+        last = {p: text_metrics(u) for p, u in urls.items()}
+    elapsed = max(time.monotonic() - began, 1e-9)
+    cpu = {
+        p: (one(last[p], "process_cpu_seconds_total") - one(first[p], "process_cpu_seconds_total"))
+        / elapsed
+        for p in urls
+    }
+    groups: dict[str, dict[str, float]] = {}
+    for labels, value in last["vmalert"].get("vmalert_iteration_duration_seconds", []):
+        q = labels.get("quantile")
+        if q in ("0.5", "1"):
+            name = labels["group"]
+            groups.setdefault(name, {})["p50" if q == "0.5" else "max"] = value * 1000
+    return {
+        "rss_bytes": {p: summarise(v) for p, v in rss.items()},
+        "cpu_cores": cpu,
+        "rule_groups_ms": {g: v for g, v in sorted(groups.items()) if len(v) == 2},
+        "rule_iterations_missed": one(last["vmalert"], "vmalert_iteration_missed_total"),
+    }
+
+
+def measure_fleet_vm(
+    binaries: dict[str, str],
+    texts: Sequence[Path],
+    gpus_per_text: Sequence[int],
+    nodes: int,
+    args: argparse.Namespace,
+    work: Path,
+) -> dict[str, Any]:
+    """The same fleet on VictoriaMetrics: vmagent -> victoria-metrics <- vmalert."""
+    lifetime = START_TIMEOUT_S + args.duration + 300
+    load_before = loadavg()
+    ports_file = work / "ports.json"
+    server = start_server(texts, nodes, ports_file, work / "server.log", lifetime)
+    stack: vm_stack.VmStack | None = None
+    try:
+
+        def listening() -> dict[str, int] | None:
+            server.check_alive()
+            return json.loads(ports_file.read_text()) if ports_file.exists() else None
+
+        ports = wait_until(
+            listening,
+            timeout_s=START_TIMEOUT_S,
+            what=f"the fleet server to listen for {nodes} nodes",
+            diagnostics=server.log_tail,
+        )
+        stack = vm_stack.start_vm_stack(
+            binaries,
+            work / "vm",
+            ports,
+            rule_files(),
+            scrape_interval_s=args.interval,
+            evaluation_interval_s=args.interval,
+            lifetime_s=lifetime,
+            start_timeout_s=START_TIMEOUT_S,
+        )
+        api = stack.api
+        began = time.time()
+        warmup = min(WARMUP_INTERVALS * args.interval, args.duration / 3)
+        print(
+            f"[fleet] {nodes} nodes up on VictoriaMetrics; warm-up {warmup:.0f} s, "
+            f"then {args.duration - warmup:.0f} s"
+        )
+        time.sleep(warmup)
+        urls = {
+            "victoria-metrics": stack.vm_url,
+            "vmagent": stack.vmagent_url,
+            "vmalert": stack.vmalert_api.base,
+        }
+        window = vm_sample_window(urls, args.duration - warmup, args.interval)
+        board, queries = dashboard_queries()
+        range_s = math.ceil(time.time() - began)
+        substituted = [(w, substitute(e, args.interval, range_s)) for w, e in queries]
+        as_grafana = vm_stack.VmApi(int(stack.vm_url.rpartition(":")[2]), nocache=False)
+        latency = time_queries(as_grafana, substituted, args.repeats)
+        gpus = sum(gpus_per_text[i % len(texts)] for i in range(nodes))
+        api.force_flush()
+        scraped = scalar(api, f'sum(scrape_samples_post_metric_relabeling{{job="{JOB}"}})')
+        recorded = scalar(api, 'count({__name__=~".+:.+"})')
+        by_rule = {
+            r["metric"]["__name__"]: int(float(r["value"][1]))
+            for r in api.series('count by (__name__) ({__name__=~".+:.+"})')
+        }
+        alerts = scalar(api, "count(ALERTS)")
+        own = text_metrics(stack.vm_url)
+        hour_series = sum(
+            v
+            for labels, v in own.get("vm_cache_entries", [])
+            if labels.get("type") == "storage/hour_metric_ids"
+        )
+        return {
+            "backend": "victoriametrics",
+            "nodes": nodes,
+            "gpus": gpus,
+            "hour_series": hour_series,
+            "series_count": api.series_count(),
+            "series_per_node": hour_series / nodes,
+            "series_per_gpu": hour_series / gpus if gpus else math.nan,
+            "scraped_series": scraped,
+            "recorded_series": recorded,
+            "recorded_by_rule": dict(sorted(by_rule.items())),
+            "alerts_series": alerts,
+            **window,
+            "queries_board": board,
+            "queries": latency,
+            "measured_s": time.time() - began,
+            "loadavg_before": load_before,
+            "loadavg_after": loadavg(),
+        }
+    finally:
+        if stack is not None:
+            stack.stop()
+        server.stop()
 
 
 # -- 5. report ----------------------------------------------------------------------------
@@ -465,6 +653,80 @@ def recorded_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _load(f: dict[str, Any]) -> str:
+    before, after = f.get("loadavg_before") or [], f.get("loadavg_after") or []
+    if not before or not after:
+        return "—"
+    return f"{before[0]:.1f} → {after[0]:.1f}"
+
+
+def load_table(results: dict[str, Any]) -> list[str]:
+    """The machine's 1-minute load average before and after each run: other work on a
+    shared machine disturbs the CPU and latency figures."""
+    runs = [("Prometheus", f) for f in results["fleets"]]
+    runs += [("VictoriaMetrics", f) for f in results.get("vm_fleets", [])]
+    lines = ["| backend | nodes | load average (1 min) before → after |", "|---|---:|---|"]
+    lines += [f"| {backend} | {f['nodes']} | {_load(f)} |" for backend, f in runs]
+    return lines
+
+
+def vm_fleet_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| nodes | GPUs | series (hour) | per node | of them recorded | series/count "
+        "| RSS (max): victoria-metrics / vmagent / vmalert "
+        "| CPU (cores): victoria-metrics / vmagent / vmalert "
+        "| slowest rule group p50 / max (ms) | query p50 / p99 (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---|---|",
+    ]
+    for f in results.get("vm_fleets", []):
+        groups = f["rule_groups_ms"]
+        slowest = max(groups, key=lambda g: groups[g]["max"]) if groups else None
+        rule = (
+            f"{groups[slowest]['p50']:.0f} / {groups[slowest]['max']:.0f} "
+            f"(`{slowest.rpartition('.')[2]}`)"
+            if slowest
+            else "—"
+        )
+        rss = " / ".join(_mib(f["rss_bytes"][p]["max"]) for p in VM_PROCESSES)
+        cpu = " / ".join(f"{f['cpu_cores'][p]:.2f}" for p in VM_PROCESSES)
+        q = f["queries"]["ms"]
+        lines.append(
+            f"| {f['nodes']} | {f['gpus']:,} | {f['hour_series']:,.0f} "
+            f"| {f['series_per_node']:,.0f} | {f['recorded_series']:,.0f} "
+            f"| {f['series_count']:,} | {rss} | {cpu} | {rule} "
+            f"| {_ms(q, 'p50')} / {_ms(q, 'p99')} |"
+        )
+    return lines
+
+
+def vm_groups_table(results: dict[str, Any]) -> list[str]:
+    return groups_table({"fleets": results.get("vm_fleets", [])})
+
+
+def vm_recorded_table(results: dict[str, Any]) -> list[str]:
+    return recorded_table({"fleets": results.get("vm_fleets", [])})
+
+
+def vm_lines(results: dict[str, Any]) -> list[str]:
+    if not results.get("vm_fleets"):
+        return []
+    return [
+        "",
+        "On VictoriaMetrics (vmagent → victoria-metrics ← vmalert, "
+        f"{results['settings'].get('victoriametrics', '?')}, the settings of "
+        "docs/victoriametrics.md):",
+        "",
+        *vm_fleet_table(results),
+        "",
+        "vmalert's rule groups, evaluation time p50 / max (ms, its "
+        "`vmalert_iteration_duration_seconds`):",
+        "",
+        *vm_groups_table(results),
+        "",
+        *vm_recorded_table(results),
+    ]
+
+
 def extrapolation_line(results: dict[str, Any]) -> str:
     e = results["extrapolation"]
     intercept = e["rss_fit"]["intercept"]  # Prometheus' floor; noise of GC timing can make it < 0
@@ -500,7 +762,8 @@ def families_tables(results: dict[str, Any]) -> list[str]:
 
 def settings_line(results: dict[str, Any]) -> str:
     m, s = results["machine"], results["settings"]
-    board = results["fleets"][0]["queries_board"] if results["fleets"] else "—"
+    every = [*results["fleets"], *results.get("vm_fleets", [])]
+    board = every[0]["queries_board"] if every else "—"
     return (
         f"Run {results['started'][:10]} on {m['cpu']} ({m['cores']} cores, "
         f"{m['memory_gib']} GiB), Prometheus {s['prometheus'].split(' ')[1]}, Python "
@@ -545,6 +808,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {q['error'] or '—'} |"
             )
         lines += ["", extrapolation_line(results)]
+    lines += vm_lines(results)
+    lines += ["", *load_table(results)]
     lines += ["", "What `--families-disable` of each saves:", "", *families_tables(results)]
     return "\n".join(lines)
 
@@ -555,6 +820,8 @@ def doc_block(results: dict[str, Any]) -> str:
     if results["fleets"]:
         lines += ["", "Rule groups, evaluation time p50 / max (ms):", "", *groups_table(results)]
         lines += ["", *recorded_table(results), "", extrapolation_line(results)]
+    lines += vm_lines(results)
+    lines += ["", *load_table(results)]
     lines += ["", *families_tables(results), DOC_END]
     return "\n".join(lines)
 
@@ -609,6 +876,13 @@ def parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=5, help="times each dashboard query is timed (default: 5)"
     )
     p.add_argument(
+        "--backend",
+        choices=("prometheus", "victoriametrics", "both"),
+        default="prometheus",
+        help="what scrapes and evaluates the fleet: Debian's prometheus, or victoria-metrics "
+        "+ vmagent + vmalert (docs/victoriametrics.md), or both in turn (default: %(default)s)",
+    )
+    p.add_argument(
         "--record",
         action="store_true",
         help="also rewrite the measured block of docs/fleet.md (after a full run)",
@@ -633,12 +907,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--interval at least 1, --duration at least 3 intervals, --repeats at least 1")
     if not args.out.is_dir():
         p.error(f"--out {args.out}: not a directory; create it or name another")
+    on_prometheus = args.backend in ("prometheus", "both")
+    on_vm = args.backend in ("victoriametrics", "both")
     binary = shutil.which("prometheus")
     if binary is None:
         print(
             "prometheus not found on PATH; install it: apt-get install -y prometheus",
             file=sys.stderr,
         )
+        return 2
+    vm_binaries = {b: shutil.which(b) or "" for b in VM_PROCESSES}
+    if on_vm and not all(vm_binaries.values()):
+        missing = ", ".join(b for b, path in vm_binaries.items() if not path)
+        print(f"{missing} not found on PATH; install it: {VICTORIA_METRICS_HINT}", file=sys.stderr)
         return 2
     # the scenarios raise alerts on purpose: their warnings are not the benchmark's
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
@@ -665,14 +946,21 @@ def main(argv: list[str] | None = None) -> int:
                 "max_labels": _max_labels(everything),
             }
             families[scenario] = families_table(counts, family_series(everything))
-        fleets = []
+        fleets, vm_fleets = [], []
         for nodes in args.nodes:
-            fleet_dir = work / f"n{nodes}"
-            fleet_dir.mkdir()
-            print(f"[fleet] {nodes} nodes", flush=True)
             gpus = [captured[s]["gpus"] for s in scenarios]
-            fleets.append(measure_fleet(binary, texts, gpus, nodes, args, fleet_dir))
-            shutil.rmtree(fleet_dir / "tsdb", ignore_errors=True)
+            if on_prometheus:
+                fleet_dir = work / f"n{nodes}"
+                fleet_dir.mkdir()
+                print(f"[fleet] {nodes} nodes", flush=True)
+                fleets.append(measure_fleet(binary, texts, gpus, nodes, args, fleet_dir))
+                shutil.rmtree(fleet_dir / "tsdb", ignore_errors=True)
+            if on_vm:
+                vm_dir = work / f"vm{nodes}"
+                vm_dir.mkdir()
+                print(f"[fleet] {nodes} nodes on VictoriaMetrics", flush=True)
+                vm_fleets.append(measure_fleet_vm(vm_binaries, texts, gpus, nodes, args, vm_dir))
+                shutil.rmtree(vm_dir / "vm", ignore_errors=True)
     results: dict[str, Any] = {
         "started": now.isoformat(timespec="seconds"),
         "command": "python benchmarks/fleet.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -684,12 +972,15 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "scenarios": scenarios,
             "prometheus": version,
+            "backend": args.backend,
+            "victoriametrics": _vm_version(vm_binaries["victoria-metrics"]) if on_vm else "",
             "rule_files": [str(p.relative_to(ROOT)) for p in rule_files()],
             "capture": f"golden schedule: {CYCLES} cycles {STEP_S:g} s apart",
         },
         "captured": captured,
         "families": families,
         "fleets": fleets,
+        "vm_fleets": vm_fleets,
         "extrapolation": extrapolate(fleets) if fleets else {},
     }
     results["duration_s"] = time.monotonic() - started
@@ -710,6 +1001,23 @@ def _max_labels(text: str) -> dict[str, Any]:
             if len(s.labels) > most:
                 most, family = len(s.labels), f.name
     return {"labels": most, "family": family}
+
+
+def _vm_version(binary: str) -> str:
+    """Debian's victoria-metrics prints no -version; its package version says it."""
+    import subprocess
+
+    out = subprocess.run([binary, "-version"], capture_output=True, text=True, check=False)
+    text = (out.stdout or out.stderr).strip()
+    if text:
+        return text.splitlines()[0]
+    dpkg = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", "victoria-metrics"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return f"victoria-metrics {dpkg.stdout.strip() or 'unknown'} (Debian package)"
 
 
 def _prometheus_version(binary: str) -> str:

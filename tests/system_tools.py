@@ -14,6 +14,9 @@ import pytest
 REQUIRE_ENV = "GPU_EXPORTER_REQUIRE_SYSTEM_TOOLS"
 INSTALL_HINT = "apt-get install -y prometheus (Debian's package ships promtool too)"
 KUBECTL_HINT = "apt-get install -y kubernetes-client (Debian's kubectl)"
+VICTORIA_METRICS_HINT = (
+    "apt-get install -y victoria-metrics (Debian's package ships vmagent and vmalert too)"
+)
 
 
 def require_tool(name: str, hint: str = INSTALL_HINT) -> str:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.bench_scripts import load
 from tests.harness import Labels, parse_exposition, simulated_exporter
-from tests.system_tools import require_tool
+from tests.system_tools import VICTORIA_METRICS_HINT, require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 server = load("fleet_server")
@@ -144,3 +144,37 @@ def test_two_nodes_end_to_end_with_a_real_prometheus(tmp_path):
     assert queries and not [w for w, q in queries.items() if q["error"]]
     assert fleet["server"]["scrapes"] > 0
     assert "2 |" in (tmp_path / "fleet.md").read_text("utf-8")
+
+
+@pytest.mark.slow  # victoria-metrics, vmagent and vmalert on two nodes for 6 s (~25 s in all)
+def test_two_nodes_end_to_end_on_victoriametrics(tmp_path):
+    for name in ("victoria-metrics", "vmagent", "vmalert"):
+        require_tool(name, VICTORIA_METRICS_HINT)
+    argv = [
+        *("--nodes", "2", "--duration", "6", "--interval", "1", "--repeats", "2"),
+        *("--scenarios", "single-gpu", "--backend", "victoriametrics"),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fleet.py"), *argv, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "fleet.json").read_text("utf-8"))
+    assert results["fleets"] == []  # Prometheus not run
+    (fleet,) = results["vm_fleets"]
+    captured = results["captured"]["single-gpu"]
+    assert fleet["nodes"] == 2 and fleet["gpus"] == 2 * captured["gpus"]
+    # vmagent scraped every node's series into victoria-metrics, vmalert recorded
+    assert fleet["scraped_series"] == 2 * captured["series"]
+    assert fleet["recorded_series"] > 0
+    assert fleet["series_count"] >= fleet["scraped_series"] + fleet["recorded_series"]
+    for process in ("victoria-metrics", "vmagent", "vmalert"):
+        assert fleet["rss_bytes"][process]["max"] > 0, process
+    assert len(fleet["rule_groups_ms"]) >= 4 and fleet["rule_iterations_missed"] == 0
+    queries = fleet["queries"]["by_query"]
+    assert queries and not [w for w, q in queries.items() if q["error"]]
+    assert len(fleet["loadavg_before"]) == 3 and len(fleet["loadavg_after"]) == 3
+    assert "On VictoriaMetrics" in (tmp_path / "fleet.md").read_text("utf-8")
