@@ -178,3 +178,19 @@ def test_two_nodes_end_to_end_on_victoriametrics(tmp_path):
     assert queries and not [w for w, q in queries.items() if q["error"]]
     assert len(fleet["loadavg_before"]) == 3 and len(fleet["loadavg_after"]) == 3
     assert "On VictoriaMetrics" in (tmp_path / "fleet.md").read_text("utf-8")
+    assert results["vm_failed"] == []
+
+
+def test_a_size_victoriametrics_could_not_carry_is_reported_not_lost():
+    fleet = load("fleet")
+    results = {
+        "settings": {"victoriametrics": "1.79.5"},
+        "vm_fleets": [],
+        "vm_failed": [{"nodes": 500, "error": "timed out", "load": [7.5, 6.0, 4.25]}],
+    }
+    lines = fleet.vm_lines(results)
+    assert (
+        "Not measured on VictoriaMetrics at 500 nodes: timed out (load average 7.5 / 6.0 / 4.2)."
+        in lines
+    )
+    assert fleet.vm_lines({"settings": {}, "vm_fleets": [], "vm_failed": []}) == []
