@@ -216,11 +216,6 @@ class DeviceTaintRuleWatcher(
     def _collection_path(self) -> str:
         return self.path.format(version=self._version or DEVICE_TAINT_VERSIONS[0])
 
-    def _key(self, obj: Mapping[str, Any]) -> str | None:
-        metadata = obj.get("metadata")  # cluster-scoped: the name is unique
-        name = metadata.get("name") if isinstance(metadata, Mapping) else None
-        return name if isinstance(name, str) and name else None
-
     def _convert(self, obj: Mapping[str, Any]) -> DeviceTaintRuleSelector | None:
         rule = rule_selector(obj)
         if rule is None or (rule.driver is not None and rule.driver not in self._drivers):

@@ -22,7 +22,7 @@ from exporter.model import (
     WatchCounts,
 )
 from exporter.sources.base import Cycle
-from exporter.sources.kube_watch import KubeWatchSource
+from exporter.sources.kube_watch import KubeWatchSource, metadata_text
 
 MAX_PODS = 5000
 # What a pod says about its owner is read within the API's own limits: a kind is a
@@ -218,9 +218,8 @@ class PodWatcher(KubeWatchSource[PodMeta, PodMeta, PodMetaSnapshot]):
         cycle.readings.pod_meta = self.read(cycle)
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
-        metadata = obj.get("metadata")
-        uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
-        return uid.lower() if isinstance(uid, str) and uid else None
+        uid = metadata_text(obj, "uid")
+        return uid.lower() if uid else None
 
     def _convert(self, obj: Mapping[str, Any]) -> PodMeta | None:
         return pod_meta_from_dict(obj)

@@ -112,6 +112,14 @@ FAILURES_DOWN = 4
 MALFORMED_DOWN = 10
 
 
+def metadata_text(obj: Mapping[str, Any], field: str) -> str | None:
+    """``metadata.<field>`` of an API object when it is a non-empty string; None for a
+    missing or ill-typed one (a watch line is outside input: any shape may come)."""
+    metadata = obj.get("metadata")
+    value = metadata.get(field) if isinstance(metadata, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status of a ``kubernetes.client.ApiException``; None for other errors
     (and for the client's status 0, which means "no response")."""
@@ -345,8 +353,10 @@ class KubeWatchSource(Source, Generic[V, I, S]):
     # -- subclass hooks ----------------------------------------------------------------
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
-        """The object's identity in this collection (None: not one we can track)."""
-        raise NotImplementedError
+        """The object's identity in this collection (None: not one we can track); by
+        default its name, unique for cluster-scoped objects (Nodes, ResourceSlices,
+        DeviceTaintRules)."""
+        return metadata_text(obj, "name")
 
     def _convert(self, obj: Mapping[str, Any]) -> V | None:
         """The model value of one object; None: the object is not of interest (it is

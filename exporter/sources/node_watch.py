@@ -105,11 +105,6 @@ class NodeWatcher(KubeWatchSource[NodeScheduling, NodeScheduling, NodeScheduling
     def fill(self, cycle: Cycle) -> None:
         cycle.readings.node_scheduling = self.read(cycle)
 
-    def _key(self, obj: Mapping[str, Any]) -> str | None:
-        metadata = obj.get("metadata")
-        name = metadata.get("name") if isinstance(metadata, Mapping) else None
-        return name if isinstance(name, str) and name else None
-
     def _convert(self, obj: Mapping[str, Any]) -> NodeScheduling | None:
         return node_scheduling(obj)
 

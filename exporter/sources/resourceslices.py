@@ -176,11 +176,6 @@ class ResourceSliceWatcher(KubeWatchSource[_Slice, SliceDevice, ResourceSliceSna
     def drivers(self) -> frozenset[str]:
         return self._drivers
 
-    def _key(self, obj: Mapping[str, Any]) -> str | None:
-        metadata = obj.get("metadata")  # cluster-scoped: the name is unique
-        name = metadata.get("name") if isinstance(metadata, Mapping) else None
-        return name if isinstance(name, str) and name else None
-
     def _convert(self, obj: Mapping[str, Any]) -> _Slice | None:
         spec = obj.get("spec") or {}
         driver = spec.get("driver")
