@@ -7,7 +7,10 @@ cost grows with the node, and the sample cycle from inside.
    latency in each format, /metrics size, and the ratios between the two;
 2. scaling curve (benchmarks/scaling.py): 1/8/16 GPUs x 8/64/512 processes, 8 GPUs x 7 MIG
    instances and a 48-replica time-sliced GPU: CPU per second, RSS and scrape p99 each;
-3. sample cycle (benchmarks/cycle.py): CPU and wall time of one cycle, in-process.
+3. sample cycle (benchmarks/cycle.py): CPU and wall time of one cycle, in-process;
+4. hardware-like NVML cost (benchmarks/hardware_cost.py): both exporters over the same
+   simulated H200 nodes, at Python's NVML cost and with every call spending what it costs
+   on an H200 (the ``h200`` cost profile), side by side.
 
 Memory under churn is benchmarks/soak.py, run on its own (it takes tens of minutes).
 
@@ -41,6 +44,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # run from a checkout without installing
 
 import calls  # noqa: E402
 import cycle  # noqa: E402
+import hardware_cost  # noqa: E402
 import memory_floor  # noqa: E402
 import scaling  # noqa: E402
 import whole_process  # noqa: E402
@@ -290,7 +294,7 @@ def markdown(results: dict[str, Any], rows_: list[Row], curve: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (under 5 minutes)")
     parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of the sample cycle"
     )
@@ -304,19 +308,23 @@ def main() -> int:
         "machine": machine(),
     }
     process_plan = whole_process.QUICK if args.quick else whole_process.FULL
-    print(f"[1/3] whole process beside a peer ({mode} run)", flush=True)
+    print(f"[1/4] whole process beside a peer ({mode} run)", flush=True)
     results["process"] = whole_process.measure(process_plan)
-    print("[1/3] RSS beside the import floor, node-8gpu with churn", flush=True)
+    print("[1/4] RSS beside the import floor, node-8gpu with churn", flush=True)
     results["memory_floor"] = memory_floor.measure(
         memory_floor.QUICK if args.quick else memory_floor.FULL
     )
-    print("[2/3] scaling curve", flush=True)
+    print("[2/4] scaling curve", flush=True)
     results["scaling"] = scaling.measure_curve(quick=args.quick)
     cycle_plan = cycle.QUICK if args.quick else cycle.FULL
-    print(f"[3/3] sample cycle in-process over {cycle_plan.cycles} cycles", flush=True)
+    print(f"[3/4] sample cycle in-process over {cycle_plan.cycles} cycles", flush=True)
     results["cycle"] = in_fresh_process("cycle", cycle_plan)
     results["simulator_share"] = in_fresh_process("simulator_share", cycle_plan)
     results["calls"] = in_fresh_process("calls", None)
+    print("[4/4] hardware-like NVML cost, both exporters over simulated H200s", flush=True)
+    results["hardware_cost"] = hardware_cost.measure(
+        hardware_cost.QUICK if args.quick else hardware_cost.FULL
+    )
     if args.profile:
         print(in_fresh_process("profile", cycle_plan))
     results["duration_s"] = time.monotonic() - started
@@ -326,9 +334,11 @@ def main() -> int:
         + memory_rows(results["memory_floor"])
         + cycle_rows(results["cycle"], results["simulator_share"])
         + calls_rows(results["calls"])
+        + [Row(*row) for row in hardware_cost.rows(results["hardware_cost"])]
     )
     results["verdicts"] = [asdict(r) for r in rows_]
     curve = scaling.curve_markdown(results["scaling"])
+    curve += "\n\n" + hardware_cost.markdown(results["hardware_cost"]) + "\n"
     print()
     print(table(rows_))
     print()

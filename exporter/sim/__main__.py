@@ -4,6 +4,8 @@ Serves the node's proc tree, kernel log, kubelet PodResources socket and API sta
 describes them in DIR/node.json and runs until SIGTERM or SIGINT. Point an exporter at it
 with ``--simulated-node DIR``: only the simulated NVML library is then loaded inside the
 exporter, as libnvidia-ml is on a real node, so its CPU and memory figures are its own.
+``--cost PROFILE`` makes that library spend each NVML call's CPU as on that hardware, in
+every exporter attached (sim/cost_model.py; docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from exporter.model.vocabulary import (
     SIMULATE_SPEED_MIN,
     SIMULATE_START_MAX_S,
 )
+from exporter.sim.cost_model import CostProfileError, check_name, known
 from exporter.sim.external import serve_until_signalled
 from exporter.sim.scenario import SHIPPED, ScenarioError, load_scenario
 
@@ -60,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FACTOR",
         help="simulated seconds per real second (default 1)",
     )
+    parser.add_argument(
+        "--cost",
+        type=_cost_profile,
+        default=None,
+        metavar="PROFILE",
+        help="make every NVML call of each exporter attached to this node spend what it "
+        f"costs on that hardware ({known()}; none: Python's cost only); default the "
+        "scenario's cost: key (docs/simulator.md)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sim-node: %(message)s")
     try:
@@ -78,9 +90,18 @@ def main(argv: list[str] | None = None) -> int:
             kube_api=args.kube_api == "on",
             start_s=args.simulate_start,
             speed=args.simulate_speed,
+            cost=args.cost,
         )
     )
     return 0
+
+
+def _cost_profile(text: str) -> str:
+    """A cost profile's name (or none); argparse turns the error into one line."""
+    try:
+        return check_name(text, "--cost")
+    except CostProfileError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--cost: ")) from None
 
 
 def _bounded(flag: str, low: float, high: float) -> Callable[[str], float]:

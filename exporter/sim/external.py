@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter.sim.cost_model import CostProfileError
 from exporter.sim.node import SimNode, monotonic_clock
 from exporter.sim.nvml_library import SimNvmlLibrary, install
 from exporter.sim.paths import SimPaths
@@ -63,11 +64,19 @@ class Attached:
     scenario_name: str
 
 
-def _describe(directory: Path, scenario: str, paths: SimPaths, clock: dict[str, Any]) -> None:
+def _describe(
+    directory: Path,
+    scenario: str,
+    paths: SimPaths,
+    clock: dict[str, Any],
+    cost: str | None = None,
+) -> None:
     """Write node.json atomically: its presence says the node is ready."""
     data = {
         "scenario": scenario,
         "clock": clock,
+        # the NVML cost profile every attached library applies (None: the scenario's)
+        "cost": cost,
         "proc_root": str(paths.proc_root),
         "kmsg": str(paths.kmsg),
         "pod_resources_socket": str(paths.pod_resources_socket),
@@ -113,8 +122,12 @@ def attach(directory: Path) -> Attached:
         node_name=data["node_name"],
         cgroup_root=Path(data["cgroup_root"]) if data.get("cgroup_root") else None,
     )
-    # measured whole (benchmarks/): no call counting inside the measured process
-    return Attached(paths, install(node, count_calls=False), scenario.name)
+    try:
+        # measured whole (benchmarks/): no call counting inside the measured process
+        library = install(node, count_calls=False, cost=data.get("cost"))
+    except CostProfileError as exc:
+        raise ScenarioError(f"{directory / NODE_FILE}: {exc}") from None
+    return Attached(paths, library, scenario.name)
 
 
 async def serve(
@@ -125,9 +138,12 @@ async def serve(
     shared_clock: bool = False,
     start_s: float = 0.0,
     speed: float = 1.0,
+    cost: str | None = None,
 ) -> SimEnvironment:
     """Start the node's outer edge (no NVML library) and describe it in ``directory``;
-    ``start_s`` and ``speed`` set its monotonic clock (node.py ``monotonic_clock``)."""
+    ``start_s`` and ``speed`` set its monotonic clock (node.py ``monotonic_clock``);
+    ``cost``, a cost profile (sim/cost_model.py) every exporter attached here applies in
+    place of the scenario's ``cost:``."""
     from exporter.sim.environment import SimEnvironment  # not needed by attach()
 
     spec: dict[str, Any]
@@ -140,14 +156,22 @@ async def serve(
         spec = {"kind": "monotonic", "monotonic_start": origin, "start_s": start_s, "speed": speed}
     env = SimEnvironment(load_scenario(scenario), clock=clock, kube_api=kube_api, nvml=False)
     paths = await env.start()
-    _describe(directory, scenario, paths, spec)
+    _describe(directory, scenario, paths, spec, cost)
     return env
 
 
 async def serve_until_signalled(
-    scenario: str, directory: Path, *, kube_api: bool, start_s: float = 0.0, speed: float = 1.0
+    scenario: str,
+    directory: Path,
+    *,
+    kube_api: bool,
+    start_s: float = 0.0,
+    speed: float = 1.0,
+    cost: str | None = None,
 ) -> None:
-    env = await serve(scenario, directory, kube_api=kube_api, start_s=start_s, speed=speed)
+    env = await serve(
+        scenario, directory, kube_api=kube_api, start_s=start_s, speed=speed, cost=cost
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,6 +23,7 @@ from exporter.sim.scenario import (
     Scenario,
     ScenarioError,
     SimContainer,
+    SimDuty,
     SimGpu,
     SimMig,
     SimPod,
@@ -608,6 +609,34 @@ class SimNode:
         """False in the idle part of a GPU's duty cycle (``duty:``): then the driver
         reports no activity at all, as a GPU waiting on its input does."""
         return gpu.duty is None or gpu.duty.busy_at(self.clock())
+
+    def last_event_at(self) -> float | None:
+        """Simulated time of the latest timeline event applied so far (None: none yet):
+        where a change the NVML sample buffers notice at their next read began."""
+        with self.lock:
+            if self._next_event == 0:
+                return None
+            return self.scenario.timeline[self._next_event - 1].at
+
+    @staticmethod
+    def busy_seconds(gpu_duty: SimDuty | None, start: float, end: float) -> float:
+        """Seconds of ``[start, end)`` a GPU with duty cycle ``gpu_duty`` (None: always
+        busy) spent busy, exactly: the weight of a sample's activity in the buffers."""
+        if end <= start:
+            return 0.0
+        return end - start if gpu_duty is None else gpu_duty.busy_time(start, end)
+
+    @staticmethod
+    def last_busy_instant(gpu_duty: SimDuty | None, start: float, end: float) -> float | None:
+        """The end of the last busy stretch within ``[start, end]`` (``end`` itself when
+        busy then), or None when the GPU was idle throughout."""
+        if SimNode.busy_seconds(gpu_duty, start, end) <= 0:
+            return None
+        if gpu_duty is None:
+            return end
+        phase = (end - gpu_duty.offset_s) % gpu_duty.period_s
+        busy_part = gpu_duty.busy * gpu_duty.period_s
+        return end if phase <= busy_part else end - (phase - busy_part)
 
     def utilization_now(self, gpu: SimGpu) -> int:
         """GPU-Util as the driver reports it now (0 in a duty cycle's idle part)."""

@@ -30,7 +30,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pynvml
 
@@ -39,6 +39,7 @@ from exporter.sim.node import SimNode, speed_alone
 from exporter.sim.scenario import (
     FIELDS_ADDED_IN_DRIVER,
     PYTHON_ERRORS,
+    SimDuty,
     SimGpu,
     SimMig,
     SimProcess,
@@ -126,6 +127,16 @@ _FIELD_CALLS = {
     **{fid: "nvmlDeviceGetNvLinkErrorCounter" for fid in _NVLINK_ERROR_FIELDS},
 }
 ENGINE_SAMPLING_US = 167_000  # the sampling period the engine utilisation calls report
+# The driver's sample buffers (docs/simulator.md, "Sample buffers"): nvmlDeviceGetSamples'
+# GPU/memory utilisation every 1/6 s (nvml.h: a sample period "between 1 second and 1/6
+# second, depending on the product"), per-process SM samples every 100 ms; each buffer
+# holds the last 20 s (nvml.h documents no length: the simulator's choice).
+UTILIZATION_SAMPLE_US = ENGINE_SAMPLING_US
+UTILIZATION_SAMPLES_KEPT = 120
+PROCESS_SAMPLE_US = 100_000
+PROCESS_SAMPLES_KEPT = 200
+# activity kept: a process sample up to 20 s old averages the 20 s before it
+_SAMPLE_HISTORY_S = 41.0
 _SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
     | pynvml.nvmlEventTypeSingleBitEccError
@@ -210,6 +221,7 @@ class SimNvmlLibrary:
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._generation: dict[int, int] = {}  # GPU index -> times it came back
         self._seen_lost: set[int] = set()
+        self._activity_log: dict[int, list[_Activity]] = {}  # GPU index -> sample history
         self.calls = CallCount(self)  # every call pynvml makes, where install() counts
 
     # -- handles ----------------------------------------------------------------------
@@ -828,27 +840,177 @@ class SimNvmlLibrary:
     ) -> int:
         return self._list(gpu, mig, "mps", count, array)
 
+    # -- sample buffers: GPU/memory utilisation samples, per-process SM samples --------
+
+    def _activity(self, gpu: SimGpu) -> list[_Activity]:
+        """The GPU's activity as the sample buffers saw it: one entry per state (GPU-Util,
+        memory utilisation, SM share of each process, duty cycle), in force from its
+        ``since`` until the next entry's. Worked out here, at a buffer read, not at every
+        tick: a state that changed since the last read is dated from the latest timeline
+        event applied (an event changes the state; between two reads that saw two events
+        change this GPU, the state in between is not seen). A GPU read for the first time
+        has been in its state since that latest event or, before any, for as long as the
+        buffers reach back: a reader finds them full, as on a node that ran before it."""
+        node = self.node
+        now = node.now()
+        state = _Activity(
+            0.0,
+            node.utilization_gpu(gpu),
+            gpu.utilization_memory,
+            tuple((p.pid, p.sm) for p in node.listed_processes(gpu.index) if p.alive and p.sm > 0),
+            gpu.duty,
+        )
+        history = self._activity_log.setdefault(gpu.index, [])
+        if not history or history[-1][1:] != state[1:]:
+            changed = node.last_event_at()
+            if not history:  # as on a node that ran before the reader came: buffers full
+                since = now - _SAMPLE_HISTORY_S if changed is None else changed
+            else:
+                since = max(history[-1].since, now if changed is None else changed)
+            history.append(state._replace(since=since))
+        horizon = now - _SAMPLE_HISTORY_S
+        while len(history) > 1 and history[1].since <= horizon:
+            del history[0]
+        return history
+
+    def _utilization_samples(
+        self, gpu: SimGpu, gpu_util: bool, last_seen: int
+    ) -> list[tuple[int, int]]:
+        """(timestamp µs, percent) of each utilisation sample newer than ``last_seen``, oldest
+        first. Sample k covers ((k-1)·P, k·P] (epoch µs, P = UTILIZATION_SAMPLE_US) and holds
+        the percent times the share of it the GPU was busy (a ``duty:`` cycle's idle part
+        counts 0 for GPU-Util). Each value is the rounded integral up to its end minus the
+        rounded integral up to its start, so a run of samples sums to the true integral
+        within 1 (percent x period) per state: nothing is lost to rounding. Periods whose
+        value is 0 hold no sample: the driver's buffer "runs dry" while the GPU is idle."""
+        period = UTILIZATION_SAMPLE_US
+        period_s = period / 1e6
+        history = self._activity(gpu)
+        last = _period_index(self.node.now(), period)
+        first = max(last - UTILIZATION_SAMPLES_KEPT + 1, last_seen // period + 1)
+        if first > last or not any(  # an idle GPU costs one look, not one per period
+            (seg.gpu if gpu_util else seg.memory) > 0
+            and (i + 1 == len(history) or history[i + 1].since > _period_start(first, period))
+            for i, seg in enumerate(history)
+        ):
+            return []
+        out: list[tuple[int, int]] = []
+        for k in range(first, last + 1):
+            start, end = _period_start(k, period), _period_start(k + 1, period)
+            value = 0
+            for i, seg in enumerate(history):
+                seg_end = history[i + 1].since if i + 1 < len(history) else math.inf
+                lo, hi = max(start, seg.since), min(end, seg_end)
+                if hi <= lo:
+                    continue
+                rate = seg.gpu if gpu_util else seg.memory  # memory: as UtilizationRates
+                duty = seg.duty if gpu_util else None
+                value += round(rate * SimNode.busy_seconds(duty, seg.since, hi) / period_s)
+                value -= round(rate * SimNode.busy_seconds(duty, seg.since, lo) / period_s)
+            if value > 0:
+                out.append((k * period, value))
+        return out
+
+    @device_call
+    def nvmlDeviceGetSamples(
+        self,
+        gpu: SimGpu,
+        mig: SimMig | None,
+        sampling_type: Any,
+        last_seen: Any,
+        value_type: Any,
+        count: Any,
+        samples: Any,
+    ) -> int:
+        """GPU or memory utilisation samples newer than ``last_seen`` (epoch µs) from the
+        last ``UTILIZATION_SAMPLES_KEPT`` periods, oldest first, as unsigned ints. With
+        ``samples`` NULL: how many there are. NOT_FOUND when there is none. Other sample
+        types (power, clocks) are not kept here: NOT_SUPPORTED."""
+        kind = _value(sampling_type)
+        wanted = (pynvml.NVML_GPU_UTILIZATION_SAMPLES, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES)
+        if kind not in wanted:
+            return NOT_SUPPORTED if 0 <= kind < _SAMPLING_TYPE_COUNT else INVALID_ARGUMENT
+        if mig or gpu.mig:  # nvml.h: utilisation samples are not supported in MIG mode
+            return NOT_SUPPORTED
+        if count is None or (samples is not None and _out(count).value == 0):
+            return INVALID_ARGUMENT
+        found = self._utilization_samples(
+            gpu, kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES, _value(last_seen)
+        )
+        if not found:
+            return NOT_FOUND
+        _out(value_type).value = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        if samples is None:
+            _out(count).value = len(found)
+            return SUCCESS
+        written = found[: _out(count).value]  # the oldest that fit: read on from the last
+        for entry, (stamp, value) in zip(samples, written, strict=False):
+            entry.timeStamp = stamp
+            entry.sampleValue.uiVal = value
+        _out(count).value = len(written)
+        return SUCCESS
+
+    def _process_samples(self, gpu: SimGpu, last_seen: int) -> list[tuple[int, int, int]]:
+        """(pid, timestamp µs, SM %) of each process active in a 100 ms period newer than
+        ``last_seen`` within the buffer (the last ``PROCESS_SAMPLES_KEPT`` periods): one
+        entry per process, as the driver answers. Its timestamp ends the last period the
+        process was active in; its SM % is the mean, rounded, of the process's ``sm``
+        times the GPU's busy share over the periods after ``max(last_seen, timestamp -
+        20 s)`` up to the timestamp (idle ones 0), so SM % / 100 x (timestamp -
+        max(last_seen, timestamp - 20 s)) is its SM time there."""
+        period = PROCESS_SAMPLE_US
+        history = self._activity(gpu)
+        last = _period_index(self.node.now(), period)
+        after = last_seen // period  # before the history began: no activity
+        seen = self._process_activity(history, max(after, last - PROCESS_SAMPLES_KEPT), last)
+        out = []
+        for pid, (_, until) in sorted(seen.items()):
+            k = min(last, max(after + 1, _period_holding(until, period)))
+            first = max(after, k - PROCESS_SAMPLES_KEPT)
+            sm_seconds = self._process_activity(history, first, k)[pid][0]
+            out.append((pid, k * period, round(sm_seconds / ((k - first) * period / 1e6))))
+        return out
+
+    @staticmethod
+    def _process_activity(
+        history: list[_Activity], after: int, last: int
+    ) -> dict[int, tuple[float, float]]:
+        """pid -> (SM % x busy seconds, end of its last busy stretch) over the process
+        sample periods after ``after`` up to ``last``."""
+        period = PROCESS_SAMPLE_US
+        span_start, span_end = _period_start(after + 1, period), _period_start(last + 1, period)
+        active: dict[int, tuple[float, float]] = {}
+        for i, seg in enumerate(history):
+            seg_end = history[i + 1].since if i + 1 < len(history) else math.inf
+            lo, hi = max(span_start, seg.since), min(span_end, seg_end)
+            busy = SimNode.busy_seconds(seg.duty, lo, hi)
+            until = SimNode.last_busy_instant(seg.duty, lo, hi)
+            if busy <= 0 or until is None:
+                continue
+            for pid, sm in seg.sm:
+                total, latest = active.get(pid, (0.0, until))
+                active[pid] = (total + sm * busy, max(latest, until))
+        return active
+
     @device_call
     def nvmlDeviceGetProcessUtilization(
         self, gpu: SimGpu, mig: SimMig | None, samples: Any, count: Any, last_seen: Any
     ) -> int:
-        """Samples newer than ``last_seen`` (µs); NOT_FOUND when there are none yet."""
+        """One sample per process active since ``last_seen`` (µs; _process_samples says
+        what it holds); NOT_FOUND when none was. The size asked with ``samples`` NULL
+        answers INSUFFICIENT_SIZE, as pynvml expects."""
         if mig or gpu.mig:
             return NOT_SUPPORTED
-        # epoch microseconds, like the driver, which samples every ~100 ms
-        stamp = int((SIM_EPOCH_S + self.node.now()) * 10) * 100_000
-        procs = [p for p in self.node.listed_processes(gpu.index) if p.alive and p.sm > 0]
-        if not self.node.busy_now(gpu):  # a duty cycle's idle part: no SM time at all
-            procs = []
-        if not procs or stamp <= _value(last_seen):
+        found = self._process_samples(gpu, _value(last_seen))
+        if not found:
             return NOT_FOUND
         capacity = _out(count).value
-        _out(count).value = len(procs)
-        if samples is None or capacity < len(procs):
+        _out(count).value = len(found)
+        if samples is None or capacity < len(found):
             return INSUFFICIENT_SIZE
-        for entry, proc in zip(samples, procs, strict=False):
-            entry.pid, entry.timeStamp, entry.smUtil = proc.pid, stamp, proc.sm
-            entry.memUtil = proc.sm // 2
+        for entry, (pid, stamp, sm) in zip(samples, found, strict=False):
+            entry.pid, entry.timeStamp, entry.smUtil = pid, stamp, sm
+            entry.memUtil = sm // 2
             entry.encUtil = entry.decUtil = 0
         return SUCCESS
 
@@ -1101,6 +1263,38 @@ def _set_ull(entry: Any, value: float) -> int:
     return SUCCESS
 
 
+class _Activity(NamedTuple):
+    """A GPU's state as its sample buffers record it, from simulated time ``since``."""
+
+    since: float
+    gpu: int  # GPU-Util % while busy
+    memory: int  # memory utilisation %
+    sm: tuple[tuple[int, int], ...]  # (pid, SM %) of each process with SM activity
+    duty: SimDuty | None
+
+
+_SIM_EPOCH_US = SIM_EPOCH_S * 1_000_000
+_SAMPLING_TYPE_COUNT = 10  # nvml.h's NVML_SAMPLINGTYPE_COUNT
+
+
+def _period_index(at: float, period_us: int) -> int:
+    """k of the last sample period ((k-1)·P, k·P] (epoch µs) that has ended by simulated
+    time ``at``."""
+    whole, rest = divmod(_SIM_EPOCH_US, period_us)
+    return whole + math.floor((rest + at * 1e6) / period_us)
+
+
+def _period_holding(at: float, period_us: int) -> int:
+    """k of the sample period ((k-1)·P, k·P] that holds simulated time ``at``."""
+    whole, rest = divmod(_SIM_EPOCH_US, period_us)
+    return whole + math.ceil((rest + at * 1e6) / period_us - 1e-6)
+
+
+def _period_start(k: int, period_us: int) -> float:
+    """Simulated time at which sample period k begins: (k-1)·P epoch µs."""
+    return ((k - 1) * period_us - _SIM_EPOCH_US) / 1e6
+
+
 def _missing(name: str) -> property:
     def lookup(self: SimNvmlLibrary) -> Any:
         if name in self.node.scenario.missing_functions:
@@ -1181,7 +1375,7 @@ def _broken_field_answers(mode: str, entries: list[Any]) -> None:
             entry.value.dVal = math.nan if mode == "nan" else math.inf
 
 
-def install(node: SimNode, *, count_calls: bool = True) -> SimNvmlLibrary:
+def install(node: SimNode, *, count_calls: bool = True, cost: str | None = None) -> SimNvmlLibrary:
     """Make pynvml use the simulated library from now on (process-wide, like dlopen).
 
     Entry points the scenario's driver lacks are hidden by a subclass whose attributes
@@ -1190,7 +1384,15 @@ def install(node: SimNode, *, count_calls: bool = True) -> SimNvmlLibrary:
     ``benchmarks/calls.py`` read. An exporter process on a node served elsewhere
     (``external.attach``) is measured whole and counts nothing: the count cost ~0.3 ms of
     its ~7 ms cycle on node-8gpu, work no driver does (benchmarks/README.md).
+
+    ``cost`` names a cost profile (``sim/cost_model.py``; ``none``: none) in place of
+    the scenario's ``cost:``. Under one, each call spends the profile's CPU time, outside
+    the GIL, before it is answered (``cost_model.Costed``); an unknown name raises
+    ``cost_model.CostProfileError`` before anything is installed.
     """
+    from exporter.sim.cost_model import Costed, profile  # only here: it needs nothing back
+
+    costs = profile(node.scenario.cost if cost is None else cost)
     missing = sorted(node.scenario.missing_functions)
     cls: type[SimNvmlLibrary] = SimNvmlLibrary
     if missing:
@@ -1201,6 +1403,7 @@ def install(node: SimNode, *, count_calls: bool = True) -> SimNvmlLibrary:
         )
     library = cls(node)
     with pynvml.libLoadLock:
-        pynvml.nvmlLib = _Counted(library) if count_calls else library
+        entry_points: Any = _Counted(library) if count_calls else library
+        pynvml.nvmlLib = entry_points if costs is None else Costed(entry_points, costs)
         pynvml._nvmlGetFunctionPointer_cache.clear()
     return library

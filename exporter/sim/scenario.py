@@ -327,6 +327,9 @@ class Scenario:
     # still advertises the node's: an unprivileged pod on a container toolkit with
     # accept-nvidia-visible-devices-envvar-when-unprivileged = false gets no device nodes
     nvml_sees_no_gpu: bool = False
+    # a cost profile (sim/cost_model.py): each NVML call spends what it costs on that
+    # hardware; None: Python's cost only. `python -m exporter.sim --cost` overrides it
+    cost: str | None = None
 
     @property
     def has_cgroups(self) -> bool:
@@ -876,6 +879,7 @@ def parse_scenario(data: object, name: str) -> Scenario:
             "node_clock",
             "kubelet_reports_claims",
             "nvml_sees_no_gpu",
+            "cost",
         },
         name,
     )
@@ -951,7 +955,22 @@ def parse_scenario(data: object, name: str) -> Scenario:
         node_clock=_node_clock(root.get("node_clock") or {}),
         kubelet_reports_claims=root.get("kubelet_reports_claims", True) is not False,
         nvml_sees_no_gpu=root.get("nvml_sees_no_gpu", False) is True,
+        cost=_cost(root.get("cost")),
     )
+
+
+def _cost(value: object) -> str | None:
+    """``cost: h200``: a profile of exporter/sim/cost_model.py; absent or ``none``: none."""
+    from exporter.sim.cost_model import NO_COST, CostProfileError, check_name
+
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ScenarioError(f"cost: {value!r} is not a cost profile's name")
+    try:
+        return None if check_name(value) == NO_COST else value
+    except CostProfileError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def _seconds(value: object, where: str) -> float:
