@@ -74,6 +74,17 @@ def _field(handle: Any, fid: int, repeat: int) -> dict[str, Any]:
     return out
 
 
+def _samples(handle: Any, last_seen_us: int) -> Any:
+    """GPU-Util's sample buffer since ``last_seen_us``; NOT_FOUND (nothing newer) is an
+    answer here, not an error: what it costs is the point."""
+    try:
+        return pynvml.nvmlDeviceGetSamples(
+            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen_us
+        )
+    except pynvml.NVMLError_NotFound:
+        return None
+
+
 def _batch_without(
     handle: Any, keys: list[nvml_fields.FieldKey], left_out: nvml_fields.FieldKey
 ) -> Callable[[], Any]:
@@ -153,6 +164,12 @@ def measure(repeat: int) -> dict[str, Any]:
             ),
             "nvmlDeviceGetComputeRunningProcesses": lambda: (
                 pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            ),
+            # read every cycle for gpu_utilization_seconds_total; its cost on hardware is
+            # not measured yet (the simulator's cost model gives it a cheap call's)
+            "nvmlDeviceGetSamples(GPU_UTILIZATION, lastSeen=0)": lambda: _samples(handle, 0),
+            "nvmlDeviceGetSamples(GPU_UTILIZATION, lastSeen=now-1s)": lambda: _samples(
+                handle, int((time.time() - 1) * 1e6)
             ),
         }
         single = {name: _time(fn, repeat) for name, fn in calls.items()}

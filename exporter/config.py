@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 from exporter import __version__
 from exporter.model import (
     DCGM_HOSTENGINE_PORT,
+    DEFAULT_GPM_INTERVAL_S,
+    DEFAULT_PROCESS_UTILIZATION_INTERVAL_S,
     DEFAULT_SLOW_INTERVAL_S,
     GPU_DRA_DRIVERS,
     GPU_OPERATOR_NAMESPACES,
@@ -119,6 +121,9 @@ class Config:
     simulate_start_s: float = 0.0  # --simulate-start: the simulated clock's first reading
     simulate_speed: float = 1.0  # --simulate-speed: simulated seconds per real second
     slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S  # --slow-interval (nvml_cadence.py)
+    gpm_interval_s: float = DEFAULT_GPM_INTERVAL_S  # --gpm-interval (nvml_cadence.py)
+    # --process-utilization-interval (nvml_cadence.py)
+    process_utilization_interval_s: float = DEFAULT_PROCESS_UTILIZATION_INTERVAL_S
 
 
 UNRECOGNIZED = "unrecognized arguments: "  # argparse's words for flags it does not know
@@ -213,6 +218,29 @@ class _FromEnv:
         return self.text
 
 
+def _at_least_interval(
+    args: argparse.Namespace,
+    parser: _Parser,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    flag: str,
+    what: str,
+) -> None:
+    """A cadence flag's value, at least --interval: a default shorter than a longer
+    --interval follows it; a value given shorter is refused in one line."""
+    dest = flag[2:].replace("-", "_")
+    value = getattr(args, dest)
+    given = _env_name(flag) in env or any(a == flag or a.startswith(flag + "=") for a in argv)
+    if value < args.interval and not given:
+        setattr(args, dest, args.interval)  # the default follows a longer --interval
+    elif value < args.interval:
+        raise ConfigError(
+            f"{parser.shown(flag, _plain(value))} is shorter than "
+            f"{parser.shown('--interval', _plain(args.interval))}: {what} at most once per "
+            f"cycle; give {parser.shown(flag, _plain(args.interval))} or more"
+        )
+
+
 def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
@@ -231,6 +259,8 @@ SERVER_ONLY_FLAGS = frozenset(
         "--listen",
         "--interval",
         "--slow-interval",
+        "--gpm-interval",
+        "--process-utilization-interval",
         "--liveness-cycles",
         "--ready-grace",
         "--web-config-file",
@@ -418,6 +448,29 @@ _SOURCES_FLAGS = (
         "last read in between, so they may be this old (docs/metrics.md, 'Cadence'). At "
         "least --interval (the default follows a longer --interval).",
         default=_plain(DEFAULT_SLOW_INTERVAL_S),
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    ),
+    Flag(
+        "--gpm-interval",
+        "Seconds per GPM window: how often SM activity, occupancy, tensor, DRAM and FP pipe "
+        "activity are computed (nvmlGpmMetricsGet cost 1.9 ms a read on an H200). The "
+        "gauges are the last window's mean; the *_seconds_total counters add every window, "
+        "so rate() over a longer span is exact whatever this is (docs/metrics.md, "
+        "'Activity counters'). At least --interval (the default follows a longer "
+        "--interval).",
+        default=_plain(DEFAULT_GPM_INTERVAL_S),
+        metavar="SECONDS",
+        bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
+    ),
+    Flag(
+        "--process-utilization-interval",
+        "Seconds between reads of the per-process SM samples "
+        "(nvmlDeviceGetProcessUtilization, 2.1-2.4 ms a call on an H200): every sample "
+        "since the last read is taken, so gpu_container_sm_seconds_total misses nothing "
+        "the driver kept; the per-container SM gauges are the last read's. At least "
+        "--interval (the default follows a longer --interval).",
+        default=_plain(DEFAULT_PROCESS_UTILIZATION_INTERVAL_S),
         metavar="SECONDS",
         bounds=Bounds(MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds"),
     ),
@@ -1044,18 +1097,12 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
                 f"{parser.named(flag)} is empty: give the directory (an empty path would be "
                 "the working directory), or leave the flag out"
             )
-    slow_given = _env_name("--slow-interval") in env or any(
-        a == "--slow-interval" or a.startswith("--slow-interval=") for a in argv
-    )
-    if args.slow_interval < args.interval and not slow_given:
-        args.slow_interval = args.interval  # the default follows a longer --interval
-    if args.slow_interval < args.interval:
-        raise ConfigError(
-            f"{parser.shown('--slow-interval', _plain(args.slow_interval))} is shorter than "
-            f"{parser.shown('--interval', _plain(args.interval))}: the slow tier is read at "
-            f"most once per cycle; give "
-            f"{parser.shown('--slow-interval', _plain(args.interval))} or more"
-        )
+    for flag, what in (
+        ("--slow-interval", "the slow tier is read"),
+        ("--gpm-interval", "a GPM window closes"),
+        ("--process-utilization-interval", "the per-process samples are read"),
+    ):
+        _at_least_interval(args, parser, env, argv, flag, what)
     host, port = parse_host_port(args.listen)
     try:
         classes = args.xid_class or args.xid_severity  # the new name wins
@@ -1085,6 +1132,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         # numbers: parsed and range-checked by their flags' Bounds (build_parser)
         interval_s=args.interval,
         slow_interval_s=args.slow_interval,
+        gpm_interval_s=args.gpm_interval,
+        process_utilization_interval_s=args.process_utilization_interval,
         http_header_timeout_s=args.http_header_timeout,
         http_max_connections=args.http_max_connections,
         liveness_cycles=args.liveness_cycles,

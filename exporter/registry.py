@@ -50,7 +50,12 @@ def build_sources(
             "only (use --kubeconfig, or run in-cluster)"
         )
     sources: list[Source | None] = [
-        NvmlSource(clock=monotonic, slow_interval_s=config.slow_interval_s),
+        NvmlSource(
+            clock=monotonic,
+            slow_interval_s=config.slow_interval_s,
+            gpm_interval_s=config.gpm_interval_s,
+            process_utilization_interval_s=config.process_utilization_interval_s,
+        ),
         dcgm_source(config) if config.dcgm.kind != "off" else None,
         ProcessReader(config.proc_root),
         HolderScanSource(config.proc_root),

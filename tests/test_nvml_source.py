@@ -191,9 +191,16 @@ def test_previous_sm_samples_stand_in_for_missing_new_ones_for_ten_seconds_only(
     s = start(sim, quiet_at_5)
     first = s.sample_at(0.0).gpus[0].process_utilization
     assert len(first) == 2
-    # from t=5 no process runs kernels: the driver has no new samples (NOT_FOUND)
-    assert s.sample_at(6.0).gpus[0].process_utilization == first  # 6 s after the last read
-    assert s.sample_at(10.5).gpus[0].process_utilization == ()  # 10.5 s: too old, dropped
+    # the driver's history: at 6 s it returns each process's samples up to 5 s, when
+    # they stopped running kernels (docs/simulator.md, "Sample buffers")
+    last = s.sample_at(6.0).gpus[0].process_utilization
+    assert [(u.pid, u.timestamp_us) for u in last] == [
+        (1001, EPOCH_US + 5_000_000),
+        (1003, EPOCH_US + 5_000_000),
+    ]
+    # from then on no sample is newer (NOT_FOUND): the last ones stand, for 10 s only
+    assert s.sample_at(12.0).gpus[0].process_utilization == last  # 6 s after the last read
+    assert s.sample_at(16.5).gpus[0].process_utilization == ()  # 10.5 s: too old, dropped
 
 
 def test_timeline_set_of_a_size_field_changes_what_nvml_reports(sim: list[Sim]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from exporter.analysis.active_time import account_active_time
 from exporter.analysis.allocation_evidence import HeldKey, ProcessKey, settled_pids
 from exporter.analysis.attribution import attribute
 from exporter.analysis.capacity import DEFAULT_TOLERATED_TAINT_KEYS, node_capacity
@@ -37,6 +38,7 @@ from exporter.analysis.transitions import with_transitions
 from exporter.analysis.why_idle import WhyIdlePolicy, causes, readings_by_key, why_idle
 from exporter.analysis.xid import XidLedger, bus_id_map, xid_counts
 from exporter.model import (
+    ActiveTime,
     Analysis,
     DcgmSnapshot,
     GpuSample,
@@ -82,6 +84,7 @@ class CarriedState:
     # devices each pod process was seen allocated (Attribution.held): a later answer
     # without them is no evidence of a leak
     held: frozenset[HeldKey] = frozenset()
+    active_time: ActiveTime = field(default_factory=ActiveTime)
 
 
 def initial_state(policy: Policy, xid_overrides: dict[int, str]) -> CarriedState:
@@ -171,6 +174,9 @@ def analyse(
         now=elapsed_now,  # its memory-growth window
         policy=policy.sharing,
     )
+    active_time = account_active_time(
+        state.active_time, gpus, attribution, nvml_ok=snapshot.nvml.ok
+    )
     limits = container_limits(
         snapshot.pod_meta, attribution.containers, attribution.allocations, gpus
     )
@@ -195,6 +201,7 @@ def analyse(
         pod_owners=pod_owners(snapshot.pod_meta, attribution, now=now),
         cgroup_signals=signals,
         why_idle=reasons,
+        active_time=active_time,
     )
     analysis, health_facts = with_transitions(analysis, state.health)
     state = replace(
@@ -210,6 +217,7 @@ def analyse(
         last_timestamp=counted_to,
         first_seen=first_seen,
         held=attribution.held,
+        active_time=active_time,
     )
     return analysis, state
 

@@ -19,12 +19,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from exporter.analysis.active_time import OCCUPANCY, UTILIZATION
 from exporter.analysis.occupancy_source import OCCUPANCY_SOURCES
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
     DROPPED_LINE_REASONS,
     OCCUPANCY_FIELDS,
     RELIST_REASONS,
+    ActiveTime,
     Analysis,
     AttributedProcess,
     ContainerRef,
@@ -208,12 +210,22 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
     out.add("gpu_exporter_kmsg_overruns", {}, node.kmsg_overruns)  # absent without --kmsg
     migs: dict[str, dict[str, str]] = {}
     sources = dict(analysis.occupancy_sources)
+    active = analysis.active_time
     for gpu in nvml.gpus:
         _add_gpu(out, gpu, nvml.driver_version or "", nvml.cuda_driver_version or "")
         _add_occupancy_source(out, gpu, sources.get(gpu.uuid))
+        if not gpu.error:
+            labels = _device_labels(gpu.index, gpu.uuid)
+            _add_active_time(out, labels, gpu.uuid, gpu.occupancy, active)
+            if gpu.utilization_window is not None and _add_active(
+                out, labels, gpu.uuid, active, UTILIZATION, "gpu_utilization_seconds"
+            ):
+                _add_sampled(out, labels, gpu.uuid, active, UTILIZATION)
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
+            labels = {**_device_labels(gpu.index, gpu.uuid), **migs[mig.uuid]}
+            _add_active_time(out, labels, mig.uuid, mig.occupancy, active)
     _add_mig_profiles(out, nvml.gpus)
     _add_attribution(out, analysis, migs)
     _add_orphans(out, analysis)
@@ -397,6 +409,41 @@ def _add_occupancy(out: FamilyBuilder, labels: Labels, occupancy: Occupancy | No
         out.add(name, labels, getattr(occupancy, attr))
 
 
+_ACTIVE_FAMILIES = {name: f"gpu_{name}_seconds" for name in OCCUPANCY_FIELDS}
+
+
+def _add_active_time(
+    out: FamilyBuilder, labels: Labels, uuid: str, occupancy: Occupancy | None, active: ActiveTime
+) -> None:
+    """The occupancy counters of a device, served exactly where its gauges are (a
+    reading this cycle, each metric the reading has): no reading, no series."""
+    if occupancy is None:
+        return
+    served = False
+    for name, family in _ACTIVE_FAMILIES.items():
+        if getattr(occupancy, name) is not None:
+            served = _add_active(out, labels, uuid, active, name, family) or served
+    if served:
+        _add_sampled(out, labels, uuid, active, OCCUPANCY)
+
+
+def _add_active(
+    out: FamilyBuilder, labels: Labels, uuid: str, active: ActiveTime, metric: str, family: str
+) -> bool:
+    total = active.devices.get(uuid, {}).get(metric)
+    if total is None:
+        return False
+    out.add(family, labels, total)
+    return True
+
+
+def _add_sampled(
+    out: FamilyBuilder, labels: Labels, uuid: str, active: ActiveTime, signal: str
+) -> None:
+    covered = active.sampled.get(uuid, {}).get(signal)
+    out.add("gpu_activity_sampled_seconds", {**labels, "signal": signal}, covered)
+
+
 def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[ProcessKind]) -> None:
     if not out.wants("gpu_processes"):
         return
@@ -421,6 +468,12 @@ def _add_attribution(
         labels = _where(c.container, c.device, migs)
         out.add("gpu_container_memory_used_bytes", labels, c.memory_used_bytes)
         out.add("gpu_container_sm_utilization_ratio", labels, c.sm_ratio)
+        if c.sm_ratio is not None:  # served where the gauge is: samples this cycle
+            out.add(
+                "gpu_container_sm_seconds",
+                labels,
+                analysis.active_time.containers.get((c.container, c.device)),
+            )
         out.add("gpu_container_processes", labels, c.processes)
     for a in attribution.allocations:
         out.add(

@@ -7,6 +7,7 @@ By role: ``readings`` (what sources return), ``findings`` (what analysis returns
 from __future__ import annotations
 
 from exporter.model.findings import (
+    ActiveTime,
     Allocation,
     AllocationLedger,
     Analysis,
@@ -40,6 +41,7 @@ from exporter.model.findings import (
 from exporter.model.readings import (
     DROPPED_LINE_REASONS,
     RELIST_REASONS,
+    ActiveWindow,
     AllocatableDevices,
     CgroupSnapshot,
     CgroupStats,
@@ -89,6 +91,8 @@ from exporter.model.state import (
 )
 from exporter.model.vocabulary import (
     DCGM_HOSTENGINE_PORT,
+    DEFAULT_GPM_INTERVAL_S,
+    DEFAULT_PROCESS_UTILIZATION_INTERVAL_S,
     DEFAULT_SLOW_INTERVAL_S,
     DISRUPTION_REASONS,
     DRIVER_UPGRADE_IN_SERVICE,
@@ -128,6 +132,8 @@ from exporter.model.vocabulary import (
 
 __all__ = [
     "DCGM_HOSTENGINE_PORT",
+    "DEFAULT_GPM_INTERVAL_S",
+    "DEFAULT_PROCESS_UTILIZATION_INTERVAL_S",
     "DEFAULT_SLOW_INTERVAL_S",
     "DISRUPTION_REASONS",
     "DRIVER_UPGRADE_IN_SERVICE",
@@ -155,6 +161,8 @@ __all__ = [
     "ROLE_HOLDER",
     "ROLE_MANAGEMENT",
     "TRANSITION_KINDS",
+    "ActiveTime",
+    "ActiveWindow",
     "AllocatableDevices",
     "Allocation",
     "AllocationLedger",

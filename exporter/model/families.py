@@ -128,7 +128,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         GAUGE,
         STABLE + "GPM: share of time the graphics/compute engine was active.",
     ),
-    "gpu_sm_active_ratio": (GAUGE, STABLE + "GPM: share of SMs busy, averaged over the cycle."),
+    "gpu_sm_active_ratio": (
+        GAUGE,
+        STABLE + "GPM: share of SMs busy, averaged over the last GPM window (--gpm-interval).",
+    ),
     "gpu_occupancy_source": (
         GAUGE,
         EXPERIMENTAL + "1 for the source of the GPU's occupancy (gpm, dcgm, or none: "
@@ -140,6 +143,36 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_fp64_active_ratio": (GAUGE, STABLE + "GPM: share of time the FP64 pipe was active."),
     "gpu_fp32_active_ratio": (GAUGE, STABLE + "GPM: share of time the FP32 pipe was active."),
     "gpu_fp16_active_ratio": (GAUGE, STABLE + "GPM: share of time the FP16 pipe was active."),
+    # activity as counters (exporter/analysis/active_time.py): rate() over any window is
+    # the mean over that window, whatever the sample and scrape intervals
+    "gpu_utilization_seconds": (
+        COUNTER,
+        EXPERIMENTAL + "Seconds one or more kernels was executing (GPU-Util x time, from "
+        "NVML's sample buffer); rate() is GPU-Util's mean over the window.",
+    ),
+    **{
+        f"gpu_{name}_seconds": (
+            COUNTER,
+            EXPERIMENTAL + f"gpu_{name}_ratio x seconds, over every GPM (or DCGM) window; "
+            "rate() is the ratio's mean over the window.",
+        )
+        for name in (
+            "graphics_active",
+            "sm_active",
+            "sm_occupancy",
+            "tensor_active",
+            "dram_active",
+            "fp64_active",
+            "fp32_active",
+            "fp16_active",
+        )
+    },
+    "gpu_activity_sampled_seconds": (
+        COUNTER,
+        EXPERIMENTAL + "Seconds the activity counters' windows covered, by signal (occupancy: "
+        "GPM or DCGM; utilization: GPU-Util's samples); rate(active) / rate(this) is the mean "
+        "over the time measured, across gaps.",
+    ),
     # physical
     "gpu_temperature_celsius": (GAUGE, STABLE + "GPU die temperature."),
     "gpu_power_watts": (GAUGE, STABLE + "Power draw."),
@@ -234,6 +267,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "gpu_container_sm_utilization_ratio": (
         GAUGE,
         STABLE + "Container's share of SM time from NVML per-process samples (sum, capped at 1).",
+    ),
+    "gpu_container_sm_seconds": (
+        COUNTER,
+        EXPERIMENTAL + "SM-seconds of the container's processes on the device (each process "
+        "sample's SM share x the period it covers); rate() is its mean SM share.",
     ),
     "gpu_container_processes": (GAUGE, STABLE + "Processes of a container on the device."),
     "gpu_container_allocated": (

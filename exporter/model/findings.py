@@ -4,7 +4,8 @@ the ``Analysis`` exposition renders.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from exporter.model.fast_init import fast_init
 from exporter.model.readings import CgroupStats, NodeSnapshot
@@ -469,6 +470,22 @@ class HealthTransition:
 
 
 @dataclass(frozen=True, slots=True)
+class ActiveTime:
+    """The activity counters (exporter/analysis/active_time.py): carried from cycle to
+    cycle and served as they stand."""
+
+    # device UUID (GPU or MIG device) -> metric -> active seconds
+    devices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # device UUID -> signal -> seconds its windows covered
+    sampled: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # (device UUID, signal or occupancy source) -> end of the last window added
+    window_end: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    containers: Mapping[tuple[ContainerRef, DeviceRef], float] = field(default_factory=dict)
+    # (GPU UUID, pid) -> newest process sample added (µs)
+    process_stamp: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """One cycle's snapshot together with everything analysis derived from it."""
 
@@ -495,6 +512,7 @@ class Analysis:
     pod_owners: tuple[PodOwner, ...] = ()  # for gpu_pod_owner_info
     cgroup_signals: tuple[ContainerCgroup, ...] = ()  # gpu_container_cpu_* and *_pressure_*
     why_idle: tuple[IdleReason, ...] = ()  # per GPU container with a cgroup reading
+    active_time: ActiveTime = field(default_factory=ActiveTime)  # the *_seconds_total counters
     # GPUs known unhealthy that NVML did not list this cycle: (uuid, unhealthy reasons as
     # last seen). Not listed is not healthy (the node condition still counts them).
     unlisted_unhealthy: tuple[tuple[str, tuple[str, ...]], ...] = ()

@@ -27,12 +27,17 @@ class GpuProcess:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class ProcessUtilization:
-    """One per-process utilisation sample (percent over the driver's sample window)."""
+    """A process's utilisation samples newer than the last read, averaged (percent over
+    the driver's sample windows); ``sm_seconds``: the SM time those samples account for
+    (each sample's SM share x the period it covers), the increment of
+    ``gpu_container_sm_seconds_total``. ``timestamp_us`` (the newest sample's) tells a
+    new reading from one carried over from an earlier read."""
 
     pid: int
     sm_percent: int
     memory_percent: int
     timestamp_us: int
+    sm_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,22 @@ class Occupancy:
     fp64_active: float | None = None
     fp32_active: float | None = None
     fp16_active: float | None = None
+    # The window these averages cover: its end (the source's clock, seconds) and length.
+    # The activity counters (exporter/analysis/active_time.py) add ratio x window_s once
+    # per window end; None: the source did not say (no counter from this reading).
+    window_end: float | None = None
+    window_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveWindow:
+    """Time a GPU was busy in the samples NVML kept since the last read (GPU-Util's
+    sample buffer, ``nvmlDeviceGetSamples``): ``active_s`` of the ``seconds`` the samples
+    cover, the newest ending at ``end`` (the driver's timestamp, epoch seconds)."""
+
+    end: float
+    seconds: float
+    active_s: float
 
 
 @fast_init
@@ -150,6 +171,8 @@ class GpuSample:
     memory_reserved_bytes: int | None = None
     utilization_gpu_percent: int | None = None
     utilization_memory_percent: int | None = None
+    # GPU-Util's samples since the last read (the counter gpu_utilization_seconds_total)
+    utilization_window: ActiveWindow | None = None
     temperature_celsius: int | None = None
     power_milliwatts: int | None = None
     power_limit_milliwatts: int | None = None

@@ -46,6 +46,9 @@ DCGM_HOSTENGINE_PORT: Final = 5555
 # The NVML slow tier's default period (--slow-interval; the tiers themselves are listed in
 # exporter/sources/nvml_cadence.py): facts that change in weeks, read twice a minute.
 DEFAULT_SLOW_INTERVAL_S: Final = 30.0
+# --gpm-interval and --process-utilization-interval (exporter/sources/nvml_cadence.py)
+DEFAULT_GPM_INTERVAL_S: Final = 10.0
+DEFAULT_PROCESS_UTILIZATION_INTERVAL_S: Final = 10.0
 # Where the GPU Operator is installed by default: its Helm chart's documented namespace,
 # and the one OperatorHub suggests on OpenShift (gpu-operator README.md, bundle CSV).
 GPU_OPERATOR_NAMESPACES: tuple[str, ...] = ("gpu-operator", "nvidia-gpu-operator")

@@ -161,6 +161,7 @@ class _Connection:
     where: str  # "host engine 127.0.0.1:5555" | EMBEDDED
     uuids: dict[int, str] = field(default_factory=dict)  # DCGM gpu id -> GPU UUID
     reads: int = 0  # reads on this connection (DcgmSnapshot.settled)
+    occupancy_read_at: float | None = None  # source clock: the next window's start
     group: Any = None
     field_group: Any = None
     profiling_error: str | None = None
@@ -420,8 +421,17 @@ class DcgmSource(Source):
         )
 
     def _occupancy(self, conn: _Connection) -> tuple[tuple[str, Occupancy], ...]:
-        """Latest value per GPU and field; GPUs where every field is blank are left out."""
+        """Latest value per GPU and field; GPUs where every field is blank are left out.
+
+        The window a value stands for is the time since this connection's previous read
+        (the activity counters add ratio x window once per read): DCGM's latest value is
+        its average over its own update period, so the counters are exact where the
+        watch's update period equals the read period, and a sampled mean otherwise. The
+        first read of a connection has no window (None: no counter from it)."""
         values = conn.group.samples.GetLatest(conn.field_group).values  # [gpuId][fieldId][i]
+        now = self._clock()
+        previous, conn.occupancy_read_at = conn.occupancy_read_at, now
+        window = None if previous is None else now - previous
         found = []
         for gpu_id, uuid in sorted(conn.uuids.items()):
             per_field = values.get(gpu_id) or {}
@@ -429,7 +439,9 @@ class DcgmSource(Source):
                 name: _ratio(per_field.get(field_id)) for name, field_id in PROFILING_FIELDS.items()
             }
             if any(v is not None for v in ratios.values()):
-                found.append((uuid, Occupancy(source="dcgm", **ratios)))
+                found.append(
+                    (uuid, Occupancy(source="dcgm", window_end=now, window_s=window, **ratios))
+                )
                 self._profiled = self._profiled | {uuid}
         return tuple(found)
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, TypeVar
 import pynvml
 
 from exporter.model import (
+    ActiveWindow,
     GpuProcess,
     GpuSample,
     MigInstance,
@@ -44,7 +45,7 @@ from exporter.model import (
     SourceStatus,
     placeholder_uuid,
 )
-from exporter.sources import nvml_fields, nvml_links
+from exporter.sources import nvml_fields, nvml_links, nvml_sample_reads, nvml_samples
 from exporter.sources.backoff import Backoff
 from exporter.sources.base import Cycle, Source
 from exporter.sources.nvml_cadence import REREAD_XIDS, SlowSchedule, normalize_bus_id, offset
@@ -66,6 +67,8 @@ _STALE_HANDLE = frozenset({"InvalidArgument", "NotFound"})
 T = TypeVar("T")
 
 SAMPLE_REUSE_S = 10.0  # how long per-process samples stand in for missing new ones
+# nvmlValueType_t -> the member of the sample's value union holding it (nvml.h)
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _GPU_FAILED = GPU_FAILED  # the whole GPU stopped answering: isolate it
 _GPM_METRICS: dict[OccupancyField, int] = {
     "graphics_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
@@ -108,6 +111,8 @@ class _GpmState:
     failing: str | None = None  # the error while sampling fails, e.g. NoPermission
     backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=1.0, max_s=60.0))
     retry_at: float = 0.0  # source clock
+    sampled_at: float = 0.0  # source clock at the last sample: the next window's start
+    last: Occupancy | None = None  # the last window's, served until the next is due
 
 
 @dataclass(frozen=True)
@@ -161,9 +166,19 @@ class _Device:
     name: str | None
     pci_bus_id: str | None
     minor_number: int | None
-    last_utilization_ts: int = 0
+    # the per-process samples' lastSeenTimeStamp, kept sane (nvml_samples.StampGuard)
+    process_stamps: nvml_samples.StampGuard = field(default_factory=nvml_samples.StampGuard)
+    process_reader: nvml_sample_reads.ProcessUtilizationReader = field(
+        default_factory=nvml_sample_reads.ProcessUtilizationReader
+    )
     last_utilization: tuple[ProcessUtilization, ...] = ()
     last_utilization_at: float = 0.0  # source clock when last_utilization was read
+    process_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
+    gpm_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
+    # GPU-Util's sample buffer (nvmlDeviceGetSamples): its lastSeenTimeStamp, kept sane
+    utilization_stamps: nvml_samples.StampGuard = field(default_factory=nvml_samples.StampGuard)
+    utilization_period_us: int | None = None
+    utilization_samples: bool = True  # False: the driver lacks nvmlDeviceGetSamples
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
     nvlink_count: int | None = None  # None: not read yet
     nvlinks_seen_active: set[int] = field(default_factory=set)
@@ -184,13 +199,25 @@ class NvmlSource(Source):
     name: ClassVar[SourceName] = "nvml"
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.monotonic, slow_interval_s: float = 0.0
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        slow_interval_s: float = 0.0,
+        gpm_interval_s: float = 0.0,
+        process_utilization_interval_s: float = 0.0,
     ) -> None:
         """``slow_interval_s``: how often the slow tier is read (exporter/sources/
-        nvml_cadence.py); 0, the default for tools and tests, reads it every cycle. The
-        exporter passes ``--slow-interval`` and the clock its cycles are paced by."""
+        nvml_cadence.py); ``gpm_interval_s`` and ``process_utilization_interval_s``: how
+        often a GPM window closes and the per-process samples are read. 0, the default
+        for tools and tests, reads each every cycle. The exporter passes
+        ``--slow-interval``, ``--gpm-interval``, ``--process-utilization-interval`` and
+        the clock its cycles are paced by."""
         self._clock = clock
         self._slow_interval_s = slow_interval_s
+        self._gpm_interval_s = gpm_interval_s
+        self._process_interval_s = process_utilization_interval_s
+        # per-process samples stand in for this long when a read finds none newer
+        self._sample_reuse_s = max(SAMPLE_REUSE_S, 2 * process_utilization_interval_s)
         self._last: NvmlSnapshot | None = None
         self._errors_total = 0
         self._backoff = Backoff(initial_s=1.0, max_s=60.0)
@@ -388,11 +415,15 @@ class NvmlSource(Source):
             name=self._query("name", pynvml.nvmlDeviceGetName, handle),
             pci_bus_id=_decode(pci.busId) if pci is not None else None,
             minor_number=self._query("minor_number", pynvml.nvmlDeviceGetMinorNumber, handle),
-            schedule=SlowSchedule(
-                self._slow_interval_s,
-                offset(self._slow_interval_s, index, len(self._devices), self._slow_epoch or 0.0),
-            ),
+            schedule=self._schedule(self._slow_interval_s, index),
+            gpm_schedule=self._schedule(self._gpm_interval_s, index),
+            process_schedule=self._schedule(self._process_interval_s, index),
         )
+
+    def _schedule(self, interval_s: float, index: int) -> SlowSchedule:
+        """GPU ``index``'s grid for a read every ``interval_s``: the GPUs spread over it."""
+        epoch = self._slow_epoch or 0.0
+        return SlowSchedule(interval_s, offset(interval_s, index, len(self._devices), epoch))
 
     def _read(self, device: _Device) -> GpuSample:
         handle = device.handle
@@ -400,6 +431,7 @@ class NvmlSource(Source):
         util = self._query("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
         now = self._clock()
         slow_due = device.slow is None or device.schedule.due(now)
+        gpm_due = device.gpm_schedule.due(now)
         if device.nvlink_count is None:
             device.nvlink_count = nvml_links.nvlink_count(self._query, handle, self._error)
         nvlinks = device.nvlink_count or 0
@@ -409,7 +441,7 @@ class NvmlSource(Source):
         mig_mode = layout.mig_mode
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         if mig_enabled:  # processes are listed per MIG instance, none for the whole GPU
-            mig_instances, processes_listed = self._mig_instances(device, layout)
+            mig_instances, processes_listed = self._mig_instances(device, layout, gpm_due)
             processes: tuple[GpuProcess, ...] = ()
         else:
             mig_instances = ()
@@ -428,6 +460,9 @@ class NvmlSource(Source):
         if slow_due:
             device.slow = self._read_slow(device, nvlinks, branch)
             device.schedule.done(now)
+        occupancy = None if mig_enabled else self._gpm(device, None, gpm_due)
+        if gpm_due:
+            device.gpm_schedule.done(now)
         slow = device.slow
         assert slow is not None  # read above when there was none
         return GpuSample(
@@ -442,6 +477,7 @@ class NvmlSource(Source):
             memory_reserved_bytes=reserved,
             utilization_gpu_percent=util.gpu if util is not None else None,
             utilization_memory_percent=util.memory if util is not None else None,
+            utilization_window=self._utilization_window(device, _busy(util)),
             temperature_celsius=self._query(
                 "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
             ),
@@ -479,9 +515,9 @@ class NvmlSource(Source):
             processes_listed=processes_listed,
             process_utilization=()
             if mig_enabled
-            else self._process_utilization(device, processes_listed and not processes),
+            else self._process_utilization(device, processes_listed and not processes, _busy(util)),
             mig_instances=mig_instances,
-            occupancy=None if mig_enabled else self._gpm(device, None),
+            occupancy=occupancy,
             mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
             gpm_supported=_gpm_supported(device),  # after _gpm: what it found out
         )
@@ -748,14 +784,17 @@ class NvmlSource(Source):
         return self._listing
 
     def _process_utilization(
-        self, device: _Device, no_processes: bool
+        self, device: _Device, no_processes: bool, busy: bool
     ) -> tuple[ProcessUtilization, ...]:
-        """Per-process SM samples newer than the last ones seen, averaged per pid.
+        """Per-process SM samples newer than the last ones seen, averaged per pid, with
+        the SM time they account for (``nvml_samples.integrate``), read every
+        ``--process-utilization-interval``; between two reads the last ones stand.
 
         NotFound means the driver has no sample newer than the last one we read (two
         reads within one driver sample period, or a quiet GPU): the previous samples
-        stand for up to ``SAMPLE_REUSE_S``, so the per-container SM series do not flap
-        on short intervals, and then drop out.
+        stand for up to ``SAMPLE_REUSE_S`` (or two read intervals), so the per-container
+        SM series do not flap on short intervals, and then drop out. A sample that
+        stands in keeps its timestamp: its SM time is counted once.
 
         ``no_processes``: every listing of this cycle answered, and none listed a process.
         Then there is nothing to attribute and the read is skipped: on an H200 it took
@@ -768,12 +807,25 @@ class NvmlSource(Source):
         if no_processes:
             device.last_utilization = ()
             return ()
+        now = self._clock()
+        if device.last_utilization_at and not device.process_schedule.due(now):
+            fresh = now - device.last_utilization_at <= self._sample_reuse_s
+            return device.last_utilization if fresh else ()
+        device.process_schedule.done(now)
+        guard = device.process_stamps
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(
-                device.handle, device.last_utilization_ts
-            )
+            samples = device.process_reader.read(device.handle, guard.seen_us)
         except pynvml.NVMLError_NotFound:
-            fresh = self._clock() - device.last_utilization_at <= SAMPLE_REUSE_S
+            if busy and guard.seen_us and guard.suspect(now):
+                log.warning(
+                    "GPU %d: no per-process sample newer than the last one seen for %.0f s "
+                    "while the GPU is busy (the clock stepped back?): reading them afresh",
+                    device.index,
+                    nvml_samples.STEP_S,
+                )
+            elif not busy:
+                guard.fine()
+            fresh = now - device.last_utilization_at <= self._sample_reuse_s
             return device.last_utilization if fresh else ()
         except UNSUPPORTED:
             return ()
@@ -783,25 +835,116 @@ class NvmlSource(Source):
             self._errors.append(("process_utilization", error_name(exc)))
             return ()
         get = number_field
+        seen = guard.seen_us  # the lastSeenTimeStamp this read asked with
+        limit = guard.plausible(now)
         # pid -> (sm %, memory %, timestamp us) of each sample
         per_pid: dict[int, list[tuple[int, int, int]]] = {}
+        implausible = False
         for s in samples:
             stamp = get(s, "timeStamp")
+            if limit is not None and stamp > limit:
+                implausible = True
+                continue
             per_pid.setdefault(get(s, "pid"), []).append(
                 (get(s, "smUtil"), get(s, "memUtil"), stamp)
             )
-            device.last_utilization_ts = max(device.last_utilization_ts, stamp)
-        device.last_utilization_at = self._clock()
-        device.last_utilization = tuple(
+        if not implausible:
+            guard.fine()
+        elif self._stamps_suspect(device, guard, "process_utilization", now):
+            return ()
+        guard.seen_us = max([seen, *(stamp for g in per_pid.values() for _, _, stamp in g)])
+        guard.answered_at = now
+        device.last_utilization_at = now
+        readings = [
             ProcessUtilization(
                 pid=pid,
                 sm_percent=round(sum(sm for sm, _, _ in group) / len(group)),
                 memory_percent=round(sum(mem for _, mem, _ in group) / len(group)),
                 timestamp_us=max(stamp for _, _, stamp in group),
+                sm_seconds=nvml_samples.process_sm_seconds(
+                    ((stamp, sm) for sm, _, stamp in group), seen
+                ),
             )
             for pid, group in sorted(per_pid.items())
-        )
+        ]
+        device.last_utilization = tuple(readings)
         return device.last_utilization
+
+    def _utilization_window(self, device: _Device, busy: bool) -> ActiveWindow | None:
+        """GPU-Util's samples since the last read (``nvmlDeviceGetSamples``,
+        NVML_GPU_UTILIZATION_SAMPLES), read every cycle: the seconds a kernel ran in the
+        time since the last read (``nvml_samples.integrate``). NotFound is an idle
+        window (an idle GPU's buffer holds no sample); a failed read is no window (the
+        next read that answers covers the gap); a driver without the call, no counter.
+        Timestamps are kept sane by ``nvml_samples.StampGuard``."""
+        if not device.utilization_samples:
+            return None
+        guard = device.utilization_stamps
+        now = self._clock()
+        try:
+            kind, samples = nvml_sample_reads.get_samples(
+                device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, guard.seen_us
+            )
+        except pynvml.NVMLError_NotFound:  # no sample since the last read: idle
+            if busy and guard.seen_us and guard.suspect(now):
+                log.warning(
+                    "GPU %d: no GPU-Util sample newer than the last one seen for %.0f s while "
+                    "GPU-Util reads busy (the clock stepped back?): reading them afresh",
+                    device.index,
+                    nvml_samples.STEP_S,
+                )
+                return None
+            if not busy:
+                guard.fine()
+            return self._utilization_read(device, guard, 0.0, now)
+        except UNSUPPORTED:
+            device.utilization_samples = False
+            return None
+        except _GPU_FAILED:
+            raise
+        except pynvml.NVMLError as exc:  # the next read that answers covers the gap
+            self._errors.append(("utilization_samples", error_name(exc)))
+            return None
+        limit = guard.plausible(now)
+        values = [(number_field(s, "timeStamp"), _sample_value(kind, s)) for s in samples]
+        taken = [v for v in values if limit is None or v[0] <= limit]
+        if len(taken) < len(values):
+            if self._stamps_suspect(device, guard, "utilization_samples", now):
+                return None
+        else:
+            guard.fine()
+        got = nvml_samples.integrate(taken, guard.seen_us, device.utilization_period_us)
+        baseline = guard.seen_us == 0  # the buffer before the exporter: not ours
+        guard.seen_us, device.utilization_period_us = got.newest_us, got.period_us
+        return self._utilization_read(device, guard, 0.0 if baseline else got.active_s, now)
+
+    def _stamps_suspect(
+        self, device: _Device, guard: nvml_samples.StampGuard, query: str, now: float
+    ) -> bool:
+        """Samples stamped implausibly far ahead: counted; when it lasts, the buffer is
+        read afresh (True: this read counts nothing)."""
+        self._errors.append((query, "ImplausibleTimestamp"))
+        if guard.suspect(now):
+            log.warning(
+                "GPU %d: %s samples stamped implausibly far ahead for %.0f s (the clock "
+                "stepped forward?): reading them afresh",
+                device.index,
+                query,
+                nvml_samples.STEP_S,
+            )
+            return True
+        return False
+
+    def _utilization_read(
+        self, device: _Device, guard: nvml_samples.StampGuard, active_s: float, now: float
+    ) -> ActiveWindow | None:
+        """The window of a read that answered (samples, or NotFound): the time since the
+        previous such read on the source's clock, ``active_s`` of it busy. The first read
+        only starts the window."""
+        previous, guard.answered_at = guard.answered_at, now
+        if previous is None:
+            return None
+        return ActiveWindow(end=now, seconds=now - previous, active_s=active_s)
 
     def _log_narrow(self, device: _Device) -> None:
         """Say once per GPU why its PCIe byte counters are not served."""
@@ -818,7 +961,7 @@ class NvmlSource(Source):
         )
 
     def _mig_instances(
-        self, device: _Device, layout: _Layout
+        self, device: _Device, layout: _Layout, gpm_due: bool
     ) -> tuple[tuple[MigInstance, ...], bool]:
         """The GPU's MIG devices as the layout read found them (one per compute
         instance), with this cycle's memory, processes and occupancy, and whether every
@@ -838,7 +981,7 @@ class NvmlSource(Source):
             errors = len(self._errors)
             total, used, _, _ = self._memory(mig.handle)
             if gi not in occupancy:
-                occupancy[gi] = self._gpm(device, gi)
+                occupancy[gi] = self._gpm(device, gi, gpm_due)
             processes, listed = self._processes(mig.handle, (gi, mig.compute_instance_id))
             answered = answered and listed
             if any(reason in _STALE_HANDLE for _, reason in self._errors[errors:]):
@@ -887,8 +1030,12 @@ class NvmlSource(Source):
 
     # -- GPM --------------------------------------------------------------------------
 
-    def _gpm(self, device: _Device, gpu_instance: int | None) -> Occupancy | None:
-        """Occupancy between this cycle's GPM sample and the previous one.
+    def _gpm(self, device: _Device, gpu_instance: int | None, due: bool) -> Occupancy | None:
+        """Occupancy between this GPM sample and the previous one, a window of
+        ``--gpm-interval`` (``due``: the GPU's grid point is reached); between two,
+        the last window's figures stand (the activity counters add a window once, by its
+        end). A buffer that was only primed is sampled again at the next cycle, so the
+        first figures come one cycle after the GPU (or its GPU instance) appeared.
 
         The first cycle only primes the buffers, so it yields None; so does a GPU
         without GPM (pre-Hopper), where these series are absent by design. Any other
@@ -900,6 +1047,8 @@ class NvmlSource(Source):
         state = device.gpm.setdefault(gpu_instance, _GpmState())
         if state.supported is False or self._clock() < state.retry_at:
             return None
+        if state.last is not None and not due:
+            return state.last  # the last window stands until the next is due
         try:
             if state.supported is None:
                 if not pynvml.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
@@ -927,17 +1076,21 @@ class NvmlSource(Source):
             )
             state.failing = None
             state.backoff.reset()
-        state.samples.reverse()  # the current sample becomes next cycle's previous
+        now = self._clock()
+        started, state.sampled_at = state.sampled_at, now
+        state.samples.reverse()  # the current sample becomes the next window's previous
         if not state.has_previous:
             state.has_previous = True
             return None
-        return self._gpm_metrics(previous, current)
+        state.last = self._gpm_metrics(previous, current, now, now - started)
+        return state.last
 
     def _gpm_failed(self, state: _GpmState, where: str, reason: str) -> None:
         """Count it, pace the retries, say so once; the next success primes afresh, so
         no window spans the gap."""
         self._errors.append(("gpm", reason))
         state.has_previous = False
+        state.last = None
         state.retry_at = self._clock() + state.backoff.next_delay()
         if state.failing != reason:
             log.warning(
@@ -949,7 +1102,9 @@ class NvmlSource(Source):
             )
         state.failing = reason
 
-    def _gpm_metrics(self, first: Any, second: Any) -> Occupancy | None:
+    def _gpm_metrics(
+        self, first: Any, second: Any, window_end: float, window_s: float
+    ) -> Occupancy | None:
         get, put = number_field, set_number_field
         request = pynvml.c_nvmlGpmMetricsGet_t()
         put(request, "version", pynvml.NVML_GPM_METRICS_GET_VERSION)
@@ -966,7 +1121,7 @@ class NvmlSource(Source):
             metric = metrics[slot]
             ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
             values[key] = _gpm_ratio(get(metric, "value")) if ok else None
-        return Occupancy(source="gpm", **values)
+        return Occupancy(source="gpm", window_end=window_end, window_s=window_s, **values)
 
 
 def process_listing_suffix() -> str:
@@ -984,6 +1139,20 @@ def process_listing_suffix() -> str:
     )
     v3 = _has_symbol("nvmlDeviceGetComputeRunningProcesses_v3") and not early_r535
     return "_v3" if v3 else "_v2"
+
+
+def _busy(util: Any) -> bool:
+    """GPU-Util above 0 this cycle (nvmlDeviceGetUtilizationRates), False when unread."""
+    return util is not None and isinstance(util.gpu, int) and util.gpu > 0
+
+
+def _sample_value(kind: int, sample: Any) -> float | None:
+    """A sample's value read through the union member its value type names; None for a
+    type NVML did not define (the sample is then skipped, not read as some number)."""
+    if not 0 <= kind < len(_VALUE_MEMBERS):
+        return None
+    value = getattr(sample.sampleValue, _VALUE_MEMBERS[kind])
+    return float(value)
 
 
 def _gpm_supported(device: _Device) -> bool | None:

@@ -3,9 +3,28 @@
 On a real node every NVML call is an ioctl into the driver, some of them milliseconds
 long, so a fact is read as often as it changes, not every cycle (the NVML call budget):
 
-- ``cycle``: every sample cycle. What a scrape should see move: utilization, memory,
-  power, temperatures, clocks and why they are held down, the current PCIe link, traffic
-  counters, processes and their samples, GPM occupancy, the recovery action.
+- ``cycle``: every sample cycle. What a scrape should see move: utilization (and
+  GPU-Util's sample buffer, ``nvmlDeviceGetSamples``), memory, power, temperatures,
+  clocks and why they are held down, the current PCIe link, traffic counters, the
+  process listings, the recovery action.
+- ``gpm``: a GPM window closes every ``--gpm-interval`` seconds (default 10, never
+  faster than the cycle): ``nvmlGpmMetricsGet`` cost 1.9 ms a read on an H200
+  (docs/validation.md), so reading it every second would be most of the exporter's
+  NVML time. The occupancy gauges are the last window's mean; the activity counters
+  (``gpu_*_active_seconds_total``, exporter/analysis/active_time.py) add every window,
+  so ``rate()`` over a span longer than the window is exact: a longer window delays a
+  counter's step, it does not lose time. A GPU (or GPU instance) whose buffers were only
+  primed is sampled again at the next cycle, so its first window is one cycle long.
+- ``process``: the per-process samples (``nvmlDeviceGetProcessUtilization``, 2.1-2.4
+  ms a call on an H200; one call a read with room to spare, where pynvml's wrapper
+  makes two, exporter/sources/nvml_sample_reads.py) every ``--process-utilization-interval``
+  seconds (default 10): every sample the driver kept since the last read is taken (the
+  ``lastSeenTimeStamp`` argument), so ``gpu_container_sm_seconds_total`` loses nothing
+  the driver's history still holds; the per-container SM gauges stand between reads.
+  A GPU with no process listed is not read at all (as before).
+
+GPM and process reads are spread like the slow tier's (GPU i of N at i/N of the
+interval), and a GPU seen for the first time reads them at its first cycle.
 - ``slow``: every ``--slow-interval`` seconds (default 30, never faster than the cycle).
   Counters and states that move once in days or weeks: ECC totals, row remapping,
   retired pages, the PCIe link's best generation and width and its replay counter,
@@ -46,7 +65,7 @@ from typing import Literal
 # the default period is stated in model, where config reads it
 from exporter.model import DEFAULT_SLOW_INTERVAL_S as DEFAULT_SLOW_INTERVAL_S
 
-Tier = Literal["cycle", "slow", "change"]
+Tier = Literal["cycle", "gpm", "process", "slow", "change"]
 
 # Every NVML read of the source, by the query name its errors are counted under
 # (gpu_exporter_errors_total's reason aside, the names of exporter/sources/nvml.py).
@@ -69,9 +88,10 @@ READS: dict[str, Tier] = {
     "nvmlDeviceGetComputeRunningProcesses": "cycle",
     "nvmlDeviceGetGraphicsRunningProcesses": "cycle",
     "nvmlDeviceGetMPSComputeRunningProcesses": "cycle",
-    "process_utilization": "cycle",
-    "gpm": "cycle",
-    "gpm_metrics": "cycle",
+    "utilization_samples": "cycle",
+    "process_utilization": "process",
+    "gpm": "gpm",
+    "gpm_metrics": "gpm",
     # the slow tier
     "energy": "slow",  # field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, else the call
     "clock_event_time": "slow",  # field values

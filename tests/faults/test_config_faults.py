@@ -114,7 +114,8 @@ def test_non_finite_or_out_of_range_numbers_are_refused_for_every_numeric_flag(
         # the edges of the range are accepted (the simulated clock's flags with a
         # simulated node: without one they are refused for that reason, not the range)
         context = ["--simulate=single-gpu"] if flag.startswith("--simulate-") else []
-        if flag == "--slow-interval":  # never shorter than --interval (refused in one line)
+        # the cadences are never shorter than --interval (refused in one line)
+        if flag in ("--slow-interval", "--gpm-interval", "--process-utilization-interval"):
             context = ["--interval=0.1"]
         for edge in (bounds.low, bounds.high):
             text = str(int(edge)) if bounds.whole else str(edge)

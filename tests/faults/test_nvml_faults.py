@@ -30,7 +30,12 @@ OPTIONAL_CALLS = sorted(
 )
 # What a GPU serves while NVML answers it, whatever it refuses: its state and identity.
 ALWAYS = {"gpu_up", "gpu_info", "gpu_healthy"}
-GPM_SERIES = {f"gpu_{field}_ratio" for field in OCCUPANCY_FIELDS}
+# GPM's gauges, their counters, and the seconds their windows covered
+GPM_SERIES = {
+    *(f"gpu_{field}_ratio" for field in OCCUPANCY_FIELDS),
+    *(f"gpu_{field}_seconds_total" for field in OCCUPANCY_FIELDS),
+    "gpu_activity_sampled_seconds_total",
+}
 
 
 def gpu_series(scrape: Scrape, gpu: str) -> dict[str, int]:

@@ -1,0 +1,201 @@
+"""Activity as counters: every window a source measured is added once, so rate() over any
+span is the mean over that span (docs/metrics.md, "Activity counters").
+
+Read through the real pynvml over the simulated libnvidia-ml; the counters are
+``exporter/analysis/active_time.py`` over what the NVML source returned.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.analysis.active_time import account_active_time
+from exporter.model import ActiveTime, ActiveWindow, Attribution, GpuSample, Occupancy
+from exporter.sim.node import ManualClock, SimNode
+from exporter.sim.nvml_library import install
+from exporter.sim.scenario import parse_scenario
+from exporter.sources import nvml_samples
+from exporter.sources.nvml import NvmlSource
+from tests.test_nvml_cadence import R580
+
+
+@pytest.fixture
+def made() -> Iterator[list[NvmlSource]]:
+    sources: list[NvmlSource] = []
+    yield sources
+    for source in sources:
+        source.close()
+
+
+class Node:
+    """A simulated node and an NVML source with the given cadences, cycled by hand."""
+
+    def __init__(
+        self, scenario: dict[str, object], made: list[NvmlSource], *, gpm_s: float, process_s: float
+    ) -> None:
+        self.clock = ManualClock()
+        self.sim = SimNode(parse_scenario({**R580, **scenario}, "test"), self.clock)
+        self.library = install(self.sim)
+        self.source = NvmlSource(
+            clock=self.clock,
+            slow_interval_s=30.0,
+            gpm_interval_s=gpm_s,
+            process_utilization_interval_s=process_s,
+        )
+        made.append(self.source)
+        self.state = ActiveTime()
+
+    def at(self, t: float) -> tuple[GpuSample, ...]:
+        self.clock.now = t
+        snapshot = self.source.sample()
+        assert snapshot.ok and not snapshot.errors, snapshot.errors
+        self.state = account_active_time(self.state, snapshot.gpus, Attribution(), nvml_ok=True)
+        return snapshot.gpus
+
+
+DUTY = {"duty": {"period_s": 30, "busy": 1 / 3}, "gpm": {"sm_active": 90.0}}
+
+
+def test_a_gpm_window_per_gpm_interval_and_each_added_once(made: list[NvmlSource]) -> None:
+    """Busy 10 s of every 30 at 90 % SM: over 300 s the counter holds 0.9 x 100 s, read at
+    --interval 1 with a window every 10 s; the gauge is the last window's mean and stands
+    between windows, and the counter does not count a window served again."""
+    node = Node({"gpus": [DUTY]}, made, gpm_s=10.0, process_s=10.0)
+    gauges = []
+    for t in range(0, 301):
+        (gpu,) = node.at(float(t))
+        if gpu.occupancy is not None:
+            gauges.append((t, gpu.occupancy.sm_active, gpu.occupancy.window_end))
+    uuid = gpu.uuid
+    total = node.state.devices[uuid]["sm_active"]
+    covered = node.state.sampled[uuid]["occupancy"]
+    # primed at 0, first window 0-1 s, then windows on the 10 s grid: up to 300 s
+    assert covered == pytest.approx(300.0)
+    assert total == pytest.approx(0.9 * 100.0, rel=1e-6)
+    # the window ends move only at the grid (and once after priming): 31 windows
+    assert len({end for _, _, end in gauges}) == 31
+    # between two windows the gauge stands: 9 of every 10 cycles repeat the last value
+    assert sum(1 for a, b in itertools.pairwise(gauges) if a[2] == b[2]) >= 260
+
+
+def test_gpm_is_asked_once_per_window_not_every_cycle(made: list[NvmlSource]) -> None:
+    node = Node({"gpus": [DUTY]}, made, gpm_s=10.0, process_s=10.0)
+    before = node.library.calls.by_function.get("nvmlGpmMetricsGet", 0)
+    for t in range(0, 61):
+        node.at(float(t))
+    asked = node.library.calls.by_function.get("nvmlGpmMetricsGet", 0) - before
+    assert asked == 7  # 0-1 s, then one window per 10 s up to 60 s (not 60 reads)
+
+
+def test_a_counter_without_a_reading_stays_absent_and_a_gone_gpu_is_dropped() -> None:
+    occupancy = Occupancy(source="gpm", sm_active=0.5, window_end=10.0, window_s=10.0)
+    gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
+    state = account_active_time(ActiveTime(), (gpu,), Attribution(), nvml_ok=True)
+    assert state.devices["GPU-a"] == {"sm_active": 5.0}
+    # the same window served again adds nothing
+    state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
+    assert state.devices["GPU-a"] == {"sm_active": 5.0}
+    # NVML down this cycle: nothing is known gone, the totals stand
+    kept = account_active_time(state, (), Attribution(), nvml_ok=False)
+    assert kept.devices == state.devices
+    # NVML answered without the GPU: gone, dropped (bounded by what the node has)
+    gone = account_active_time(state, (), Attribution(), nvml_ok=True)
+    assert gone.devices == {} and gone.window_end == {}
+
+
+def test_a_window_from_the_other_occupancy_source_is_added_and_ends_never_go_back() -> None:
+    gpm = Occupancy(source="gpm", sm_active=1.0, window_end=100.0, window_s=10.0)
+    dcgm = Occupancy(source="dcgm", sm_active=0.5, window_end=5.0, window_s=4.0)
+    state = ActiveTime()
+    for occupancy in (gpm, dcgm, gpm, dcgm):
+        gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
+        state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
+    assert state.devices["GPU-a"]["sm_active"] == pytest.approx(10.0 + 2.0)
+    older = Occupancy(source="gpm", sm_active=1.0, window_end=90.0, window_s=10.0)
+    gpu = GpuSample(index=0, uuid="GPU-a", occupancy=older)
+    state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
+    assert state.devices["GPU-a"]["sm_active"] == pytest.approx(12.0)
+
+
+def test_gpu_util_windows_are_clamped_to_the_time_they_cover() -> None:
+    window = ActiveWindow(end=2.0, seconds=1.0, active_s=5.0)  # a garbage answer
+    gpu = GpuSample(index=0, uuid="GPU-a", utilization_window=window)
+    state = account_active_time(ActiveTime(), (gpu,), Attribution(), nvml_ok=True)
+    assert state.devices["GPU-a"]["utilization"] == 1.0
+    assert state.sampled["GPU-a"]["utilization"] == 1.0
+
+
+# -- the sample-buffer arithmetic --------------------------------------------------------
+
+
+def test_samples_cover_the_step_since_the_one_before_capped_at_the_period() -> None:
+    # 100 ms samples at 50 %, then a 2 s gap (the driver omitted an idle process), then one
+    samples = [(1_000_000 + 100_000 * i, 50.0) for i in range(10)] + [(3_000_000, 100.0)]
+    got = nvml_samples.integrate(samples, seen_us=900_000, period_us=None)
+    assert got.period_us == 100_000
+    assert got.covered_s == pytest.approx(1.1)  # 10 steps of 0.1 s, and the gap capped
+    assert got.active_s == pytest.approx(0.5 + 0.1)
+    assert got.newest_us == 3_000_000
+
+
+def test_samples_at_or_before_the_last_seen_and_garbage_values_add_nothing() -> None:
+    samples = [(50_000, 100.0), (100_000, 100.0), (200_000, math.nan), (300_000, 250.0)]
+    got = nvml_samples.integrate(samples, seen_us=100_000, period_us=100_000)
+    # the NaN sample is skipped but its step is consumed; 250 % clamps to 100 %
+    assert got.covered_s == pytest.approx(0.1)
+    assert got.active_s == pytest.approx(0.1)
+    assert got.newest_us == 300_000
+
+
+def test_no_period_known_yet_means_a_lone_first_sample_covers_nothing() -> None:
+    got = nvml_samples.integrate([(5_000_000, 100.0)], seen_us=0, period_us=None)
+    assert (got.active_s, got.covered_s, got.period_us) == (0.0, 0.0, None)
+
+
+# -- the cadence flags -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--gpm-interval", "--process-utilization-interval"])
+def test_a_cadence_shorter_than_the_cycle_is_refused_and_its_default_follows_a_longer_one(
+    flag: str,
+) -> None:
+    from exporter.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=f"{flag} 2 is shorter than --interval 5"):
+        parse_config(["--interval", "5", flag, "2"], env={})
+    config = parse_config(["--interval", "20"], env={})
+    assert config.gpm_interval_s == config.process_utilization_interval_s == 20.0
+    config = parse_config([], env={})
+    assert (config.gpm_interval_s, config.process_utilization_interval_s) == (10.0, 10.0)
+
+
+# -- GPU-Util and the per-process samples over a duty cycle ------------------------------
+
+BUSY_PROCESS = {"gpu": 0, "memory": "1GiB", "sm": 80, "pid": 700}
+
+
+def test_gpu_util_and_process_sm_time_add_up_over_a_duty_cycle(made: list[NvmlSource]) -> None:
+    """Busy 10 s of every 30 (GPU-Util 100 %, one process at 80 % SM) for 300 s, read
+    every second and the per-process samples every 10 s: the GPU-Util counter holds the
+    busy 100 s, the process's SM-seconds 0.8 x 100 s, each within one sample period of
+    the truth, and the GPU-Util windows cover the 300 s (an idle read is an idle window)."""
+    gpu = {"duty": {"period_s": 30, "busy": 1 / 3}, "utilization_gpu": 100}
+    node = Node({"gpus": [gpu], "host_processes": [BUSY_PROCESS]}, made, gpm_s=10.0, process_s=10.0)
+    sm_seconds = 0.0
+    seen: set[int] = set()
+    for t in range(0, 301):
+        (sample,) = node.at(float(t))
+        for reading in sample.process_utilization:
+            if reading.timestamp_us not in seen:  # a reading that stands in counts once
+                seen.add(reading.timestamp_us)
+                sm_seconds += reading.sm_seconds
+    uuid = sample.uuid
+    assert node.state.sampled[uuid]["utilization"] == pytest.approx(300.0)
+    assert node.state.devices[uuid]["utilization"] == pytest.approx(100.0, abs=0.5)
+    # 100 s busy at 80 %, less the first second: at 0 s the driver has no ended period
+    # (NotFound), and the first read that answers (at 1 s) is a baseline, not counted
+    assert sm_seconds == pytest.approx(80.0 - 0.8, abs=0.05)
