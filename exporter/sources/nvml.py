@@ -179,6 +179,7 @@ class _Device:
     utilization_stamps: nvml_samples.StampGuard = field(default_factory=nvml_samples.StampGuard)
     utilization_period_us: int | None = None
     utilization_samples: bool = True  # False: the driver lacks nvmlDeviceGetSamples
+    utilization_last: ActiveWindow | None = None  # served again while a read is no evidence
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
     nvlink_count: int | None = None  # None: not read yet
     nvlinks_seen_active: set[int] = field(default_factory=set)
@@ -885,8 +886,13 @@ class NvmlSource(Source):
             kind, samples = nvml_sample_reads.get_samples(
                 device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, guard.seen_us
             )
-        except pynvml.NVMLError_NotFound:  # no sample since the last read: idle
-            if busy and guard.seen_us and guard.suspect(now):
+        except pynvml.NVMLError_NotFound:  # no sample since the last read
+            if not busy:  # idle, as GPU-Util says too: an idle window
+                guard.fine()
+                return self._utilization_read(device, guard, 0.0, now)
+            # GPU-Util reads busy: no evidence either way. The last window stands (added
+            # once), and the next read that has samples covers the time since.
+            if guard.seen_us and guard.suspect(now):
                 log.warning(
                     "GPU %d: no GPU-Util sample newer than the last one seen for %.0f s while "
                     "GPU-Util reads busy (the clock stepped back?): reading them afresh",
@@ -894,9 +900,7 @@ class NvmlSource(Source):
                     nvml_samples.STEP_S,
                 )
                 return None
-            if not busy:
-                guard.fine()
-            return self._utilization_read(device, guard, 0.0, now)
+            return device.utilization_last
         except UNSUPPORTED:
             device.utilization_samples = False
             return None
@@ -944,7 +948,8 @@ class NvmlSource(Source):
         previous, guard.answered_at = guard.answered_at, now
         if previous is None:
             return None
-        return ActiveWindow(end=now, seconds=now - previous, active_s=active_s)
+        device.utilization_last = ActiveWindow(end=now, seconds=now - previous, active_s=active_s)
+        return device.utilization_last
 
     def _log_narrow(self, device: _Device) -> None:
         """Say once per GPU why its PCIe byte counters are not served."""
