@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.analysis.active_time import account_active_time
+from exporter.analysis.active_time import ABSENT_S, account_active_time
 from exporter.model import ActiveTime, ActiveWindow, Attribution, GpuSample, Occupancy
 from exporter.sim.node import ManualClock, SimNode
 from exporter.sim.nvml_library import install
@@ -53,7 +53,7 @@ class Node:
         self.clock.now = t
         snapshot = self.source.sample()
         assert snapshot.ok and not snapshot.errors, snapshot.errors
-        self.state = account_active_time(self.state, snapshot.gpus, Attribution(), nvml_ok=True)
+        self.state = account_active_time(self.state, snapshot.gpus, Attribution(), now=t)
         return snapshot.gpus
 
 
@@ -72,7 +72,7 @@ def test_a_gpm_window_per_gpm_interval_and_each_added_once(made: list[NvmlSource
             gauges.append((t, gpu.occupancy.sm_active, gpu.occupancy.window_end))
     uuid = gpu.uuid
     total = node.state.devices[uuid]["sm_active"]
-    covered = node.state.sampled[uuid]["occupancy"]
+    covered = node.state.sampled[uuid]["sm_active"]
     # primed at 0, first window 0-1 s, then windows on the 10 s grid: up to 300 s
     assert covered == pytest.approx(300.0)
     assert total == pytest.approx(0.9 * 100.0, rel=1e-6)
@@ -91,69 +91,103 @@ def test_gpm_is_asked_once_per_window_not_every_cycle(made: list[NvmlSource]) ->
     assert asked == 7  # 0-1 s, then one window per 10 s up to 60 s (not 60 reads)
 
 
-def test_a_counter_without_a_reading_stays_absent_and_a_gone_gpu_is_dropped() -> None:
+def test_a_window_is_added_once_and_a_gpu_is_dropped_only_when_long_gone() -> None:
     occupancy = Occupancy(source="gpm", sm_active=0.5, window_end=10.0, window_s=10.0)
     gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
-    state = account_active_time(ActiveTime(), (gpu,), Attribution(), nvml_ok=True)
+    state = account_active_time(ActiveTime(), (gpu,), Attribution(), now=10.0)
     assert state.devices["GPU-a"] == {"sm_active": 5.0}
+    assert state.sampled["GPU-a"] == {"sm_active": 10.0}
     # the same window served again adds nothing
-    state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
+    state = account_active_time(state, (gpu,), Attribution(), now=11.0)
     assert state.devices["GPU-a"] == {"sm_active": 5.0}
-    # NVML down this cycle: nothing is known gone, the totals stand
-    kept = account_active_time(state, (), Attribution(), nvml_ok=False)
+    # not seen for a while (NVML down, a failed read): the totals stand
+    kept = account_active_time(state, (), Attribution(), now=11.0 + ABSENT_S)
     assert kept.devices == state.devices
-    # NVML answered without the GPU: gone, dropped (bounded by what the node has)
-    gone = account_active_time(state, (), Attribution(), nvml_ok=True)
-    assert gone.devices == {} and gone.window_end == {}
+    # unseen for longer than ABSENT_S: gone, dropped (bounded by what the node has)
+    gone = account_active_time(kept, (), Attribution(), now=12.0 + ABSENT_S)
+    assert gone.devices == {} and gone.window_end == {} and gone.device_seen == {}
 
 
-def test_a_window_from_the_other_occupancy_source_is_added_and_ends_never_go_back() -> None:
-    gpm = Occupancy(source="gpm", sm_active=1.0, window_end=100.0, window_s=10.0)
-    dcgm = Occupancy(source="dcgm", sm_active=0.5, window_end=5.0, window_s=4.0)
+def test_a_metric_that_fails_is_not_covered_while_the_others_are() -> None:
     state = ActiveTime()
-    for occupancy in (gpm, dcgm, gpm, dcgm):
+    for end, tensor in ((10.0, 0.5), (20.0, None), (30.0, 0.5)):
+        occupancy = Occupancy(
+            source="gpm", sm_active=0.9, tensor_active=tensor, window_end=end, window_s=10.0
+        )
         gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
-        state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
-    assert state.devices["GPU-a"]["sm_active"] == pytest.approx(10.0 + 2.0)
-    older = Occupancy(source="gpm", sm_active=1.0, window_end=90.0, window_s=10.0)
-    gpu = GpuSample(index=0, uuid="GPU-a", occupancy=older)
-    state = account_active_time(state, (gpu,), Attribution(), nvml_ok=True)
-    assert state.devices["GPU-a"]["sm_active"] == pytest.approx(12.0)
+        state = account_active_time(state, (gpu,), Attribution(), now=end)
+    assert state.sampled["GPU-a"] == {"sm_active": 30.0, "tensor_active": 20.0}
+    assert state.devices["GPU-a"]["tensor_active"] / state.sampled["GPU-a"]["tensor_active"] == 0.5
 
 
-def test_gpu_util_windows_are_clamped_to_the_time_they_cover() -> None:
-    window = ActiveWindow(end=2.0, seconds=1.0, active_s=5.0)  # a garbage answer
-    gpu = GpuSample(index=0, uuid="GPU-a", utilization_window=window)
-    state = account_active_time(ActiveTime(), (gpu,), Attribution(), nvml_ok=True)
-    assert state.devices["GPU-a"]["utilization"] == 1.0
-    assert state.sampled["GPU-a"]["utilization"] == 1.0
+def test_a_change_of_occupancy_source_starts_the_new_one_without_overlap() -> None:
+    """GPM windows, then DCGM's (its own clock): the first DCGM window would overlap the
+    last GPM one, so it only starts; covered never exceeds the time that passed."""
+    state = ActiveTime()
+    windows = [("gpm", 10.0, 10.0), ("gpm", 20.0, 10.0), ("dcgm", 1005.0, 1005.0)]
+    windows += [("dcgm", 1015.0, 10.0), ("gpm", 50.0, 30.0), ("gpm", 60.0, 10.0)]
+    for t, (source, end, length) in enumerate(windows):
+        occupancy = Occupancy(source=source, sm_active=1.0, window_end=end, window_s=length)
+        gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
+        state = account_active_time(state, (gpu,), Attribution(), now=float(t))
+    assert state.sampled["GPU-a"]["sm_active"] == 10.0 + 10.0 + 10.0 + 10.0
+    assert state.source["GPU-a"] == "gpm"
+
+
+def test_gpu_util_a_window_holding_more_than_its_length_is_kept_for_the_next() -> None:
+    """Samples and the exporter's clock are not in phase: a window may hold a sample
+    more than its length; the excess counts later, never beyond the time covered."""
+    state = ActiveTime()
+    for end, active in ((1.0, 1.2), (2.0, 0.8), (3.0, 1.5)):
+        window = ActiveWindow(end=end, seconds=1.0, active_s=active)
+        gpu = GpuSample(index=0, uuid="GPU-a", utilization_window=window)
+        state = account_active_time(state, (gpu,), Attribution(), now=end)
+        assert state.devices["GPU-a"]["utilization"] <= state.sampled["GPU-a"]["utilization"]
+    assert state.devices["GPU-a"]["utilization"] == pytest.approx(3.0)  # 3.5, capped at 3
 
 
 # -- the sample-buffer arithmetic --------------------------------------------------------
 
 
 def test_samples_cover_the_step_since_the_one_before_capped_at_the_period() -> None:
-    # 100 ms samples at 50 %, then a 2 s gap (the driver omitted an idle process), then one
+    # 100 ms samples at 50 %, then a 2 s gap (an idle period holds no sample), then one
     samples = [(1_000_000 + 100_000 * i, 50.0) for i in range(10)] + [(3_000_000, 100.0)]
-    got = nvml_samples.integrate(samples, seen_us=900_000, period_us=None)
-    assert got.period_us == 100_000
-    assert got.covered_s == pytest.approx(1.1)  # 10 steps of 0.1 s, and the gap capped
-    assert got.active_s == pytest.approx(0.5 + 0.1)
-    assert got.newest_us == 3_000_000
+    buffer = nvml_samples.SampleBuffer(seen_us=900_000)
+    buffer.learn(ts for ts, _ in samples)
+    assert buffer.period_us == 100_000  # the median step, not the 2 s gap
+    got = nvml_samples.integrate(samples, buffer.seen_us, buffer.period_us)
+    assert got.active_s == pytest.approx(0.5 + 0.1)  # 10 steps at 50 %, the gap capped
+    assert got.newest_us == 3_000_000 and got.garbage == 0
 
 
-def test_samples_at_or_before_the_last_seen_and_garbage_values_add_nothing() -> None:
+def test_one_stray_step_does_not_shrink_the_learned_period() -> None:
+    buffer = nvml_samples.SampleBuffer()
+    buffer.learn([0, 166_000, 332_000, 352_000, 498_000, 664_000, 830_000])
+    assert buffer.period_us == 166_000
+
+
+def test_samples_at_or_before_the_last_seen_are_ignored_and_garbage_is_counted() -> None:
     samples = [(50_000, 100.0), (100_000, 100.0), (200_000, math.nan), (300_000, 250.0)]
     got = nvml_samples.integrate(samples, seen_us=100_000, period_us=100_000)
-    # the NaN sample is skipped but its step is consumed; 250 % clamps to 100 %
-    assert got.covered_s == pytest.approx(0.1)
-    assert got.active_s == pytest.approx(0.1)
-    assert got.newest_us == 300_000
+    assert (got.active_s, got.garbage, got.newest_us) == (0.0, 2, 300_000)
 
 
 def test_no_period_known_yet_means_a_lone_first_sample_covers_nothing() -> None:
     got = nvml_samples.integrate([(5_000_000, 100.0)], seen_us=0, period_us=None)
-    assert (got.active_s, got.covered_s, got.period_us) == (0.0, 0.0, None)
+    assert (got.active_s, got.newest_us) == (0.0, 5_000_000)
+
+
+def test_a_stamp_far_ahead_is_not_taken_and_a_lasting_step_reads_afresh() -> None:
+    buffer = nvml_samples.SampleBuffer()
+    buffer.advance(10_000_000, now=10.0)
+    limit_s = 1.0 + nvml_samples.HISTORY_S + nvml_samples.SLACK_S
+    near, far = 10_000_000 + 1_000_000, 10_000_000 + int((limit_s + 1) * 1e6)
+    assert buffer.plausible([near, far], now=11.0) == [True, False]
+    assert not buffer.suspect(11.0)
+    assert buffer.suspect(11.0 + nvml_samples.STEP_S)  # it lasted: read afresh
+    assert (buffer.seen_us, buffer.answered_at) == (0, None)
+    # at a first read, a stamp far from the others is garbage
+    assert buffer.plausible([5, 6, 2**64 - 1], now=200.0) == [True, True, False]
 
 
 # -- the cadence flags -------------------------------------------------------------------

@@ -2,24 +2,28 @@
 active, so ``rate()`` over any window is the mean over that window, whatever the sample
 interval and the scrape interval (docs/metrics.md, "Activity counters").
 
-A gauge "averaged over the cycle" shows a scrape only the cycle it lands in; a counter of
+A gauge averaged over one window shows a scrape only the window it lands in; a counter of
 active seconds accumulates every window the sources measured:
 
 - occupancy (GPM or DCGM: SM active, occupancy, tensor, DRAM, FP64/32/16, graphics):
   each window adds ratio x its length, once, by its end (``Occupancy.window_end``); a
-  window served again between two GPM reads adds nothing;
-- GPU-Util: the busy seconds NVML's sample buffer accounts for (``ActiveWindow``);
+  window served again between two GPM reads adds nothing. When the source changes (DCGM
+  on or off), the new source's first window only starts its count: it would overlap
+  the old source's last one;
+- GPU-Util: the busy seconds NVML's sample buffer accounts for (``ActiveWindow``), never
+  more in all than the time covered (samples and the exporter's clock are not in phase,
+  so one window may hold a little more than its length: the rest is kept for later);
 - a container: the SM seconds of its processes' samples (``ProcessUtilization.sm_seconds``)
   on each device, each process's samples added once, by their newest timestamp.
 
-Beside them, ``sampled`` counts the seconds the windows covered, per device and signal
-(``occupancy``, ``utilization``): ``rate(active) / rate(sampled)`` is the mean over the
-time that was measured, exact even across a gap (GPM failing, an exporter restart).
+Beside them, ``sampled`` counts the seconds the windows covered, per device and metric:
+``rate(active) / rate(sampled)`` is the mean over the time that was measured, exact
+even across a gap (GPM failing, one metric failing, an exporter restart).
 
-A counter is served exactly when its gauge is (the reading is present this cycle);
-absence of a reading adds nothing and serves nothing, never a zero. Totals of a device
-or container that is gone are dropped (bounded by what the node has), unless NVML did not
-answer this cycle (then nothing is known to be gone).
+A counter is served exactly when its gauge is (exposition); absence of a reading adds
+nothing, never a zero. A device or container not seen for ``ABSENT_S`` is dropped with
+its totals (bounded by what the node has): one failed read, or a GPU failing for a
+cycle, does not reset a counter.
 """
 
 from __future__ import annotations
@@ -38,37 +42,45 @@ from exporter.model import (
 )
 
 UTILIZATION = "utilization"  # GPU-Util's metric name and signal
-OCCUPANCY = "occupancy"  # the GPM/DCGM signal
+OCCUPANCY = "occupancy"  # the GPM/DCGM windows
+ABSENT_S = 300.0  # a device or container unseen this long is gone
+# a process sample this much older than its GPU's newest can no longer stand in (the
+# NVML source lets samples stand for seconds): its stamp is forgotten
+STAMP_HORIZON_US = 3_600_000_000
 ContainerKey = tuple[ContainerRef, DeviceRef]
+_UTILIZATION_RAW = "utilization_unclamped"  # GPU-Util's busy seconds as the samples say
 
 
 def account_active_time(
-    state: ActiveTime, gpus: Iterable[GpuSample], attribution: Attribution, *, nvml_ok: bool
+    state: ActiveTime, gpus: Iterable[GpuSample], attribution: Attribution, *, now: float
 ) -> ActiveTime:
     devices = {uuid: dict(metrics) for uuid, metrics in state.devices.items()}
     sampled = {uuid: dict(signals) for uuid, signals in state.sampled.items()}
     window_end = dict(state.window_end)
-    present: set[str] = set()
-    # (GPU UUID, pid) -> SM seconds not yet added, and the stamp that adds them
-    new_sm: dict[tuple[str, int], float] = {}
-    stamps: dict[tuple[str, int], int] = {}
-    gpus = tuple(gpus)
+    source = dict(state.source)
+    device_seen = dict(state.device_seen)
+    stamps = dict(state.process_stamp)
+    new_sm: dict[tuple[str, int], float] = {}  # (GPU UUID, pid) -> SM seconds to add
+    newest: dict[str, int] = {}  # GPU UUID -> its newest process sample
     for gpu in gpus:
+        device_seen[gpu.uuid] = now  # a GPU failing this cycle is still there
         if gpu.error:
             continue
-        present.add(gpu.uuid)
-        _add_occupancy(gpu.uuid, gpu.occupancy, devices, sampled, window_end)
+        _add_occupancy(gpu.uuid, gpu.occupancy, devices, sampled, window_end, source)
         _add_utilization(gpu.uuid, gpu.utilization_window, devices, sampled, window_end)
         for mig in gpu.mig_instances:
-            present.add(mig.uuid)
-            _add_occupancy(mig.uuid, mig.occupancy, devices, sampled, window_end)
+            device_seen[mig.uuid] = now
+            _add_occupancy(mig.uuid, mig.occupancy, devices, sampled, window_end, source)
         for sample in gpu.process_utilization:
             key = (gpu.uuid, sample.pid)
-            stamps[key] = sample.timestamp_us
-            if sample.timestamp_us > state.process_stamp.get(key, -1):
+            # a reading standing in has the stamp already added; a new one another (a
+            # smaller one too: the clock the driver stamps with may have stepped back)
+            if sample.timestamp_us != stamps.get(key):
                 new_sm[key] = sample.sm_seconds
+                stamps[key] = sample.timestamp_us
+            newest[gpu.uuid] = max(newest.get(gpu.uuid, 0), sample.timestamp_us)
     containers = dict(state.containers)
-    seen_containers: set[ContainerKey] = set()
+    container_seen = dict(state.container_seen)
     for row in attribution.processes:
         if row.owner != "pod" or not (row.namespace and row.pod and row.container):
             continue
@@ -76,16 +88,27 @@ def account_active_time(
             ContainerRef(row.namespace, row.pod, row.container),
             DeviceRef(row.gpu, row.uuid, row.mig_uuid),
         )
-        seen_containers.add(where)
+        container_seen[where] = now
         containers[where] = containers.get(where, 0.0) + new_sm.get((row.uuid, row.pid), 0.0)
-    if nvml_ok:  # what is not here now is gone: drop it (bounded by the node)
-        devices = {uuid: m for uuid, m in devices.items() if uuid in present}
-        sampled = {uuid: s for uuid, s in sampled.items() if uuid in present}
-        window_end = {key: end for key, end in window_end.items() if key[0] in present}
-        containers = {key: v for key, v in containers.items() if key in seen_containers}
-    else:
-        stamps = {**state.process_stamp, **stamps}
-    return ActiveTime(devices, sampled, window_end, containers, stamps)
+    gone = {uuid for uuid, at in device_seen.items() if now - at > ABSENT_S}
+    return ActiveTime(
+        devices={uuid: m for uuid, m in devices.items() if uuid not in gone},
+        sampled={uuid: m for uuid, m in sampled.items() if uuid not in gone},
+        window_end={key: end for key, end in window_end.items() if key[0] not in gone},
+        source={uuid: name for uuid, name in source.items() if uuid not in gone},
+        containers={
+            key: total
+            for key, total in containers.items()
+            if now - container_seen.get(key, now) <= ABSENT_S
+        },
+        process_stamp={
+            (uuid, pid): stamp
+            for (uuid, pid), stamp in stamps.items()
+            if uuid not in gone and stamp >= newest.get(uuid, stamp) - STAMP_HORIZON_US
+        },
+        device_seen={uuid: at for uuid, at in device_seen.items() if uuid not in gone},
+        container_seen={key: at for key, at in container_seen.items() if now - at <= ABSENT_S},
+    )
 
 
 def _add_occupancy(
@@ -94,19 +117,27 @@ def _add_occupancy(
     devices: dict[str, dict[str, float]],
     sampled: dict[str, dict[str, float]],
     window_end: dict[tuple[str, str], float],
+    source: dict[str, str],
 ) -> None:
     if occupancy is None or occupancy.window_end is None or occupancy.window_s is None:
         return
-    if not _new_window(uuid, occupancy.source, occupancy.window_end, window_end):
+    key = (uuid, OCCUPANCY)
+    switched = source.get(uuid, occupancy.source) != occupancy.source
+    if switched:  # the new source's clock and windows: its first window only starts
+        source[uuid] = occupancy.source
+        window_end[key] = occupancy.window_end
+        return
+    source[uuid] = occupancy.source
+    if not _new_window(key, occupancy.window_end, window_end):
         return
     seconds = max(occupancy.window_s, 0.0)
     metrics = devices.setdefault(uuid, {})
+    covered = sampled.setdefault(uuid, {})
     for name in OCCUPANCY_FIELDS:
         ratio = getattr(occupancy, name)
         if ratio is not None:
             metrics[name] = metrics.get(name, 0.0) + min(max(ratio, 0.0), 1.0) * seconds
-    signals = sampled.setdefault(uuid, {})
-    signals[OCCUPANCY] = signals.get(OCCUPANCY, 0.0) + seconds
+            covered[name] = covered.get(name, 0.0) + seconds
 
 
 def _add_utilization(
@@ -116,22 +147,20 @@ def _add_utilization(
     sampled: dict[str, dict[str, float]],
     window_end: dict[tuple[str, str], float],
 ) -> None:
-    if window is None or not _new_window(uuid, UTILIZATION, window.end, window_end):
+    if window is None or not _new_window((uuid, UTILIZATION), window.end, window_end):
         return
-    seconds = max(window.seconds, 0.0)
+    covered = sampled.setdefault(uuid, {})
+    covered[UTILIZATION] = covered.get(UTILIZATION, 0.0) + max(window.seconds, 0.0)
     metrics = devices.setdefault(uuid, {})
-    metrics[UTILIZATION] = metrics.get(UTILIZATION, 0.0) + min(max(window.active_s, 0.0), seconds)
-    signals = sampled.setdefault(uuid, {})
-    signals[UTILIZATION] = signals.get(UTILIZATION, 0.0) + seconds
+    busy = metrics.get(_UTILIZATION_RAW, 0.0) + max(window.active_s, 0.0)
+    metrics[_UTILIZATION_RAW] = busy  # kept whole: what one window held over, a later gets
+    metrics[UTILIZATION] = min(busy, covered[UTILIZATION])
 
 
-def _new_window(
-    uuid: str, signal: str, end: float, window_end: dict[tuple[str, str], float]
-) -> bool:
+def _new_window(key: tuple[str, str], end: float, window_end: dict[tuple[str, str], float]) -> bool:
     """Whether a window ending at ``end`` was not added yet (and remember it if so).
     Ends only move forward: a window ending at or before the last one added is one
     already counted (served again between reads), never counted twice."""
-    key = (uuid, signal)
     last = window_end.get(key)
     if last is not None and end <= last:
         return False

@@ -174,9 +174,7 @@ def analyse(
         now=elapsed_now,  # its memory-growth window
         policy=policy.sharing,
     )
-    active_time = account_active_time(
-        state.active_time, gpus, attribution, nvml_ok=snapshot.nvml.ok
-    )
+    active_time = account_active_time(state.active_time, gpus, attribution, now=elapsed_now)
     limits = container_limits(
         snapshot.pod_meta, attribution.containers, attribution.allocations, gpus
     )

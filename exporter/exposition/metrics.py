@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from exporter.analysis.active_time import OCCUPANCY, UTILIZATION
+from exporter.analysis.active_time import UTILIZATION
 from exporter.analysis.occupancy_source import OCCUPANCY_SOURCES
 from exporter.analysis.xid import recovery_action_name
 from exporter.model import (
@@ -217,10 +217,9 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
         if not gpu.error:
             labels = _device_labels(gpu.index, gpu.uuid)
             _add_active_time(out, labels, gpu.uuid, gpu.occupancy, active)
-            if gpu.utilization_window is not None and _add_active(
-                out, labels, gpu.uuid, active, UTILIZATION, "gpu_utilization_seconds"
-            ):
-                _add_sampled(out, labels, gpu.uuid, active, UTILIZATION)
+            # where gpu_utilization_ratio is, and the sample buffer answered
+            if gpu.utilization_window is not None and gpu.utilization_gpu_percent is not None:
+                _add_active(out, labels, gpu.uuid, active, UTILIZATION, "gpu_utilization_seconds")
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
             _add_mig(out, gpu, mig)
@@ -419,29 +418,21 @@ def _add_active_time(
     reading this cycle, each metric the reading has): no reading, no series."""
     if occupancy is None:
         return
-    served = False
     for name, family in _ACTIVE_FAMILIES.items():
         if getattr(occupancy, name) is not None:
-            served = _add_active(out, labels, uuid, active, name, family) or served
-    if served:
-        _add_sampled(out, labels, uuid, active, OCCUPANCY)
+            _add_active(out, labels, uuid, active, name, family)
 
 
 def _add_active(
     out: FamilyBuilder, labels: Labels, uuid: str, active: ActiveTime, metric: str, family: str
-) -> bool:
+) -> None:
+    """A device's counter of ``metric`` and, beside it, the seconds it covered."""
     total = active.devices.get(uuid, {}).get(metric)
     if total is None:
-        return False
+        return
     out.add(family, labels, total)
-    return True
-
-
-def _add_sampled(
-    out: FamilyBuilder, labels: Labels, uuid: str, active: ActiveTime, signal: str
-) -> None:
-    covered = active.sampled.get(uuid, {}).get(signal)
-    out.add("gpu_activity_sampled_seconds", {**labels, "signal": signal}, covered)
+    covered = active.sampled.get(uuid, {}).get(metric)
+    out.add("gpu_activity_sampled_seconds", {**labels, "signal": metric}, covered)
 
 
 def _add_process_counts(out: FamilyBuilder, labels: Labels, kinds: Iterable[ProcessKind]) -> None:

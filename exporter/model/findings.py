@@ -476,13 +476,20 @@ class ActiveTime:
 
     # device UUID (GPU or MIG device) -> metric -> active seconds
     devices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    # device UUID -> signal -> seconds its windows covered
+    # device UUID -> metric -> seconds its windows covered (each metric its own: one
+    # that fails while the others answer is not covered)
     sampled: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    # (device UUID, signal or occupancy source) -> end of the last window added
+    # (device UUID, "occupancy" | "utilization") -> end of the last window added
     window_end: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # device UUID -> the occupancy source of the last window added (gpm | dcgm)
+    source: Mapping[str, str] = field(default_factory=dict)
     containers: Mapping[tuple[ContainerRef, DeviceRef], float] = field(default_factory=dict)
     # (GPU UUID, pid) -> newest process sample added (µs)
     process_stamp: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    # when each device / container was last seen (the analysis' monotonic time): totals
+    # go only after ABSENT_S unseen, so one failed read never resets a counter
+    device_seen: Mapping[str, float] = field(default_factory=dict)
+    container_seen: Mapping[tuple[ContainerRef, DeviceRef], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

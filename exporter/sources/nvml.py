@@ -166,8 +166,8 @@ class _Device:
     name: str | None
     pci_bus_id: str | None
     minor_number: int | None
-    # the per-process samples' lastSeenTimeStamp, kept sane (nvml_samples.StampGuard)
-    process_stamps: nvml_samples.StampGuard = field(default_factory=nvml_samples.StampGuard)
+    # the per-process samples' lastSeenTimeStamp, kept sane (nvml_samples.SampleBuffer)
+    process_samples: nvml_samples.SampleBuffer = field(default_factory=nvml_samples.SampleBuffer)
     process_reader: nvml_sample_reads.ProcessUtilizationReader = field(
         default_factory=nvml_sample_reads.ProcessUtilizationReader
     )
@@ -176,8 +176,7 @@ class _Device:
     process_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
     gpm_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
     # GPU-Util's sample buffer (nvmlDeviceGetSamples): its lastSeenTimeStamp, kept sane
-    utilization_stamps: nvml_samples.StampGuard = field(default_factory=nvml_samples.StampGuard)
-    utilization_period_us: int | None = None
+    utilization_buffer: nvml_samples.SampleBuffer = field(default_factory=nvml_samples.SampleBuffer)
     utilization_samples: bool = True  # False: the driver lacks nvmlDeviceGetSamples
     utilization_last: ActiveWindow | None = None  # served again while a read is no evidence
     gpm: dict[int | None, _GpmState] = field(default_factory=dict)  # key: GPU instance id
@@ -437,7 +436,9 @@ class NvmlSource(Source):
             device.nvlink_count = nvml_links.nvlink_count(self._query, handle, self._error)
         nvlinks = device.nvlink_count or 0
         if slow_due or device.layout is None or not device.layout.complete:
+            previous = device.layout
             device.layout = self._layout(device)
+            self._forget_replaced_instances(device, previous, device.layout)
         layout = device.layout
         mig_mode = layout.mig_mode
         mig_enabled = None if mig_mode is None else mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
@@ -630,6 +631,20 @@ class NvmlSource(Source):
                 devices.append(_MigDevice(i, mig, gi, ci, uuid, profile))
         return _Layout(mig_mode, tuple(devices), complete=len(self._errors) == errors)
 
+    def _forget_replaced_instances(
+        self, device: _Device, before: _Layout | None, after: _Layout
+    ) -> None:
+        """A GPU instance whose MIG devices changed (destroyed and made again, perhaps
+        with the same id) starts its GPM windows afresh: no window of the old instance
+        is served as, or counted for, the new one. An incomplete layout (a read failed)
+        is no evidence of a change."""
+        if before is None or not after.complete:
+            return
+        old, new = _instance_uuids(before), _instance_uuids(after)
+        for gi in [gi for gi in device.gpm if gi is not None and old.get(gi) != new.get(gi)]:
+            for buffer in device.gpm.pop(gi).samples:
+                self._optional(pynvml.nvmlGpmSampleFree, buffer)
+
     def _mig_profiles(
         self, device: _Device, mig_capable: bool, mig_enabled: bool | None
     ) -> tuple[MigProfileInfo, ...]:
@@ -788,14 +803,16 @@ class NvmlSource(Source):
         self, device: _Device, no_processes: bool, busy: bool
     ) -> tuple[ProcessUtilization, ...]:
         """Per-process SM samples newer than the last ones seen, averaged per pid, with
-        the SM time they account for (``nvml_samples.integrate``), read every
+        the SM time they account for (``nvml_samples.process_sm_seconds``), read every
         ``--process-utilization-interval``; between two reads the last ones stand.
 
         NotFound means the driver has no sample newer than the last one we read (two
         reads within one driver sample period, or a quiet GPU): the previous samples
         stand for up to ``SAMPLE_REUSE_S`` (or two read intervals), so the per-container
         SM series do not flap on short intervals, and then drop out. A sample that
-        stands in keeps its timestamp: its SM time is counted once.
+        stands in keeps its timestamp: its SM time is counted once. An entry whose
+        value is no percentage is dropped and counted (``ImplausibleValue``); the
+        timestamps are kept sane by ``nvml_samples.SampleBuffer``.
 
         ``no_processes``: every listing of this cycle answered, and none listed a process.
         Then there is nothing to attribute and the read is skipped: on an H200 it took
@@ -813,19 +830,12 @@ class NvmlSource(Source):
             fresh = now - device.last_utilization_at <= self._sample_reuse_s
             return device.last_utilization if fresh else ()
         device.process_schedule.done(now)
-        guard = device.process_stamps
+        buffer = device.process_samples
         try:
-            samples = device.process_reader.read(device.handle, guard.seen_us)
+            samples = device.process_reader.read(device.handle, buffer.seen_us)
         except pynvml.NVMLError_NotFound:
-            if busy and guard.seen_us and guard.suspect(now):
-                log.warning(
-                    "GPU %d: no per-process sample newer than the last one seen for %.0f s "
-                    "while the GPU is busy (the clock stepped back?): reading them afresh",
-                    device.index,
-                    nvml_samples.STEP_S,
-                )
-            elif not busy:
-                guard.fine()
+            if busy and buffer.seen_us and buffer.suspect(now):
+                self._clock_stepped(device, "per-process")
             fresh = now - device.last_utilization_at <= self._sample_reuse_s
             return device.last_utilization if fresh else ()
         except UNSUPPORTED:
@@ -836,25 +846,30 @@ class NvmlSource(Source):
             self._errors.append(("process_utilization", error_name(exc)))
             return ()
         get = number_field
-        seen = guard.seen_us  # the lastSeenTimeStamp this read asked with
-        limit = guard.plausible(now)
+        entries = [
+            (get(s, "pid"), get(s, "smUtil"), get(s, "memUtil"), get(s, "timeStamp"))
+            for s in samples
+        ]
+        taken = buffer.plausible([stamp for *_, stamp in entries], now)
+        if not all(taken):
+            self._errors.append(("process_utilization", "ImplausibleTimestamp"))
+            if buffer.suspect(now):
+                self._clock_stepped(device, "per-process")
+                return ()
+        else:
+            buffer.fine()
+        seen = buffer.seen_us  # the lastSeenTimeStamp this read asked with
         # pid -> (sm %, memory %, timestamp us) of each sample
         per_pid: dict[int, list[tuple[int, int, int]]] = {}
-        implausible = False
-        for s in samples:
-            stamp = get(s, "timeStamp")
-            if limit is not None and stamp > limit:
-                implausible = True
+        for (pid, sm, memory, stamp), ok in zip(entries, taken, strict=True):
+            if not ok:
                 continue
-            per_pid.setdefault(get(s, "pid"), []).append(
-                (get(s, "smUtil"), get(s, "memUtil"), stamp)
-            )
-        if not implausible:
-            guard.fine()
-        elif self._stamps_suspect(device, guard, "process_utilization", now):
-            return ()
-        guard.seen_us = max([seen, *(stamp for g in per_pid.values() for _, _, stamp in g)])
-        guard.answered_at = now
+            buffer.advance(stamp, now)
+            if not (nvml_samples.plausible_percent(sm) and nvml_samples.plausible_percent(memory)):
+                self._errors.append(("process_utilization", "ImplausibleValue"))
+                continue
+            per_pid.setdefault(pid, []).append((sm, memory, stamp))
+        buffer.answered_at = now
         device.last_utilization_at = now
         readings = [
             ProcessUtilization(
@@ -874,31 +889,28 @@ class NvmlSource(Source):
     def _utilization_window(self, device: _Device, busy: bool) -> ActiveWindow | None:
         """GPU-Util's samples since the last read (``nvmlDeviceGetSamples``,
         NVML_GPU_UTILIZATION_SAMPLES), read every cycle: the seconds a kernel ran in the
-        time since the last read (``nvml_samples.integrate``). NotFound is an idle
-        window (an idle GPU's buffer holds no sample); a failed read is no window (the
-        next read that answers covers the gap); a driver without the call, no counter.
-        Timestamps are kept sane by ``nvml_samples.StampGuard``."""
+        time since the last read (``nvml_samples.integrate``), that time capped at what
+        the buffer holds (``HISTORY_S``, or what the samples span). NotFound is an idle
+        window while GPU-Util reads idle too, and no evidence while it reads busy (the
+        last window stands; the next read with samples covers the time since). A failed
+        read, or samples with garbage values, is no window: the time until the next read
+        that answers is not covered (neither active nor covered, never idle). A driver
+        without the call: no counter. Timestamps are kept sane by
+        ``nvml_samples.SampleBuffer``."""
         if not device.utilization_samples:
             return None
-        guard = device.utilization_stamps
+        buffer = device.utilization_buffer
         now = self._clock()
         try:
             kind, samples = nvml_sample_reads.get_samples(
-                device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, guard.seen_us
+                device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, buffer.seen_us
             )
         except pynvml.NVMLError_NotFound:  # no sample since the last read
             if not busy:  # idle, as GPU-Util says too: an idle window
-                guard.fine()
-                return self._utilization_read(device, guard, 0.0, now)
-            # GPU-Util reads busy: no evidence either way. The last window stands (added
-            # once), and the next read that has samples covers the time since.
-            if guard.seen_us and guard.suspect(now):
-                log.warning(
-                    "GPU %d: no GPU-Util sample newer than the last one seen for %.0f s while "
-                    "GPU-Util reads busy (the clock stepped back?): reading them afresh",
-                    device.index,
-                    nvml_samples.STEP_S,
-                )
+                return self._utilization_read(device, 0.0, 0.0, now)
+            # GPU-Util reads busy: no evidence either way
+            if buffer.seen_us and buffer.suspect(now):
+                self._clock_stepped(device, "GPU-Util")
                 return None
             return device.utilization_last
         except UNSUPPORTED:
@@ -906,49 +918,53 @@ class NvmlSource(Source):
             return None
         except _GPU_FAILED:
             raise
-        except pynvml.NVMLError as exc:  # the next read that answers covers the gap
+        except pynvml.NVMLError as exc:
             self._errors.append(("utilization_samples", error_name(exc)))
+            buffer.answered_at = None  # the time until a read answers is not covered
             return None
-        limit = guard.plausible(now)
         values = [(number_field(s, "timeStamp"), _sample_value(kind, s)) for s in samples]
-        taken = [v for v in values if limit is None or v[0] <= limit]
-        if len(taken) < len(values):
-            if self._stamps_suspect(device, guard, "utilization_samples", now):
-                return None
-        else:
-            guard.fine()
-        got = nvml_samples.integrate(taken, guard.seen_us, device.utilization_period_us)
-        baseline = guard.seen_us == 0  # the buffer before the exporter: not ours
-        guard.seen_us, device.utilization_period_us = got.newest_us, got.period_us
-        return self._utilization_read(device, guard, 0.0 if baseline else got.active_s, now)
+        taken = buffer.plausible([stamp for stamp, _ in values], now)
+        if not all(taken):  # no evidence: this read covers nothing, nor the time before
+            self._errors.append(("utilization_samples", "ImplausibleTimestamp"))
+            if buffer.suspect(now):
+                self._clock_stepped(device, "GPU-Util")
+            buffer.answered_at = None
+            return None
+        buffer.fine()
+        baseline = buffer.seen_us == 0  # the buffer before the exporter: not ours
+        buffer.learn(stamp for stamp, _ in values)
+        got = nvml_samples.integrate(values, buffer.seen_us, buffer.period_us)
+        buffer.advance(got.newest_us, now)
+        if got.garbage:
+            self._errors.append(("utilization_samples", "ImplausibleValue"))
+            buffer.answered_at = now  # this read's time is not covered
+            return None
+        if baseline:
+            buffer.answered_at = now
+            return None
+        return self._utilization_read(device, got.active_s, got.span_s, now)
 
-    def _stamps_suspect(
-        self, device: _Device, guard: nvml_samples.StampGuard, query: str, now: float
-    ) -> bool:
-        """Samples stamped implausibly far ahead: counted; when it lasts, the buffer is
-        read afresh (True: this read counts nothing)."""
-        self._errors.append((query, "ImplausibleTimestamp"))
-        if guard.suspect(now):
-            log.warning(
-                "GPU %d: %s samples stamped implausibly far ahead for %.0f s (the clock "
-                "stepped forward?): reading them afresh",
-                device.index,
-                query,
-                nvml_samples.STEP_S,
-            )
-            return True
-        return False
+    def _clock_stepped(self, device: _Device, buffer: str) -> None:
+        log.warning(
+            "GPU %d: the %s samples' timestamps have made no sense for %.0f s (the clock "
+            "stepped?): reading that buffer afresh, the time in between not counted",
+            device.index,
+            buffer,
+            nvml_samples.STEP_S,
+        )
 
     def _utilization_read(
-        self, device: _Device, guard: nvml_samples.StampGuard, active_s: float, now: float
+        self, device: _Device, active_s: float, span_s: float, now: float
     ) -> ActiveWindow | None:
-        """The window of a read that answered (samples, or NotFound): the time since the
-        previous such read on the source's clock, ``active_s`` of it busy. The first read
-        only starts the window."""
-        previous, guard.answered_at = guard.answered_at, now
+        """The window of a read that answered: the time since the previous such read on
+        the source's clock, at most what the buffer holds (``HISTORY_S``, or the span the
+        samples show if longer), ``active_s`` of it busy. The first read only starts."""
+        buffer = device.utilization_buffer
+        previous, buffer.answered_at = buffer.answered_at, now
         if previous is None:
             return None
-        device.utilization_last = ActiveWindow(end=now, seconds=now - previous, active_s=active_s)
+        seconds = min(now - previous, max(nvml_samples.HISTORY_S, span_s))
+        device.utilization_last = ActiveWindow(end=now, seconds=seconds, active_s=active_s)
         return device.utilization_last
 
     def _log_narrow(self, device: _Device) -> None:
@@ -1125,7 +1141,11 @@ class NvmlSource(Source):
         for slot, key in enumerate(_GPM_METRICS):
             metric = metrics[slot]
             ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
-            values[key] = _gpm_ratio(get(metric, "value")) if ok else None
+            value = get(metric, "value") if ok else None
+            if value is not None and not nvml_samples.plausible_percent(value):
+                self._errors.append(("gpm_metrics", "ImplausibleValue"))
+                value = None  # garbage: no series, counted, never clamped into shape
+            values[key] = None if value is None else _gpm_ratio(value)
         return Occupancy(source="gpm", window_end=window_end, window_s=window_s, **values)
 
 
@@ -1158,6 +1178,14 @@ def _sample_value(kind: int, sample: Any) -> float | None:
         return None
     value = getattr(sample.sampleValue, _VALUE_MEMBERS[kind])
     return float(value)
+
+
+def _instance_uuids(layout: _Layout) -> dict[int, frozenset[str]]:
+    """GPU instance id -> the UUIDs of its MIG devices in a layout."""
+    found: dict[int, set[str]] = {}
+    for mig in layout.devices:
+        found.setdefault(mig.gpu_instance_id, set()).add(mig.uuid)
+    return {gi: frozenset(uuids) for gi, uuids in found.items()}
 
 
 def _gpm_supported(device: _Device) -> bool | None:

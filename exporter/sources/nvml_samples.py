@@ -24,11 +24,19 @@ learned period) per GPU, and the exporter's counters add what these return.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_PERIOD_US = 10_000  # no driver samples faster than 100 Hz; a smaller step is noise
 MAX_PERIOD_US = 5_000_000  # nor slower than every 5 s: a larger "period" is a gap
+MAX_PERCENT = 100.5  # a hair over 100 is rounding; more is garbage
+# How far back GPU-Util's buffer reaches: 120 samples of 1/6 s in the simulator
+# (docs/simulator.md), not documented by NVIDIA, to be measured on a GPU host. A read
+# after a longer gap covers only this much (or what the samples span, if more): the rest
+# is neither active nor covered, never idle.
+HISTORY_S = 20.0
 # How far back a process's averaged entry can reach: the driver's history. Not
 # documented by NVIDIA; 20 s is the simulator's (docs/simulator.md), to be measured on a
 # GPU host. --process-utilization-interval's default (10 s) stays within it.
@@ -38,34 +46,24 @@ PROCESS_HISTORY_US = 20_000_000
 @dataclass(frozen=True, slots=True)
 class Integrated:
     active_s: float  # busy seconds the samples account for
-    covered_s: float  # seconds the samples cover
     newest_us: int  # the newest sample's timestamp (the next read's lastSeenTimeStamp)
-    period_us: int | None  # the sample period learned so far
-
-
-def learn_period(period_us: int | None, step_us: int) -> int | None:
-    """The smaller of the known period and a new step between two samples of a series."""
-    if step_us < MIN_PERIOD_US or step_us > MAX_PERIOD_US:
-        return period_us
-    return step_us if period_us is None else min(period_us, step_us)
+    span_s: float  # from the oldest sample's period start to the newest: what the buffer held
+    garbage: int  # samples whose value is no percentage (not finite, below 0, above 100)
 
 
 def integrate(
     samples: Iterable[tuple[int, float | None]], seen_us: int, period_us: int | None
 ) -> Integrated:
     """One series' samples (timestamp µs, percent) newer than ``seen_us`` (0: never read),
-    each covering the step since the one before, capped at the period. A sample at or
-    before ``seen_us``, or whose value is not a finite number, is ignored; a percentage
-    outside 0..100 is clamped."""
+    each covering the step since the one before, capped at the period (a gap between two
+    samples is idle time or lost history, not a sample's). A sample at or before
+    ``seen_us`` is ignored; one whose value is no percentage is counted as garbage and
+    covers nothing."""
     fresh = sorted(
         ((int(ts), value) for ts, value in samples if int(ts) > seen_us), key=lambda s: s[0]
     )
-    previous = seen_us if seen_us > 0 else None
-    for ts, _ in fresh:  # learn from this read's steps before using the period
-        if previous is not None:
-            period_us = learn_period(period_us, ts - previous)
-        previous = ts
-    active = covered = 0.0
+    active = 0.0
+    garbage = 0
     previous = seen_us if seen_us > 0 else None
     newest = seen_us
     for ts, value in fresh:
@@ -76,72 +74,119 @@ def integrate(
         else:
             step = min(ts - previous, period_us)
         previous = newest = ts
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not _percentage(value):
+            garbage += 1
             continue
-        seconds = max(step, 0) / 1e6
-        covered += seconds
-        active += seconds * min(max(float(value), 0.0), 100.0) / 100.0
-    return Integrated(active, covered, newest, period_us)
+        active += max(step, 0) / 1e6 * float(value or 0.0) / 100.0
+    span = (fresh[-1][0] - fresh[0][0] + (period_us or 0)) / 1e6 if fresh else 0.0
+    return Integrated(active, newest, span, garbage)
+
+
+def _percentage(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= MAX_PERCENT
+
+
+def plausible_percent(value: object) -> bool:
+    """A utilisation value NVML may really answer: a finite 0..100 (a hair over 100 is
+    rounding); anything else is garbage, counted, never served or clamped into shape."""
+    return _percentage(value)
 
 
 def process_sm_seconds(entries: Iterable[tuple[int, float]], seen_us: int) -> float:
     """SM-seconds of one process's entries (timestamp µs, SM percent) returned for a read
     with ``lastSeenTimeStamp`` ``seen_us``: each entry's share x the span since the entry
     before it (the first: since ``seen_us``, at most ``PROCESS_HISTORY_US`` back). 0 for
-    the first read (``seen_us`` 0): what came before the exporter is not its to count."""
+    the first read (``seen_us`` 0): what came before the exporter is not its to count.
+    The caller drops entries whose value is no percentage."""
     if seen_us <= 0:
         return 0.0
     total = 0.0
     previous: int | None = None
     for ts, value in sorted(entries, key=lambda e: e[0]):
-        if ts <= seen_us or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if ts <= seen_us:
             continue
         start = previous if previous is not None else max(seen_us, ts - PROCESS_HISTORY_US)
         previous = ts
-        total += max(ts - start, 0) / 1e6 * min(max(float(value), 0.0), 100.0) / 100.0
+        total += max(ts - start, 0) / 1e6 * float(value) / 100.0
     return total
 
 
-# A sample stamped further ahead of the last one seen than the time since the last read
-# plus this is garbage, or the clock stepped forward: it is not counted (the error is).
-SLACK_S = 60.0
+# A sample stamped further ahead of the last one seen than the time since that was read,
+# plus a history, plus this, is garbage or the clock stepped forward: it is not taken
+# (the error is counted).
+SLACK_S = 5.0
 # Longer than any driver's history: a suspicion that lasts this long is a clock step, not
 # a stray sample (which ages out of the driver's buffer), and the buffer is read afresh.
 STEP_S = 120.0
+# At a first read nothing is known of the driver's clock: a stamp further than this from
+# the median of the read's stamps is garbage.
+FIRST_READ_SPREAD_US = 3_600_000_000
+STEPS_KEPT = 33  # the steps the period is learned from (their median)
 
 
 @dataclass
-class StampGuard:
-    """Keeps a sample buffer's ``lastSeenTimeStamp`` sane.
+class SampleBuffer:
+    """The reading state of one NVML sample buffer: its ``lastSeenTimeStamp``, the sample
+    period learned from it, and what keeps the timestamp sane.
 
     The driver returns every sample stamped after the timestamp asked with, so one
     garbage stamp far ahead taken as "seen" would hide every real sample from then on,
     and a wall clock stepped back leaves every new sample behind it (NotFound for good).
-    So a sample further ahead than ``SLACK_S`` past the time since the last read is not
-    taken; and when either condition lasts ``STEP_S`` (a forward step: such samples keep
-    coming; a backward one: NotFound while the GPU is busy), the buffer is read afresh
-    from 0, that read a baseline (nothing counted), as at start.
+    So a sample further ahead of the last one seen than the time since it was read, the
+    history the buffer holds (``HISTORY_S``) and ``SLACK_S`` is not taken (at a first
+    read: one far from the others); and when either condition lasts
+    ``STEP_S`` (a forward step: such samples keep coming; a backward one: NotFound while
+    the GPU is busy), the buffer is read afresh from 0, that read a baseline (nothing
+    counted, no window spanning the suspect time), as at start.
+
+    The period is the median of the last ``STEPS_KEPT`` steps between consecutive
+    samples (within ``MIN_PERIOD_US``..``MAX_PERIOD_US``): a stray sample cannot shrink
+    it for good, as a minimum would let it.
     """
 
     seen_us: int = 0
+    seen_at: float | None = None  # source clock when ``seen_us`` last moved
     answered_at: float | None = None  # source clock of the last read that answered
     suspect_since: float | None = None
+    steps: deque[int] = field(default_factory=lambda: deque(maxlen=STEPS_KEPT))
 
-    def plausible(self, now: float) -> int | None:
-        """The newest stamp a sample may have to be taken; None: any (first read)."""
-        if self.seen_us <= 0 or self.answered_at is None:
-            return None
-        return self.seen_us + int((now - self.answered_at + SLACK_S) * 1e6)
+    @property
+    def period_us(self) -> int | None:
+        return int(statistics.median(self.steps)) if self.steps else None
+
+    def learn(self, stamps: Iterable[int]) -> None:
+        previous = self.seen_us if self.seen_us > 0 else None
+        for ts in sorted(stamps):
+            if previous is not None and MIN_PERIOD_US <= ts - previous <= MAX_PERIOD_US:
+                self.steps.append(ts - previous)
+            previous = ts
+
+    def plausible(self, stamps: list[int], now: float) -> list[bool]:
+        """Which stamps may be taken."""
+        if self.seen_us > 0 and self.seen_at is not None:
+            # the stamp seen may be up to a history old when it was read
+            limit = self.seen_us + int((now - self.seen_at + HISTORY_S + SLACK_S) * 1e6)
+            return [ts <= limit for ts in stamps]
+        if not stamps:
+            return []
+        middle = statistics.median_low(stamps)
+        return [abs(ts - middle) <= FIRST_READ_SPREAD_US for ts in stamps]
 
     def suspect(self, now: float) -> bool:
         """Something is wrong with the stamps now: whether it has lasted ``STEP_S``
-        (then the next read starts afresh)."""
+        (then the next read starts afresh, as at start)."""
         if self.suspect_since is None:
             self.suspect_since = now
         if now - self.suspect_since >= STEP_S:
-            self.seen_us, self.suspect_since = 0, None
+            self.seen_us, self.suspect_since, self.answered_at, self.seen_at = 0, None, None, None
+            self.steps.clear()
             return True
         return False
+
+    def advance(self, newest_us: int, now: float) -> None:
+        """The newest stamp taken, read at ``now``."""
+        if newest_us > self.seen_us:
+            self.seen_us, self.seen_at = newest_us, now
 
     def fine(self) -> None:
         self.suspect_since = None
