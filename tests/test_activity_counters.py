@@ -166,6 +166,17 @@ def test_one_stray_step_does_not_shrink_the_learned_period() -> None:
     assert buffer.period_us == 166_000
 
 
+def test_a_bursty_gpu_whose_steps_are_mostly_several_periods_keeps_the_period() -> None:
+    """100 ms bursts every second: most steps are 6 periods; a burst that straddles two
+    periods gives a one-period step, seen twice: that is the period, not the 1 s."""
+    period = 166_667
+    stamps = [k * 6 * period for k in range(10)] + [3 * 6 * period + period]
+    stamps += [7 * 6 * period + period]
+    buffer = nvml_samples.SampleBuffer()
+    buffer.learn(stamps)
+    assert buffer.period_us == period
+
+
 def test_samples_at_or_before_the_last_seen_are_ignored_and_garbage_is_counted() -> None:
     samples = [(50_000, 100.0), (100_000, 100.0), (200_000, math.nan), (300_000, 250.0)]
     got = nvml_samples.integrate(samples, seen_us=100_000, period_us=100_000)

@@ -933,13 +933,14 @@ class NvmlSource(Source):
         buffer.fine()
         baseline = buffer.seen_us == 0  # the buffer before the exporter: not ours
         buffer.learn(stamp for stamp, _ in values)
-        got = nvml_samples.integrate(values, buffer.seen_us, buffer.period_us)
+        period = buffer.period_us
+        got = nvml_samples.integrate(values, buffer.seen_us, period)
         buffer.advance(got.newest_us, now)
         if got.garbage:
             self._errors.append(("utilization_samples", "ImplausibleValue"))
-            buffer.answered_at = now  # this read's time is not covered
-            return None
-        if baseline:
+        if got.garbage or baseline or (values and period is None):
+            # garbage, the buffer from before the exporter, or samples whose period is
+            # not known yet: this read's time is not covered (neither busy nor idle)
             buffer.answered_at = now
             return None
         return self._utilization_read(device, got.active_s, got.span_s, now)

@@ -23,6 +23,7 @@ learned period) per GPU, and the exporter's counters add what these return.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -121,7 +122,8 @@ STEP_S = 120.0
 # At a first read nothing is known of the driver's clock: a stamp further than this from
 # the median of the read's stamps is garbage.
 FIRST_READ_SPREAD_US = 3_600_000_000
-STEPS_KEPT = 33  # the steps the period is learned from (their median)
+STEPS_KEPT = 64  # the steps the period is learned from
+PERIOD_TOLERANCE = 0.05  # two steps this close are the same period (timestamps jitter)
 
 
 @dataclass
@@ -139,9 +141,10 @@ class SampleBuffer:
     the GPU is busy), the buffer is read afresh from 0, that read a baseline (nothing
     counted, no window spanning the suspect time), as at start.
 
-    The period is the median of the last ``STEPS_KEPT`` steps between consecutive
-    samples (within ``MIN_PERIOD_US``..``MAX_PERIOD_US``): a stray sample cannot shrink
-    it for good, as a minimum would let it.
+    The period is the smallest step between consecutive samples seen at least twice
+    among the last ``STEPS_KEPT`` (within ``MIN_PERIOD_US``..``MAX_PERIOD_US``): a stray
+    sample cannot shrink it, as a plain minimum would let it, and a bursty GPU (mostly
+    steps of several periods) cannot stretch it, as a median would.
     """
 
     seen_us: int = 0
@@ -152,7 +155,15 @@ class SampleBuffer:
 
     @property
     def period_us(self) -> int | None:
-        return int(statistics.median(self.steps)) if self.steps else None
+        """The smallest step seen twice (within ``PERIOD_TOLERANCE``): steps between
+        samples are whole periods (an idle period holds no sample, so a bursty GPU's
+        steps are mostly several periods), and a stray sample's step is seen once.
+        None until one repeats."""
+        ordered = sorted(self.steps)
+        for a, b in itertools.pairwise(ordered):
+            if b - a <= a * PERIOD_TOLERANCE:
+                return a
+        return None
 
     def learn(self, stamps: Iterable[int]) -> None:
         previous = self.seen_us if self.seen_us > 0 else None
