@@ -1132,8 +1132,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> C
         # numbers: parsed and range-checked by their flags' Bounds (build_parser)
         interval_s=args.interval,
         slow_interval_s=args.slow_interval,
-        gpm_interval_s=args.gpm_interval,
-        process_utilization_interval_s=args.process_utilization_interval,
+        # a snapshot is one look of about a second: every read at every cycle
+        gpm_interval_s=0.0 if snapshot else args.gpm_interval,
+        process_utilization_interval_s=0.0 if snapshot else args.process_utilization_interval,
         http_header_timeout_s=args.http_header_timeout,
         http_max_connections=args.http_max_connections,
         liveness_cycles=args.liveness_cycles,

@@ -871,6 +871,10 @@ class NvmlSource(Source):
             per_pid.setdefault(pid, []).append((sm, memory, stamp))
         buffer.answered_at = now
         device.last_utilization_at = now
+        if seen == 0 and per_pid:
+            # the first samples average whatever the driver held: read again at the next
+            # cycle, so the figures served for the interval are the mean since this read
+            device.process_schedule.expire()
         readings = [
             ProcessUtilization(
                 pid=pid,
