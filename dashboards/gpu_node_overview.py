@@ -15,12 +15,12 @@ from grafana_panels import (
     target,
     timeseries,
 )
-from series_labels import GPU, GPU_LEGEND, MIG, NODE, WHOLE
+from series_labels import GPU, GPU_LEGEND, MIG, NODE, WHOLE, activity
 
 
 def node_overview() -> Json:
-    util = f"gpu_utilization_ratio{{{GPU}}}"
-    sm = f"gpu_sm_active_ratio{{{GPU}, {WHOLE}}}"
+    util = activity("gpu_utilization_seconds_total", GPU)
+    sm = activity("gpu_sm_active_seconds_total", f"{GPU}, {WHOLE}")
     return dashboard(
         "gpu-occupancy-node-overview",
         "GPU / Node overview",
@@ -46,13 +46,15 @@ def node_overview() -> Json:
                     ),
                     stat(
                         "GPU-Util (average)",
-                        "NVML GPU-Util: share of time any kernel ran.",
+                        "NVML GPU-Util: share of time any kernel ran (mean over the rate "
+                        "interval, from its seconds counter).",
                         f"avg({util})",
                         "percentunit",
                     ),
                     stat(
                         "SM active (average)",
-                        "Share of SMs busy (GPM/DCGM): real work.",
+                        "Share of SMs busy (GPM/DCGM): real work (mean over the rate "
+                        "interval, from its seconds counter).",
                         f"avg({sm})",
                         "percentunit",
                     ),
@@ -77,15 +79,17 @@ def node_overview() -> Json:
                 [
                     timeseries(
                         "GPU-Util (NVML)",
-                        "Share of the sample window in which any kernel was running. "
-                        "One tiny kernel at a time reads 100 %.",
+                        "Share of the time any kernel was running, the mean over the rate "
+                        "interval of gpu_utilization_seconds_total (every second counted, "
+                        "whatever the scrape). One tiny kernel at a time reads 100 %.",
                         [target(util, GPU_LEGEND)],
                         "percentunit",
                         ratio=True,
                     ),
                     timeseries(
                         "SM active (GPM / DCGM)",
-                        "Share of SMs busy: what the GPU actually did. Absent on GPUs "
+                        "Share of SMs busy: what the GPU actually did, the mean over the "
+                        "rate interval of gpu_sm_active_seconds_total. Absent on GPUs "
                         "without GPM (before Hopper) unless DCGM provides it.",
                         [target(sm, GPU_LEGEND)],
                         "percentunit",
@@ -102,7 +106,8 @@ def node_overview() -> Json:
                     ),
                     timeseries(
                         "Node average: GPU-Util vs SM active",
-                        "Averages over the node's GPUs (recording rules).",
+                        "Averages over the node's GPUs (recording rules: means over 2 "
+                        "minutes of the seconds counters).",
                         [
                             target(
                                 f"node:gpu_utilization_ratio:avg{{{NODE}}}", "{{node}} GPU-Util"
@@ -115,17 +120,20 @@ def node_overview() -> Json:
                     timeseries(
                         "SM occupancy, tensor and DRAM activity",
                         "Resident warps vs maximum, tensor pipe activity and DRAM "
-                        "bandwidth vs peak (GPM / DCGM).",
+                        "bandwidth vs peak (GPM / DCGM), means over the rate interval of "
+                        "their seconds counters.",
                         [
                             target(
-                                f"gpu_sm_occupancy_ratio{{{GPU}, {WHOLE}}}",
+                                activity("gpu_sm_occupancy_seconds_total", f"{GPU}, {WHOLE}"),
                                 GPU_LEGEND + " occupancy",
                             ),
                             target(
-                                f"gpu_tensor_active_ratio{{{GPU}, {WHOLE}}}", GPU_LEGEND + " tensor"
+                                activity("gpu_tensor_active_seconds_total", f"{GPU}, {WHOLE}"),
+                                GPU_LEGEND + " tensor",
                             ),
                             target(
-                                f"gpu_dram_active_ratio{{{GPU}, {WHOLE}}}", GPU_LEGEND + " DRAM"
+                                activity("gpu_dram_active_seconds_total", f"{GPU}, {WHOLE}"),
+                                GPU_LEGEND + " DRAM",
                             ),
                         ],
                         "percentunit",
@@ -136,7 +144,7 @@ def node_overview() -> Json:
                         "SM activity per MIG instance (GPU-Util is not reported in MIG mode).",
                         [
                             target(
-                                f"gpu_sm_active_ratio{{{GPU}, {MIG}}}",
+                                activity("gpu_sm_active_seconds_total", f"{GPU}, {MIG}"),
                                 GPU_LEGEND + " {{mig_profile}} GI {{gpu_instance}}",
                             )
                         ],

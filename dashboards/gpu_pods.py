@@ -5,19 +5,39 @@ from __future__ import annotations
 
 from grafana_dashboard import dashboard
 from grafana_panels import Json, bargauge, stat, table, target, timeseries
-from series_labels import CONTAINER_KEYS, GPU, GPU_LEGEND, MIG, NS, POD, POD_LEGEND, SHARED_DEVICE
+from series_labels import (
+    CONTAINER_KEYS,
+    GPU,
+    GPU_LEGEND,
+    MIG,
+    NS,
+    POD,
+    POD_LEGEND,
+    SHARED_DEVICE,
+    activity,
+)
+
+# A container's SM share: the mean over the rate interval of its SM-seconds counter (the
+# gauge gpu_container_sm_utilization_ratio shows the exporter's last sample window only).
+SM_SECONDS = "gpu_container_sm_seconds_total"
+
+
+def _series(metric: str, selector: str) -> str:
+    """The metric's series under ``selector``; an activity counter as its rate."""
+    return activity(metric, selector) if metric == SM_SECONDS else f"{metric}{{{selector}}}"
 
 
 def _exclusive(metric: str) -> str:
+    whole = f'{POD}, mig_uuid=""'
     return (
-        f'{metric}{{{POD}, mig_uuid=""}} and on ({CONTAINER_KEYS}) '
+        f"{_series(metric, whole)} and on ({CONTAINER_KEYS}) "
         f'gpu_container_allocated{{{POD}, mig_uuid="", device_id!~".+::.+"}}'
     )
 
 
 def _shared(metric: str) -> str:
     return (
-        f"{metric}{{{POD}}} and on ({CONTAINER_KEYS}) "
+        f"{_series(metric, POD)} and on ({CONTAINER_KEYS}) "
         f"gpu_container_allocated{{{POD}, {SHARED_DEVICE}}}"
     )
 
@@ -101,8 +121,9 @@ def pods() -> Json:
                     ),
                     timeseries(
                         "SM share per container",
-                        "From NVML per-process samples (sum over the container's processes).",
-                        [target(_exclusive("gpu_container_sm_utilization_ratio"), POD_LEGEND)],
+                        "From NVML per-process samples (sum over the container's processes): "
+                        "the mean over the rate interval of its SM-seconds counter.",
+                        [target(_exclusive(SM_SECONDS), POD_LEGEND)],
                         "percentunit",
                         ratio=True,
                     ),
@@ -121,8 +142,9 @@ def pods() -> Json:
                     ),
                     timeseries(
                         "SM share per container on shared GPUs",
-                        "Each container's share of the GPU's SM time.",
-                        [target(_shared("gpu_container_sm_utilization_ratio"), POD_LEGEND)],
+                        "Each container's share of the GPU's SM time (mean over the rate "
+                        "interval of its SM-seconds counter).",
+                        [target(_shared(SM_SECONDS), POD_LEGEND)],
                         "percentunit",
                         stacked=True,
                     ),
@@ -243,7 +265,8 @@ def pods() -> Json:
                         "The instance's SM activity (GPM), named after the pod it is allocated to.",
                         [
                             target(
-                                f"gpu_sm_active_ratio{{{GPU}, {MIG}}} * on (instance, "
+                                activity("gpu_sm_active_seconds_total", f"{GPU}, {MIG}")
+                                + " * on (instance, "
                                 f"mig_uuid) group_left (namespace, pod, container) max by "
                                 f"(instance, mig_uuid, namespace, pod, container) "
                                 f'(gpu_container_allocated{{{POD}, mig_uuid!=""}})',

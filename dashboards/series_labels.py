@@ -27,3 +27,13 @@ CONTAINER_KEYS = "instance, namespace, pod, container, uuid"
 
 GPU_LEGEND = "{{node}} GPU {{gpu}}"
 POD_LEGEND = "{{namespace}}/{{pod}}/{{container}} · GPU {{gpu}}"
+
+
+def activity(counter: str, selector: str) -> str:
+    """An activity ratio (GPU-Util, SM active, ...) as the mean over Grafana's rate interval
+    of its ``*_seconds_total`` counter, never the ``*_ratio`` gauge beside it: the gauge is
+    the exporter's last sample window only (5-10 s by default), so a scrape every 30 s
+    shows a slice of every 30 s and a periodic load aliases. ``$__rate_interval`` holds at
+    least four scrapes (Grafana: max($__interval + scrape interval, 4 x scrape interval));
+    docs/dashboards.md, "Activity: counters, not gauges"."""
+    return f"rate({counter}{{{selector}}}[$__rate_interval])"

@@ -124,18 +124,20 @@ def referenced_metrics(expr: str) -> set[str]:
 
 
 def documented_metrics() -> set[str]:
-    """Names a query may use for what docs/metrics.md lists (histograms by their series)."""
+    """Names a query may use for what docs/metrics.md lists (histograms by their series).
+    A row may name several metrics of one type (`a`, `b`, `c` | counter |)."""
     rows = re.findall(
-        r"^\| `([a-z_][a-z0-9_]*)` \| (gauge|counter|histogram) \|",
+        r"^\| (`[a-z_][a-z0-9_]*`(?:, `[a-z_][a-z0-9_]*`)*) \| (gauge|counter|histogram) \|",
         METRICS_DOC.read_text(encoding="utf-8"),
         re.MULTILINE,
     )
     assert rows, "no metric rows found in docs/metrics.md"
     names = set()
-    for name, kind in rows:
-        names.add(name)
-        if kind == "histogram":
-            names.update(f"{name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+    for cell, kind in rows:
+        for name in re.findall(r"`([a-z_][a-z0-9_]*)`", cell):
+            names.add(name)
+            if kind == "histogram":
+                names.update(f"{name}_{suffix}" for suffix in ("bucket", "sum", "count"))
     return names
 
 
@@ -355,6 +357,70 @@ def test_every_alert_section_in_the_runbooks_is_an_alert() -> None:
 def test_rules_read_only_documented_metrics(rule: dict[str, Any]) -> None:
     unknown = referenced_metrics(rule["expr"]) - known_metrics()
     assert not unknown, f"not in docs/metrics.md nor recorded here: {sorted(unknown)}"
+
+
+# --- activity: counters, not gauges (docs/dashboards.md, "Activity: counters, not gauges")
+
+# The activity gauges: each the mean of the exporter's last sample window only, so a scrape
+# sees a slice of each scrape interval and a periodic load aliases. Rules read the
+# `*_seconds_total` counter beside each, as a rate.
+ACTIVITY_GAUGES = {
+    "gpu_utilization_ratio": "gpu_utilization_seconds_total",
+    "gpu_graphics_active_ratio": "gpu_graphics_active_seconds_total",
+    "gpu_sm_active_ratio": "gpu_sm_active_seconds_total",
+    "gpu_sm_occupancy_ratio": "gpu_sm_occupancy_seconds_total",
+    "gpu_tensor_active_ratio": "gpu_tensor_active_seconds_total",
+    "gpu_dram_active_ratio": "gpu_dram_active_seconds_total",
+    "gpu_fp64_active_ratio": "gpu_fp64_active_seconds_total",
+    "gpu_fp32_active_ratio": "gpu_fp32_active_seconds_total",
+    "gpu_fp16_active_ratio": "gpu_fp16_active_seconds_total",
+    "gpu_container_sm_utilization_ratio": "gpu_container_sm_seconds_total",
+}
+# Rules that read a gauge on purpose, with the reason: dcgm-exporter's GPU-Util is one NVML
+# reading per DCGM update, as the gauge is (alerts/compat/dcgm-exporter.recording.yaml).
+GAUGE_ON_PURPOSE = {
+    "DCGM_FI_DEV_GPU_UTIL": "dcgm-exporter serves one NVML GPU-Util reading, as the gauge",
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": "the same field under dcgm-exporter 4.9's name",
+}
+# The shortest window a rate of an activity counter may use: four scrapes at 30 s, the
+# slowest scrape interval the docs support, so a missed scrape still leaves two samples.
+MIN_ACTIVITY_WINDOW_S = 120
+
+
+def activity_rates(expr: str) -> list[tuple[str, str]]:
+    """(counter, window) for every rate over an activity counter in ``expr``."""
+    counters = "|".join(ACTIVITY_GAUGES.values())
+    return re.findall(rf"\brate\(\s*({counters})\b(?:\{{[^}}]*\}})?\[([^\]]+)\]\)", expr)
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.get("alert") or r["record"])
+def test_rules_read_activity_from_the_counters(rule: dict[str, Any]) -> None:
+    """No rule reads an activity gauge (save GAUGE_ON_PURPOSE); every activity counter is
+    read as a rate over at least MIN_ACTIVITY_WINDOW_S."""
+    name = rule.get("alert") or rule["record"]
+    metrics = referenced_metrics(rule["expr"])
+    gauges = sorted(metrics & set(ACTIVITY_GAUGES))
+    if name not in GAUGE_ON_PURPOSE:
+        assert not gauges, f"{name} reads {gauges}: use rate() of {ACTIVITY_GAUGES[gauges[0]]}"
+    counters = metrics & set(ACTIVITY_GAUGES.values())
+    rates = activity_rates(rule["expr"])
+    assert {c for c, _ in rates} == counters, f"{name}: an activity counter not read by rate()"
+    for counter, window in rates:
+        assert duration_s(window) >= MIN_ACTIVITY_WINDOW_S, f"{name}: rate({counter}[{window}])"
+
+
+def test_the_activity_checks_find_gauges_and_short_windows() -> None:
+    assert activity_rates('rate(gpu_sm_active_seconds_total{gpu_instance=""}[2m]) - x') == [
+        ("gpu_sm_active_seconds_total", "2m")
+    ]
+    assert activity_rates("increase(gpu_utilization_seconds_total[1m])") == []
+    assert activity_rates("rate(gpu_container_sm_seconds_total[30s])") == [
+        ("gpu_container_sm_seconds_total", "30s")
+    ]
+    read = {r.get("alert") or r["record"]: r["expr"] for r in all_rules()}
+    assert set(GAUGE_ON_PURPOSE) <= set(read)
+    for name in GAUGE_ON_PURPOSE:
+        assert "gpu_utilization_ratio" in read[name], name
 
 
 def test_the_metric_name_scanner_finds_names_and_skips_the_rest() -> None:

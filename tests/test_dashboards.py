@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_alert_rules import all_rules, known_metrics, referenced_metrics, run_promtool
+from tests.test_alert_rules import (
+    ACTIVITY_GAUGES,
+    activity_rates,
+    all_rules,
+    known_metrics,
+    referenced_metrics,
+    run_promtool,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -290,6 +297,42 @@ def test_every_query_parses_as_promql(name: str, board: Json, tmp_path: Path) ->
     assert result.returncode == 0, "\n".join(
         [result.stdout, *(f"{where}: {expr}" for where, expr in failing)]
     )
+
+
+@pytest.mark.parametrize(("name", "board"), BOARDS, ids=BOARD_IDS)
+def test_activity_panels_read_the_counters_over_the_rate_interval(name: str, board: Json) -> None:
+    """No panel reads an activity gauge (the exporter's last sample window: a scrape sees a
+    slice of each interval and a periodic load aliases); every activity counter is read as
+    its rate over $__rate_interval, which holds at least four scrapes."""
+    for where, expr in queries(board):
+        metrics = referenced_metrics(substitute(expr))
+        gauges = sorted(metrics & set(ACTIVITY_GAUGES))
+        assert not gauges, f"{where}: reads {gauges}"
+        counters = metrics & set(ACTIVITY_GAUGES.values())
+        rates = activity_rates(expr)
+        assert {c for c, _ in rates} == counters, f"{where}: a counter not read by rate()"
+        assert all(w == "$__rate_interval" for _, w in rates), f"{where}: {rates}"
+
+
+def test_the_activity_panels_are_there() -> None:
+    """The panels that moved to the counters still show them (a check that reads nothing
+    would pass the test above)."""
+    read = [
+        (name, c, w)
+        for name, board in BOARDS
+        for _, expr in queries(board)
+        for c, w in activity_rates(expr)
+    ]
+    node = {c for n, c, _ in read if n == "gpu-node-overview.json"}
+    pods = {c for n, c, _ in read if n == "gpu-pods.json"}
+    assert node == {
+        "gpu_utilization_seconds_total",
+        "gpu_sm_active_seconds_total",
+        "gpu_sm_occupancy_seconds_total",
+        "gpu_tensor_active_seconds_total",
+        "gpu_dram_active_seconds_total",
+    }
+    assert pods == {"gpu_container_sm_seconds_total", "gpu_sm_active_seconds_total"}
 
 
 def test_the_dashboard_doc_describes_every_dashboard() -> None:
