@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
+from exporter.model.vocabulary import OCCUPANCY_FIELDS
+
 GAUGE, COUNTER = "gauge", "counter"
 
 # Stability levels, the first words of every family's HELP text (docs/metrics.md, "The
@@ -156,16 +158,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
             EXPERIMENTAL + f"gpu_{name}_ratio x seconds, over every GPM (or DCGM) window; "
             "rate() is the ratio's mean over the window.",
         )
-        for name in (
-            "graphics_active",
-            "sm_active",
-            "sm_occupancy",
-            "tensor_active",
-            "dram_active",
-            "fp64_active",
-            "fp32_active",
-            "fp16_active",
-        )
+        for name in OCCUPANCY_FIELDS
     },
     "gpu_activity_sampled_seconds": (
         COUNTER,
