@@ -120,17 +120,18 @@ def test_a_metric_that_fails_is_not_covered_while_the_others_are() -> None:
     assert state.devices["GPU-a"]["tensor_active"] / state.sampled["GPU-a"]["tensor_active"] == 0.5
 
 
-def test_a_change_of_occupancy_source_starts_the_new_one_without_overlap() -> None:
-    """GPM windows, then DCGM's (its own clock): the first DCGM window would overlap the
-    last GPM one, so it only starts; covered never exceeds the time that passed."""
+def test_windows_of_two_occupancy_sources_never_cover_a_second_twice() -> None:
+    """GPM windows, then DCGM's (its own clock: a first window as long as its uptime),
+    then GPM again: no window adds more than the analysis saw pass since the last one,
+    so covered never exceeds the 60 s that passed."""
     state = ActiveTime()
     windows = [("gpm", 10.0, 10.0), ("gpm", 20.0, 10.0), ("dcgm", 1005.0, 1005.0)]
     windows += [("dcgm", 1015.0, 10.0), ("gpm", 50.0, 30.0), ("gpm", 60.0, 10.0)]
-    for t, (source, end, length) in enumerate(windows):
+    for at, (source, end, length) in zip(range(10, 70, 10), windows, strict=True):
         occupancy = Occupancy(source=source, sm_active=1.0, window_end=end, window_s=length)
         gpu = GpuSample(index=0, uuid="GPU-a", occupancy=occupancy)
-        state = account_active_time(state, (gpu,), Attribution(), now=float(t))
-    assert state.sampled["GPU-a"]["sm_active"] == 10.0 + 10.0 + 10.0 + 10.0
+        state = account_active_time(state, (gpu,), Attribution(), now=float(at))
+    assert state.sampled["GPU-a"]["sm_active"] == 60.0
     assert state.source["GPU-a"] == "gpm"
 
 
@@ -150,20 +151,21 @@ def test_gpu_util_a_window_holding_more_than_its_length_is_kept_for_the_next() -
 
 
 def test_samples_cover_the_step_since_the_one_before_capped_at_the_period() -> None:
-    # 100 ms samples at 50 %, then a 2 s gap (an idle period holds no sample), then one
-    samples = [(1_000_000 + 100_000 * i, 50.0) for i in range(10)] + [(3_000_000, 100.0)]
-    buffer = nvml_samples.SampleBuffer(seen_us=900_000)
+    # 1/6 s samples at 50 %, then a 2 s gap (an idle period holds no sample), then one
+    period = 166_667
+    samples = [(1_000_000 + period * i, 50.0) for i in range(10)] + [(4_000_000, 100.0)]
+    buffer = nvml_samples.SampleBuffer(seen_us=1_000_000 - period)
     buffer.learn(ts for ts, _ in samples)
-    assert buffer.period_us == 100_000  # the median step, not the 2 s gap
+    assert buffer.period_us == period  # the step seen again and again, not the gap
     got = nvml_samples.integrate(samples, buffer.seen_us, buffer.period_us)
-    assert got.active_s == pytest.approx(0.5 + 0.1)  # 10 steps at 50 %, the gap capped
-    assert got.newest_us == 3_000_000 and got.garbage == 0
+    assert got.active_s == pytest.approx(10 * period / 1e6 * 0.5 + period / 1e6, rel=1e-6)
+    assert got.newest_us == 4_000_000 and got.garbage == 0
 
 
 def test_one_stray_step_does_not_shrink_the_learned_period() -> None:
     buffer = nvml_samples.SampleBuffer()
-    buffer.learn([0, 166_000, 332_000, 352_000, 498_000, 664_000, 830_000])
-    assert buffer.period_us == 166_000
+    buffer.learn([0, 166_000, 332_000, 352_000, 372_000, 498_000, 664_000, 830_000])
+    assert buffer.period_us == 166_000  # two 20 ms stray steps agree, and are no period
 
 
 def test_a_bursty_gpu_whose_steps_are_mostly_several_periods_keeps_the_period() -> None:
@@ -183,9 +185,12 @@ def test_samples_at_or_before_the_last_seen_are_ignored_and_garbage_is_counted()
     assert (got.active_s, got.garbage, got.newest_us) == (0.0, 2, 300_000)
 
 
-def test_no_period_known_yet_means_a_lone_first_sample_covers_nothing() -> None:
-    got = nvml_samples.integrate([(5_000_000, 100.0)], seen_us=0, period_us=None)
-    assert (got.active_s, got.newest_us) == (0.0, 5_000_000)
+def test_until_a_step_repeats_a_sample_covers_the_shortest_period_nvml_allows() -> None:
+    buffer = nvml_samples.SampleBuffer()
+    buffer.learn([5_000_000])
+    assert buffer.period_us == nvml_samples.SHORTEST_PERIOD_US
+    got = nvml_samples.integrate([(5_000_000, 100.0)], seen_us=0, period_us=buffer.period_us)
+    assert got.active_s == pytest.approx(nvml_samples.SHORTEST_PERIOD_US / 1e6)
 
 
 def test_a_stamp_far_ahead_is_not_taken_and_a_lasting_step_reads_afresh() -> None:
@@ -243,6 +248,7 @@ def test_gpu_util_and_process_sm_time_add_up_over_a_duty_cycle(made: list[NvmlSo
     # so the last window stands and the next read will cover 299-301 s
     assert node.state.sampled[uuid]["utilization"] == pytest.approx(299.0)
     assert node.state.devices[uuid]["utilization"] == pytest.approx(100.0, abs=0.5)
-    # 100 s busy at 80 %, less the first second: at 0 s the driver has no ended period
-    # (NotFound), and the first read that answers (at 1 s) is a baseline, not counted
-    assert sm_seconds == pytest.approx(80.0 - 0.8, abs=0.05)
+    # 100 s busy at 80 %, less the first 10 s: at 0 s the driver has no ended period
+    # (NotFound), the next read is paced to 10 s, and the first read with samples is a
+    # baseline (it averages what the driver held before), not counted
+    assert sm_seconds == pytest.approx(80.0 - 0.8 * 10, abs=0.05)

@@ -7,12 +7,13 @@ active seconds accumulates every window the sources measured:
 
 - occupancy (GPM or DCGM: SM active, occupancy, tensor, DRAM, FP64/32/16, graphics):
   each window adds ratio x its length, once, by its end (``Occupancy.window_end``); a
-  window served again between two GPM reads adds nothing. When the source changes (DCGM
-  on or off), the new source's first window only starts its count: it would overlap
-  the old source's last one;
+  window served again between two GPM reads adds nothing; and no window adds more
+  seconds than the analysis' own clock saw pass since the last one was added, so the
+  windows of two sources (DCGM on and off) never cover a second twice;
 - GPU-Util: the busy seconds NVML's sample buffer accounts for (``ActiveWindow``), never
   more in all than the time covered (samples and the exporter's clock are not in phase,
-  so one window may hold a little more than its length: the rest is kept for later);
+  so one window may hold a little more than its length: up to ``MAX_EXCESS_S`` is kept
+  for later);
 - a container: the SM seconds of its processes' samples (``ProcessUtilization.sm_seconds``)
   on each device, each process's samples added once, by their newest timestamp.
 
@@ -44,9 +45,7 @@ from exporter.model import (
 UTILIZATION = "utilization"  # GPU-Util's metric name and signal
 OCCUPANCY = "occupancy"  # the GPM/DCGM windows
 ABSENT_S = 300.0  # a device or container unseen this long is gone
-# a process sample this much older than its GPU's newest can no longer stand in (the
-# NVML source lets samples stand for seconds): its stamp is forgotten
-STAMP_HORIZON_US = 3_600_000_000
+MAX_EXCESS_S = 1.0  # GPU-Util's longest sample period (nvml.h): the most a window holds over
 ContainerKey = tuple[ContainerRef, DeviceRef]
 _UTILIZATION_RAW = "utilization_unclamped"  # GPU-Util's busy seconds as the samples say
 
@@ -58,27 +57,32 @@ def account_active_time(
     sampled = {uuid: dict(signals) for uuid, signals in state.sampled.items()}
     window_end = dict(state.window_end)
     source = dict(state.source)
+    added_at = dict(state.added_at)
     device_seen = dict(state.device_seen)
-    stamps = dict(state.process_stamp)
+    # (GPU UUID, pid) stamps: a GPU that answered keeps only the pids it reports now
+    # (bounded by one read); one that did not keeps its own until it is gone
+    gpus = tuple(gpus)
+    answered = {gpu.uuid for gpu in gpus if not gpu.error}
+    stamps = {key: v for key, v in state.process_stamp.items() if key[0] not in answered}
     new_sm: dict[tuple[str, int], float] = {}  # (GPU UUID, pid) -> SM seconds to add
-    newest: dict[str, int] = {}  # GPU UUID -> its newest process sample
     for gpu in gpus:
         device_seen[gpu.uuid] = now  # a GPU failing this cycle is still there
         if gpu.error:
             continue
-        _add_occupancy(gpu.uuid, gpu.occupancy, devices, sampled, window_end, source)
+        _add_occupancy(gpu.uuid, gpu.occupancy, devices, sampled, window_end, source, added_at, now)
         _add_utilization(gpu.uuid, gpu.utilization_window, devices, sampled, window_end)
         for mig in gpu.mig_instances:
             device_seen[mig.uuid] = now
-            _add_occupancy(mig.uuid, mig.occupancy, devices, sampled, window_end, source)
+            _add_occupancy(
+                mig.uuid, mig.occupancy, devices, sampled, window_end, source, added_at, now
+            )
         for sample in gpu.process_utilization:
             key = (gpu.uuid, sample.pid)
             # a reading standing in has the stamp already added; a new one another (a
             # smaller one too: the clock the driver stamps with may have stepped back)
-            if sample.timestamp_us != stamps.get(key):
+            if sample.timestamp_us != state.process_stamp.get(key):
                 new_sm[key] = sample.sm_seconds
-                stamps[key] = sample.timestamp_us
-            newest[gpu.uuid] = max(newest.get(gpu.uuid, 0), sample.timestamp_us)
+            stamps[key] = sample.timestamp_us
     containers = dict(state.containers)
     container_seen = dict(state.container_seen)
     for row in attribution.processes:
@@ -96,16 +100,13 @@ def account_active_time(
         sampled={uuid: m for uuid, m in sampled.items() if uuid not in gone},
         window_end={key: end for key, end in window_end.items() if key[0] not in gone},
         source={uuid: name for uuid, name in source.items() if uuid not in gone},
+        added_at={uuid: at for uuid, at in added_at.items() if uuid not in gone},
         containers={
             key: total
             for key, total in containers.items()
             if now - container_seen.get(key, now) <= ABSENT_S
         },
-        process_stamp={
-            (uuid, pid): stamp
-            for (uuid, pid), stamp in stamps.items()
-            if uuid not in gone and stamp >= newest.get(uuid, stamp) - STAMP_HORIZON_US
-        },
+        process_stamp={key: stamp for key, stamp in stamps.items() if key[0] not in gone},
         device_seen={uuid: at for uuid, at in device_seen.items() if uuid not in gone},
         container_seen={key: at for key, at in container_seen.items() if now - at <= ABSENT_S},
     )
@@ -118,19 +119,24 @@ def _add_occupancy(
     sampled: dict[str, dict[str, float]],
     window_end: dict[tuple[str, str], float],
     source: dict[str, str],
+    added_at: dict[str, float],
+    now: float,
 ) -> None:
     if occupancy is None or occupancy.window_end is None or occupancy.window_s is None:
         return
     key = (uuid, OCCUPANCY)
-    switched = source.get(uuid, occupancy.source) != occupancy.source
-    if switched:  # the new source's clock and windows: its first window only starts
-        source[uuid] = occupancy.source
-        window_end[key] = occupancy.window_end
-        return
+    if source.get(uuid, occupancy.source) != occupancy.source:
+        window_end.pop(key, None)  # the other source's ends are on its own clock
     source[uuid] = occupancy.source
     if not _new_window(key, occupancy.window_end, window_end):
         return
+    # never more than the analysis' own clock saw pass since the last window added, from
+    # either source: windows of two sources (DCGM on and off) cannot cover a second twice
     seconds = max(occupancy.window_s, 0.0)
+    last = added_at.get(uuid)
+    if last is not None:
+        seconds = min(seconds, max(now - last, 0.0))
+    added_at[uuid] = now
     metrics = devices.setdefault(uuid, {})
     covered = sampled.setdefault(uuid, {})
     for name in OCCUPANCY_FIELDS:
@@ -153,7 +159,9 @@ def _add_utilization(
     covered[UTILIZATION] = covered.get(UTILIZATION, 0.0) + max(window.seconds, 0.0)
     metrics = devices.setdefault(uuid, {})
     busy = metrics.get(_UTILIZATION_RAW, 0.0) + max(window.active_s, 0.0)
-    metrics[_UTILIZATION_RAW] = busy  # kept whole: what one window held over, a later gets
+    # what one window held over (samples and the clock out of phase), a later one gets,
+    # up to one sample period at most: more is no phase, and is not banked
+    metrics[_UTILIZATION_RAW] = min(busy, covered[UTILIZATION] + MAX_EXCESS_S)
     metrics[UTILIZATION] = min(busy, covered[UTILIZATION])
 
 

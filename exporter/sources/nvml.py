@@ -174,6 +174,7 @@ class _Device:
     last_utilization: tuple[ProcessUtilization, ...] = ()
     last_utilization_at: float = 0.0  # source clock when last_utilization was read
     process_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
+    process_attempted: bool = False  # a per-process read was made: paced from then on
     gpm_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
     # GPU-Util's sample buffer (nvmlDeviceGetSamples): its lastSeenTimeStamp, kept sane
     utilization_buffer: nvml_samples.SampleBuffer = field(default_factory=nvml_samples.SampleBuffer)
@@ -826,9 +827,10 @@ class NvmlSource(Source):
             device.last_utilization = ()
             return ()
         now = self._clock()
-        if device.last_utilization_at and not device.process_schedule.due(now):
+        if device.process_attempted and not device.process_schedule.due(now):
             fresh = now - device.last_utilization_at <= self._sample_reuse_s
             return device.last_utilization if fresh else ()
+        device.process_attempted = True
         device.process_schedule.done(now)
         buffer = device.process_samples
         try:
@@ -844,13 +846,20 @@ class NvmlSource(Source):
             raise
         except pynvml.NVMLError as exc:
             self._errors.append(("process_utilization", error_name(exc)))
+            device.last_utilization = ()  # nothing stands in after a failed read
             return ()
         get = number_field
         entries = [
             (get(s, "pid"), get(s, "smUtil"), get(s, "memUtil"), get(s, "timeStamp"))
             for s in samples
         ]
-        taken = buffer.plausible([stamp for *_, stamp in entries], now)
+        seen = buffer.seen_us  # the lastSeenTimeStamp this read asked with
+        taken = [
+            ok and stamp > seen
+            for ok, (*_, stamp) in zip(
+                buffer.plausible([stamp for *_, stamp in entries], now), entries, strict=True
+            )
+        ]
         if not all(taken):
             self._errors.append(("process_utilization", "ImplausibleTimestamp"))
             if buffer.suspect(now):
@@ -858,7 +867,6 @@ class NvmlSource(Source):
                 return ()
         else:
             buffer.fine()
-        seen = buffer.seen_us  # the lastSeenTimeStamp this read asked with
         # pid -> (sm %, memory %, timestamp us) of each sample
         per_pid: dict[int, list[tuple[int, int, int]]] = {}
         for (pid, sm, memory, stamp), ok in zip(entries, taken, strict=True):
@@ -871,7 +879,7 @@ class NvmlSource(Source):
             per_pid.setdefault(pid, []).append((sm, memory, stamp))
         buffer.answered_at = now
         device.last_utilization_at = now
-        if seen == 0 and per_pid:
+        if seen == 0 and buffer.seen_us > 0 and per_pid:
             # the first samples average whatever the driver held: read again at the next
             # cycle, so the figures served for the interval are the mean since this read
             device.process_schedule.expire()
@@ -911,14 +919,17 @@ class NvmlSource(Source):
             )
         except pynvml.NVMLError_NotFound:  # no sample since the last read
             if not busy:  # idle, as GPU-Util says too: an idle window
-                return self._utilization_read(device, 0.0, 0.0, now)
+                return self._utilization_read(device, 0.0, now)
             # GPU-Util reads busy: no evidence either way
             if buffer.seen_us and buffer.suspect(now):
                 self._clock_stepped(device, "GPU-Util")
                 return None
             return device.utilization_last
-        except UNSUPPORTED:
+        except pynvml.NVMLError_FunctionNotFound:  # the driver lacks the call
             device.utilization_samples = False
+            return None
+        except pynvml.NVMLError_NotSupported:  # MIG mode, say: asked again, it may change
+            buffer.answered_at = None
             return None
         except _GPU_FAILED:
             raise
@@ -942,12 +953,12 @@ class NvmlSource(Source):
         buffer.advance(got.newest_us, now)
         if got.garbage:
             self._errors.append(("utilization_samples", "ImplausibleValue"))
-        if got.garbage or baseline or (values and period is None):
-            # garbage, the buffer from before the exporter, or samples whose period is
-            # not known yet: this read's time is not covered (neither busy nor idle)
+        if got.garbage or baseline:
+            # garbage, or the buffer from before the exporter: this read's time is not
+            # covered (neither busy nor idle)
             buffer.answered_at = now
             return None
-        return self._utilization_read(device, got.active_s, got.span_s, now)
+        return self._utilization_read(device, got.active_s, now)
 
     def _clock_stepped(self, device: _Device, buffer: str) -> None:
         log.warning(
@@ -959,16 +970,17 @@ class NvmlSource(Source):
         )
 
     def _utilization_read(
-        self, device: _Device, active_s: float, span_s: float, now: float
+        self, device: _Device, active_s: float, now: float
     ) -> ActiveWindow | None:
         """The window of a read that answered: the time since the previous such read on
-        the source's clock, at most what the buffer holds (``HISTORY_S``, or the span the
-        samples show if longer), ``active_s`` of it busy. The first read only starts."""
+        the source's clock, at most what the buffer holds (``HISTORY_S``: what a longer
+        gap lost is not covered, never idle), ``active_s`` of it busy. The first read
+        only starts."""
         buffer = device.utilization_buffer
         previous, buffer.answered_at = buffer.answered_at, now
         if previous is None:
             return None
-        seconds = min(now - previous, max(nvml_samples.HISTORY_S, span_s))
+        seconds = min(now - previous, nvml_samples.HISTORY_S)
         device.utilization_last = ActiveWindow(end=now, seconds=seconds, active_s=active_s)
         return device.utilization_last
 
@@ -1147,7 +1159,9 @@ class NvmlSource(Source):
             metric = metrics[slot]
             ok = get(metric, "nvmlReturn") == pynvml.NVML_SUCCESS
             value = get(metric, "value") if ok else None
-            if value is not None and not nvml_samples.plausible_percent(value):
+            if value is not None and not nvml_samples.plausible_percent(
+                value, nvml_samples.GPM_MAX_PERCENT
+            ):
                 self._errors.append(("gpm_metrics", "ImplausibleValue"))
                 value = None  # garbage: no series, counted, never clamped into shape
             values[key] = None if value is None else _gpm_ratio(value)

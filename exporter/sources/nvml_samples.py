@@ -30,9 +30,15 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-MIN_PERIOD_US = 10_000  # no driver samples faster than 100 Hz; a smaller step is noise
-MAX_PERIOD_US = 5_000_000  # nor slower than every 5 s: a larger "period" is a gap
-MAX_PERCENT = 100.5  # a hair over 100 is rounding; more is garbage
+# GPU-Util's sample period "may be between 1 second and 1/6 second depending on the
+# product" (nvml.h, nvmlDeviceGetUtilizationRates); with a little room for timestamps
+# that jitter. A step outside is a stray sample, or several periods (an idle period
+# holds no sample).
+MIN_PERIOD_US = 158_000
+SHORTEST_PERIOD_US = 166_667  # 1/6 s: what a sample covers until the period is learned
+MAX_PERIOD_US = 1_050_000
+MAX_PERCENT = 100.0  # NVML's utilisation percentages are whole numbers up to 100
+GPM_MAX_PERCENT = 100.5  # GPM's are floats: a hair over 100 is rounding, more is garbage
 # How far back GPU-Util's buffer reaches: 120 samples of 1/6 s in the simulator
 # (docs/simulator.md), not documented by NVIDIA, to be measured on a GPU host. A read
 # after a longer gap covers only this much (or what the samples span, if more): the rest
@@ -87,10 +93,10 @@ def _percentage(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= MAX_PERCENT
 
 
-def plausible_percent(value: object) -> bool:
-    """A utilisation value NVML may really answer: a finite 0..100 (a hair over 100 is
-    rounding); anything else is garbage, counted, never served or clamped into shape."""
-    return _percentage(value)
+def plausible_percent(value: object, limit: float = MAX_PERCENT) -> bool:
+    """A utilisation value NVML may really answer: a finite 0..100 (``limit``); anything
+    else is garbage, counted, never served or clamped into shape."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= limit
 
 
 def process_sm_seconds(entries: Iterable[tuple[int, float]], seen_us: int) -> float:
@@ -122,7 +128,7 @@ STEP_S = 120.0
 # At a first read nothing is known of the driver's clock: a stamp further than this from
 # the median of the read's stamps is garbage.
 FIRST_READ_SPREAD_US = 3_600_000_000
-STEPS_KEPT = 64  # the steps the period is learned from
+STEPS_KEPT = 256  # the steps the period is learned from
 PERIOD_TOLERANCE = 0.05  # two steps this close are the same period (timestamps jitter)
 
 
@@ -152,18 +158,21 @@ class SampleBuffer:
     answered_at: float | None = None  # source clock of the last read that answered
     suspect_since: float | None = None
     steps: deque[int] = field(default_factory=lambda: deque(maxlen=STEPS_KEPT))
+    learned_us: int | None = None
 
     @property
-    def period_us(self) -> int | None:
-        """The smallest step seen twice (within ``PERIOD_TOLERANCE``): steps between
-        samples are whole periods (an idle period holds no sample, so a bursty GPU's
-        steps are mostly several periods), and a stray sample's step is seen once.
-        None until one repeats."""
-        ordered = sorted(self.steps)
-        for a, b in itertools.pairwise(ordered):
-            if b - a <= a * PERIOD_TOLERANCE:
-                return a
-        return None
+    def period_us(self) -> int:
+        """The sample period as learned so far (None: not yet): the steps within
+        ``PERIOD_TOLERANCE`` of the smallest step seen at least twice, their median.
+        Steps between samples are whole periods (an idle period holds no sample, so a
+        bursty GPU's steps are mostly several); a stray step is seen once; jittered
+        timestamps scatter around the period, and each step inside that scatter counts
+        whole (the period taken is the scatter's top). Until a step repeats, a sample
+        covers the shortest period nvml.h allows (``MIN_PERIOD_US``): a 1 s product's GPU
+        that never shows two consecutive busy samples is under-counted, never over. Once
+        learned it
+        stays (a GPU's period does not change) until the buffer is read afresh."""
+        return self.learned_us if self.learned_us is not None else SHORTEST_PERIOD_US
 
     def learn(self, stamps: Iterable[int]) -> None:
         previous = self.seen_us if self.seen_us > 0 else None
@@ -171,6 +180,13 @@ class SampleBuffer:
             if previous is not None and MIN_PERIOD_US <= ts - previous <= MAX_PERIOD_US:
                 self.steps.append(ts - previous)
             previous = ts
+        ordered = sorted(self.steps)
+        for a, b in itertools.pairwise(ordered):
+            if b - a <= a * PERIOD_TOLERANCE:
+                # the cluster's top: a jittered step inside it is never cut short
+                near = [step for step in ordered if step <= a * (1 + 2 * PERIOD_TOLERANCE)]
+                self.learned_us = max(near)
+                return
 
     def plausible(self, stamps: list[int], now: float) -> list[bool]:
         """Which stamps may be taken."""
@@ -191,6 +207,7 @@ class SampleBuffer:
         if now - self.suspect_since >= STEP_S:
             self.seen_us, self.suspect_since, self.answered_at, self.seen_at = 0, None, None, None
             self.steps.clear()
+            self.learned_us = None
             return True
         return False
 
