@@ -217,6 +217,12 @@ def start_exporter(
             f"127.0.0.1:{port}",
             "--interval",
             f"{interval_s:g}",
+            # the e2e runs the rules' windows shrunk to seconds (e2e_rules): GPM windows
+            # and per-process reads close every cycle, as a 10 s window does in minutes
+            "--gpm-interval",
+            f"{interval_s:g}",
+            "--process-utilization-interval",
+            f"{interval_s:g}",
             "--orphan-cycles",
             "2",
             "--deleted-pod-grace",

@@ -195,42 +195,19 @@ ENERGY_STEPS = (
 # that read them are 4-5 s on this scale (the rules' [2m] shrunk to the 5 s floor, the
 # dashboards' $__rate_interval 4 s). GPU-Util's counter (NVML's samples, every cycle) is
 # not among them.
-WINDOW_STEPPED_COUNTERS = (
-    "gpu_graphics_active_seconds_total",
-    "gpu_sm_active_seconds_total",
-    "gpu_sm_occupancy_seconds_total",
-    "gpu_tensor_active_seconds_total",
-    "gpu_dram_active_seconds_total",
-    "gpu_fp64_active_seconds_total",
-    "gpu_fp32_active_seconds_total",
-    "gpu_fp16_active_seconds_total",
-    "gpu_container_sm_seconds_total",
-)
-WINDOW_STEPS = (
-    "reads an activity counter that steps once per 10 s GPM window or process-sample read, "
-    "through a 4-5 s rate window: a window holds one step or none, so each engine reads 0 "
-    "or 2-3 (10 s of activity over a 4 s window), and which one depends on where its "
-    "window starts (MetricsQL from the last sample before it, no extrapolation; "
-    "Prometheus from the first inside, extrapolated: docs/MetricsQL.md lines 17-18). "
-    "Measured here: SM active 0 on Prometheus against 1.16 on VictoriaMetrics, same "
-    "instant. At production windows (2m, $__rate_interval of 60 s or more) a window holds "
-    "6-12 steps"
-)
 
 
 def allowed(key: str, expr: str) -> Allowed | None:
     """How ``key`` (a record or a query; ``expr``: its expression with those of the
     records it reads, ``expanded``) is compared, if not the default way: its EXCEPTIONS
     entry; else by label sets when it is or reads one of the LONG_WINDOW_RECORDS, or
-    reads an energy counter or one of the WINDOW_STEPPED_COUNTERS."""
+    reads an energy counter."""
     if key in EXCEPTIONS:
         return EXCEPTIONS[key]
     if key in LONG_WINDOW_RECORDS or any(r in expr for r in LONG_WINDOW_RECORDS):
         return Allowed("labels", NEW_COUNTER, always=key in LONG_WINDOW_RECORDS)
     if any(re.search(rf"\b{c}\b", expr) for c in ENERGY_COUNTERS):
         return Allowed("labels", ENERGY_STEPS, always=False)
-    if any(re.search(rf"\b{c}\b", expr) for c in WINDOW_STEPPED_COUNTERS):
-        return Allowed("labels", WINDOW_STEPS, always=False)
     return None
 
 
