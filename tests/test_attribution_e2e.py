@@ -801,6 +801,11 @@ async def test_process_started_later_in_a_pod_is_attributed_after_the_next_cycle
         assert served(await h.scrape(), "gpu_process_memory_used_bytes", pid=pid) == {}
         await h.advance(5)
         scrape = await h.scrape()
+        # its SM share: once the driver has a sample of it (a period that ended after it
+        # started) and the GPU's per-process samples are read again (every 10 s by
+        # default, GPU 2 of 8 at 2.5 s into each: at 15 s here)
+        await h.advance(10)
+        later = await h.scrape()
 
     scenario.processes.append(started)  # the node as the timeline left it
     device = device_labels(scenario, started.gpu)
@@ -813,7 +818,7 @@ async def test_process_started_later_in_a_pod_is_attributed_after_the_next_cycle
     usage = expected_container_usage(scenario)[container]
     assert scrape.series("gpu_container_memory_used_bytes")[container] == usage.memory
     assert scrape.series("gpu_container_processes")[container] == usage.processes
-    assert scrape.series("gpu_container_sm_utilization_ratio")[container] == pytest.approx(
+    assert later.series("gpu_container_sm_utilization_ratio")[container] == pytest.approx(
         usage.sm_ratio
     )
 

@@ -9,6 +9,7 @@ restored: no test sees another's imports.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -124,6 +125,12 @@ def all_fields(base: float) -> dict[int, float]:
 # -- occupancy --------------------------------------------------------------------------
 
 
+def measured(occupancy: Occupancy) -> Occupancy:
+    """What DCGM measured, without the window it stands for (the read's time: the
+    activity counters' business, tests/test_activity_counters.py)."""
+    return dataclasses.replace(occupancy, window_end=None, window_s=None)
+
+
 def test_occupancy_is_keyed_by_gpu_uuid_not_by_dcgm_gpu_id(
     node: FakeNode, make_source: Any
 ) -> None:
@@ -131,7 +138,7 @@ def test_occupancy_is_keyed_by_gpu_uuid_not_by_dcgm_gpu_id(
     node.write(gpus=[gpu(1, UUID_B, all_fields(0.10)), gpu(0, UUID_A, all_fields(0.50))])
     snap = make_source().sample()
     assert snap.ok and snap.error is None
-    assert dict(snap.occupancy) == {
+    assert {uuid: measured(occ) for uuid, occ in snap.occupancy} == {
         UUID_A: Occupancy("dcgm", 0.50, 0.51, 0.52, 0.53, 0.54, 0.55, 0.56, 0.57),
         UUID_B: Occupancy("dcgm", 0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.17),
     }
@@ -150,7 +157,7 @@ def test_blank_sentinels_and_non_ok_statuses_become_none(node: FakeNode, make_so
     node.write(gpus=[gpu(0, UUID_A, fields)])  # 1005..1008 missing: DCGM has no value yet
     [(uuid, occ)] = make_source().sample().occupancy
     assert uuid == UUID_A
-    assert occ == Occupancy("dcgm", sm_active=0.4)
+    assert measured(occ) == Occupancy("dcgm", sm_active=0.4)
 
 
 def test_gpu_with_only_blank_values_is_left_out_so_gpm_can_stand_in(
@@ -204,7 +211,7 @@ def test_too_many_profiling_passes_falls_back_to_the_core_fields(
     snap = make_source().sample()
     assert snap.ok and snap.error is None
     [(_, occ)] = snap.occupancy
-    assert occ == Occupancy("dcgm", 0.3, 0.31, 0.32, 0.33, 0.34)  # no FP64/FP32/FP16
+    assert measured(occ) == Occupancy("dcgm", 0.3, 0.31, 0.32, 0.33, 0.34)  # no FP64/32/16
     assert [c["fieldIds"] for c in node.calls("dcgmFieldGroupCreate")] == [
         list(range(1001, 1009)),
         list(range(1001, 1006)),

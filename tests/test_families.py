@@ -84,6 +84,7 @@ def test_disable_takes_globs_and_enable_wins_where_both_match() -> None:
     assert only - {n for n in CATALOGUE if n.startswith(SELF_PREFIX)} == {
         "gpu_memory_used_bytes",
         *FP,
+        *(f"{name.removesuffix('_ratio')}_seconds" for name in FP),  # their counters
     }
     # --per-process-metrics is a default: --families-disable still takes it away
     assert not select_families(disable="gpu_process_*", per_process=True) & PER_PROCESS

@@ -16,7 +16,8 @@ from exporter.sources.nvml import _GPM_METRICS
 
 
 def test_occupancy_fields_are_the_readings_fields_and_every_layers_keys() -> None:
-    fields = tuple(f.name for f in dataclasses.fields(Occupancy) if f.name != "source")
+    window = {"source", "window_end", "window_s"}  # where and when, not what was measured
+    fields = tuple(f.name for f in dataclasses.fields(Occupancy) if f.name not in window)
     assert fields == OCCUPANCY_FIELDS
     assert tuple(_GPM_METRICS) == OCCUPANCY_FIELDS  # NVML GPM source
     assert tuple(PROFILING_FIELDS) == OCCUPANCY_FIELDS  # DCGM source
