@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from exporter.model import OCCUPANCY_FIELDS  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     Child,
     PromApi,
@@ -64,16 +65,7 @@ from tests.e2e.stack import (  # noqa: E402
 
 SCENARIO = ROOT / "tests" / "e2e" / "node-exactness.yaml"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
-GPM = (
-    "graphics_active",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp64_active",
-    "fp32_active",
-    "fp16_active",
-)
+GPM = OCCUPANCY_FIELDS  # the GPM metrics, as the exporter names them
 UTILIZATION = "gpu_utilization_seconds_total"
 CONTAINER = "gpu_container_sm_seconds_total"
 SAMPLED = "gpu_activity_sampled_seconds_total"

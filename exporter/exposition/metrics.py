@@ -222,9 +222,7 @@ def build_families(analysis: Analysis, options: ExpositionOptions) -> list[Metri
                 _add_active(out, labels, gpu.uuid, active, UTILIZATION, "gpu_utilization_seconds")
         for mig in gpu.mig_instances:
             migs[mig.uuid] = _mig_labels(mig)
-            _add_mig(out, gpu, mig)
-            labels = {**_device_labels(gpu.index, gpu.uuid), **migs[mig.uuid]}
-            _add_active_time(out, labels, mig.uuid, mig.occupancy, active)
+            _add_mig(out, gpu, mig, active)
     _add_mig_profiles(out, nvml.gpus)
     _add_attribution(out, analysis, migs)
     _add_orphans(out, analysis)
@@ -348,12 +346,13 @@ def _add_interconnect(out: FamilyBuilder, labels: Labels, gpu: GpuSample) -> Non
             out.add("gpu_nvlink_errors", {**at, "type": kind}, count)
 
 
-def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance) -> None:
+def _add_mig(out: FamilyBuilder, gpu: GpuSample, mig: MigInstance, active: ActiveTime) -> None:
     labels = {**_device_labels(gpu.index, gpu.uuid), **_mig_labels(mig)}
     out.add("gpu_mig_info", labels, 1)
     out.add("gpu_memory_total_bytes", labels, mig.memory_total_bytes)
     out.add("gpu_memory_used_bytes", labels, mig.memory_used_bytes)
     _add_occupancy(out, labels, mig.occupancy)
+    _add_active_time(out, labels, mig.uuid, mig.occupancy, active)
     if gpu.processes_listed:
         _add_process_counts(out, labels, (p.kind for p in mig.processes))
 

@@ -828,8 +828,7 @@ class NvmlSource(Source):
             return ()
         now = self._clock()
         if device.process_attempted and not device.process_schedule.due(now):
-            fresh = now - device.last_utilization_at <= self._sample_reuse_s
-            return device.last_utilization if fresh else ()
+            return self._standing(device, now)
         device.process_attempted = True
         device.process_schedule.done(now)
         buffer = device.process_samples
@@ -838,8 +837,7 @@ class NvmlSource(Source):
         except pynvml.NVMLError_NotFound:
             if busy and buffer.seen_us and buffer.suspect(now):
                 self._clock_stepped(device, "per-process")
-            fresh = now - device.last_utilization_at <= self._sample_reuse_s
-            return device.last_utilization if fresh else ()
+            return self._standing(device, now)
         except UNSUPPORTED:
             return ()
         except _GPU_FAILED:
@@ -898,11 +896,16 @@ class NvmlSource(Source):
         device.last_utilization = tuple(readings)
         return device.last_utilization
 
+    def _standing(self, device: _Device, now: float) -> tuple[ProcessUtilization, ...]:
+        """The last per-process readings, while they may stand in for a read."""
+        fresh = now - device.last_utilization_at <= self._sample_reuse_s
+        return device.last_utilization if fresh else ()
+
     def _utilization_window(self, device: _Device, busy: bool) -> ActiveWindow | None:
         """GPU-Util's samples since the last read (``nvmlDeviceGetSamples``,
         NVML_GPU_UTILIZATION_SAMPLES), read every cycle: the seconds a kernel ran in the
         time since the last read (``nvml_samples.integrate``), that time capped at what
-        the buffer holds (``HISTORY_S``, or what the samples span). NotFound is an idle
+        the buffer holds (``HISTORY_S``). NotFound is an idle
         window while GPU-Util reads idle too, and no evidence while it reads busy (the
         last window stands; the next read with samples covers the time since). A failed
         read, or samples with garbage values, is no window: the time until the next read

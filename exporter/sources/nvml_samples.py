@@ -54,12 +54,11 @@ PROCESS_HISTORY_US = 20_000_000
 class Integrated:
     active_s: float  # busy seconds the samples account for
     newest_us: int  # the newest sample's timestamp (the next read's lastSeenTimeStamp)
-    span_s: float  # from the oldest sample's period start to the newest: what the buffer held
     garbage: int  # samples whose value is no percentage (not finite, below 0, above 100)
 
 
 def integrate(
-    samples: Iterable[tuple[int, float | None]], seen_us: int, period_us: int | None
+    samples: Iterable[tuple[int, float | None]], seen_us: int, period_us: int
 ) -> Integrated:
     """One series' samples (timestamp µs, percent) newer than ``seen_us`` (0: never read),
     each covering the step since the one before, capped at the period (a gap between two
@@ -74,23 +73,14 @@ def integrate(
     previous = seen_us if seen_us > 0 else None
     newest = seen_us
     for ts, value in fresh:
-        if period_us is None:
-            step = 0  # no period known yet: what a sample covers cannot be said
-        elif previous is None:
-            step = period_us  # the first sample ever read: one period
-        else:
-            step = min(ts - previous, period_us)
+        # the first sample ever read covers one period
+        step = period_us if previous is None else min(ts - previous, period_us)
         previous = newest = ts
-        if not _percentage(value):
+        if not plausible_percent(value):
             garbage += 1
             continue
         active += max(step, 0) / 1e6 * float(value or 0.0) / 100.0
-    span = (fresh[-1][0] - fresh[0][0] + (period_us or 0)) / 1e6 if fresh else 0.0
-    return Integrated(active, newest, span, garbage)
-
-
-def _percentage(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= MAX_PERCENT
+    return Integrated(active, newest, garbage)
 
 
 def plausible_percent(value: object, limit: float = MAX_PERCENT) -> bool:
