@@ -7,9 +7,11 @@ active seconds accumulates every window the sources measured:
 
 - occupancy (GPM or DCGM: SM active, occupancy, tensor, DRAM, FP64/32/16, graphics):
   each window adds ratio x its length, once, by its end (``Occupancy.window_end``); a
-  window served again between two GPM reads adds nothing; and no window adds more
-  seconds than the analysis' own clock saw pass since the last one was added, so the
-  windows of two sources (DCGM on and off) never cover a second twice;
+  window served again between two GPM reads adds nothing; and the windows added never
+  cover more seconds than the analysis' own clock saw pass, so the windows of two
+  sources (DCGM on and off) never cover a second twice (a window longer than the time
+  since the last one is clipped; what a shorter one left stays claimable, at most
+  ``JITTER_S``, so reads that land earlier or later in their cycle lose nothing);
 - GPU-Util: the busy seconds NVML's sample buffer accounts for (``ActiveWindow``), never
   more in all than the time covered (samples and the exporter's clock are not in phase,
   so one window may hold a little more than its length: up to ``MAX_EXCESS_S`` is kept
@@ -46,6 +48,10 @@ UTILIZATION = "utilization"  # GPU-Util's metric name and signal
 OCCUPANCY = "occupancy"  # the GPM/DCGM windows
 ABSENT_S = 300.0  # a device or container unseen this long is gone
 MAX_EXCESS_S = 1.0  # GPU-Util's longest sample period (nvml.h): the most a window holds over
+# How far a source's read may move inside its cycle from one cycle to the next: a GPM
+# window runs from read to read, the analysis' clock from the end of one cycle's reads to
+# the next's, and the two differ by how long the reads after it took each time.
+JITTER_S = 1.0
 ContainerKey = tuple[ContainerRef, DeviceRef]
 _UTILIZATION_RAW = "utilization_unclamped"  # GPU-Util's busy seconds as the samples say
 
@@ -57,7 +63,7 @@ def account_active_time(
     sampled = {uuid: dict(signals) for uuid, signals in state.sampled.items()}
     window_end = dict(state.window_end)
     source = dict(state.source)
-    added_at = dict(state.added_at)
+    covered_to = dict(state.covered_to)
     device_seen = dict(state.device_seen)
     # (GPU UUID, pid) stamps: a GPU that answered keeps only the pids it reports now
     # (bounded by one read); one that did not keeps its own until it is gone
@@ -69,12 +75,14 @@ def account_active_time(
         device_seen[gpu.uuid] = now  # a GPU failing this cycle is still there
         if gpu.error:
             continue
-        _add_occupancy(gpu.uuid, gpu.occupancy, devices, sampled, window_end, source, added_at, now)
+        _add_occupancy(
+            gpu.uuid, gpu.occupancy, devices, sampled, window_end, source, covered_to, now
+        )
         _add_utilization(gpu.uuid, gpu.utilization_window, devices, sampled, window_end)
         for mig in gpu.mig_instances:
             device_seen[mig.uuid] = now
             _add_occupancy(
-                mig.uuid, mig.occupancy, devices, sampled, window_end, source, added_at, now
+                mig.uuid, mig.occupancy, devices, sampled, window_end, source, covered_to, now
             )
         for sample in gpu.process_utilization:
             key = (gpu.uuid, sample.pid)
@@ -100,7 +108,7 @@ def account_active_time(
         sampled={uuid: m for uuid, m in sampled.items() if uuid not in gone},
         window_end={key: end for key, end in window_end.items() if key[0] not in gone},
         source={uuid: name for uuid, name in source.items() if uuid not in gone},
-        added_at={uuid: at for uuid, at in added_at.items() if uuid not in gone},
+        covered_to={uuid: at for uuid, at in covered_to.items() if uuid not in gone},
         containers={
             key: total
             for key, total in containers.items()
@@ -119,7 +127,7 @@ def _add_occupancy(
     sampled: dict[str, dict[str, float]],
     window_end: dict[tuple[str, str], float],
     source: dict[str, str],
-    added_at: dict[str, float],
+    covered_to: dict[str, float],
     now: float,
 ) -> None:
     if occupancy is None or occupancy.window_end is None or occupancy.window_s is None:
@@ -130,13 +138,17 @@ def _add_occupancy(
     source[uuid] = occupancy.source
     if not _new_window(key, occupancy.window_end, window_end):
         return
-    # never more than the analysis' own clock saw pass since the last window added, from
-    # either source: windows of two sources (DCGM on and off) cannot cover a second twice
+    # never more than the analysis' own clock saw pass, from either source: windows of two
+    # sources (DCGM on and off) cannot cover a second twice. A window shorter than the
+    # time since the last (its read came earlier in its cycle) leaves the rest claimable
+    # by the next, up to JITTER_S: a later read's longer window is not cut for it.
     seconds = max(occupancy.window_s, 0.0)
-    last = added_at.get(uuid)
+    last = covered_to.get(uuid)
     if last is not None:
         seconds = min(seconds, max(now - last, 0.0))
-    added_at[uuid] = now
+        covered_to[uuid] = max(last + seconds, now - JITTER_S)
+    else:
+        covered_to[uuid] = now
     metrics = devices.setdefault(uuid, {})
     covered = sampled.setdefault(uuid, {})
     for name in OCCUPANCY_FIELDS:
