@@ -157,7 +157,13 @@ EXCEPTIONS: dict[str, Allowed] = {
         always=False,
     ),
     "gpu-waste.json: Wasted GPUs by owner A": Allowed(
-        "ranking", "topk(10) of owners of whom more than 10 tie at 0: each engine picks its own"
+        "ranking",
+        "topk(10) of owners of whom more than 10 tie at 0: each engine picks its own, by "
+        "an order that follows the series' labels (the instance's port changes from run "
+        "to run), so now and then both may pick the same ten: the one exception whose "
+        "difference is chance (one local run of seven found an exception unused; which "
+        "one was not kept)",
+        always=False,
     ),
     "gpu-pods.json: Idle share of allocated devices (last hour) A": Allowed(
         "labels",
