@@ -24,7 +24,8 @@ With ``--backend victoriametrics`` (or ``both``) the same fleet is also measured
 VictoriaMetrics (``tests/e2e/vm_stack.py``, with the settings docs/victoriametrics.md
 ships): vmagent scrapes it with the same scrape configuration, victoria-metrics stores
 it, vmalert evaluates the same rule files every interval and writes back. Measured: the
-RSS and CPU of each of the three, each group's evaluation time from vmalert's own
+RSS and CPU of each of the three (from /proc, which a saturated process cannot fail to
+answer, as its own /metrics can), each group's evaluation time from vmalert's own
 ``vmalert_iteration_duration_seconds`` summary (median and maximum of its window),
 series from victoria-metrics' ``vm_cache_entries{type="storage/hour_metric_ids"}``
 (series that received samples in the current hour: app/vmstorage/main.go) and
@@ -47,6 +48,7 @@ import fnmatch
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import sys
@@ -412,10 +414,18 @@ def loadavg() -> list[float]:
         return []
 
 
-def text_metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """A process's own /metrics (victoria-metrics, vmagent, vmalert), by sample name."""
-    # 30 s: at 500 nodes on 2 cores a busy vmagent answered its own /metrics after 10 s
-    status, body = http_get(f"{url}/metrics", timeout=30)
+def text_metrics(url: str, tries: int = 3) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A process's own /metrics (victoria-metrics, vmagent, vmalert), by sample name.
+    Up to ``tries`` reads of 60 s each: at 500 nodes on 2 cores a busy vmagent answered
+    its own /metrics after 10 s, and one of the three once not within 30 s."""
+    for attempt in range(tries):
+        try:
+            status, body = http_get(f"{url}/metrics", timeout=60)
+            break
+        except OSError as exc:
+            if attempt == tries - 1:
+                raise
+            print(f"[fleet] {url}/metrics did not answer ({exc}); asking again")
     assert status == 200, f"{url}/metrics answered {status}"
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for line in body.decode().splitlines():
@@ -433,31 +443,52 @@ def text_metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 VM_PROCESSES = ("victoria-metrics", "vmagent", "vmalert")
 
 
-def vm_sample_window(urls: dict[str, str], seconds: float, every_s: float) -> dict[str, Any]:
-    """Each process's RSS every ``every_s`` and CPU over the window; vmalert's groups'
-    evaluation time (its summary's median and maximum) at the end."""
-    rss: dict[str, list[float]] = {p: [] for p in urls}
+def binary_pid(child: Child) -> int:
+    """The pid of the binary a Child runs: the child of coreutils' ``timeout`` that it
+    runs it under (tests/e2e/stack.py), or its own where there is no timeout."""
+    pid = child.process.pid
+    for _ in range(50):  # timeout forks at once; a Child just started may not have yet
+        try:
+            below = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if below:
+            return int(below[0])
+        time.sleep(0.1)
+    return pid
+
+
+def proc_usage(pid: int) -> tuple[float, float]:
+    """(resident bytes, CPU seconds) of a process from /proc/<pid>/stat (proc(5): utime
+    and stime, fields 14 and 15, in clock ticks; rss, field 24, in pages): the figures
+    a Go process's own process_resident_memory_bytes and process_cpu_seconds_total read."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[21]) * os.sysconf("SC_PAGE_SIZE"), cpu
+
+
+def vm_sample_window(
+    pids: dict[str, int], vmalert_url: str, seconds: float, every_s: float
+) -> dict[str, Any]:
+    """Each process's RSS every ``every_s`` and CPU over the window (/proc); vmalert's
+    groups' evaluation time (its summary's median and maximum) at the end."""
+    rss: dict[str, list[float]] = {p: [] for p in pids}
     began = time.monotonic()
-    first = {p: text_metrics(u) for p, u in urls.items()}
+    first = {p: proc_usage(pid) for p, pid in pids.items()}
     last = first
     while True:
-        for p in urls:
-            rss[p].append(one(last[p], "process_resident_memory_bytes"))
+        for p in pids:
+            rss[p].append(last[p][0])
         if time.monotonic() + every_s > began + seconds:
             break
         time.sleep(every_s)
-        try:
-            last = {p: text_metrics(u) for p, u in urls.items()}
-        except OSError as exc:  # a sample missed (a saturated process): the window goes on
-            print(f"[fleet] a process's /metrics did not answer ({exc}); sample skipped")
+        last = {p: proc_usage(pid) for p, pid in pids.items()}
     elapsed = max(time.monotonic() - began, 1e-9)
-    cpu = {
-        p: (one(last[p], "process_cpu_seconds_total") - one(first[p], "process_cpu_seconds_total"))
-        / elapsed
-        for p in urls
-    }
+    cpu = {p: (last[p][1] - first[p][1]) / elapsed for p in pids}
     groups: dict[str, dict[str, float]] = {}
-    for labels, value in last["vmalert"].get("vmalert_iteration_duration_seconds", []):
+    vmalert = text_metrics(vmalert_url)
+    for labels, value in vmalert.get("vmalert_iteration_duration_seconds", []):
         q = labels.get("quantile")
         if q in ("0.5", "1"):
             name = labels["group"]
@@ -466,7 +497,7 @@ def vm_sample_window(urls: dict[str, str], seconds: float, every_s: float) -> di
         "rss_bytes": {p: summarise(v) for p, v in rss.items()},
         "cpu_cores": cpu,
         "rule_groups_ms": {g: v for g, v in sorted(groups.items()) if len(v) == 2},
-        "rule_iterations_missed": one(last["vmalert"], "vmalert_iteration_missed_total"),
+        "rule_iterations_missed": one(vmalert, "vmalert_iteration_missed_total"),
     }
 
 
@@ -514,12 +545,15 @@ def measure_fleet_vm(
             f"then {args.duration - warmup:.0f} s"
         )
         time.sleep(warmup)
-        urls = {
-            "victoria-metrics": stack.vm_url,
-            "vmagent": stack.vmagent_url,
-            "vmalert": stack.vmalert_api.base,
+        assert stack.vmalert is not None  # start_vm_stack started it (start_vmalert_now)
+        pids = {
+            "victoria-metrics": binary_pid(stack.vm),
+            "vmagent": binary_pid(stack.vmagent),
+            "vmalert": binary_pid(stack.vmalert),
         }
-        window = vm_sample_window(urls, args.duration - warmup, args.interval)
+        window = vm_sample_window(
+            pids, stack.vmalert_api.base, args.duration - warmup, args.interval
+        )
         board, queries = dashboard_queries()
         range_s = math.ceil(time.time() - began)
         substituted = [(w, substitute(e, args.interval, range_s)) for w, e in queries]

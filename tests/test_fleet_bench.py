@@ -173,6 +173,8 @@ def test_two_nodes_end_to_end_on_victoriametrics(tmp_path):
     assert fleet["series_count"] >= fleet["scraped_series"] + fleet["recorded_series"]
     for process in ("victoria-metrics", "vmagent", "vmalert"):
         assert fleet["rss_bytes"][process]["max"] > 0, process
+        assert fleet["cpu_cores"][process] >= 0, process
+    assert sum(fleet["cpu_cores"].values()) > 0  # from /proc: the three did some work
     assert len(fleet["rule_groups_ms"]) >= 4 and fleet["rule_iterations_missed"] == 0
     queries = fleet["queries"]["by_query"]
     assert queries and not [w for w, q in queries.items() if q["error"]]
@@ -194,3 +196,21 @@ def test_a_size_victoriametrics_could_not_carry_is_reported_not_lost():
         in lines
     )
     assert fleet.vm_lines({"settings": {}, "vm_fleets": [], "vm_failed": []}) == []
+
+
+def test_usage_is_read_from_proc_of_the_binary_not_of_its_timeout_wrapper(tmp_path):
+    """RSS and CPU come from /proc/<pid>/stat of the binary itself (a saturated process
+    may not answer its own /metrics), found under the coreutils timeout that runs it."""
+    fleet = load("fleet")
+    from tests.e2e.stack import Child
+
+    child = Child("sleeper", ["sleep", "30"], tmp_path / "sleep.log")
+    try:
+        pid = fleet.binary_pid(child)
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+    finally:
+        child.stop()
+    rss, cpu = fleet.proc_usage(os.getpid())
+    sum(i * i for i in range(2_000_000))  # ~0.1 s of CPU here
+    later = fleet.proc_usage(os.getpid())[1]
+    assert rss > 10 * 2**20 and later > cpu, (rss, cpu, later)
