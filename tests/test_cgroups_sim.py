@@ -247,11 +247,11 @@ async def test_why_idle_serves_each_containers_counters() -> None:
         assert pods == {"loader-starved-0", "cpu-bound-0", "embedder-0", "notebook-0"}, family
     keys = {k for k, _ in scrape.find("gpu_container_cpu_periods_total")[0][0].items()}
     assert keys == {"namespace", "pod", "container"}
-    # the starved pod's GPU: busy 15 s of every 50 s. Its per-process samples are read
-    # every 10 s (--process-utilization-interval), each the mean since the read before,
-    # and a cycle's busy or idle follows the last read: 6 busy cycles and 6 idle in the
-    # 60 s counted (50 % idle; the true share is 70 %: the ledger's state is as coarse as
-    # the per-process reads)
+    # the starved pod's whole GPU: busy 15 s of every 50 s. Its SM activity comes from
+    # GPM windows closed every 10 s (--gpm-interval), each the mean since the one
+    # before, and a cycle's busy or idle follows the last window: 6 busy cycles and 6
+    # idle in the 60 s counted (50 % idle; the true share is 70 %: the ledger's state is
+    # as coarse as the GPM windows)
     seconds = "gpu_container_allocated_gpu_seconds_total"
     assert scrape.get(seconds, state="busy", **starved) == pytest.approx(30)
     assert scrape.get(seconds, state="idle", **starved) == pytest.approx(30)

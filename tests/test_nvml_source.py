@@ -203,6 +203,27 @@ def test_previous_sm_samples_stand_in_for_missing_new_ones_for_ten_seconds_only(
     assert s.sample_at(16.5).gpus[0].process_utilization == ()  # 10.5 s: too old, dropped
 
 
+def test_no_sample_since_a_read_seconds_ago_on_a_gpu_reading_idle_is_idle(
+    sim: list[Sim],
+) -> None:
+    """NotFound a second and more after the last answer, with GPU-Util reading 0: no
+    process ran a kernel since, so no reading stands (a time-shared replica judged by
+    its SM share reads idle at once, not busy on its last burst's figure)."""
+    idle_at_5 = {
+        **RICH,
+        "timeline": [
+            *({"at": 5, "set_process": {"pid": pid, "sm": 0}} for pid in (1001, 1003)),
+            {"at": 5, "set": {"gpu": 0, "utilization_gpu": 0}},
+        ],
+    }
+    s = start(sim, idle_at_5)
+    assert len(s.sample_at(0.0).gpus[0].process_utilization) == 2
+    assert len(s.sample_at(6.0).gpus[0].process_utilization) == 2  # samples up to 5 s
+    gpu = s.sample_at(8.0).gpus[0]
+    assert gpu.utilization_gpu_percent == 0
+    assert gpu.process_utilization == ()
+
+
 def test_timeline_set_of_a_size_field_changes_what_nvml_reports(sim: list[Sim]) -> None:
     scenario = {**RICH, "timeline": [{"at": 5, "set": {"gpu": 0, "memory_reserved": "4GiB"}}]}
     s = start(sim, scenario)

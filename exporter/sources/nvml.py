@@ -518,7 +518,9 @@ class NvmlSource(Source):
             processes_listed=processes_listed,
             process_utilization=()
             if mig_enabled
-            else self._process_utilization(device, processes_listed and not processes, _busy(util)),
+            else self._process_utilization(
+                device, processes_listed and not processes, _busy(util), _quiet(util)
+            ),
             mig_instances=mig_instances,
             occupancy=occupancy,
             mig_profiles=self._mig_profiles(device, mig_mode is not None, mig_enabled),
@@ -801,16 +803,21 @@ class NvmlSource(Source):
         return self._listing
 
     def _process_utilization(
-        self, device: _Device, no_processes: bool, busy: bool
+        self, device: _Device, no_processes: bool, busy: bool, quiet: bool
     ) -> tuple[ProcessUtilization, ...]:
         """Per-process SM samples newer than the last ones seen, averaged per pid, with
         the SM time they account for (``nvml_samples.process_sm_seconds``), read every
         ``--process-utilization-interval``; between two reads the last ones stand.
 
-        NotFound means the driver has no sample newer than the last one we read (two
-        reads within one driver sample period, or a quiet GPU): the previous samples
-        stand for up to ``SAMPLE_REUSE_S`` (or two read intervals), so the per-container
-        SM series do not flap on short intervals, and then drop out. A sample that
+        NotFound means the driver has no sample newer than the last one we read: no
+        process ran a kernel since. Where the last read that answered is longer ago
+        than the driver's longest sample period (``nvml_samples.MAX_PERIOD_US``) and
+        GPU-Util reads 0 this cycle (``quiet``), that is an idle GPU: no reading stands
+        (a time-shared replica judged by its SM share is idle, not busy on its last
+        burst's figure for two more reads). Otherwise (two reads within one driver
+        sample period, or GPU-Util busy or unread: no evidence) the previous samples
+        stand for up to ``SAMPLE_REUSE_S`` (or two read intervals), so the
+        per-container SM series do not flap on short intervals, and then drop out. A sample that
         stands in keeps its timestamp: its SM time is counted once. An entry whose
         value is no percentage is dropped and counted (``ImplausibleValue``); the
         timestamps are kept sane by ``nvml_samples.SampleBuffer``.
@@ -837,6 +844,10 @@ class NvmlSource(Source):
         except pynvml.NVMLError_NotFound:
             if busy and buffer.seen_us and buffer.suspect(now):
                 self._clock_stepped(device, "per-process")
+            answered = device.last_utilization_at
+            if quiet and now - answered > nvml_samples.MAX_PERIOD_US / 1e6:
+                device.last_utilization = ()  # idle since the last read: nothing stands
+                return ()
             return self._standing(device, now)
         except UNSUPPORTED:
             return ()
@@ -1191,6 +1202,11 @@ def process_listing_suffix() -> str:
 def _busy(util: Any) -> bool:
     """GPU-Util above 0 this cycle (nvmlDeviceGetUtilizationRates), False when unread."""
     return util is not None and isinstance(util.gpu, int) and util.gpu > 0
+
+
+def _quiet(util: Any) -> bool:
+    """GPU-Util read 0 this cycle: evidence of an idle GPU (unread is none)."""
+    return util is not None and isinstance(util.gpu, int) and util.gpu == 0
 
 
 def _sample_value(kind: int, sample: Any) -> float | None:
