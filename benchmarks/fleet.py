@@ -972,6 +972,7 @@ def main(argv: list[str] | None = None) -> int:
     # the scenarios raise alerts on purpose: their warnings are not the benchmark's
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     started, now = time.monotonic(), datetime.now(UTC)
+    host = machine()  # the commit the nodes' text is captured at, not one made meanwhile
     version = _prometheus_version(binary)
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
         work = Path(tmp)
@@ -1019,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "started": now.isoformat(timespec="seconds"),
         "command": "python benchmarks/fleet.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": machine(),
+        "machine": host,
         "settings": {
             "nodes": args.nodes,
             "interval_s": args.interval,
