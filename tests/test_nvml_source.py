@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pynvml
 import pytest
@@ -198,8 +198,10 @@ def test_previous_sm_samples_stand_in_for_missing_new_ones_for_ten_seconds_only(
         (1001, EPOCH_US + 5_000_000),
         (1003, EPOCH_US + 5_000_000),
     ]
-    # from then on no sample is newer (NOT_FOUND): the last ones stand, for 10 s only
-    assert s.sample_at(12.0).gpus[0].process_utilization == last  # 6 s after the last read
+    # from then on no sample is newer (NOT_FOUND): the last ones stand, for 10 s only,
+    # with no SM time (theirs was counted when they were read)
+    standing = tuple(replace(u, sm_seconds=0.0) for u in last)
+    assert s.sample_at(12.0).gpus[0].process_utilization == standing  # 6 s after the read
     assert s.sample_at(16.5).gpus[0].process_utilization == ()  # 10.5 s: too old, dropped
 
 

@@ -7,11 +7,14 @@ active seconds accumulates every window the sources measured:
 
 - occupancy (GPM or DCGM: SM active, occupancy, tensor, DRAM, FP64/32/16, graphics):
   each window adds ratio x its length, once, by its end (``Occupancy.window_end``); a
-  window served again between two GPM reads adds nothing; and the windows added never
-  cover more seconds than the analysis' own clock saw pass, so the windows of two
-  sources (DCGM on and off) never cover a second twice (a window longer than the time
-  since the last one is clipped; what a shorter one left stays claimable, at most
-  ``JITTER_S``, so reads that land earlier or later in their cycle lose nothing);
+  window served again between two GPM reads adds nothing. The windows added never cover
+  more seconds than the analysis' own clock saw pass, so windows of two sources (DCGM on
+  and off) never cover a second twice, and a window of garbage length claims only time
+  nobody covered; but a window runs from read to read and the analysis' clock from one
+  cycle's end of reads to the next, so what a shorter window left stays claimable by
+  the next (up to one window's worth, at least ``JITTER_S``): reads that land earlier or
+  later in their cycle lose nothing. A window whose length is no finite number adds
+  nothing;
 - GPU-Util: the busy seconds NVML's sample buffer accounts for (``ActiveWindow``), never
   more in all than the time covered (samples and the exporter's clock are not in phase,
   so one window may hold a little more than its length: up to ``MAX_EXCESS_S`` is kept
@@ -31,6 +34,7 @@ cycle, does not reset a counter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from exporter.model import (
@@ -48,9 +52,9 @@ UTILIZATION = "utilization"  # GPU-Util's metric name and signal
 OCCUPANCY = "occupancy"  # the GPM/DCGM windows
 ABSENT_S = 300.0  # a device or container unseen this long is gone
 MAX_EXCESS_S = 1.0  # GPU-Util's longest sample period (nvml.h): the most a window holds over
-# How far a source's read may move inside its cycle from one cycle to the next: a GPM
-# window runs from read to read, the analysis' clock from the end of one cycle's reads to
-# the next's, and the two differ by how long the reads after it took each time.
+# What a window may claim of the time the ones before it left unclaimed, at least (up to
+# one window's worth): a read may move inside its cycle by up to the cycle's length from
+# one cycle to the next.
 JITTER_S = 1.0
 ContainerKey = tuple[ContainerRef, DeviceRef]
 _UTILIZATION_RAW = "utilization_unclamped"  # GPU-Util's busy seconds as the samples say
@@ -64,6 +68,7 @@ def account_active_time(
     window_end = dict(state.window_end)
     source = dict(state.source)
     covered_to = dict(state.covered_to)
+    added_at = dict(state.added_at)
     device_seen = dict(state.device_seen)
     # (GPU UUID, pid) stamps: a GPU that answered keeps only the pids it reports now
     # (bounded by one read); one that did not keeps its own until it is gone
@@ -76,13 +81,21 @@ def account_active_time(
         if gpu.error:
             continue
         _add_occupancy(
-            gpu.uuid, gpu.occupancy, devices, sampled, window_end, source, covered_to, now
+            gpu.uuid, gpu.occupancy, devices, sampled, window_end, source, covered_to, added_at, now
         )
         _add_utilization(gpu.uuid, gpu.utilization_window, devices, sampled, window_end)
         for mig in gpu.mig_instances:
             device_seen[mig.uuid] = now
             _add_occupancy(
-                mig.uuid, mig.occupancy, devices, sampled, window_end, source, covered_to, now
+                mig.uuid,
+                mig.occupancy,
+                devices,
+                sampled,
+                window_end,
+                source,
+                covered_to,
+                added_at,
+                now,
             )
         for sample in gpu.process_utilization:
             key = (gpu.uuid, sample.pid)
@@ -109,6 +122,7 @@ def account_active_time(
         window_end={key: end for key, end in window_end.items() if key[0] not in gone},
         source={uuid: name for uuid, name in source.items() if uuid not in gone},
         covered_to={uuid: at for uuid, at in covered_to.items() if uuid not in gone},
+        added_at={uuid: at for uuid, at in added_at.items() if uuid not in gone},
         containers={
             key: total
             for key, total in containers.items()
@@ -128,27 +142,32 @@ def _add_occupancy(
     window_end: dict[tuple[str, str], float],
     source: dict[str, str],
     covered_to: dict[str, float],
+    added_at: dict[str, float],
     now: float,
 ) -> None:
     if occupancy is None or occupancy.window_end is None or occupancy.window_s is None:
         return
+    if not (math.isfinite(occupancy.window_s) and math.isfinite(occupancy.window_end)):
+        return  # no length, no window: nothing covered, never NaN in the totals
     key = (uuid, OCCUPANCY)
     if source.get(uuid, occupancy.source) != occupancy.source:
         window_end.pop(key, None)  # the other source's ends are on its own clock
     source[uuid] = occupancy.source
     if not _new_window(key, occupancy.window_end, window_end):
         return
-    # never more than the analysis' own clock saw pass, from either source: windows of two
-    # sources (DCGM on and off) cannot cover a second twice. A window shorter than the
-    # time since the last (its read came earlier in its cycle) leaves the rest claimable
-    # by the next, up to JITTER_S: a later read's longer window is not cut for it.
     seconds = max(occupancy.window_s, 0.0)
-    last = covered_to.get(uuid)
-    if last is not None:
-        seconds = min(seconds, max(now - last, 0.0))
-        covered_to[uuid] = max(last + seconds, now - JITTER_S)
-    else:
+    last, previous = covered_to.get(uuid), added_at.get(uuid)
+    added_at[uuid] = now
+    if last is None or previous is None:
         covered_to[uuid] = now
+    else:
+        # never more than the analysis' clock saw pass that no window claimed yet, at most
+        # one window's worth before the last was added (a read moves inside its cycle by
+        # less than that) or JITTER_S; a clock that stepped back claims nothing this time
+        floor = min(now - JITTER_S, previous - (now - previous))
+        last = min(max(last, floor), now)
+        seconds = min(seconds, now - last)
+        covered_to[uuid] = last + seconds
     metrics = devices.setdefault(uuid, {})
     covered = sampled.setdefault(uuid, {})
     for name in OCCUPANCY_FIELDS:

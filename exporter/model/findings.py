@@ -484,8 +484,10 @@ class ActiveTime:
     # device UUID -> the occupancy source of the last window added (gpm | dcgm)
     source: Mapping[str, str] = field(default_factory=dict)
     # device UUID -> the analysis' monotonic time its occupancy windows are counted up to
-    # (at most active_time.JITTER_S behind the cycle that added the last)
+    # (behind the cycle that added the last by what that window left unclaimed)
     covered_to: Mapping[str, float] = field(default_factory=dict)
+    # device UUID -> the analysis' monotonic time its last occupancy window was added
+    added_at: Mapping[str, float] = field(default_factory=dict)
     containers: Mapping[tuple[ContainerRef, DeviceRef], float] = field(default_factory=dict)
     # (GPU UUID, pid) -> newest process sample added (µs)
     process_stamp: Mapping[tuple[str, int], int] = field(default_factory=dict)

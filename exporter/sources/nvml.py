@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 import pynvml
@@ -813,12 +813,14 @@ class NvmlSource(Source):
         process ran a kernel since. Where the last read that answered is longer ago
         than the driver's longest sample period (``nvml_samples.MAX_PERIOD_US``) and
         GPU-Util reads 0 this cycle (``quiet``), that is an idle GPU: no reading stands
-        (a time-shared replica judged by its SM share is idle, not busy on its last
-        burst's figure for two more reads). Otherwise (two reads within one driver
-        sample period, or GPU-Util busy or unread: no evidence) the previous samples
-        stand for up to ``SAMPLE_REUSE_S`` (or two read intervals), so the
-        per-container SM series do not flap on short intervals, and then drop out. A sample that
-        stands in keeps its timestamp: its SM time is counted once. An entry whose
+        this cycle (a time-shared replica judged by its SM share is idle, not busy on its
+        last burst's figure). Otherwise (two reads within one driver sample period, or
+        GPU-Util busy or unread: no evidence) the previous samples stand for up to
+        ``SAMPLE_REUSE_S`` (or two read intervals) since they were read, so the
+        per-container SM series do not flap on short intervals, and then drop out; a
+        GPU busy again before its processes' new samples arrive has them stand again.
+        Readings that stand keep their timestamp and carry no SM time (``_standing``):
+        their SM time is counted once, when read. An entry whose
         value is no percentage is dropped and counted (``ImplausibleValue``); the
         timestamps are kept sane by ``nvml_samples.SampleBuffer``.
 
@@ -846,8 +848,7 @@ class NvmlSource(Source):
                 self._clock_stepped(device, "per-process")
             answered = device.last_utilization_at
             if quiet and now - answered > nvml_samples.MAX_PERIOD_US / 1e6:
-                device.last_utilization = ()  # idle since the last read: nothing stands
-                return ()
+                return ()  # idle since the last read: nothing stands while GPU-Util reads 0
             return self._standing(device, now)
         except UNSUPPORTED:
             return ()
@@ -908,9 +909,12 @@ class NvmlSource(Source):
         return device.last_utilization
 
     def _standing(self, device: _Device, now: float) -> tuple[ProcessUtilization, ...]:
-        """The last per-process readings, while they may stand in for a read."""
-        fresh = now - device.last_utilization_at <= self._sample_reuse_s
-        return device.last_utilization if fresh else ()
+        """The last per-process readings, while they may stand in for a read, with no SM
+        time: theirs was counted when they were read (a reading that stands again after
+        a cycle without one is not counted twice)."""
+        if now - device.last_utilization_at > self._sample_reuse_s:
+            return ()
+        return tuple(replace(r, sm_seconds=0.0) for r in device.last_utilization)
 
     def _utilization_window(self, device: _Device, busy: bool) -> ActiveWindow | None:
         """GPU-Util's samples since the last read (``nvmlDeviceGetSamples``,
