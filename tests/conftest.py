@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from exporter.sources.nvml import NvmlSource
 
 # Modules of DCGM's Python bindings (here: the fake in tests/fake_dcgm). Python caches
 # imports process-wide, so each test starts and ends without them, as a fresh process.
@@ -29,6 +33,15 @@ def isolated_dcgm_bindings() -> Iterator[None]:
     sys.path[:] = saved_path
     for name in DCGM_BINDING_MODULES:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def made() -> Iterator[list[NvmlSource]]:
+    """The NVML sources a test builds over the simulated library, closed after it."""
+    sources: list[NvmlSource] = []
+    yield sources
+    for source in sources:
+        source.close()
 
 
 @pytest.hookimpl(trylast=True)

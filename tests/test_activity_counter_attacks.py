@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -162,14 +162,6 @@ class Hostile:
             rc, value = changed[req.metrics[i].metricId]
             req.metrics[i].nvmlReturn, req.metrics[i].value = rc, value
         return ret
-
-
-@pytest.fixture
-def made() -> Iterator[list[NvmlSource]]:
-    sources: list[NvmlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
 
 
 class Node:

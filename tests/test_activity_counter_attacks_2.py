@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pynvml
@@ -42,14 +41,6 @@ from tests.test_activity_counter_attacks import (
 )
 
 SIM_PERIOD_S = 0.167  # the simulator's GPU-Util sample period (docs/simulator.md)
-
-
-@pytest.fixture
-def made() -> Iterator[list[NvmlSource]]:
-    sources: list[NvmlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
 
 
 def grid(period_us: int, now: float, *, every: int = 1, history_s: float = 20.0) -> list[int]:

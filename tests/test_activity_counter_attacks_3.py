@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 
 import pynvml
 import pytest
@@ -49,14 +48,6 @@ def _covered(state: ActiveTime, uuid: str = UUID) -> float:
 
 def _active(state: ActiveTime, uuid: str = UUID) -> float:
     return state.devices.get(uuid, {}).get("sm_active", 0.0)
-
-
-@pytest.fixture
-def made() -> Iterator[list[NvmlSource]]:
-    sources: list[NvmlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
 
 
 # == change 1: _add_occupancy / covered_to ==============================================

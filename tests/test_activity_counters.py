@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,14 +21,6 @@ from exporter.sim.scenario import parse_scenario
 from exporter.sources import nvml_samples
 from exporter.sources.nvml import NvmlSource
 from tests.test_nvml_cadence import R580
-
-
-@pytest.fixture
-def made() -> Iterator[list[NvmlSource]]:
-    sources: list[NvmlSource] = []
-    yield sources
-    for source in sources:
-        source.close()
 
 
 class Node:
