@@ -226,6 +226,21 @@ def test_no_sample_since_a_read_seconds_ago_on_a_gpu_reading_idle_is_idle(
     assert gpu.process_utilization == ()
 
 
+def test_between_two_reads_no_reading_stands_on_a_gpu_reading_idle(sim: list[Sim]) -> None:
+    """Per-process reads every 10 s: between two, the last readings stand while the GPU
+    is busy, and not while GPU-Util reads 0 (a second and more after the last answer)."""
+    idle_at_3 = {**RICH, "timeline": [{"at": 3, "set": {"gpu": 0, "utilization_gpu": 0}}]}
+    s = start(sim, idle_at_3)
+    s.source.close()
+    s.source = NvmlSource(clock=s.clock, process_utilization_interval_s=10.0)
+    assert len(s.sample_at(0.0).gpus[0].process_utilization) == 2  # read (a baseline)
+    assert len(s.sample_at(1.0).gpus[0].process_utilization) == 2  # read again after it
+    assert len(s.sample_at(2.0).gpus[0].process_utilization) == 2  # stands: busy
+    gpu = s.sample_at(5.0).gpus[0]  # not due; GPU-Util 0 since 3 s
+    assert gpu.utilization_gpu_percent == 0
+    assert gpu.process_utilization == ()
+
+
 def test_timeline_set_of_a_size_field_changes_what_nvml_reports(sim: list[Sim]) -> None:
     scenario = {**RICH, "timeline": [{"at": 5, "set": {"gpu": 0, "memory_reserved": "4GiB"}}]}
     s = start(sim, scenario)

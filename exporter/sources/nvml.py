@@ -173,6 +173,10 @@ class _Device:
     )
     last_utilization: tuple[ProcessUtilization, ...] = ()
     last_utilization_at: float = 0.0  # source clock when last_utilization was read
+    # GPU-Util has read busy at a read that returned per-process samples: it reports on
+    # this GPU, so its reading 0 says the processes stopped (one that never reads busy
+    # beside SM samples, as on a platform that does not report it, says nothing)
+    utilization_agreed: bool = False
     process_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
     process_attempted: bool = False  # a per-process read was made: paced from then on
     gpm_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
@@ -810,17 +814,19 @@ class NvmlSource(Source):
         ``--process-utilization-interval``; between two reads the last ones stand.
 
         NotFound means the driver has no sample newer than the last one we read: no
-        process ran a kernel since. Where the last read that answered is longer ago
-        than the driver's longest sample period (``nvml_samples.MAX_PERIOD_US``) and
-        GPU-Util reads 0 this cycle (``quiet``), that is an idle GPU: no reading stands
-        this cycle (a time-shared replica judged by its SM share is idle, not busy on its
-        last burst's figure). Otherwise (two reads within one driver sample period, or
-        GPU-Util busy or unread: no evidence) the previous samples stand for up to
-        ``SAMPLE_REUSE_S`` (or two read intervals) since they were read, so the
-        per-container SM series do not flap on short intervals, and then drop out; a
-        GPU busy again before its processes' new samples arrive has them stand again.
-        Readings that stand keep their timestamp and carry no SM time (``_standing``):
-        their SM time is counted once, when read. An entry whose
+        process ran a kernel since. Then, as between two reads, the previous samples
+        stand for up to ``SAMPLE_REUSE_S`` (or two read intervals) since they were read,
+        so the per-container SM series do not flap on short intervals, and then drop out;
+        except that while GPU-Util reads 0 this cycle (``quiet``) and the last read that
+        answered is longer ago than the driver's longest sample period
+        (``nvml_samples.MAX_PERIOD_US``), none stands: the GPU is idle, and a time-shared
+        replica judged by its SM share is idle with it, not busy on its last burst's
+        figure. That needs a GPU-Util that has read busy at a read that returned samples:
+        one that never does (a platform that does not report it) says nothing. GPU-Util busy or unread is no
+        evidence: they stand (a GPU busy again before its processes' new samples arrive
+        has them stand again). Readings that
+        stand keep their timestamp and carry no SM time (``_standing``): their SM time
+        is counted once, when read. An entry whose
         value is no percentage is dropped and counted (``ImplausibleValue``); the
         timestamps are kept sane by ``nvml_samples.SampleBuffer``.
 
@@ -837,7 +843,7 @@ class NvmlSource(Source):
             return ()
         now = self._clock()
         if device.process_attempted and not device.process_schedule.due(now):
-            return self._standing(device, now)
+            return self._standing(device, now, quiet)
         device.process_attempted = True
         device.process_schedule.done(now)
         buffer = device.process_samples
@@ -846,10 +852,7 @@ class NvmlSource(Source):
         except pynvml.NVMLError_NotFound:
             if busy and buffer.seen_us and buffer.suspect(now):
                 self._clock_stepped(device, "per-process")
-            answered = device.last_utilization_at
-            if quiet and now - answered > nvml_samples.MAX_PERIOD_US / 1e6:
-                return ()  # idle since the last read: nothing stands while GPU-Util reads 0
-            return self._standing(device, now)
+            return self._standing(device, now, quiet)
         except UNSUPPORTED:
             return ()
         except _GPU_FAILED:
@@ -889,6 +892,7 @@ class NvmlSource(Source):
             per_pid.setdefault(pid, []).append((sm, memory, stamp))
         buffer.answered_at = now
         device.last_utilization_at = now
+        device.utilization_agreed = device.utilization_agreed or busy
         if seen == 0 and buffer.seen_us > 0 and per_pid:
             # the first samples average whatever the driver held: read again at the next
             # cycle, so the figures served for the interval are the mean since this read
@@ -908,11 +912,17 @@ class NvmlSource(Source):
         device.last_utilization = tuple(readings)
         return device.last_utilization
 
-    def _standing(self, device: _Device, now: float) -> tuple[ProcessUtilization, ...]:
-        """The last per-process readings, while they may stand in for a read, with no SM
-        time: theirs was counted when they were read (a reading that stands again after
-        a cycle without one is not counted twice)."""
-        if now - device.last_utilization_at > self._sample_reuse_s:
+    def _standing(self, device: _Device, now: float, quiet: bool) -> tuple[ProcessUtilization, ...]:
+        """The last per-process readings, while they may stand in for a read (between two
+        reads, or a read that found nothing new), with no SM time: theirs was counted when
+        they were read (a reading that stands again after a cycle without one is not
+        counted twice). None while GPU-Util reads 0 (``quiet``), the last answer is
+        older than the driver's longest sample period, on a GPU whose GPU-Util has read
+        busy beside per-process samples (``utilization_agreed``): the GPU is idle now, and
+        a time-shared replica judged by its SM share with it."""
+        age = now - device.last_utilization_at
+        idle = quiet and device.utilization_agreed and age > nvml_samples.MAX_PERIOD_US / 1e6
+        if age > self._sample_reuse_s or idle:
             return ()
         return tuple(replace(r, sm_seconds=0.0) for r in device.last_utilization)
 
