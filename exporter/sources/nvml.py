@@ -173,10 +173,11 @@ class _Device:
     )
     last_utilization: tuple[ProcessUtilization, ...] = ()
     last_utilization_at: float = 0.0  # source clock when last_utilization was read
-    # GPU-Util has read busy at a read that returned per-process samples: it reports on
-    # this GPU, so its reading 0 says the processes stopped (one that never reads busy
-    # beside SM samples, as on a platform that does not report it, says nothing)
+    # GPU-Util has read busy (a plausible 1-100) while this GPU held per-process readings:
+    # it reports here, so its reading 0 says the processes stopped (one that never reads
+    # busy beside them, as on a platform that does not report it, says nothing)
     utilization_agreed: bool = False
+    busy_at: float = -math.inf  # source clock when GPU-Util last read a plausible busy
     process_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
     process_attempted: bool = False  # a per-process read was made: paced from then on
     gpm_schedule: SlowSchedule = field(default_factory=lambda: SlowSchedule(0.0))
@@ -523,7 +524,7 @@ class NvmlSource(Source):
             process_utilization=()
             if mig_enabled
             else self._process_utilization(
-                device, processes_listed and not processes, _busy(util), _quiet(util)
+                device, processes_listed and not processes, _gpu_util(util)
             ),
             mig_instances=mig_instances,
             occupancy=occupancy,
@@ -807,7 +808,7 @@ class NvmlSource(Source):
         return self._listing
 
     def _process_utilization(
-        self, device: _Device, no_processes: bool, busy: bool, quiet: bool
+        self, device: _Device, no_processes: bool, gpu_util: int | None
     ) -> tuple[ProcessUtilization, ...]:
         """Per-process SM samples newer than the last ones seen, averaged per pid, with
         the SM time they account for (``nvml_samples.process_sm_seconds``), read every
@@ -817,14 +818,15 @@ class NvmlSource(Source):
         process ran a kernel since. Then, as between two reads, the previous samples
         stand for up to ``SAMPLE_REUSE_S`` (or two read intervals) since they were read,
         so the per-container SM series do not flap on short intervals, and then drop out;
-        except that while GPU-Util reads 0 this cycle (``quiet``) and the last read that
-        answered is longer ago than the driver's longest sample period
-        (``nvml_samples.MAX_PERIOD_US``), none stands: the GPU is idle, and a time-shared
-        replica judged by its SM share is idle with it, not busy on its last burst's
-        figure. That needs a GPU-Util that has read busy at a read that returned samples:
-        one that never does (a platform that does not report it) says nothing. GPU-Util busy or unread is no
-        evidence: they stand (a GPU busy again before its processes' new samples arrive
-        has them stand again). Readings that
+        except that while GPU-Util (``gpu_util``, this cycle's, None when unread) reads 0
+        and both the last read that answered and the last cycle GPU-Util read busy are
+        longer ago than the driver's longest sample period (``nvml_samples.MAX_PERIOD_US``),
+        none stands: the GPU is idle, and a time-shared replica judged by its SM share is
+        idle with it, not busy on its last burst's figure. That needs a GPU-Util that has
+        read busy (a plausible 1-100) while readings were held: one that never does (a
+        platform that does not report it) says nothing. GPU-Util busy, unread or garbage
+        is no evidence: they stand (a GPU busy again before its processes' new samples
+        arrive has them stand again). Readings that
         stand keep their timestamp and carry no SM time (``_standing``): their SM time
         is counted once, when read. An entry whose
         value is no percentage is dropped and counted (``ImplausibleValue``); the
@@ -842,6 +844,11 @@ class NvmlSource(Source):
             device.last_utilization = ()
             return ()
         now = self._clock()
+        busy = gpu_util is not None and gpu_util > 0
+        if gpu_util is not None and nvml_samples.plausible_percent(gpu_util) and gpu_util > 0:
+            device.busy_at = now
+            device.utilization_agreed = device.utilization_agreed or bool(device.last_utilization)
+        quiet = gpu_util == 0
         if device.process_attempted and not device.process_schedule.due(now):
             return self._standing(device, now, quiet)
         device.process_attempted = True
@@ -892,7 +899,7 @@ class NvmlSource(Source):
             per_pid.setdefault(pid, []).append((sm, memory, stamp))
         buffer.answered_at = now
         device.last_utilization_at = now
-        device.utilization_agreed = device.utilization_agreed or busy
+        device.utilization_agreed = device.utilization_agreed or device.busy_at == now
         if seen == 0 and buffer.seen_us > 0 and per_pid:
             # the first samples average whatever the driver held: read again at the next
             # cycle, so the figures served for the interval are the mean since this read
@@ -916,12 +923,14 @@ class NvmlSource(Source):
         """The last per-process readings, while they may stand in for a read (between two
         reads, or a read that found nothing new), with no SM time: theirs was counted when
         they were read (a reading that stands again after a cycle without one is not
-        counted twice). None while GPU-Util reads 0 (``quiet``), the last answer is
-        older than the driver's longest sample period, on a GPU whose GPU-Util has read
-        busy beside per-process samples (``utilization_agreed``): the GPU is idle now, and
-        a time-shared replica judged by its SM share with it."""
+        counted twice). None while GPU-Util reads 0 (``quiet``) and neither the last
+        answer nor the last busy GPU-Util is within the driver's longest sample period,
+        on a GPU whose GPU-Util has read busy beside per-process readings
+        (``utilization_agreed``): the GPU is idle now, and a time-shared replica judged
+        by its SM share with it."""
         age = now - device.last_utilization_at
-        idle = quiet and device.utilization_agreed and age > nvml_samples.MAX_PERIOD_US / 1e6
+        quiet_for = now - max(device.last_utilization_at, device.busy_at)
+        idle = quiet and device.utilization_agreed and quiet_for > nvml_samples.MAX_PERIOD_US / 1e6
         if age > self._sample_reuse_s or idle:
             return ()
         return tuple(replace(r, sm_seconds=0.0) for r in device.last_utilization)
@@ -1218,9 +1227,9 @@ def _busy(util: Any) -> bool:
     return util is not None and isinstance(util.gpu, int) and util.gpu > 0
 
 
-def _quiet(util: Any) -> bool:
-    """GPU-Util read 0 this cycle: evidence of an idle GPU (unread is none)."""
-    return util is not None and isinstance(util.gpu, int) and util.gpu == 0
+def _gpu_util(util: Any) -> int | None:
+    """GPU-Util this cycle (nvmlDeviceGetUtilizationRates), None when unread."""
+    return util.gpu if util is not None and isinstance(util.gpu, int) else None
 
 
 def _sample_value(kind: int, sample: Any) -> float | None:
