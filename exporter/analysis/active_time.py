@@ -20,7 +20,8 @@ active seconds accumulates every window the sources measured:
   so one window may hold a little more than its length: up to ``MAX_EXCESS_S`` is kept
   for later);
 - a container: the SM seconds of its processes' samples (``ProcessUtilization.sm_seconds``)
-  on each device, each process's samples added once, by their newest timestamp.
+  on each device, each process's samples added once, by their newest timestamp; its
+  total starts at its processes' first reading there.
 
 Beside them, ``sampled`` counts the seconds the windows covered, per device and metric:
 ``rate(active) / rate(sampled)`` is the mean over the time that was measured, exact
@@ -114,7 +115,10 @@ def account_active_time(
             DeviceRef(row.gpu, row.uuid, row.mig_uuid),
         )
         container_seen[where] = now
-        containers[where] = containers.get(where, 0.0) + new_sm.get((row.uuid, row.pid), 0.0)
+        # a container's total starts at its processes' first reading on the device (a
+        # baseline adds 0): none read yet (MIG mode, no driver support) is no zero
+        if (row.uuid, row.pid) in new_sm or where in containers:
+            containers[where] = containers.get(where, 0.0) + new_sm.get((row.uuid, row.pid), 0.0)
     gone = {uuid for uuid, at in device_seen.items() if now - at > ABSENT_S}
     return ActiveTime(
         devices={uuid: m for uuid, m in devices.items() if uuid not in gone},

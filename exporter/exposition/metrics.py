@@ -458,12 +458,14 @@ def _add_attribution(
         labels = _where(c.container, c.device, migs)
         out.add("gpu_container_memory_used_bytes", labels, c.memory_used_bytes)
         out.add("gpu_container_sm_utilization_ratio", labels, c.sm_ratio)
-        if c.sm_ratio is not None:  # served where the gauge is: samples this cycle
-            out.add(
-                "gpu_container_sm_seconds",
-                labels,
-                analysis.active_time.containers.get((c.container, c.device)),
-            )
+        # from the container's first per-process reading on, while it has processes
+        # on the device: a counter does not come and go with the readings standing in
+        # (a GPU idle between bursts has none), as the gauge beside it does
+        out.add(
+            "gpu_container_sm_seconds",
+            labels,
+            analysis.active_time.containers.get((c.container, c.device)),
+        )
         out.add("gpu_container_processes", labels, c.processes)
     for a in attribution.allocations:
         out.add(

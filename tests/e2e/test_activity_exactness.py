@@ -29,6 +29,14 @@ scrape interval:
   of GPU 0's periods, and the 1 s GPM windows end half a second earlier or later than the
   scrapes in turn; measured up to 3.7 % here, 5.6 % at full scale (docs/e2e.md);
 - ``rate(x) / rate(sampled)`` (GPM and GPU-Util) is within 2 % of the truth too;
+- except GPU 1's GPU-Util counter, held to one burst in the scrapes' span instead
+  (``mean_bound``): it steps once a burst, when the burst's sample reaches the exporter
+  (a 1/6 s sample period's end, then the next 0.5 s cycle), so the samples a range
+  holds span a whole number of scrape intervals (27 s at the 3 s scrape) holding 27
+  bursts, or one more or less as the arrivals drift against the scrape phase (the
+  sample period is 167 ms, six of them 1.002 s): 1/27 = 3.7 %, and since that phase
+  barely moves over the 6 s of instants, their mean does not average it out (two runs
+  on 2026-11-29 read -3.3 % at the 3 s scrape, at two commits; others 0.0 %);
 - the GPU-Util gauge's sampled mean aliases on GPU 0 at the scrape intervals that are a
   whole number of its duty period (3 s, 6 s): each sample reads 0 or 99 %, so the mean
   of 10 (5) of them is k x 9.9 % (k x 19.8 %), never within 5 % of 33 %. The other
@@ -128,12 +136,26 @@ def test_every_counter_is_measured_on_every_instant(run: Run) -> None:
     assert not short, f"rows without a value at each of the {expected} instants: {short}"
 
 
+def mean_bound(run: Run, counter: str, gpu: str, scrape_s: float) -> float:
+    """2 %, or for a counter that steps once a burst (GPU 1's GPU-Util: its sparse
+    sample buffer) one burst more or less in the span the scrapes in a range cover."""
+    if (counter, gpu) != (UTILIZATION, "1"):
+        return BOUND
+    period, _ = duty_of(run.scenario, gpu)
+    return max(BOUND, period / (SCALE.window_s - scrape_s))
+
+
+def test_the_bursty_bound_is_one_burst_in_the_scraped_span(run: Run) -> None:
+    assert mean_bound(run, UTILIZATION, "0", 3.0) == BOUND
+    assert mean_bound(run, UTILIZATION, "1", 3.0) == pytest.approx(1 / 27)
+
+
 def test_rate_of_every_counter_is_the_true_mean_within_2_percent(run: Run) -> None:
     off = [
         f"{r.counter} gpu {r.gpu} at {r.scrape_s:g} s: {r.rate_mean:.5f} vs {r.truth:.5f} "
         f"({r.err_mean * 100:+.2f} %)"
         for r in run.rows
-        if not abs(r.err_mean) <= BOUND
+        if not abs(r.err_mean) <= mean_bound(run, r.counter, r.gpu, r.scrape_s)
     ]
     assert not off, "\n".join(off)
 
@@ -154,7 +176,7 @@ def test_rate_over_sampled_time_is_the_true_mean_within_2_percent(run: Run) -> N
     off = [
         f"{r.counter} gpu {r.gpu} at {r.scrape_s:g} s: {r.measured_mean:.5f} vs {r.truth:.5f}"
         for r in rows
-        if not abs(r.measured_mean / r.truth - 1) <= BOUND
+        if not abs(r.measured_mean / r.truth - 1) <= mean_bound(run, r.counter, r.gpu, r.scrape_s)
     ]
     assert not off, "\n".join(off)
 
