@@ -159,6 +159,25 @@ def test_stop_returns_within_one_wait_timeout(listen: Callable[..., Listening]) 
     assert got.listener.registered == ()
 
 
+def test_a_listener_outliving_its_library_leaves_the_next_one_initialised(
+    listen: Callable[..., Listening],
+) -> None:
+    """NVML's init is reference-counted and process-wide: a listener's thread that ends
+    after another library was installed (a test's next simulated node) balances its own
+    init only, not the new library's. Such a thread's stray shutdown made a later test's
+    nvmlShutdown answer Uninitialized in one CI run."""
+    sim_node()
+    got = listen(wait_timeout_ms=50)
+    assert eventually(lambda: got.listener.registered == (0, 1, 2))
+    sim_node()  # another library, as the next test installs
+    pynvml.nvmlInit()
+    try:
+        got.listener.stop()
+        assert not got.listener.alive
+    finally:
+        pynvml.nvmlShutdown()  # Uninitialized if the listener's ended the new library's
+
+
 def test_event_set_error_backs_off_then_recreates_the_set(
     listen: Callable[..., Listening],
 ) -> None:

@@ -229,6 +229,7 @@ class NvmlSource(Source):
         self._backoff = Backoff(initial_s=1.0, max_s=60.0)
         self._retry_at = 0.0
         self._initialised = False
+        self._library: object = None  # pynvml's library when NVML was initialised
         self._init_error: str | None = None
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._devices: list[_Device | None] = []
@@ -253,6 +254,7 @@ class NvmlSource(Source):
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             return self._init_failed(exc)
+        self._library = pynvml.nvmlLib
         try:
             # Without the count there is nothing to sample: that is NVML down, not "no
             # GPUs", so the init is undone and retried like a failed nvmlInit.
@@ -281,12 +283,14 @@ class NvmlSource(Source):
         return False
 
     def close(self) -> None:
-        if self._initialised:
+        # balances our own nvmlInit only, on the library it was made on (one replaced
+        # since, as a test installing another simulated library, is not ours)
+        if self._initialised and pynvml.nvmlLib is self._library:
             for device in self._devices:
                 if device is not None:
                     self._free_gpm(device)
             self._optional(pynvml.nvmlShutdown)
-            self._initialised = False
+        self._initialised = False
 
     def _free_gpm(self, device: _Device) -> None:
         for state in device.gpm.values():

@@ -144,6 +144,7 @@ class XidListener(ThreadedSource):
         self._rebuild_after_lost_s = rebuild_after_lost_s
         self._clock = clock
         self._initialised = False
+        self._library: object = None  # pynvml's library when this thread initialised it
         self._registered: tuple[int, ...] = ()
         self._interruptible = False  # decided at start()
         self._waiting = False  # the thread is inside nvmlEventSetWait (under _wait_lock)
@@ -207,11 +208,14 @@ class XidListener(ThreadedSource):
                     self._stop.wait(delay)
         finally:
             self._registered = ()
-            if self._initialised:
-                # NVML init is reference-counted: this balances our own nvmlInit only.
+            if self._initialised and pynvml.nvmlLib is self._library:
+                # NVML init is reference-counted: this balances our own nvmlInit only, on
+                # the library it was made on (one replaced since, as a test installing
+                # another simulated library while this thread outlived its stop, is not
+                # ours to shut down)
                 with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlShutdown()
-                self._initialised = False
+            self._initialised = False
 
     def _session(self) -> float:
         """One event set from creation to failure (or stop); returns the delay before
@@ -254,6 +258,7 @@ class XidListener(ThreadedSource):
     def _ensure_initialised(self) -> None:
         if not self._initialised:
             pynvml.nvmlInit()
+            self._library = pynvml.nvmlLib
             self._initialised = True
 
     def _register(self) -> _Registration:
