@@ -84,7 +84,11 @@ def test_the_verdict_catches_one_float_per_churned_pid_that_gc_cannot_see() -> N
     after = soak.measure()
     assert after["gc_objects"] - before["gc_objects"] < 10  # invisible to gc
     failed = soak.growth_failures([{**before, "cycle": 0}, {**after, "cycle": PERIOD}])
-    assert [line.split(":")[0] for line in failed] == ["allocated_blocks"], failed
+    # the blocks catch it and the tracked objects do not; the process's anonymous memory
+    # may trip too, by what other threads of this pytest worker allocate meanwhile (a
+    # fresh-clone CI run: +3.8 MiB against 2), so it is not asked to stay quiet here
+    names = [line.split(":")[0] for line in failed]
+    assert "allocated_blocks" in names and "gc_objects" not in names, failed
     # and by the trend over more periods, one of them read low (the noise the trend is for)
     trend = [{**before, "cycle": 0}, {**after, "cycle": PERIOD}]
     for n in (2, 3):
