@@ -849,7 +849,7 @@ class NvmlSource(Source):
             return ()
         now = self._clock()
         busy = gpu_util is not None and gpu_util > 0
-        if gpu_util is not None and nvml_samples.plausible_percent(gpu_util) and gpu_util > 0:
+        if nvml_samples.plausible_percent(gpu_util) and gpu_util:
             device.busy_at = now
             device.utilization_agreed = device.utilization_agreed or bool(device.last_utilization)
         quiet = gpu_util == 0
